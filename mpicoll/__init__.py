@@ -1,0 +1,39 @@
+"""mpicoll: collective operations with named algorithms, over MPI point-to-point messages.
+
+    from mpicoll import Communicator
+    comm = Communicator()                      # MPI.COMM_WORLD
+    total = comm.all_reduce(x, "sum", algorithm="ring")
+
+See ``mpicoll.algorithms`` for the algorithms and their costs.
+"""
+
+from .algorithms import COLLECTIVES
+from .communicator import BACKENDS, Communicator, algorithms
+from .errors import (
+    AbortedError,
+    InvalidArgumentError,
+    MismatchError,
+    MpicollError,
+    RemoteError,
+    UnsupportedDtypeError,
+    UnsupportedOpError,
+)
+from .ops import ReduceOp
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKENDS",
+    "COLLECTIVES",
+    "AbortedError",
+    "Communicator",
+    "InvalidArgumentError",
+    "MismatchError",
+    "MpicollError",
+    "ReduceOp",
+    "RemoteError",
+    "UnsupportedDtypeError",
+    "UnsupportedOpError",
+    "__version__",
+    "algorithms",
+]

@@ -1,0 +1,68 @@
+"""All-gather: every rank's block ends up on every rank, in rank order.
+
+Algorithms work in place on the result buffer: on entry block [rank] (elements
+``bounds[rank]:bounds[rank+1]``) holds this rank's data; on return every block is
+filled. Blocks may differ in size. n is the size of the whole result in bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..transport import Transport
+from . import register
+from .fold import Fold
+
+
+@register("all_gather", "ring")
+def ring_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ...],
+                    owner_shift: int = 0) -> None:
+    """Ring: at each step pass the block received last to the right neighbour.
+
+    Steps: p-1; bytes: (p-1)/p n per rank. Rank r owns block (r - owner_shift) mod p on
+    entry (broadcast's scatter_allgather uses the shift to index blocks by relative rank).
+    Cost: (p-1)*alpha + (p-1)/p*n*beta
+    """
+    p, rank = t.size, t.rank
+    right, left = (rank + 1) % p, (rank - 1) % p
+    own = (rank - owner_shift) % p
+    for step in range(p - 1):
+        s = (own - step) % p       # the block this rank got last step (its own at first)
+        r = (own - step - 1) % p   # the block the left neighbour got last step
+        t.sendrecv(buf[bounds[s]:bounds[s + 1]], right, buf[bounds[r]:bounds[r + 1]], left)
+
+
+@register("all_gather", "recursive_doubling")
+def recursive_doubling_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ...]) -> None:
+    """Recursive doubling: exchange all blocks held so far with the rank 2^k away.
+
+    Any p: the extra ranks are folded onto the largest power of two p2 (2 more steps).
+    Steps: lg p2 (+2 if p is not a power of two); bytes: (p-1)/p n per rank.
+    Cost: (lg p2 + 2*[p != p2])*alpha + (p-1)/p*n*beta (+ 2 block and n bytes when folded)
+    """
+    p, rank = t.size, t.rank
+    fold = Fold(p)
+    if rank < 2 * fold.rem:
+        # fold: the even rank gives its block to the odd rank above it and sits out
+        if fold.sits_out(rank):
+            t.send(buf[bounds[rank]:bounds[rank + 1]], rank + 1)
+        else:
+            t.recv(buf[bounds[rank - 1]:bounds[rank]], rank - 1)
+    new = fold.new_rank(rank)
+    if new is not None:
+        mask = 1
+        while mask < fold.p2:
+            # my window: the mask new ranks aligned with me; the partner's: the next ones
+            mine = new & ~(mask - 1)
+            theirs = mine ^ mask
+            lo, hi = bounds[fold.first_block(mine)], bounds[fold.end_block(mine + mask - 1)]
+            plo, phi = bounds[fold.first_block(theirs)], bounds[fold.end_block(theirs + mask - 1)]
+            partner = fold.old_rank(new ^ mask)
+            t.sendrecv(buf[lo:hi], partner, buf[plo:phi], partner)
+            mask <<= 1
+    if rank < 2 * fold.rem:
+        # unfold: the odd rank hands the whole result to the even rank below it
+        if fold.sits_out(rank):
+            t.recv(buf, rank + 1)
+        else:
+            t.send(buf, rank - 1)

@@ -1,0 +1,118 @@
+"""Reduce-scatter: block j of the reduction of every rank's input ends up on rank j.
+
+``src`` is this rank's whole input (read only), cut into p blocks by ``bounds``; ``dst``
+receives the reduced block [rank]. n is the size of the whole input in bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..ops import Op
+from ..transport import Transport
+from . import register
+from .fold import Fold
+
+
+def ring_reduce_scatter_steps(t: Transport, src: np.ndarray, bounds: tuple[int, ...], op: Op,
+                              accumulator: Callable[[int, int], np.ndarray]) -> None:
+    """The p-1 steps of the ring, shared by reduce_scatter and all_reduce.
+
+    At step k a rank sends the partial sum it made at step k-1 (its own input block at
+    first) to the right, receives block (rank - k - 2) mod p from the left, and adds its
+    own input block to it into ``accumulator(k, block)``. After the last step the
+    accumulator of block [rank] holds the full reduction.
+    """
+    p, rank = t.size, t.rank
+    right, left = (rank + 1) % p, (rank - 1) % p
+    widest = max(bounds[i + 1] - bounds[i] for i in range(p))
+    incoming = t.scratch(widest, src.dtype, slot=1)
+    b = (rank - 1) % p
+    outgoing = src[bounds[b]:bounds[b + 1]]
+    for step in range(p - 1):
+        b = (rank - step - 2) % p
+        lo, hi = bounds[b], bounds[b + 1]
+        partial = incoming[: hi - lo]
+        t.sendrecv(outgoing, right, partial, left)
+        outgoing = accumulator(step, b)
+        op(partial, src[lo:hi], out=outgoing)
+
+
+@register("reduce_scatter", "ring", commutative_only=True)
+def ring_reduce_scatter(t: Transport, src: np.ndarray, bounds: tuple[int, ...], op: Op,
+                        dst: np.ndarray) -> None:
+    """Ring: p-1 steps, each passing one block's partial sum to the right neighbour.
+
+    Steps: p-1; bytes: (p-1)/p n per rank; reductions: (p-1)/p n per rank.
+    Cost: (p-1)*alpha + (p-1)/p*n*(beta + gamma)
+    """
+    p = t.size
+    widest = max(bounds[i + 1] - bounds[i] for i in range(p))
+    pair = t.scratch(2 * widest, src.dtype, slot=2)  # partial sums alternate between halves
+
+    def accumulator(step: int, block: int) -> np.ndarray:
+        if step == p - 2:
+            return dst
+        size = bounds[block + 1] - bounds[block]
+        half = (step % 2) * widest
+        return pair[half: half + size]
+
+    if p == 1:
+        dst[...] = src
+        return
+    ring_reduce_scatter_steps(t, src, bounds, op, accumulator)
+
+
+@register("reduce_scatter", "recursive_halving", commutative_only=True)
+def recursive_halving_reduce_scatter(t: Transport, src: np.ndarray, bounds: tuple[int, ...],
+                                     op: Op, dst: np.ndarray) -> None:
+    """Recursive halving: exchange half of the current window with the rank p2/2^k away.
+
+    Any p: the extra ranks are folded onto the largest power of two p2 (2 more steps).
+    Steps: lg p2 (+2 if folded); bytes and reductions: (p2-1)/p2 n per rank (+n folded).
+    Cost: (lg p2 + 2*[p != p2])*alpha + (p-1)/p*n*(beta + gamma) (+ n*(beta + gamma) folded)
+    """
+    p, rank = t.size, t.rank
+    fold = Fold(p)
+    total = bounds[p]
+    incoming = t.scratch(total, src.dtype, slot=1)
+    cur = src  # the partial sums so far; becomes work after the first reduction
+    if rank < 2 * fold.rem:
+        if fold.sits_out(rank):
+            t.send(src, rank + 1)
+            t.recv(dst, rank + 1)
+            return
+        work = t.scratch(total, src.dtype, slot=2)
+        t.recv(incoming, rank - 1)
+        op(incoming, src, out=work)  # the lower rank's data is the left operand
+        cur = work
+    new = fold.new_rank(rank)
+    lo_new, hi_new = 0, fold.p2  # the window of new ranks whose blocks are still summed
+    mask = fold.p2 >> 1
+    while mask:
+        mid = lo_new + mask
+        if new < mid:  # keep the lower half, send the upper
+            keep, give = (lo_new, mid), (mid, hi_new)
+        else:
+            keep, give = (mid, hi_new), (lo_new, mid)
+        klo, khi = bounds[fold.first_block(keep[0])], bounds[fold.end_block(keep[1] - 1)]
+        glo, ghi = bounds[fold.first_block(give[0])], bounds[fold.end_block(give[1] - 1)]
+        partner = fold.old_rank(new ^ mask)
+        partial = incoming[: khi - klo]
+        t.sendrecv(cur[glo:ghi], partner, partial, partner)
+        before = cur[klo:khi]
+        if cur is src:  # the first reduction reads the input and writes the workspace
+            cur = t.scratch(total, src.dtype, slot=2)
+        if partner < rank:
+            op(partial, before, out=cur[klo:khi])
+        else:
+            op(before, partial, out=cur[klo:khi])
+        lo_new, hi_new = keep
+        mask >>= 1
+    # the window is now this new rank alone: old blocks first_block..end_block
+    mine = slice(bounds[rank], bounds[rank + 1])
+    if rank < 2 * fold.rem:
+        t.send(cur[bounds[rank - 1]:bounds[rank]], rank - 1)
+    dst[...] = cur[mine]

@@ -1,0 +1,94 @@
+"""The buffer layer: flat contiguous views, chunk bounds, and the dtype table of headers.
+
+Algorithms see only flat 1-D contiguous arrays; a block or chunk is a slice (a view,
+never a copy) of such an array between two offsets of a bounds list.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import InvalidArgumentError, UnsupportedDtypeError
+
+Bounds = tuple[int, ...]
+
+
+def chunk_bounds(count: int, parts: int) -> Bounds:
+    """Offsets that cut ``count`` elements into ``parts`` chunks as evenly as possible.
+
+    The first ``count % parts`` chunks get one element more; chunk i is
+    ``[bounds[i], bounds[i+1])``. Chunks may be empty when count < parts.
+
+    >>> chunk_bounds(10, 4)
+    (0, 3, 6, 8, 10)
+    """
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    base, extra = divmod(count, parts)
+    return tuple(i * base + min(i, extra) for i in range(parts + 1))
+
+
+def even_bounds(block: int, parts: int) -> Bounds:
+    """Offsets of ``parts`` blocks of ``block`` elements each."""
+    return tuple(i * block for i in range(parts + 1))
+
+
+def as_array(x: object, name: str) -> np.ndarray:
+    """Return ``x`` as a NumPy array, refusing anything that cannot travel as bytes."""
+    if not isinstance(x, np.ndarray):
+        if x is None:
+            raise InvalidArgumentError(f"{name}: expected an array, got None")
+        if isinstance(x, (bool, int, float, complex, np.generic)):
+            x = np.asarray(x)
+        else:
+            raise InvalidArgumentError(
+                f"{name}: expected a NumPy array, got {type(x).__name__}"
+            )
+    if x.dtype.hasobject:
+        raise UnsupportedDtypeError(
+            f"{name}: dtype {x.dtype} holds Python objects, which cannot travel as bytes"
+        )
+    return x
+
+
+def flat(x: np.ndarray) -> np.ndarray:
+    """A flat 1-D contiguous view of ``x`` (one copy when ``x`` is not C-contiguous)."""
+    return x.reshape(-1) if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(-1)
+
+
+def result_buffer(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype,
+                  name: str = "out") -> np.ndarray:
+    """Check a user's result buffer, or allocate one when ``out`` is None."""
+    if out is None:
+        return np.empty(shape, dtype)
+    if not isinstance(out, np.ndarray):
+        raise InvalidArgumentError(f"{name}: expected a NumPy array, got {type(out).__name__}")
+    if out.shape != tuple(shape) or out.dtype != dtype:
+        raise InvalidArgumentError(
+            f"{name}: expected shape {tuple(shape)} and dtype {dtype}, "
+            f"got shape {out.shape} and dtype {out.dtype}"
+        )
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise InvalidArgumentError(f"{name}: must be a writeable C-contiguous array")
+    return out
+
+
+# Dtypes that a header can name by a small integer (broadcast/scatter with None).
+DTYPE_TABLE: tuple[np.dtype, ...] = tuple(np.dtype(c) for c in (
+    "?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8",
+    "f2", "f4", "f8", "g", "c8", "c16", "G",
+))
+_DTYPE_CODES = {dt: i for i, dt in enumerate(DTYPE_TABLE)}
+
+
+def dtype_code(dtype: np.dtype) -> int:
+    """The header code of ``dtype``, or -1 when the table cannot name it."""
+    return _DTYPE_CODES.get(np.dtype(dtype), -1)
+
+
+def dtype_from_code(code: int) -> np.dtype:
+    if not 0 <= code < len(DTYPE_TABLE):
+        raise UnsupportedDtypeError(f"dtype code {code} is not in mpicoll's dtype table")
+    return DTYPE_TABLE[code]

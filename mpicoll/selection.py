@@ -1,0 +1,55 @@
+"""``algorithm="auto"``: pick an algorithm by collective, message size, ranks and op.
+
+The table starts from MPICH's published default thresholds (the MPIR_CVAR_*_SHORT_MSG_SIZE
+and friends of MPICH 4) and picks ``native`` where our benchmark shows the MPI library's
+own collective is faster, which on one node is for small messages, where the Python cost
+of each step of our algorithms outweighs the wire. The benchmark issue replaces this with
+a tuning file measured on the user's machine.
+"""
+
+from __future__ import annotations
+
+from .ops import Op
+
+# Below these sizes (bytes) the MPI library's collective wins: its steps cost a few
+# microseconds of C, ours a few microseconds of Python each.
+NATIVE_BELOW = {
+    "broadcast": 1 << 16,
+    "scatter": 1 << 16,
+    "gather": 1 << 16,
+    "all_gather": 1 << 16,
+    "reduce": 1 << 16,
+    "all_reduce": 1 << 16,
+    "reduce_scatter": 1 << 16,
+    "all_to_all": 1 << 16,
+}
+
+
+def _power_of_two(p: int) -> bool:
+    return p & (p - 1) == 0
+
+
+def select(collective: str, nbytes: int, size: int, op: Op | None, has_native: bool) -> str:
+    """The algorithm name ``auto`` runs for this call (deterministic on every rank)."""
+    if collective == "barrier":
+        return "native" if has_native else "dissemination"
+    if has_native and nbytes < NATIVE_BELOW[collective]:
+        return "native"
+    commutative = op is None or op.commutative
+    if collective == "broadcast":  # MPICH: binomial below 12 KiB or 8 ranks
+        return "binomial" if nbytes < 12288 or size < 8 else "scatter_allgather"
+    if collective in ("scatter", "gather"):
+        return "binomial"
+    if collective == "all_gather":  # MPICH: recursive doubling below 80 KiB, powers of two
+        return "recursive_doubling" if nbytes < 81920 and _power_of_two(size) else "ring"
+    if collective == "reduce":
+        return "binomial"
+    if collective == "all_reduce":  # MPICH: recursive doubling below 2 KiB
+        if nbytes <= 2048 or size == 2 or not commutative:
+            return "recursive_doubling"
+        return "ring"
+    if collective == "reduce_scatter":  # MPICH: recursive halving below 512 KiB
+        return "recursive_halving" if nbytes < 524288 else "ring"
+    if collective == "all_to_all":  # MPICH: isend/irecv below 32 KiB blocks, else pairwise
+        return "linear" if nbytes // max(size, 1) < 32768 else "pairwise"
+    raise ValueError(f"no selection rule for {collective!r}")
