@@ -28,6 +28,10 @@ DTYPE_OPS = tuple((d, o) for d in DTYPES for o in OPS if op_fits(o, d))
 
 def make_input(rank: int, shape: tuple[int, ...], dtype: str, op: str = "sum") -> np.ndarray:
     """Rank ``rank``'s input: different on every rank and element, exact under ``op``."""
+    return np.asarray(_values(rank, shape, dtype, op)).reshape(shape)
+
+
+def _values(rank: int, shape: tuple[int, ...], dtype: str, op: str) -> np.ndarray:
     dt = np.dtype(dtype)
     idx = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
     base = (idx * 7 + rank * 3 + 1) % 5

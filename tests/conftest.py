@@ -1,0 +1,41 @@
+"""Shared fixtures, and a report header naming the MPI library and the number of ranks."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # for `import reference`
+
+
+def _under_mpi(config) -> bool:
+    return bool(config.getoption("--with-mpi", default=False) or
+                config.getoption("--only-mpi", default=False))
+
+
+def pytest_report_header(config):
+    import numpy
+
+    import mpicoll
+
+    lines = [f"mpicoll {mpicoll.__version__}, numpy {numpy.__version__}"]
+    if _under_mpi(config):
+        import mpi4py
+        from mpi4py import MPI
+
+        vendor = MPI.Get_library_version().splitlines()[0].strip()
+        lines.append(f"mpi4py {mpi4py.__version__}, {vendor}, "
+                     f"{MPI.COMM_WORLD.Get_size()} rank(s)")
+    return lines
+
+
+@pytest.fixture(scope="session")
+def world():
+    """mpicoll's Communicator on MPI.COMM_WORLD."""
+    from mpi4py import MPI
+
+    import mpicoll
+
+    return mpicoll.Communicator(MPI.COMM_WORLD)

@@ -1,0 +1,159 @@
+"""Every algorithm under mpiexec, against NumPy references and the MPI library's own collectives.
+
+Run as ``mpiexec -n N python -m mpi4py -m pytest --with-mpi``; the README's test command
+does this at 1, 2, 3, 4, 5 and 8 ranks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from reference import DTYPE_OPS, DTYPES, REDUCING, ROOTED, make_input, run_case
+
+import mpicoll
+
+pytestmark = pytest.mark.mpi
+
+CASES = [(c, a) for c in mpicoll.COLLECTIVES if c != "barrier" for a in mpicoll.algorithms(c)]
+SHAPES = ((), (0,), (1,), (3,), (17,), (1001,), (2, 3, 4))
+
+
+def _roots(comm, collective):
+    return range(comm.size) if collective in ROOTED else (0,)
+
+
+@pytest.fixture(scope="module", params=["world", "self", "split"])
+def comm(request):
+    """COMM_WORLD, COMM_SELF, and the halves of a split COMM_WORLD (all but 1 rank)."""
+    from mpi4py import MPI
+
+    if request.param == "world":
+        return mpicoll.Communicator(MPI.COMM_WORLD)
+    if request.param == "self":
+        return mpicoll.Communicator(MPI.COMM_SELF)
+    world = MPI.COMM_WORLD
+    half = world.Split(world.Get_rank() % 2, world.Get_rank())
+    return mpicoll.Communicator(half)
+
+
+@pytest.mark.parametrize("collective,algorithm", CASES)
+def test_against_numpy_every_shape_and_root(comm, collective, algorithm):
+    for shape in SHAPES:
+        for root in _roots(comm, collective):
+            run_case(comm, collective, algorithm, shape, "f8", "sum", root)
+
+
+@pytest.mark.parametrize("collective,algorithm", CASES)
+def test_every_dtype(world, collective, algorithm):
+    for dtype in DTYPES:
+        for root in _roots(world, collective):
+            run_case(world, collective, algorithm, (5,), dtype, "sum", root)
+
+
+@pytest.mark.parametrize("collective,algorithm", [(c, a) for c, a in CASES if c in REDUCING])
+def test_every_op_and_dtype(world, collective, algorithm):
+    for dtype, op in DTYPE_OPS:
+        for root in _roots(world, collective):
+            run_case(world, collective, algorithm, (9,), dtype, op, root)
+
+
+@pytest.mark.parametrize("collective,algorithm",
+                         [(c, a) for c, a in CASES if c in REDUCING and a != "native"])
+def test_matches_native(world, collective, algorithm):
+    """Our result is bit-identical to the MPI library's own collective's."""
+    for dtype, op in DTYPE_OPS:
+        shape = (world.size, 4) if collective == "reduce_scatter" else (13,)
+        x = make_input(world.rank, shape, dtype, op)
+        fn = getattr(world, collective)
+        args = (x, op) if collective != "reduce" else (x, op, world.size - 1)
+        ours, theirs = fn(*args, algorithm=algorithm), fn(*args, algorithm="native")
+        if theirs is None:
+            assert ours is None
+        else:
+            np.testing.assert_array_equal(ours, theirs, err_msg=f"{dtype} {op}")
+
+
+@pytest.mark.parametrize("algorithm", mpicoll.algorithms("barrier"))
+def test_barrier(world, algorithm):
+    for _ in range(3):
+        world.barrier(algorithm=algorithm)
+
+
+@pytest.mark.parametrize("algorithm", mpicoll.algorithms("all_reduce"))
+def test_all_reduce_in_place_and_out(world, algorithm):
+    x = make_input(world.rank, (12,), "i4")
+    expected = sum(make_input(r, (12,), "i4") for r in range(world.size)).astype("i4")
+    out = np.empty_like(x)
+    assert world.all_reduce(x, out=out, algorithm=algorithm) is out
+    np.testing.assert_array_equal(out, expected)
+    assert world.all_reduce(x, out=x, algorithm=algorithm) is x
+    np.testing.assert_array_equal(x, expected)
+
+
+@pytest.mark.parametrize("algorithm", mpicoll.algorithms("broadcast"))
+def test_broadcast_into_a_receive_buffer(world, algorithm):
+    root = world.size - 1
+    data = np.arange(10.0).reshape(2, 5)
+    buf = data.copy() if world.rank == root else np.zeros((2, 5))
+    assert world.broadcast(buf, root, algorithm=algorithm) is buf
+    np.testing.assert_array_equal(buf, data)
+    # a non-contiguous receive buffer is filled through a staging copy
+    big = np.zeros((2, 10))
+    view = big[:, ::2] if world.rank != root else data
+    world.broadcast(view, root, algorithm=algorithm)
+    np.testing.assert_array_equal(view, data)
+
+
+@pytest.mark.parametrize("algorithm", mpicoll.algorithms("scatter"))
+def test_scatter_into_out(world, algorithm):
+    x = np.arange(world.size * 3, dtype="u2").reshape(world.size, 3)
+    out = np.empty(3, "u2")
+    got = world.scatter(x if world.rank == 0 else None, 0, algorithm=algorithm, out=out)
+    assert got is out
+    np.testing.assert_array_equal(out, x[world.rank])
+
+
+@pytest.mark.parametrize("collective,algorithm", CASES)
+def test_non_contiguous_input(world, collective, algorithm):
+    rows = (world.size, 3) if collective in ("scatter", "reduce_scatter", "all_to_all") else (3,)
+    wide = np.zeros((*rows[:-1], 6), "f8")
+    wide[..., ::2] = make_input(world.rank, rows, "f8")
+    x = wide[..., ::2]
+    assert not x.flags.c_contiguous
+    got = {"broadcast": lambda: world.broadcast(x.copy() if world.rank else x, 0, algorithm=algorithm),
+           "scatter": lambda: world.scatter(x, 0, algorithm=algorithm),
+           "gather": lambda: world.gather(x, 0, algorithm=algorithm),
+           "all_gather": lambda: world.all_gather(x, algorithm=algorithm),
+           "reduce": lambda: world.reduce(x, "max", 0, algorithm=algorithm),
+           "all_reduce": lambda: world.all_reduce(x, "max", algorithm=algorithm),
+           "reduce_scatter": lambda: world.reduce_scatter(x, "max", algorithm=algorithm),
+           "all_to_all": lambda: world.all_to_all(x, algorithm=algorithm)}[collective]()
+    reference = {"broadcast": lambda: make_input(0, rows, "f8"),
+                 "scatter": lambda: make_input(0, rows, "f8")[world.rank],
+                 "gather": lambda: np.stack([make_input(r, rows, "f8") for r in range(world.size)]),
+                 "all_gather": lambda: np.stack([make_input(r, rows, "f8") for r in range(world.size)]),
+                 "reduce": lambda: np.max([make_input(r, rows, "f8") for r in range(world.size)], 0),
+                 "all_reduce": lambda: np.max([make_input(r, rows, "f8") for r in range(world.size)], 0),
+                 "reduce_scatter": lambda: np.max([make_input(r, rows, "f8") for r in range(world.size)], 0)[world.rank],
+                 "all_to_all": lambda: np.stack([make_input(i, rows, "f8")[world.rank] for i in range(world.size)])}[collective]()
+    if collective in ("gather", "reduce") and world.rank != 0:
+        assert got is None
+    else:
+        np.testing.assert_array_equal(got, reference)
+
+
+def test_library_messages_never_match_user_messages(world):
+    """A user message in flight on COMM_WORLD is not taken by mpicoll, nor the reverse."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    mine = np.full(4, comm.rank, "i8")
+    incoming = np.empty(4, "i8")
+    request = comm.Irecv(incoming, left, tag=1)
+    comm.Send(mine, right, tag=1) if comm.size == 1 else comm.Isend(mine, right, tag=1).Wait()
+    for algorithm in mpicoll.algorithms("all_reduce"):
+        total = world.all_reduce(np.ones(4, "i8"), algorithm=algorithm)
+        np.testing.assert_array_equal(total, np.full(4, comm.size))
+    request.Wait()
+    np.testing.assert_array_equal(incoming, np.full(4, left))

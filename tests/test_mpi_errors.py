@@ -1,0 +1,97 @@
+"""Bad input raises the same error on every rank, before any message, under mpiexec."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpicoll
+from mpicoll import InvalidArgumentError, MismatchError, RemoteError, UnsupportedDtypeError
+
+pytestmark = pytest.mark.mpi
+
+
+def test_unknown_algorithm(world):
+    with pytest.raises(InvalidArgumentError, match="algorithm: unknown all_reduce algorithm 'tree'"):
+        world.all_reduce(np.ones(3), algorithm="tree")
+
+
+def test_unknown_op(world):
+    with pytest.raises(InvalidArgumentError, match="op: unknown reduction op 'mean'"):
+        world.all_reduce(np.ones(3), "mean")
+
+
+@pytest.mark.parametrize("op,dtype", [("avg", "i4"), ("band", "f8"), ("min", "c16"),
+                                      ("sum", "U3")])
+def test_op_that_does_not_fit_the_dtype(world, op, dtype):
+    with pytest.raises(TypeError):
+        world.all_reduce(np.zeros(3, dtype), op)
+
+
+def test_native_refuses_a_dtype_mpi_cannot_reduce(world):
+    with pytest.raises(UnsupportedDtypeError, match="native"):
+        world.all_reduce(np.ones(3, np.longdouble), algorithm="native")
+    # our own algorithms reduce it
+    total = world.all_reduce(np.ones(3, np.longdouble), algorithm="recursive_doubling")
+    np.testing.assert_array_equal(total, np.full(3, world.size, np.longdouble))
+
+
+@pytest.mark.parametrize("root", [-1, "size", 1.0])
+def test_bad_root(world, root):
+    root = world.size if root == "size" else root
+    with pytest.raises(InvalidArgumentError, match="root"):
+        world.reduce(np.ones(2), root=root)
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_to_all"])
+def test_first_dimension_must_be_the_number_of_ranks(world, collective):
+    with pytest.raises(InvalidArgumentError, match=r"x: .* one row per rank"):
+        getattr(world, collective)(np.ones((world.size + 1, 2)))
+
+
+def test_scatter_refusal_at_the_root_reaches_every_rank(world):
+    x = np.ones((world.size + 1, 2)) if world.rank == 0 else None
+    expected = InvalidArgumentError if world.rank == 0 else RemoteError
+    with pytest.raises(expected, match="one row per rank|refused"):
+        world.scatter(x, 0)
+    # the communicator still works afterwards
+    np.testing.assert_array_equal(world.all_reduce(np.ones(1)), [world.size])
+
+
+def test_broadcast_of_nothing_at_the_root_reaches_every_rank(world):
+    expected = InvalidArgumentError if world.rank == 0 else RemoteError
+    with pytest.raises(expected):
+        world.broadcast(None if world.rank == 0 else np.zeros(2), 0)
+    np.testing.assert_array_equal(world.all_reduce(np.ones(1)), [world.size])
+
+
+def test_broadcast_into_a_buffer_of_the_wrong_shape(world):
+    buf = np.arange(4.0) if world.rank == 0 else np.zeros(5)
+    if world.size == 1:
+        world.broadcast(buf, 0)
+        return
+    if world.rank == 0:
+        world.broadcast(buf, 0)  # the root's own call is fine
+    else:
+        with pytest.raises(InvalidArgumentError, match="receive buffer has shape"):
+            world.broadcast(buf, 0)
+    np.testing.assert_array_equal(world.all_reduce(np.ones(1)), [world.size])
+
+
+def test_check_mode_names_the_ranks_that_differ(world):
+    from mpi4py import MPI
+
+    checked = mpicoll.Communicator(MPI.COMM_WORLD, check=True)
+    dtype = "f4" if world.rank == world.size - 1 and world.size > 1 else "f8"
+    if world.size == 1:
+        checked.all_reduce(np.ones(2, dtype))
+        return
+    with pytest.raises(MismatchError, match=f"rank {world.size - 1} differs in dtype"):
+        checked.all_reduce(np.ones(2, dtype))
+    root = world.rank % 2  # roots disagree
+    with pytest.raises(MismatchError, match="root"):
+        checked.reduce(np.ones(2), root=root)
+    # agreeing calls pass the check
+    np.testing.assert_array_equal(checked.all_reduce(np.ones(2)), np.full(2, world.size))
+    got = checked.broadcast(np.ones(3) if world.rank == 0 else None, 0)
+    np.testing.assert_array_equal(got, np.ones(3))
