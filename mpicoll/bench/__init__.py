@@ -1,0 +1,201 @@
+"""Benchmark: every algorithm of a collective against the MPI library's own, in one run.
+
+    mpiexec -n 2 python -m mpicoll.bench all_reduce -b 8 -e 64M -f 8
+
+Columns follow nccl-tests (size, count, type, redop, root, time, algbw, busbw, #wrong)
+with the same bus-bandwidth factors (doc/PERFORMANCE.md of nccl-tests), plus the
+algorithm and ``vs_native``: the MPI library's time divided by this algorithm's time
+(above 1: faster than the library). Time is per iteration the slowest rank's, then the
+median over iterations; iterations are separated by a barrier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+import mpicoll
+from mpicoll import Communicator
+
+
+@dataclass(frozen=True)
+class Record:
+    """One collective in the harness: how to size it, call it, and its bus-bandwidth factor.
+
+    ``rows``: the per-rank input has a first dimension of the number of ranks.
+    ``per_rank``: the nccl-tests size counts the whole result, of which each rank
+    contributes 1/p (all_gather, gather).
+    """
+
+    rows: bool
+    per_rank: bool
+    rooted: bool
+    reduces: bool
+    busbw_factor: Callable[[int], float]
+
+
+RECORDS = {
+    "broadcast": Record(False, False, True, False, lambda p: 1.0),
+    "reduce": Record(False, False, True, True, lambda p: 1.0),
+    "all_reduce": Record(False, False, False, True, lambda p: 2 * (p - 1) / p),
+    "all_gather": Record(False, True, False, False, lambda p: (p - 1) / p),
+    "gather": Record(False, True, True, False, lambda p: (p - 1) / p),
+    "reduce_scatter": Record(True, False, False, True, lambda p: (p - 1) / p),
+    "scatter": Record(True, False, True, False, lambda p: (p - 1) / p),
+    "all_to_all": Record(True, False, False, False, lambda p: (p - 1) / p),
+}
+
+
+def parse_size(text: str) -> int:
+    """'64M' -> 67108864; K, M, G are powers of 1024."""
+    text = text.strip().upper().removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    number = text[:-1] if text[-1:] in "KMG" else text
+    return int(float(number) * scale)
+
+
+def sizes(begin: int, end: int, factor: float) -> list[int]:
+    out, size = [], begin
+    while size <= end:
+        out.append(size)
+        nxt = int(size * factor)
+        size = nxt if nxt > size else size + 1
+    if not out or out[-1] != end:
+        out.append(end)
+    return out
+
+
+def make_call(comm: Communicator, collective: str, nbytes: int, dtype: np.dtype, op: str,
+              root: int) -> tuple[Callable[[str], np.ndarray | None], int]:
+    """A function running one call of ``collective`` with an algorithm, and its count."""
+    record, p = RECORDS[collective], comm.size
+    count = nbytes // dtype.itemsize
+    if record.per_rank or record.rows:
+        count = count // p * p  # a whole number of elements per rank
+    shape = (p, count // p) if record.rows else ((count // p,) if record.per_rank else (count,))
+    idx = np.arange(math.prod(shape)).reshape(shape)
+    x = ((idx * 7 + comm.rank * 3 + 1) % 5).astype(dtype)
+    if op == "prod":
+        x = (x % 2 + 1).astype(dtype)
+    if collective == "broadcast":
+        buf = x.copy()
+        return (lambda algo: comm.broadcast(buf, root, algorithm=algo)), count
+    if collective == "scatter":
+        out = np.empty(shape[1:], dtype)
+        return (lambda algo: comm.scatter(x, root, algorithm=algo, out=out)), count
+    out = np.empty((p, *shape) if record.per_rank else shape[1:] if collective == "reduce_scatter"
+                   else shape, dtype)
+    out = out if comm.rank == root or not record.rooted else None
+    fn = getattr(comm, collective)
+    if record.reduces:
+        if record.rooted:
+            return (lambda algo: fn(x, op, root, algorithm=algo, out=out)), count
+        return (lambda algo: fn(x, op, algorithm=algo, out=out)), count
+    if record.rooted:
+        return (lambda algo: fn(x, root, algorithm=algo, out=out)), count
+    return (lambda algo: fn(x, algorithm=algo, out=out)), count
+
+
+def time_calls(comm: Communicator, call: Callable[[], object], iters: int, warmup: int,
+               barrier: Callable[[], None]) -> list[float]:
+    """Per-iteration times, each the slowest rank's, barrier-separated; warm-up excluded."""
+    from mpi4py import MPI
+
+    for _ in range(warmup):
+        call()
+    times = np.empty(iters)
+    for i in range(iters):
+        barrier()
+        start = time.perf_counter()
+        call()
+        times[i] = time.perf_counter() - start
+    slowest = np.empty_like(times)
+    comm._transport.comm.Allreduce(times, slowest, op=MPI.MAX)
+    return slowest.tolist()
+
+
+def count_wrong(comm: Communicator, got: np.ndarray | None, reference: np.ndarray | None) -> int:
+    from mpi4py import MPI
+
+    wrong = 0
+    if (got is None) != (reference is None):
+        wrong = 1
+    elif got is not None:
+        wrong = int(np.count_nonzero(got != reference)) if got.shape == reference.shape else got.size
+    return comm._transport.comm.allreduce(wrong, op=MPI.SUM)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m mpicoll.bench",
+        description="Time every algorithm of a collective against the MPI library's own.")
+    parser.add_argument("collective", nargs="?", default="all_reduce",
+                        choices=[*RECORDS, "all"], help="collective to time, or all")
+    parser.add_argument("-b", "--minbytes", default="8", help="smallest size (8, 1K, 64M)")
+    parser.add_argument("-e", "--maxbytes", default="64M", help="largest size")
+    parser.add_argument("-f", "--stepfactor", type=float, default=8.0, help="size factor")
+    parser.add_argument("-n", "--iters", type=int, default=20, help="timed iterations")
+    parser.add_argument("-w", "--warmup_iters", type=int, default=3, help="untimed iterations")
+    parser.add_argument("-c", "--check", type=int, default=1, help="check results (0/1)")
+    parser.add_argument("-d", "--datatype", default="float32", help="NumPy dtype name")
+    parser.add_argument("-o", "--op", default="sum", help="reduction op")
+    parser.add_argument("-r", "--root", type=int, default=0, help="root rank")
+    parser.add_argument("--algo", default="all",
+                        help="comma-separated algorithms, 'all' (every one, native and auto)")
+    args = parser.parse_args(argv)
+
+    comm = Communicator()
+    dtype = np.dtype(args.datatype)
+    collectives = list(RECORDS) if args.collective == "all" else [args.collective]
+    say = print if comm.rank == 0 else (lambda *a, **k: None)
+    from mpi4py import MPI
+
+    library = MPI.Get_library_version().splitlines()[0].strip()
+    say(f"# mpicoll {mpicoll.__version__} | {library} | mpi4py {__import__('mpi4py').__version__}"
+        f" | numpy {np.__version__}")
+    say(f"# {comm.size} ranks on {len(set(MPI.COMM_WORLD.allgather(MPI.Get_processor_name())))}"
+        f" host(s) | dtype {dtype} | op {args.op} | root {args.root} | {args.iters} iterations"
+        f" after {args.warmup_iters} warm-up | time: median over iterations of the slowest"
+        f" rank, barrier-separated")
+    say(f"# vs_native: the MPI library's time / this algorithm's time (>1: faster)")
+    wrong_total = 0
+    for collective in collectives:
+        names = mpicoll.algorithms(collective) + ["auto"]
+        if args.algo != "all":
+            names = args.algo.split(",")
+        record = RECORDS[collective]
+        say(f"\n# {collective}")
+        say(f"# {'size(B)':>12} {'count':>12} {'type':>8} {'redop':>6} {'root':>4} "
+            f"{'algorithm':>20} {'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} "
+            f"{'vs_native':>9}")
+        for nbytes in sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor):
+            call, count = make_call(comm, collective, nbytes, dtype, args.op, args.root)
+            reference = call("native") if args.check else None
+            reference = None if reference is None else reference.copy()
+            results = {}
+            for name in names:
+                got = call(name)
+                wrong = count_wrong(comm, got, reference) if args.check else 0
+                wrong_total += wrong
+                times = time_calls(comm, lambda name=name: call(name), args.iters,
+                                   args.warmup_iters, lambda: comm.barrier(algorithm="native"))
+                results[name] = (statistics.median(times), wrong)
+            native = results.get("native", (math.nan, 0))[0]
+            size = count * dtype.itemsize
+            for name, (seconds, wrong) in results.items():
+                algbw = size / seconds / 1e9 if seconds > 0 else 0.0
+                busbw = algbw * record.busbw_factor(comm.size)
+                say(f"  {size:>12} {count:>12} {dtype.name:>8} "
+                    f"{args.op if record.reduces else 'none':>6} "
+                    f"{args.root if record.rooted else -1:>4} {name:>20} {seconds * 1e6:>10.1f} "
+                    f"{algbw:>7.2f} {busbw:>7.2f} {wrong:>6} {native / seconds:>9.2f}")
+            sys.stdout.flush()
+    say(f"\n# Out of bounds values : {wrong_total} {'OK' if wrong_total == 0 else 'FAILED'}")
+    return 1 if wrong_total else 0
