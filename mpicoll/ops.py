@@ -8,8 +8,8 @@ dtype (avg on integers, bitwise ops on floats, min/max on complex) is refused up
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -46,7 +46,7 @@ def test_fold_maps_every_rank_and_block_once(size):
     # the blocks of the new ranks tile 0..size in order
     spans = [(fold.first_block(n), fold.end_block(n)) for n in range(fold.p2)]
     assert spans[0][0] == 0 and spans[-1][1] == size
-    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert all(a[1] == b[0] for a, b in zip(spans[:-1], spans[1:], strict=True))
 
 
 @pytest.mark.parametrize("op,kinds", [("sum", "biufc"), ("prod", "biufc"), ("min", "biuf"),
@@ -101,3 +101,13 @@ def test_auto_picks_a_registered_algorithm(collective, size, nbytes, has_native)
     name = selection.select(collective, nbytes, size, op, has_native)
     valid = mpicoll.algorithms(collective, "mpi" if has_native else "local")
     assert name in valid
+
+
+def test_readme_lists_every_algorithm_with_its_cost():
+    import pathlib
+
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    for collective, algos in REGISTRY.items():
+        for algo in algos.values():
+            row = f"| {collective} | `{algo.name}` | `{algo.cost}` |"
+            assert row in readme, f"README.md lacks the row {row}"

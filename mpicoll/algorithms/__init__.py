@@ -24,8 +24,8 @@ number of ranks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 COLLECTIVES = ("broadcast", "scatter", "gather", "all_gather", "reduce", "all_reduce",
                "reduce_scatter", "all_to_all", "barrier")

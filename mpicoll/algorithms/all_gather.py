@@ -38,7 +38,7 @@ def recursive_doubling_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[i
 
     Any p: the extra ranks are folded onto the largest power of two p2 (2 more steps).
     Steps: lg p2 (+2 if p is not a power of two); bytes: (p-1)/p n per rank.
-    Cost: (lg p2 + 2*[p != p2])*alpha + (p-1)/p*n*beta (+ 2 block and n bytes when folded)
+    Cost: (lg p2 + 2*[p != p2])*alpha + (p-1)/p*n*beta + [p != p2]*(n/p + n)*beta
     """
     p, rank = t.size, t.rank
     fold = Fold(p)

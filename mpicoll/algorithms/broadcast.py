@@ -19,7 +19,7 @@ def linear_broadcast(t: Transport, buf: np.ndarray, root: int) -> None:
     """The root sends the whole buffer to each rank in turn.
 
     Steps: p-1 messages, all from the root; bytes: (p-1) n leave the root.
-    Cost: (p-1) * (alpha + n*beta)
+    Cost: (p-1)*(alpha + n*beta)
     """
     if t.rank == root:
         t.waitall([t.isend(buf, r) for r in range(t.size) if r != root])
@@ -32,7 +32,7 @@ def binomial_broadcast(t: Transport, buf: np.ndarray, root: int) -> None:
     """Binomial tree: each rank that has the data sends it to a rank 2^k away.
 
     Steps: ceil(lg p) rounds; bytes: n per message, (p-1) n in all.
-    Cost: ceil(lg p) * (alpha + n*beta)
+    Cost: ceil(lg p)*(alpha + n*beta)
     """
     p, rank = t.size, t.rank
     rel = (rank - root) % p

@@ -6,7 +6,7 @@ receives the reduced block [rank]. n is the size of the whole input in bytes.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -71,8 +71,9 @@ def recursive_halving_reduce_scatter(t: Transport, src: np.ndarray, bounds: tupl
     """Recursive halving: exchange half of the current window with the rank p2/2^k away.
 
     Any p: the extra ranks are folded onto the largest power of two p2 (2 more steps).
-    Steps: lg p2 (+2 if folded); bytes and reductions: (p2-1)/p2 n per rank (+n folded).
-    Cost: (lg p2 + 2*[p != p2])*alpha + (p-1)/p*n*(beta + gamma) (+ n*(beta + gamma) folded)
+    Steps: lg p2 (+2 if folded); bytes and reductions: (p2-1)/p2 n per rank, plus n sent
+    and reduced and one block sent back when folded.
+    Cost: (lg p2 + 2*[p != p2])*alpha + (p2-1)/p2*n*(beta + gamma) + [p != p2]*(n*(beta + gamma) + n/p*beta)
     """
     p, rank = t.size, t.rank
     fold = Fold(p)

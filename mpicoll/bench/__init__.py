@@ -16,8 +16,8 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         f" host(s) | dtype {dtype} | op {args.op} | root {args.root} | {args.iters} iterations"
         f" after {args.warmup_iters} warm-up | time: median over iterations of the slowest"
         f" rank, barrier-separated")
-    say(f"# vs_native: the MPI library's time / this algorithm's time (>1: faster)")
+    say("# vs_native: the MPI library's time / this algorithm's time (>1: faster)")
     wrong_total = 0
     for collective in collectives:
         names = mpicoll.algorithms(collective) + ["auto"]
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                 got = call(name)
                 wrong = count_wrong(comm, got, reference) if args.check else 0
                 wrong_total += wrong
-                times = time_calls(comm, lambda name=name: call(name), args.iters,
+                times = time_calls(comm, lambda name=name, call=call: call(name), args.iters,
                                    args.warmup_iters, lambda: comm.barrier(algorithm="native"))
                 results[name] = (statistics.median(times), wrong)
             native = results.get("native", (math.nan, 0))[0]

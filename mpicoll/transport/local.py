@@ -14,7 +14,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ class LocalWorld:
         self.aborted = threading.Event()
         self.mailboxes = [[queue.SimpleQueue() for _ in range(size)] for _ in range(size)]
 
-    def endpoint(self, rank: int) -> "LocalTransport":
+    def endpoint(self, rank: int) -> LocalTransport:
         return LocalTransport(self, rank)
 
 

@@ -8,7 +8,7 @@ dtype needs an MPI datatype.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from mpi4py import MPI

@@ -1,0 +1,23 @@
+"""mpicoll as a library: one call per algorithm, checked against the MPI library's own."""
+
+import numpy as np
+
+import mpicoll
+from mpicoll.examples._launch import launch
+
+
+def main() -> None:
+    comm = mpicoll.Communicator()  # MPI.COMM_WORLD by default
+    x = np.full(1000, comm.rank, dtype=np.float32)
+    reference = comm.all_reduce(x, "sum", algorithm="native")  # MPI_Allreduce
+    for name in mpicoll.algorithms("all_reduce"):
+        total = comm.all_reduce(x, "sum", algorithm=name)
+        assert np.array_equal(total, reference), name
+    comm.all_reduce(x, out=x)  # in place
+    if comm.rank == 0:
+        print(f"{comm.size} ranks: sum = {x[0]:.0f}; "
+              f"algorithms checked: {', '.join(mpicoll.algorithms('all_reduce'))}")
+
+
+if __name__ == "__main__":
+    launch(main)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Prepare .venv with mpicoll and the embedded MPICH from PyPI: `.[mpich,test]`.
+# Idempotent; every command of the README runs it first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+
+if [ ! -x .venv/bin/python ]; then
+    if ! "$PYTHON" -m venv .venv >/dev/null 2>&1; then
+        # Debian's python3 has no venv module until python3-venv is installed
+        rm -rf .venv
+        echo "setup: installing python3-venv (Debian) ..." >&2
+        SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+        $SUDO apt-get update -qq
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+        "$PYTHON" -m venv .venv
+    fi
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[mpich,test]" 2>&1 \
+    | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import mpicoll, mpi4py; from mpi4py import MPI" \
+    || { echo "setup: mpicoll or mpi4py does not import" >&2; exit 1; }

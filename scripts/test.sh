@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, pytest in one process (local transport, units, MPI at 1 rank),
+# then the MPI tests under mpiexec at 2, 3, 4, 5 and 8 ranks, each under a timeout.
+# A failing rank aborts its job (python -m mpi4py), so nothing hangs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+PY=.venv/bin/python
+MPIEXEC=.venv/bin/mpiexec
+RANKS=${MPICOLL_TEST_RANKS:-"2 3 4 5 8"}
+TIMEOUT=${MPICOLL_TEST_TIMEOUT:-600}
+
+echo "== ruff"
+.venv/bin/ruff check mpicoll tests examples
+
+echo "== pytest, 1 process"
+timeout -k 10 "$TIMEOUT" $PY -m mpi4py -m pytest --with-mpi -q -rfEs -p no:cacheprovider tests
+
+for n in $RANKS; do
+    echo "== pytest under mpiexec -n $n"
+    timeout -k 10 "$TIMEOUT" $MPIEXEC -n "$n" $PY -m mpi4py -m pytest --with-mpi -m mpi \
+        -q -rfE -p no:cacheprovider tests
+done
+echo "== all test runs passed"
