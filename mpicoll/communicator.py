@@ -238,7 +238,9 @@ class Communicator:
             The root's data on every rank (the root's own ``x`` at the root).
         """
         t, root = self._transport, self._root(root)
-        fn = self._algorithm("broadcast", algorithm, 0 if x is None else getattr(x, "nbytes", 0))
+        # only the root knows the size, so "auto" is resolved after the header; a bad
+        # name is refused now, before any message
+        self._algorithm("broadcast", algorithm, 0)
         if t.rank == root:
             try:
                 x = as_array(x, "x")
@@ -264,10 +266,10 @@ class Communicator:
         if t.rank == root:
             if header[0] != _OK:
                 raise InvalidArgumentError(f"x: {_REFUSALS[int(header[0])]}")
-            buf = flat(x)
-            fn(t, buf, root)
+            self._algorithm("broadcast", algorithm, x.nbytes)(t, flat(x), root)
             return x
         code, itemsize, shape = self._unpack_header(header, root, "broadcast")
+        fn = self._algorithm("broadcast", algorithm, int(np.prod(shape)) * itemsize)
         mismatch = None
         if x is not None and (x.shape != shape or x.dtype.itemsize != itemsize
                               or (code >= 0 and x.dtype != dtype_from_code(code))):
@@ -305,8 +307,7 @@ class Communicator:
         """
         t, root = self._transport, self._root(root)
         is_root = t.rank == root
-        nbytes = getattr(x, "nbytes", 0) if is_root else 0
-        fn = self._algorithm("scatter", algorithm, nbytes)
+        self._algorithm("scatter", algorithm, 0)  # a bad name is refused before any message
         if is_root:
             try:
                 x = as_array(x, "x")
@@ -326,6 +327,8 @@ class Communicator:
         t.begin()
         self._header_broadcast(header, root)
         code, itemsize, shape = self._unpack_header(header, root, "scatter")
+        # "auto" resolved from the header, so that every rank picks the same algorithm
+        fn = self._algorithm("scatter", algorithm, int(np.prod(shape)) * itemsize * t.size)
         if is_root:
             result = result_buffer(out, shape, x.dtype)
             fn(t, flat(x), result.reshape(-1), root)

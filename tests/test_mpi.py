@@ -157,3 +157,18 @@ def test_library_messages_never_match_user_messages(world):
         np.testing.assert_array_equal(total, np.full(4, comm.size))
     request.Wait()
     np.testing.assert_array_equal(incoming, np.full(4, left))
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "scatter"])
+@pytest.mark.parametrize("nbytes", [8, 100_000, 2_000_000])
+def test_auto_agrees_when_only_the_root_knows_the_size(world, collective, nbytes):
+    """Non-roots pass None, so "auto" must be resolved from the header on every rank."""
+    root = world.size - 1
+    count = nbytes // 8
+    if collective == "broadcast":
+        x = np.arange(count, dtype="f8") if world.rank == root else None
+        np.testing.assert_array_equal(world.broadcast(x, root), np.arange(count, dtype="f8"))
+    else:
+        x = np.arange(world.size * count, dtype="f8").reshape(world.size, count)
+        got = world.scatter(x if world.rank == root else None, root)
+        np.testing.assert_array_equal(got, x[world.rank])
