@@ -75,7 +75,7 @@ class Communicator:
         if backend == "mpi":
             from mpi4py import MPI
 
-            from .native import NATIVE
+            from .native import NATIVE, mpi_op
             from .transport.mpi import MPITransport
 
             comm = MPI.COMM_WORLD if comm is None else comm
@@ -85,6 +85,7 @@ class Communicator:
                 )
             self._transport: Any = MPITransport(comm)
             self._native: dict[str, Callable[..., None]] = NATIVE
+            self._native_op_check: Callable[[Op, np.dtype], object] | None = mpi_op
         elif backend == "local":
             from .transport.local import LocalTransport
 
@@ -92,6 +93,7 @@ class Communicator:
                 raise InvalidArgumentError("comm: backend 'local' takes a LocalWorld endpoint")
             self._transport = comm
             self._native = {}
+            self._native_op_check = None
         else:
             raise InvalidArgumentError(
                 f"backend: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}"
@@ -99,6 +101,7 @@ class Communicator:
         self._backend = backend
         self.check = os.environ.get("MPICOLL_CHECK", "0") == "1" if check is None else check
         self._chosen: dict[tuple[str, str], Callable[..., None]] = {}
+        self._auto: dict[tuple[str, int, bool], str] = {}  # what "auto" picked, by call
 
     @property
     def rank(self) -> int:
@@ -124,7 +127,14 @@ class Communicator:
                    op: Op | None = None) -> Callable[..., None]:
         """The function that runs ``algorithm`` (resolving "auto"), or a clear refusal."""
         if algorithm == "auto":
-            algorithm = selection.select(collective, nbytes, self.size, op, bool(self._native))
+            key = (collective, nbytes, op is None or op.commutative)
+            picked = self._auto.get(key)
+            if picked is None:
+                if len(self._auto) > 4096:
+                    self._auto.clear()
+                picked = self._auto[key] = selection.select(
+                    collective, nbytes, self.size, op, bool(self._native))
+            algorithm = picked
         fn = self._chosen.get((collective, algorithm))
         if fn is not None and (op is None or op.commutative):
             return fn
@@ -408,10 +418,8 @@ class Communicator:
         x = as_array(x, "x")
         opd = resolve_op(op, x.dtype)
         fn = self._algorithm(collective, algorithm, x.nbytes * nbytes_factor, opd)
-        if fn.__module__.endswith(".native"):
-            from .native import mpi_op
-
-            mpi_op(opd, x.dtype)
+        if self._native_op_check is not None and fn is self._native[collective]:
+            self._native_op_check(opd, x.dtype)  # the MPI library must know dtype and op
         return x, opd, fn
 
     def _detach(self, src: np.ndarray) -> np.ndarray:
@@ -445,7 +453,7 @@ class Communicator:
             self._fingerprint("reduce", algorithm, opd, root, x.dtype, x.shape)
         src = flat(x)
         dst = None if result is None else result.reshape(-1)
-        if dst is not None and np.may_share_memory(src, dst):
+        if out is not None and dst is not None and np.may_share_memory(src, dst):
             src = self._detach(src)  # linear reduce reads the input after writing the result
         t.begin()
         fn(t, src, dst, opd, root)
@@ -474,7 +482,7 @@ class Communicator:
         src, dst = flat(x), result.reshape(-1)
         if out is x:
             src = dst  # in place: every all_reduce algorithm allows src is dst
-        elif np.may_share_memory(src, dst):
+        elif out is not None and np.may_share_memory(src, dst):
             src = self._detach(src)
         t.begin()
         fn(t, src, dst, opd)

@@ -89,7 +89,21 @@ def op_name(op: object) -> str:
         raise InvalidArgumentError(f"op: unknown reduction op {op!r}; expected one of {names}") from None
 
 
+_RESOLVED: dict[tuple[object, np.dtype], Op] = {}
+
+
 def resolve_op(op: object, dtype: np.dtype) -> Op:
+    """``_resolve_op`` with a cache, as it runs on every reducing call."""
+    try:
+        return _RESOLVED[op, dtype]
+    except (KeyError, TypeError):  # TypeError: an unhashable op, refused below
+        pass
+    resolved = _resolve_op(op, dtype)
+    _RESOLVED[op, dtype] = resolved
+    return resolved
+
+
+def _resolve_op(op: object, dtype: np.dtype) -> Op:
     """Check that ``op`` can reduce ``dtype`` and return the Op the algorithms call.
 
     Raises:
