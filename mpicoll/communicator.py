@@ -10,6 +10,7 @@ raise too. In check mode a fingerprint of the call is compared across ranks firs
 
 from __future__ import annotations
 
+import math
 import os
 import zlib
 from collections.abc import Callable
@@ -39,6 +40,9 @@ _REFUSALS = {
     _BAD_SHAPE: "the root's x does not have the number of ranks as its first dimension",
     _TOO_MANY_DIMS: f"the root's x has more than {_MAX_NDIM} dimensions",
 }
+# broadcasts up to this many bytes travel in one message with their header
+_PACKED_BYTES = 4096
+_PACKET_BYTES = _HEADER_LEN * 8 + _PACKED_BYTES
 _FINGERPRINT_FIELDS = ("collective", "algorithm", "op", "root", "dtype", "shape")
 _ANY = -1  # a fingerprint field this rank cannot know (broadcast/scatter with None)
 
@@ -102,6 +106,9 @@ class Communicator:
         self.check = os.environ.get("MPICOLL_CHECK", "0") == "1" if check is None else check
         self._chosen: dict[tuple[str, str], Callable[..., None]] = {}
         self._auto: dict[tuple[str, int, bool], str] = {}  # what "auto" picked, by call
+        # broadcast's first message: the header, and the data when it fits
+        self._packet = np.zeros(_PACKET_BYTES, np.uint8)
+        self._packet_header = self._packet[: _HEADER_LEN * 8].view(np.int64)
 
     @property
     def rank(self) -> int:
@@ -212,26 +219,23 @@ class Communicator:
         fn(self._transport, header, root)
 
     @staticmethod
-    def _header_of(x: Any, status: int = _OK) -> np.ndarray:
-        header = np.zeros(_HEADER_LEN, np.int64)
-        header[0] = status
-        if status == _OK:
-            if x.ndim > _MAX_NDIM:
-                header[0] = _TOO_MANY_DIMS
-                return header
-            header[1] = dtype_code(x.dtype)
-            header[2] = x.dtype.itemsize
-            header[3] = x.ndim
-            header[4:4 + x.ndim] = x.shape
+    def _header_of(x: Any, status: int = _OK, header: np.ndarray | None = None) -> np.ndarray:
+        """Fill ``header`` (or a new one) with x's dtype and shape, or a refusal status."""
+        header = np.zeros(_HEADER_LEN, np.int64) if header is None else header
+        if status == _OK and x.ndim > _MAX_NDIM:
+            status = _TOO_MANY_DIMS
+        if status != _OK:
+            header[:4] = (status, 0, 0, 0)
+            return header
+        header[: 4 + x.ndim] = (_OK, dtype_code(x.dtype), x.dtype.itemsize, x.ndim, *x.shape)
         return header
 
     @staticmethod
     def _unpack_header(header: np.ndarray, root: int, collective: str) -> tuple[int, int, tuple[int, ...]]:
-        status = int(header[0])
+        status, code, itemsize, ndim = header[:4].tolist()
         if status != _OK:
             raise RemoteError(f"{collective}: root {root} refused the call: {_REFUSALS[status]}")
-        ndim = int(header[3])
-        return int(header[1]), int(header[2]), tuple(int(d) for d in header[4:4 + ndim])
+        return code, itemsize, tuple(header[4:4 + ndim].tolist())
 
     # -- collectives ------------------------------------------------------------------
 
@@ -248,38 +252,44 @@ class Communicator:
             The root's data on every rank (the root's own ``x`` at the root).
         """
         t, root = self._transport, self._root(root)
-        # only the root knows the size, so "auto" is resolved after the header; a bad
-        # name is refused now, before any message
-        self._algorithm("broadcast", algorithm, 0)
+        # Only the root knows shape and dtype, so a fixed-size packet goes first: the
+        # header, and the data too when it fits, so that small broadcasts take one round.
+        # "auto" is resolved from the packet's size, then from the header: the same on
+        # every rank. A bad name is refused before any message.
+        pack_fn = self._algorithm("broadcast", algorithm, _PACKET_BYTES)
+        packet, header = self._packet, self._packet_header
         if t.rank == root:
             try:
                 x = as_array(x, "x")
-                header = self._header_of(x)
+                self._header_of(x, header=header)
             except (TypeError, ValueError):
-                header = self._header_of(None, _BAD_INPUT)
+                self._header_of(None, _BAD_INPUT, header)
                 # tell the others before raising, so no rank waits for data that never comes
                 t.begin()
-                self._header_broadcast(header, root)
+                pack_fn(t, packet, root)
                 raise
-        else:
-            if x is not None:
-                x = as_array(x, "x")
-                if not x.flags.writeable:
-                    raise InvalidArgumentError("x: the receive buffer must be writeable")
-            header = np.empty(_HEADER_LEN, np.int64)
+            if header[0] == _OK and x.nbytes <= _PACKED_BYTES:
+                packet[_HEADER_LEN * 8: _HEADER_LEN * 8 + x.nbytes] = flat(x).view(np.uint8)
+        elif x is not None:
+            x = as_array(x, "x")
+            if not x.flags.writeable:
+                raise InvalidArgumentError("x: the receive buffer must be writeable")
         if self.check:
             self._fingerprint("broadcast", algorithm, root=root,
                               dtype=None if x is None else x.dtype,
                               shape=None if x is None else x.shape)
         t.begin()
-        self._header_broadcast(header, root)
+        pack_fn(t, packet, root)
         if t.rank == root:
             if header[0] != _OK:
                 raise InvalidArgumentError(f"x: {_REFUSALS[int(header[0])]}")
-            self._algorithm("broadcast", algorithm, x.nbytes)(t, flat(x), root)
+            if x.nbytes > _PACKED_BYTES:
+                self._algorithm("broadcast", algorithm, x.nbytes)(t, flat(x), root)
             return x
         code, itemsize, shape = self._unpack_header(header, root, "broadcast")
-        fn = self._algorithm("broadcast", algorithm, int(np.prod(shape)) * itemsize)
+        nbytes = math.prod(shape) * itemsize
+        packed = nbytes <= _PACKED_BYTES
+        fn = None if packed else self._algorithm("broadcast", algorithm, nbytes)
         mismatch = None
         if x is not None and (x.shape != shape or x.dtype.itemsize != itemsize
                               or (code >= 0 and x.dtype != dtype_from_code(code))):
@@ -290,11 +300,18 @@ class Communicator:
             mismatch = (f"x: the root's dtype has no header code; pass a receive buffer "
                         f"of shape {shape}")
         if mismatch is not None:  # take part with a scratch buffer, then refuse
-            fn(t, np.empty(int(np.prod(shape)) * itemsize, np.uint8), root)
+            if fn is not None:
+                fn(t, np.empty(nbytes, np.uint8), root)
             raise InvalidArgumentError(mismatch)
         if x is None:
             x = np.empty(shape, dtype_from_code(code))
-        if x.flags.c_contiguous:
+        if packed:
+            data = packet[_HEADER_LEN * 8: _HEADER_LEN * 8 + nbytes]
+            if x.flags.c_contiguous:
+                x.reshape(-1).view(np.uint8)[...] = data
+            else:
+                x[...] = data.view(x.dtype).reshape(shape)
+        elif x.flags.c_contiguous:
             fn(t, x.reshape(-1), root)
         else:
             buf = np.empty(x.size, x.dtype)
@@ -338,20 +355,20 @@ class Communicator:
         self._header_broadcast(header, root)
         code, itemsize, shape = self._unpack_header(header, root, "scatter")
         # "auto" resolved from the header, so that every rank picks the same algorithm
-        fn = self._algorithm("scatter", algorithm, int(np.prod(shape)) * itemsize * t.size)
+        fn = self._algorithm("scatter", algorithm, math.prod(shape) * itemsize * t.size)
         if is_root:
             result = result_buffer(out, shape, x.dtype)
             fn(t, flat(x), result.reshape(-1), root)
             return result
         if code < 0 and out is None:
-            fn(t, None, np.empty(int(np.prod(shape)) * itemsize, np.uint8), root)
+            fn(t, None, np.empty(math.prod(shape) * itemsize, np.uint8), root)
             raise InvalidArgumentError(
                 f"out: the root's dtype has no header code; pass out of shape {shape}"
             )
         try:
             result = result_buffer(out, shape, out.dtype if code < 0 else dtype_from_code(code))
         except InvalidArgumentError:
-            fn(t, None, np.empty(int(np.prod(shape)) * itemsize, np.uint8), root)
+            fn(t, None, np.empty(math.prod(shape) * itemsize, np.uint8), root)
             raise
         fn(t, None, result.reshape(-1), root)
         return result

@@ -72,9 +72,47 @@ def sizes(begin: int, end: int, factor: float) -> list[int]:
     return out
 
 
+MPI_LIBRARY = "mpi_library"  # the row of the MPI library's collective called directly
+
+
+def _library_call(comm: Communicator, collective: str, x: np.ndarray, shape: tuple[int, ...],
+                  dtype: np.dtype, op: str, root: int) -> Callable[[str], np.ndarray | None]:
+    """The MPI library's own collective on ready flat buffers: no mpicoll validation,
+    no allocation; the baseline of ``vs_native``."""
+    from ..buffers import even_bounds
+    from ..native import NATIVE
+    from ..ops import resolve_op
+
+    t, p, record = comm._transport, comm.size, RECORDS[collective]
+    fn, src, is_root = NATIVE[collective], x.reshape(-1), comm.rank == root
+    opd = resolve_op(op, dtype) if record.reduces else None
+    out_count = src.size * p if record.per_rank else src.size // p if record.rows and collective != "all_to_all" else src.size
+    dst = np.empty(out_count, dtype)
+    if collective == "broadcast":
+        return lambda _: fn(t, dst, root)
+    if collective == "scatter":
+        return lambda _: fn(t, src if is_root else None, dst, root)
+    if collective == "gather":
+        return lambda _: fn(t, src, dst if is_root else None, root)
+    if collective == "all_gather":
+        bounds = even_bounds(src.size, p)
+        return lambda _: fn(t, dst, bounds)
+    if collective == "reduce":
+        return lambda _: fn(t, src, dst if is_root else None, opd, root)
+    if collective == "all_reduce":
+        return lambda _: fn(t, src, dst, opd)
+    if collective == "reduce_scatter":
+        bounds = even_bounds(dst.size, p)
+        return lambda _: fn(t, src, bounds, opd, dst)
+    return lambda _: fn(t, src, dst)
+
+
 def make_call(comm: Communicator, collective: str, nbytes: int, dtype: np.dtype, op: str,
-              root: int) -> tuple[Callable[[str], np.ndarray | None], int]:
-    """A function running one call of ``collective`` with an algorithm, and its count."""
+              root: int, name: str = "") -> tuple[Callable[[str], np.ndarray | None], int]:
+    """A function running one call of ``collective`` with an algorithm, and its count.
+
+    With ``name=MPI_LIBRARY`` the function calls the MPI library's collective directly.
+    """
     record, p = RECORDS[collective], comm.size
     count = nbytes // dtype.itemsize
     if record.per_rank or record.rows:
@@ -84,6 +122,8 @@ def make_call(comm: Communicator, collective: str, nbytes: int, dtype: np.dtype,
     x = ((idx * 7 + comm.rank * 3 + 1) % 5).astype(dtype)
     if op == "prod":
         x = (x % 2 + 1).astype(dtype)
+    if name == MPI_LIBRARY:
+        return _library_call(comm, collective, x, shape, dtype, op, root), count
     if collective == "broadcast":
         buf = x.copy()
         return (lambda algo: comm.broadcast(buf, root, algorithm=algo)), count
@@ -167,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     say("# vs_native: the MPI library's time / this algorithm's time (>1: faster)")
     wrong_total = 0
     for collective in collectives:
-        names = mpicoll.algorithms(collective) + ["auto"]
+        names = [MPI_LIBRARY, *mpicoll.algorithms(collective), "auto"]
         if args.algo != "all":
             names = args.algo.split(",")
         record = RECORDS[collective]
@@ -180,14 +220,18 @@ def main(argv: list[str] | None = None) -> int:
             reference = call("native") if args.check else None
             reference = None if reference is None else reference.copy()
             results = {}
+            library, _ = make_call(comm, collective, nbytes, dtype, args.op, args.root,
+                                   MPI_LIBRARY)
             for name in names:
-                got = call(name)
-                wrong = count_wrong(comm, got, reference) if args.check else 0
+                run = library if name == MPI_LIBRARY else call
+                got = None if name == MPI_LIBRARY else run(name)
+                wrong = count_wrong(comm, got, reference) if args.check and got is not None \
+                    or (args.check and name != MPI_LIBRARY) else 0
                 wrong_total += wrong
-                times = time_calls(comm, lambda name=name, call=call: call(name), args.iters,
+                times = time_calls(comm, lambda name=name, run=run: run(name), args.iters,
                                    args.warmup_iters, lambda: comm.barrier(algorithm="native"))
                 results[name] = (statistics.median(times), wrong)
-            native = results.get("native", (math.nan, 0))[0]
+            native = results.get(MPI_LIBRARY, results.get("native", (math.nan, 0)))[0]
             size = count * dtype.itemsize
             for name, (seconds, wrong) in results.items():
                 algbw = size / seconds / 1e9 if seconds > 0 else 0.0
