@@ -34,11 +34,12 @@ BACKENDS = ("mpi", "local")
 # broadcast/scatter header: [status, dtype code, itemsize, ndim, dim 0, dim 1, ...]
 _MAX_NDIM = 32
 _HEADER_LEN = 4 + _MAX_NDIM
-_OK, _BAD_INPUT, _BAD_SHAPE, _TOO_MANY_DIMS = 0, 1, 2, 3
+_OK, _BAD_INPUT, _BAD_SHAPE, _TOO_MANY_DIMS, _BAD_OUT = 0, 1, 2, 3, 4
 _REFUSALS = {
     _BAD_INPUT: "the root's x is not an array that can travel as bytes",
     _BAD_SHAPE: "the root's x does not have the number of ranks as its first dimension",
     _TOO_MANY_DIMS: f"the root's x has more than {_MAX_NDIM} dimensions",
+    _BAD_OUT: "the root's out does not fit its x",
 }
 # broadcasts up to this many bytes travel in one message with their header
 _PACKED_BYTES = 4096
@@ -336,12 +337,15 @@ class Communicator:
         is_root = t.rank == root
         self._algorithm("scatter", algorithm, 0)  # a bad name is refused before any message
         if is_root:
+            status = _BAD_INPUT  # what the others are told if a check below fails
             try:
                 x = as_array(x, "x")
+                status = _BAD_SHAPE
                 self._rows(x, "scatter")
+                status = _BAD_OUT
+                result = result_buffer(out, x.shape[1:], x.dtype)
                 header = self._header_of(x[0])
-            except (TypeError, ValueError) as exc:
-                status = _BAD_SHAPE if "one row per rank" in str(exc) else _BAD_INPUT
+            except (TypeError, ValueError):
                 t.begin()
                 self._header_broadcast(self._header_of(None, status), root)
                 raise
@@ -357,7 +361,6 @@ class Communicator:
         # "auto" resolved from the header, so that every rank picks the same algorithm
         fn = self._algorithm("scatter", algorithm, math.prod(shape) * itemsize * t.size)
         if is_root:
-            result = result_buffer(out, shape, x.dtype)
             fn(t, flat(x), result.reshape(-1), root)
             return result
         if code < 0 and out is None:

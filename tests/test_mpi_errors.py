@@ -95,3 +95,12 @@ def test_check_mode_names_the_ranks_that_differ(world):
     np.testing.assert_array_equal(checked.all_reduce(np.ones(2)), np.full(2, world.size))
     got = checked.broadcast(np.ones(3) if world.rank == 0 else None, 0)
     np.testing.assert_array_equal(got, np.ones(3))
+
+
+def test_scatter_refusal_of_the_roots_out_reaches_every_rank(world):
+    x = np.ones((world.size, 2)) if world.rank == 0 else None
+    out = np.empty(3) if world.rank == 0 else None  # the root's out has the wrong shape
+    expected = InvalidArgumentError if world.rank == 0 else RemoteError
+    with pytest.raises(expected, match=r"out: expected shape \(2,\)|out does not fit"):
+        world.scatter(x, 0, out=out)
+    np.testing.assert_array_equal(world.all_reduce(np.ones(1)), [world.size])
