@@ -43,7 +43,8 @@ _REFUSALS = {
 }
 # broadcasts up to this many bytes travel in one message with their header
 _PACKED_BYTES = 4096
-_PACKET_BYTES = _HEADER_LEN * 8 + _PACKED_BYTES
+_HEADER_BYTES = _HEADER_LEN * 8
+_PACKET_BYTES = _HEADER_BYTES + _PACKED_BYTES
 _FINGERPRINT_FIELDS = ("collective", "algorithm", "op", "root", "dtype", "shape")
 _ANY = -1  # a fingerprint field this rank cannot know (broadcast/scatter with None)
 
@@ -109,7 +110,7 @@ class Communicator:
         self._auto: dict[tuple[str, int, bool], str] = {}  # what "auto" picked, by call
         # broadcast's first message: the header, and the data when it fits
         self._packet = np.zeros(_PACKET_BYTES, np.uint8)
-        self._packet_header = self._packet[: _HEADER_LEN * 8].view(np.int64)
+        self._packet_header = self._packet[:_HEADER_BYTES].view(np.int64)
 
     @property
     def rank(self) -> int:
@@ -270,7 +271,7 @@ class Communicator:
                 pack_fn(t, packet, root)
                 raise
             if header[0] == _OK and x.nbytes <= _PACKED_BYTES:
-                packet[_HEADER_LEN * 8: _HEADER_LEN * 8 + x.nbytes] = flat(x).view(np.uint8)
+                packet[_HEADER_BYTES:_HEADER_BYTES + x.nbytes] = flat(x).view(np.uint8)
         elif x is not None:
             x = as_array(x, "x")
             if not x.flags.writeable:
@@ -307,7 +308,7 @@ class Communicator:
         if x is None:
             x = np.empty(shape, dtype_from_code(code))
         if packed:
-            data = packet[_HEADER_LEN * 8: _HEADER_LEN * 8 + nbytes]
+            data = packet[_HEADER_BYTES:_HEADER_BYTES + nbytes]
             if x.flags.c_contiguous:
                 x.reshape(-1).view(np.uint8)[...] = data
             else:
@@ -363,16 +364,18 @@ class Communicator:
         if is_root:
             fn(t, flat(x), result.reshape(-1), root)
             return result
+        refusal = None
         if code < 0 and out is None:
+            refusal = InvalidArgumentError(
+                f"out: the root's dtype has no header code; pass out of shape {shape}")
+        else:
+            try:
+                result = result_buffer(out, shape, out.dtype if code < 0 else dtype_from_code(code))
+            except InvalidArgumentError as exc:
+                refusal = exc
+        if refusal is not None:  # take part with a scratch buffer, then refuse
             fn(t, None, np.empty(math.prod(shape) * itemsize, np.uint8), root)
-            raise InvalidArgumentError(
-                f"out: the root's dtype has no header code; pass out of shape {shape}"
-            )
-        try:
-            result = result_buffer(out, shape, out.dtype if code < 0 else dtype_from_code(code))
-        except InvalidArgumentError:
-            fn(t, None, np.empty(math.prod(shape) * itemsize, np.uint8), root)
-            raise
+            raise refusal
         fn(t, None, result.reshape(-1), root)
         return result
 
@@ -398,8 +401,7 @@ class Communicator:
             self._fingerprint("gather", algorithm, root=root, dtype=x.dtype, shape=x.shape)
         src = flat(x)
         dst = None if result is None else result.reshape(-1)
-        if dst is not None and np.may_share_memory(src, dst):
-            src = self._detach(src)
+        src = self._unaliased(src, dst, out)
         t.begin()
         fn(t, src, dst, root)
         return result
@@ -442,8 +444,14 @@ class Communicator:
             self._native_op_check(opd, x.dtype)  # the MPI library must know dtype and op
         return x, opd, fn
 
-    def _detach(self, src: np.ndarray) -> np.ndarray:
-        """A copy of ``src`` in workspace, for when it overlaps the result buffer."""
+    def _unaliased(self, src: np.ndarray, dst: np.ndarray | None,
+                   out: np.ndarray | None) -> np.ndarray:
+        """``src``, or a copy of it in workspace when it overlaps the user's ``out``.
+
+        Only a user's buffer can overlap: a result mpicoll allocated never does.
+        """
+        if out is None or dst is None or not np.may_share_memory(src, dst):
+            return src
         copy = self._transport.scratch(src.size, src.dtype, slot=3)
         copy[...] = src
         return copy
@@ -473,8 +481,7 @@ class Communicator:
             self._fingerprint("reduce", algorithm, opd, root, x.dtype, x.shape)
         src = flat(x)
         dst = None if result is None else result.reshape(-1)
-        if out is not None and dst is not None and np.may_share_memory(src, dst):
-            src = self._detach(src)  # linear reduce reads the input after writing the result
+        src = self._unaliased(src, dst, out)  # linear reduce reads x after writing out
         t.begin()
         fn(t, src, dst, opd, root)
         if result is not None:
@@ -502,8 +509,8 @@ class Communicator:
         src, dst = flat(x), result.reshape(-1)
         if out is x:
             src = dst  # in place: every all_reduce algorithm allows src is dst
-        elif out is not None and np.may_share_memory(src, dst):
-            src = self._detach(src)
+        else:
+            src = self._unaliased(src, dst, out)
         t.begin()
         fn(t, src, dst, opd)
         self._average(result, opd)
@@ -529,8 +536,7 @@ class Communicator:
         if self.check:
             self._fingerprint("reduce_scatter", algorithm, opd, 0, x.dtype, x.shape)
         src, dst = flat(x), result.reshape(-1)
-        if np.may_share_memory(src, dst):
-            src = self._detach(src)
+        src = self._unaliased(src, dst, out)
         t.begin()
         fn(t, src, even_bounds(dst.size, t.size), opd, dst)
         self._average(result, opd)
@@ -556,8 +562,7 @@ class Communicator:
         if self.check:
             self._fingerprint("all_to_all", algorithm, dtype=x.dtype, shape=x.shape)
         src, dst = flat(x), result.reshape(-1)
-        if np.may_share_memory(src, dst):
-            src = self._detach(src)
+        src = self._unaliased(src, dst, out)
         t.begin()
         fn(t, src, dst)
         return result

@@ -172,3 +172,25 @@ def test_auto_agrees_when_only_the_root_knows_the_size(world, collective, nbytes
         x = np.arange(world.size * count, dtype="f8").reshape(world.size, count)
         got = world.scatter(x if world.rank == root else None, root)
         np.testing.assert_array_equal(got, x[world.rank])
+
+
+@pytest.mark.parametrize("collective,algorithm",
+                         [(c, a) for c, a in CASES if c in ("reduce", "all_to_all")])
+def test_out_may_be_the_input(world, collective, algorithm):
+    """A result buffer that is the input itself is read before it is overwritten."""
+    rows = (world.size, 3) if collective == "all_to_all" else (5,)
+    inputs = [make_input(r, rows, "i8") for r in range(world.size)]
+    x = inputs[world.rank].copy()
+    if collective == "all_to_all":
+        got = world.all_to_all(x, algorithm=algorithm, out=x)
+        expected = np.stack([inputs[i][world.rank] for i in range(world.size)])
+    else:
+        root = world.size - 1
+        got = world.reduce(x, "sum", root, algorithm=algorithm,
+                           out=x if world.rank == root else None)
+        expected = sum(inputs) if world.rank == root else None
+    if expected is None:
+        assert got is None
+    else:
+        assert got is x
+        np.testing.assert_array_equal(x, expected)
