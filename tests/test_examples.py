@@ -55,3 +55,16 @@ def test_one_failing_rank_aborts_the_job(tmp_path):
     done = mpiexec(3, str(script), timeout=60)
     assert done.returncode != 0
     assert "rank 1 gives up" in done.stderr
+
+
+@needs_mpiexec
+def test_benchmark_runs_every_collective_and_checks_results():
+    done = mpiexec(3, "-m", "mpicoll.bench", "all", "-b", "8", "-e", "4K", "-f", "64",
+                   "-n", "2", "-w", "1", timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "# Out of bounds values : 0 OK" in done.stdout
+    for collective in ("broadcast", "all_reduce", "all_to_all", "reduce_scatter"):
+        assert f"# {collective}\n" in done.stdout
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith("  ")]
+    assert {row[5] for row in rows} >= {"mpi_library", "native", "auto", "ring"}
+    assert all(row[9] == "0" for row in rows)  # #wrong

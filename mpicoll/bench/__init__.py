@@ -12,6 +12,7 @@ median over iterations; iterations are separated by a barrier.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
 import sys
@@ -23,6 +24,9 @@ import numpy as np
 
 import mpicoll
 from mpicoll import Communicator
+from mpicoll.buffers import even_bounds
+from mpicoll.native import NATIVE
+from mpicoll.ops import resolve_op
 
 
 @dataclass(frozen=True)
@@ -75,44 +79,9 @@ def sizes(begin: int, end: int, factor: float) -> list[int]:
 MPI_LIBRARY = "mpi_library"  # the row of the MPI library's collective called directly
 
 
-def _library_call(comm: Communicator, collective: str, x: np.ndarray, shape: tuple[int, ...],
-                  dtype: np.dtype, op: str, root: int) -> Callable[[str], np.ndarray | None]:
-    """The MPI library's own collective on ready flat buffers: no mpicoll validation,
-    no allocation; the baseline of ``vs_native``."""
-    from ..buffers import even_bounds
-    from ..native import NATIVE
-    from ..ops import resolve_op
-
-    t, p, record = comm._transport, comm.size, RECORDS[collective]
-    fn, src, is_root = NATIVE[collective], x.reshape(-1), comm.rank == root
-    opd = resolve_op(op, dtype) if record.reduces else None
-    out_count = src.size * p if record.per_rank else src.size // p if record.rows and collective != "all_to_all" else src.size
-    dst = np.empty(out_count, dtype)
-    if collective == "broadcast":
-        return lambda _: fn(t, dst, root)
-    if collective == "scatter":
-        return lambda _: fn(t, src if is_root else None, dst, root)
-    if collective == "gather":
-        return lambda _: fn(t, src, dst if is_root else None, root)
-    if collective == "all_gather":
-        bounds = even_bounds(src.size, p)
-        return lambda _: fn(t, dst, bounds)
-    if collective == "reduce":
-        return lambda _: fn(t, src, dst if is_root else None, opd, root)
-    if collective == "all_reduce":
-        return lambda _: fn(t, src, dst, opd)
-    if collective == "reduce_scatter":
-        bounds = even_bounds(dst.size, p)
-        return lambda _: fn(t, src, bounds, opd, dst)
-    return lambda _: fn(t, src, dst)
-
-
-def make_call(comm: Communicator, collective: str, nbytes: int, dtype: np.dtype, op: str,
-              root: int, name: str = "") -> tuple[Callable[[str], np.ndarray | None], int]:
-    """A function running one call of ``collective`` with an algorithm, and its count.
-
-    With ``name=MPI_LIBRARY`` the function calls the MPI library's collective directly.
-    """
+def make_input(comm: Communicator, collective: str, nbytes: int, dtype: np.dtype,
+               op: str) -> np.ndarray:
+    """This rank's input for ``nbytes`` of ``collective`` (nccl-tests' meaning of size)."""
     record, p = RECORDS[collective], comm.size
     count = nbytes // dtype.itemsize
     if record.per_rank or record.rows:
@@ -120,27 +89,63 @@ def make_call(comm: Communicator, collective: str, nbytes: int, dtype: np.dtype,
     shape = (p, count // p) if record.rows else ((count // p,) if record.per_rank else (count,))
     idx = np.arange(math.prod(shape)).reshape(shape)
     x = ((idx * 7 + comm.rank * 3 + 1) % 5).astype(dtype)
-    if op == "prod":
-        x = (x % 2 + 1).astype(dtype)
-    if name == MPI_LIBRARY:
-        return _library_call(comm, collective, x, shape, dtype, op, root), count
+    return (x % 2 + 1).astype(dtype) if op == "prod" else x
+
+
+def result_shape(collective: str, x: np.ndarray, p: int) -> tuple[int, ...]:
+    if RECORDS[collective].per_rank:
+        return (p, *x.shape)
+    if collective in ("scatter", "reduce_scatter"):
+        return x.shape[1:]
+    return x.shape
+
+
+def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
+                 root: int) -> Callable[[], None]:
+    """The MPI library's own collective on ready flat buffers: no mpicoll validation,
+    no allocation; the baseline of ``vs_native``."""
+    t, p, record = comm._transport, comm.size, RECORDS[collective]
+    fn, src, is_root = NATIVE[collective], x.reshape(-1), comm.rank == root
+    opd = resolve_op(op, x.dtype) if record.reduces else None
+    dst = np.empty(math.prod(result_shape(collective, x, p)), x.dtype)
+    if collective == "broadcast":
+        return lambda: fn(t, dst, root)
+    if collective == "scatter":
+        return lambda: fn(t, src if is_root else None, dst, root)
+    if collective == "gather":
+        return lambda: fn(t, src, dst if is_root else None, root)
+    if collective == "all_gather":
+        bounds = even_bounds(src.size, p)
+        return lambda: fn(t, dst, bounds)
+    if collective == "reduce":
+        return lambda: fn(t, src, dst if is_root else None, opd, root)
+    if collective == "all_reduce":
+        return lambda: fn(t, src, dst, opd)
+    if collective == "reduce_scatter":
+        bounds = even_bounds(dst.size, p)
+        return lambda: fn(t, src, bounds, opd, dst)
+    return lambda: fn(t, src, dst)
+
+
+def make_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
+              root: int) -> Callable[[str], np.ndarray | None]:
+    """A function running one call of ``collective`` through mpicoll with an algorithm."""
+    record = RECORDS[collective]
     if collective == "broadcast":
         buf = x.copy()
-        return (lambda algo: comm.broadcast(buf, root, algorithm=algo)), count
+        return lambda algo: comm.broadcast(buf, root, algorithm=algo)
+    out = np.empty(result_shape(collective, x, comm.size), x.dtype)
     if collective == "scatter":
-        out = np.empty(shape[1:], dtype)
-        return (lambda algo: comm.scatter(x, root, algorithm=algo, out=out)), count
-    out = np.empty((p, *shape) if record.per_rank else shape[1:] if collective == "reduce_scatter"
-                   else shape, dtype)
+        return lambda algo: comm.scatter(x, root, algorithm=algo, out=out)
     out = out if comm.rank == root or not record.rooted else None
     fn = getattr(comm, collective)
     if record.reduces:
         if record.rooted:
-            return (lambda algo: fn(x, op, root, algorithm=algo, out=out)), count
-        return (lambda algo: fn(x, op, algorithm=algo, out=out)), count
+            return lambda algo: fn(x, op, root, algorithm=algo, out=out)
+        return lambda algo: fn(x, op, algorithm=algo, out=out)
     if record.rooted:
-        return (lambda algo: fn(x, root, algorithm=algo, out=out)), count
-    return (lambda algo: fn(x, algorithm=algo, out=out)), count
+        return lambda algo: fn(x, root, algorithm=algo, out=out)
+    return lambda algo: fn(x, algorithm=algo, out=out)
 
 
 def time_calls(comm: Communicator, call: Callable[[], object], iters: int, warmup: int,
@@ -204,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         f" host(s) | dtype {dtype} | op {args.op} | root {args.root} | {args.iters} iterations"
         f" after {args.warmup_iters} warm-up | time: median over iterations of the slowest"
         f" rank, barrier-separated")
-    say("# vs_native: the MPI library's time / this algorithm's time (>1: faster)")
+    say(f"# vs_native: the time of the MPI library's collective called directly ({MPI_LIBRARY})"
+        " / this row's time (>1: faster than the library); 'native' is that collective"
+        " called through mpicoll")
     wrong_total = 0
     for collective in collectives:
         names = [MPI_LIBRARY, *mpicoll.algorithms(collective), "auto"]
@@ -216,20 +223,22 @@ def main(argv: list[str] | None = None) -> int:
             f"{'algorithm':>20} {'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} "
             f"{'vs_native':>9}")
         for nbytes in sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor):
-            call, count = make_call(comm, collective, nbytes, dtype, args.op, args.root)
+            x = make_input(comm, collective, nbytes, dtype, args.op)
+            count = x.size * comm.size if record.per_rank else x.size
+            call = make_call(comm, collective, x, args.op, args.root)
+            library = library_call(comm, collective, x, args.op, args.root)
             reference = call("native") if args.check else None
             reference = None if reference is None else reference.copy()
             results = {}
-            library, _ = make_call(comm, collective, nbytes, dtype, args.op, args.root,
-                                   MPI_LIBRARY)
             for name in names:
-                run = library if name == MPI_LIBRARY else call
-                got = None if name == MPI_LIBRARY else run(name)
-                wrong = count_wrong(comm, got, reference) if args.check and got is not None \
-                    or (args.check and name != MPI_LIBRARY) else 0
+                if name == MPI_LIBRARY:  # its result is the reference itself
+                    run, wrong = library, 0
+                else:
+                    run = functools.partial(call, name)
+                    wrong = count_wrong(comm, run(), reference) if args.check else 0
                 wrong_total += wrong
-                times = time_calls(comm, lambda name=name, run=run: run(name), args.iters,
-                                   args.warmup_iters, lambda: comm.barrier(algorithm="native"))
+                times = time_calls(comm, run, args.iters, args.warmup_iters,
+                                   lambda: comm.barrier(algorithm="native"))
                 results[name] = (statistics.median(times), wrong)
             native = results.get(MPI_LIBRARY, results.get("native", (math.nan, 0)))[0]
             size = count * dtype.itemsize
