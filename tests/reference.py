@@ -67,16 +67,27 @@ def assert_same(got: np.ndarray | None, expected: np.ndarray | None, what: str =
     assert np.array_equal(got, expected), f"{what}:\n got {got}\n expected {expected}"
 
 
+def strided(a: np.ndarray) -> np.ndarray:
+    """The values of ``a`` in a view that is not C-contiguous (every other element)."""
+    wide = np.zeros((*a.shape[:-1], 2 * a.shape[-1]), a.dtype)
+    wide[..., ::2] = a
+    return wide[..., ::2]
+
+
 def run_case(comm: mpicoll.Communicator, collective: str, algorithm: str, shape: tuple[int, ...],
-             dtype: str, op: str = "sum", root: int = 0) -> None:
-    """Run one collective on ``comm`` and check this rank's result against NumPy."""
+             dtype: str, op: str = "sum", root: int = 0, non_contiguous: bool = False) -> None:
+    """Run one collective on ``comm`` and check this rank's result against NumPy.
+
+    With ``non_contiguous``, this rank's input is a strided view of the same values.
+    """
     p, rank = comm.size, comm.rank
     rows = (p, *shape)
     if collective in ("scatter", "reduce_scatter", "all_to_all"):
         inputs = [make_input(r, rows, dtype, op) for r in range(p)]
     else:
         inputs = [make_input(r, shape, dtype, op) for r in range(p)]
-    x = inputs[rank]
+    x = strided(inputs[rank]) if non_contiguous else inputs[rank]
+    assert not (non_contiguous and x.flags.c_contiguous), "the strided input is contiguous"
     copy = x.copy()
     what = f"{collective}/{algorithm} p={p} rank={rank} root={root} {dtype} {op} shape={shape}"
     if collective == "broadcast":
