@@ -18,7 +18,7 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
-from .ops import ReduceOp
+from .ops import Op, ReduceOp
 
 __version__ = "0.1.0"
 
@@ -30,6 +30,7 @@ __all__ = [
     "InvalidArgumentError",
     "MismatchError",
     "MpicollError",
+    "Op",
     "ReduceOp",
     "RemoteError",
     "UnsupportedDtypeError",

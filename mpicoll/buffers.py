@@ -6,6 +6,7 @@ never a copy) of such an array between two offsets of a bounds list.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from .errors import InvalidArgumentError, UnsupportedDtypeError
@@ -33,6 +34,24 @@ def chunk_bounds(count: int, parts: int) -> Bounds:
 def even_bounds(block: int, parts: int) -> Bounds:
     """Offsets of ``parts`` blocks of ``block`` elements each."""
     return tuple(i * block for i in range(parts + 1))
+
+
+def counts_bounds(counts: list[int] | tuple[int, ...]) -> Bounds:
+    """Offsets of blocks of the given sizes: the prefix sums, starting at 0."""
+    bounds = [0]
+    for c in counts:
+        bounds.append(bounds[-1] + int(c))
+    return tuple(bounds)
+
+
+def rotated_bounds(bounds: Bounds, first: int) -> Bounds:
+    """Offsets of the same blocks laid out from block ``first`` on, wrapping around.
+
+    Block ``(first + j) mod p`` sits at position j. Trees rooted at ``root`` lay their
+    blocks out by relative rank this way, as does Bruck's all_gather from each rank.
+    """
+    p = len(bounds) - 1
+    return counts_bounds([bounds[(first + j) % p + 1] - bounds[(first + j) % p] for j in range(p)])
 
 
 def as_array(x: object, name: str) -> np.ndarray:
@@ -79,7 +98,7 @@ def result_buffer(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtyp
 DTYPE_TABLE: tuple[np.dtype, ...] = tuple(np.dtype(c) for c in (
     "?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8",
     "f2", "f4", "f8", "g", "c8", "c16", "G",
-))
+)) + (np.dtype(ml_dtypes.bfloat16),)
 _DTYPE_CODES = {dt: i for i, dt in enumerate(DTYPE_TABLE)}
 
 

@@ -1,8 +1,9 @@
-"""Reduction ops: which dtypes each accepts, and how it combines two arrays.
+"""Reduction ops: the built-in ones, user-defined ``mpicoll.Op``, and which dtypes fit.
 
 Reductions run in the array library (``np.add(a, b, out=a)``), so the bytes on the wire
-need no MPI datatype and every dtype NumPy can reduce works. An op that does not fit the
-dtype (avg on integers, bitwise ops on floats, min/max on complex) is refused up front.
+need no MPI datatype and every dtype NumPy can reduce works, bfloat16 (ml_dtypes)
+included. A built-in op that does not fit the dtype (avg on integers, bitwise ops on
+floats, min/max on complex) is refused up front.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .errors import InvalidArgumentError, UnsupportedDtypeError
@@ -44,49 +47,93 @@ _KINDS = {
     ReduceOp.BXOR: "biu",
 }
 
-_UFUNCS = {
-    ReduceOp.SUM: np.add,
-    ReduceOp.PROD: np.multiply,
-    ReduceOp.MIN: np.minimum,
-    ReduceOp.MAX: np.maximum,
-    ReduceOp.AVG: np.add,  # summed by the algorithm, divided by the number of ranks after
-    ReduceOp.BAND: np.bitwise_and,
-    ReduceOp.BOR: np.bitwise_or,
-    ReduceOp.BXOR: np.bitwise_xor,
-}
-
 _KIND_NAMES = {"b": "bool", "i": "signed integer", "u": "unsigned integer",
                "f": "floating", "c": "complex"}
 
+# ml_dtypes' floating types (bfloat16, float8_*) have dtype kind "V" but NumPy ufunc loops
+# for add, multiply, minimum, maximum and divide: to the ops they are floating.
+_ML_FLOATS = frozenset(np.dtype(getattr(ml_dtypes, name)) for name in (
+    "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+    if hasattr(ml_dtypes, name))
 
-@dataclass(frozen=True)
+
+def dtype_kind(dtype: np.dtype) -> str:
+    """NumPy's dtype kind, with ml_dtypes' floating types (bfloat16, ...) as "f"."""
+    return "f" if dtype in _ML_FLOATS else dtype.kind
+
+
+@dataclass(frozen=True, eq=False)
 class Op:
-    """A reduction op bound to what algorithms need: ``op(a, b, out)`` computes a (op) b.
+    """A reduction op: ``fn(a, b, out)`` computes a (op) b elementwise into ``out``.
 
-    Attributes:
-        name: the op's name ("sum", ...).
-        combine: a ufunc-like ``f(a, b, out=out)``; out may alias a or b.
-        commutative: whether a (op) b == b (op) a; algorithms that reorder operands
-            (ring, recursive halving) need it.
-        average: divide the summed result by the number of ranks at the end.
+    Build your own with ``mpicoll.Op(fn, commutative=..., identity=...)``. ``fn`` gets
+    arrays of the input's array library and dtype (equal-length 1-D slices, any length
+    including 0) and must write into ``out``, which may be ``a`` or ``b`` itself. For an
+    op that combines groups of numbers (a 2x2 matrix product), give the input a
+    structured dtype whose one element is the whole group, so no algorithm cuts a group.
+
+    Args:
+        fn: ``fn(a, b, out)``; a NumPy ufunc such as ``np.add`` works as it is.
+        commutative: whether a (op) b == b (op) a. A non-commutative op is combined in
+            rank order (rank 0 op rank 1 op ...); algorithms that reorder operands (ring,
+            pairwise, rabenseifner, recursive halving) refuse it.
+        identity: the value e with e (op) x == x, when there is one. It travels with
+            the op for callers (and the MPI library gets none); no algorithm needs it,
+            as every one combines real operands only.
+        name: how errors and the benchmark name the op (default: ``fn``'s name).
+
+    Ops are compared by identity; make one per op and reuse it, so caches keyed by op
+    (the MPI library's handle for ``native``) stay small.
     """
 
-    name: str
-    combine: Callable[..., object]
+    fn: Callable[..., object]
     commutative: bool = True
-    average: bool = False
+    identity: Any = None
+    name: str = ""
+    average: bool = False  # avg: the algorithms sum, then the result is divided by p
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise InvalidArgumentError(f"op: fn must be callable, got {type(self.fn).__name__}")
+        if not isinstance(self.commutative, (bool, np.bool_)):
+            raise InvalidArgumentError("op: commutative must be True or False")
+        if not self.name:
+            object.__setattr__(self, "name", getattr(self.fn, "__name__", "user_op"))
 
     def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-        self.combine(a, b, out=out)
+        if isinstance(self.fn, np.ufunc):  # ufuncs take out by keyword (np.maximum insists)
+            self.fn(a, b, out=out)
+        else:
+            self.fn(a, b, out)
+
+    @property
+    def builtin(self) -> bool:
+        return self in _BUILTINS.values()
+
+
+_BUILTINS: dict[ReduceOp, Op] = {
+    ReduceOp.SUM: Op(np.add, True, 0, "sum"),
+    ReduceOp.PROD: Op(np.multiply, True, 1, "prod"),
+    ReduceOp.MIN: Op(np.minimum, True, None, "min"),
+    ReduceOp.MAX: Op(np.maximum, True, None, "max"),
+    ReduceOp.AVG: Op(np.add, True, 0, "avg", average=True),
+    ReduceOp.BAND: Op(np.bitwise_and, True, -1, "band"),
+    ReduceOp.BOR: Op(np.bitwise_or, True, 0, "bor"),
+    ReduceOp.BXOR: Op(np.bitwise_xor, True, 0, "bxor"),
+}
 
 
 def op_name(op: object) -> str:
-    """The name of a built-in op given as a string or ReduceOp; raises on anything else."""
+    """The name of an op given as an Op, a string or a ReduceOp; raises on anything else."""
+    if isinstance(op, Op):
+        return op.name
     try:
         return ReduceOp(op).value
     except ValueError:
         names = ", ".join(repr(m.value) for m in ReduceOp)
-        raise InvalidArgumentError(f"op: unknown reduction op {op!r}; expected one of {names}") from None
+        raise InvalidArgumentError(
+            f"op: unknown reduction op {op!r}; expected one of {names} or an mpicoll.Op"
+        ) from None
 
 
 _RESOLVED: dict[tuple[object, np.dtype], Op] = {}
@@ -99,6 +146,8 @@ def resolve_op(op: object, dtype: np.dtype) -> Op:
     except (KeyError, TypeError):  # TypeError: an unhashable op, refused below
         pass
     resolved = _resolve_op(op, dtype)
+    if len(_RESOLVED) > 4096:
+        _RESOLVED.clear()
     _RESOLVED[op, dtype] = resolved
     return resolved
 
@@ -106,16 +155,20 @@ def resolve_op(op: object, dtype: np.dtype) -> Op:
 def _resolve_op(op: object, dtype: np.dtype) -> Op:
     """Check that ``op`` can reduce ``dtype`` and return the Op the algorithms call.
 
+    A user's Op is taken as it is: its ``fn`` decides which dtypes it reduces.
+
     Raises:
         InvalidArgumentError: op is not a known op.
-        UnsupportedDtypeError: the op does not fit the dtype (avg on ints, band on floats,
-            min/max on complex, any op on a dtype that is not numeric).
+        UnsupportedDtypeError: a built-in op does not fit the dtype (avg on ints, band on
+            floats, min/max on complex, any op on a dtype that is not numeric).
     """
+    if isinstance(op, Op):
+        return op
     member = ReduceOp(op_name(op))
     kinds = _KINDS[member]
-    if dtype.kind not in kinds:
+    if dtype_kind(dtype) not in kinds:
         allowed = ", ".join(_KIND_NAMES[k] for k in kinds)
         raise UnsupportedDtypeError(
             f"op {member.value!r} cannot reduce dtype {dtype}: it takes {allowed} dtypes"
         )
-    return Op(member.value, _UFUNCS[member], commutative=True, average=member is ReduceOp.AVG)
+    return _BUILTINS[member]
