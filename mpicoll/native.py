@@ -8,6 +8,8 @@ that is reduced goes typed, so the MPI library must know the dtype and the op.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from mpi4py import MPI
 
@@ -25,15 +27,45 @@ NATIVE_REDUCE_DTYPES = frozenset(np.dtype(c) for c in (
     "?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16"))
 
 
-def mpi_op(op: Op, dtype: np.dtype) -> MPI.Op:
-    """The MPI op that computes ``op`` on ``dtype``, or a clear refusal."""
+_USER_OPS: dict[tuple[Op, np.dtype], tuple[MPI.Datatype, MPI.Op]] = {}
+
+
+def mpi_op(op: Op, dtype: np.dtype) -> tuple[MPI.Datatype | None, MPI.Op]:
+    """The MPI datatype and op that compute ``op`` on ``dtype``, or a clear refusal.
+
+    A built-in op gets the MPI library's own op on the dtype's MPI datatype (None: mpi4py
+    finds it from the buffer). A user's ``mpicoll.Op`` becomes an MPI user op on a
+    contiguous datatype of one element, whose callback runs ``op.fn`` on NumPy views of
+    MPI's buffers; MPI keeps rank order for a non-commutative one.
+    """
+    if not op.builtin:
+        try:
+            return _USER_OPS[op, dtype]
+        except KeyError:
+            pass
+        element = MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
+
+        def combine(inbuf, inoutbuf, datatype):  # MPI: inout = in (op) inout
+            a = np.frombuffer(inbuf, dtype)
+            b = np.frombuffer(inoutbuf, dtype)
+            op(a, b, b)
+
+        _USER_OPS[op, dtype] = element, MPI.Op.Create(combine, commute=bool(op.commutative))
+        return _USER_OPS[op, dtype]
     if dtype not in NATIVE_REDUCE_DTYPES:
         raise UnsupportedDtypeError(
             f"algorithm 'native': the MPI library cannot reduce dtype {dtype}; "
             "use one of mpicoll's own algorithms"
         )
     table = _MPI_BOOL_OPS if dtype.kind == "b" else _MPI_OPS
-    return table[op.name]
+    return None, table[op.name]
+
+
+def _typed(buf: np.ndarray | None, datatype: MPI.Datatype | None):
+    """A buffer spec for a reduction: mpi4py's own mapping, or ``datatype`` per element."""
+    if buf is None or datatype is None:
+        return buf
+    return [buf, buf.size, datatype]
 
 
 def _bytes(buf: np.ndarray) -> list:
@@ -44,49 +76,74 @@ def native_broadcast(t: MPITransport, buf: np.ndarray, root: int) -> None:
     t.comm.Bcast(_bytes(buf), root)
 
 
-def native_scatter(t: MPITransport, src: np.ndarray | None, dst: np.ndarray, root: int) -> None:
-    t.comm.Scatter(_bytes(src) if t.rank == root else None, _bytes(dst), root)
+def _bytes_v(buf: np.ndarray, bounds: tuple[int, ...]) -> list:
+    """A v-collective buffer spec: block j is ``bounds[j]:bounds[j+1]``, in bytes."""
+    size = buf.itemsize
+    counts = [(bounds[j + 1] - bounds[j]) * size for j in range(len(bounds) - 1)]
+    return [buf, (counts, [b * size for b in bounds[:-1]]), MPI.BYTE]
 
 
-def native_gather(t: MPITransport, src: np.ndarray, dst: np.ndarray | None, root: int) -> None:
-    t.comm.Gather(_bytes(src), _bytes(dst) if t.rank == root else None, root)
+@lru_cache(maxsize=256)
+def _even(bounds: tuple[int, ...]) -> bool:
+    first = bounds[1] - bounds[0]
+    return all(bounds[j + 1] - bounds[j] == first for j in range(1, len(bounds) - 1))
+
+
+def native_scatter(t: MPITransport, src: np.ndarray | None, dst: np.ndarray,
+                   bounds: tuple[int, ...], root: int) -> None:
+    if _even(bounds):
+        t.comm.Scatter(_bytes(src) if t.rank == root else None, _bytes(dst), root)
+    else:
+        t.comm.Scatterv(_bytes_v(src, bounds) if t.rank == root else None, _bytes(dst), root)
+
+
+def native_gather(t: MPITransport, src: np.ndarray, dst: np.ndarray | None,
+                  bounds: tuple[int, ...], root: int) -> None:
+    if _even(bounds):
+        t.comm.Gather(_bytes(src), _bytes(dst) if t.rank == root else None, root)
+    else:
+        t.comm.Gatherv(_bytes(src), _bytes_v(dst, bounds) if t.rank == root else None, root)
 
 
 def native_all_gather(t: MPITransport, buf: np.ndarray, bounds: tuple[int, ...]) -> None:
-    size = buf.itemsize
-    counts = [(bounds[i + 1] - bounds[i]) * size for i in range(t.size)]
-    if len(set(counts)) == 1:
+    if _even(bounds):
         t.comm.Allgather(MPI.IN_PLACE, _bytes(buf))
     else:
-        displs = [b * size for b in bounds[:-1]]
-        t.comm.Allgatherv(MPI.IN_PLACE, [buf, (counts, displs), MPI.BYTE])
+        t.comm.Allgatherv(MPI.IN_PLACE, _bytes_v(buf, bounds))
 
 
 def native_reduce(t: MPITransport, src: np.ndarray, dst: np.ndarray | None, op: Op,
                   root: int) -> None:
-    mop = mpi_op(op, src.dtype)
+    datatype, mop = mpi_op(op, src.dtype)
     if t.rank == root:
-        t.comm.Reduce(MPI.IN_PLACE if dst is src else src, dst, mop, root)
+        sendbuf = MPI.IN_PLACE if dst is src else _typed(src, datatype)
+        t.comm.Reduce(sendbuf, _typed(dst, datatype), mop, root)
     else:
-        t.comm.Reduce(src, None, mop, root)
+        t.comm.Reduce(_typed(src, datatype), None, mop, root)
 
 
 def native_all_reduce(t: MPITransport, src: np.ndarray, dst: np.ndarray, op: Op) -> None:
-    t.comm.Allreduce(MPI.IN_PLACE if dst is src else src, dst, mpi_op(op, src.dtype))
+    datatype, mop = mpi_op(op, src.dtype)
+    sendbuf = MPI.IN_PLACE if dst is src else _typed(src, datatype)
+    t.comm.Allreduce(sendbuf, _typed(dst, datatype), mop)
 
 
 def native_reduce_scatter(t: MPITransport, src: np.ndarray, bounds: tuple[int, ...], op: Op,
                           dst: np.ndarray) -> None:
-    counts = [bounds[i + 1] - bounds[i] for i in range(t.size)]
-    mop = mpi_op(op, src.dtype)
-    if len(set(counts)) == 1:
+    datatype, mop = mpi_op(op, src.dtype)
+    if _even(bounds) and datatype is None:
         t.comm.Reduce_scatter_block(src, dst, mop)
     else:
-        t.comm.Reduce_scatter(src, dst, counts, mop)
+        counts = [bounds[i + 1] - bounds[i] for i in range(t.size)]
+        t.comm.Reduce_scatter(_typed(src, datatype), _typed(dst, datatype), counts, mop)
 
 
-def native_all_to_all(t: MPITransport, src: np.ndarray, dst: np.ndarray) -> None:
-    t.comm.Alltoall(_bytes(src), _bytes(dst))
+def native_all_to_all(t: MPITransport, src: np.ndarray, send_bounds: tuple[int, ...],
+                      dst: np.ndarray, recv_bounds: tuple[int, ...]) -> None:
+    if _even(send_bounds) and _even(recv_bounds):
+        t.comm.Alltoall(_bytes(src), _bytes(dst))
+    else:
+        t.comm.Alltoallv(_bytes_v(src, send_bounds), _bytes_v(dst, recv_bounds))
 
 
 def native_barrier(t: MPITransport) -> None:

@@ -7,23 +7,32 @@ benchmark and the tests all find them. The signature is the same for every algor
 of a collective:
 
     broadcast(t, buf, root)                       in place; root's buf holds the data
-    scatter(t, src | None, dst, root)             src: size equal blocks (root only)
-    gather(t, src, dst | None, root)              dst: size equal blocks (root only)
+    scatter(t, src | None, dst, bounds, root)     src: p blocks (root only); dst: block [rank]
+    gather(t, src, dst | None, bounds, root)      src: block [rank]; dst: p blocks (root only)
     all_gather(t, buf, bounds)                    in place; rank r's block already in buf
     reduce(t, src, dst | None, op, root)          dst given at root; elsewhere workspace
     all_reduce(t, src, dst, op)                   dst may be src (in place)
     reduce_scatter(t, src, bounds, op, dst)       dst receives the reduced block [rank]
-    all_to_all(t, src, dst)                       size equal blocks each
+    all_to_all(t, src, send_bounds, dst, recv_bounds)   block j of src goes to rank j
     barrier(t)
 
 ``bounds`` are block offsets in elements (see ``mpicoll.buffers.chunk_bounds``), so the
-same code serves even and uneven blocks. Costs use the alpha-beta-gamma model: alpha per
-message, beta per byte, gamma per byte reduced; n is the message size in bytes and p the
-number of ranks.
+same code serves even blocks and the v-variants' uneven ones; an algorithm that needs
+equal blocks is registered ``even_only``. Tuning knobs (``radix``, ``segment_bytes``)
+are keyword-only parameters with defaults, which callers pass by name
+(``comm.broadcast(x, algorithm="knomial", radix=8)``).
+
+Costs use the alpha-beta-gamma model: alpha per message, beta per byte, gamma per byte
+reduced; n is the message size in bytes, p the number of ranks, p2 the largest power of
+two <= p, k a tree's radix and S the number of segments of a pipelined algorithm.
+
+Workspace: algorithms take ``t.scratch`` slots 1 and 2 (and 4 where they call another
+algorithm that uses 1 and 2); the Communicator uses slot 3.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,15 +49,23 @@ class Algorithm:
     fn: Callable[..., None]
     cost: str
     commutative_only: bool = False
+    even_only: bool = False
+    options: tuple[str, ...] = ()  # keyword-only tuning parameters, e.g. ("radix",)
 
 
 REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
 
+# the smallest value each tuning option takes
+OPTION_MINIMUM = {"radix": 2, "segment_bytes": 1}
 
-def register(collective: str, name: str, *, commutative_only: bool = False):
+
+def register(collective: str, name: str, *, commutative_only: bool = False,
+             even_only: bool = False):
     """File the decorated function as ``algorithm=name`` of ``collective``.
 
     The cost is the docstring line that starts with ``Cost:``; every algorithm has one.
+    ``commutative_only``: it reorders operands, so a non-commutative op is refused.
+    ``even_only``: it needs equal blocks, so the v-variants refuse it.
     """
 
     def decorate(fn: Callable[..., None]) -> Callable[..., None]:
@@ -57,7 +74,13 @@ def register(collective: str, name: str, *, commutative_only: bool = False):
                      if line.strip().startswith("Cost:")), "")
         if not cost:
             raise ValueError(f"{fn.__name__}: docstring needs a 'Cost:' line")
-        REGISTRY[collective][name] = Algorithm(collective, name, fn, cost, commutative_only)
+        options = tuple(name for name, param in inspect.signature(fn).parameters.items()
+                        if param.kind is inspect.Parameter.KEYWORD_ONLY)
+        unknown = set(options) - set(OPTION_MINIMUM)
+        if unknown:
+            raise ValueError(f"{fn.__name__}: options {unknown} need an OPTION_MINIMUM")
+        REGISTRY[collective][name] = Algorithm(collective, name, fn, cost, commutative_only,
+                                               even_only, options)
         return fn
 
     return decorate

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..buffers import rotated_bounds
 from ..transport import Transport
 from . import register
 from .fold import Fold
@@ -66,3 +67,32 @@ def recursive_doubling_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[i
             t.recv(buf, rank + 1)
         else:
             t.send(buf, rank - 1)
+
+
+@register("all_gather", "bruck")
+def bruck_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ...]) -> None:
+    """Bruck: at step k send every block held so far to rank - 2^k; lg p steps at any p.
+
+    Each rank works on its blocks laid out from its own on (rank, rank+1, ...), so the
+    blocks it holds are always one prefix and the ones it receives land right after;
+    a final local rotation puts them in rank order.
+    Steps: ceil(lg p); bytes: (p-1)/p n per rank, plus a local copy of n.
+    Cost: ceil(lg p)*alpha + (p-1)/p*n*beta
+    """
+    p, rank = t.size, t.rank
+    if p == 1:
+        return
+    total = bounds[p]
+    mine = rotated_bounds(bounds, rank)  # position j: block (rank + j) mod p
+    work = t.scratch(total, buf.dtype, slot=1)
+    work[:mine[1]] = buf[bounds[rank]:bounds[rank + 1]]
+    held = 1
+    while held < p:
+        count = min(held, p - held)
+        # the sender's first `count` blocks are exactly the ones after my first `held`
+        t.sendrecv(work[:mine[count]], (rank - held) % p,
+                   work[mine[held]:mine[held + count]], (rank + held) % p)
+        held += count
+    split = total - bounds[rank]  # positions 0.. hold blocks rank..p-1, then 0..rank-1
+    buf[bounds[rank]:] = work[:split]
+    buf[:bounds[rank]] = work[split:]

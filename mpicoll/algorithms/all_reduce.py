@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..buffers import chunk_bounds
+from ..buffers import chunk_bounds, even_bounds
 from ..ops import Op
 from ..transport import Transport
 from . import register
-from .all_gather import ring_all_gather
-from .broadcast import binomial_broadcast
+from .all_gather import recursive_doubling_all_gather, ring_all_gather
+from .broadcast import binomial_broadcast, segment_bounds
 from .fold import Fold
 from .reduce import binomial_reduce
-from .reduce_scatter import ring_reduce_scatter_steps
+from .reduce_scatter import recursive_halving_reduce_scatter, ring_reduce_scatter_steps
 
 
 @register("all_reduce", "ring", commutative_only=True)
@@ -85,3 +85,92 @@ def reduce_broadcast_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, 
     """
     binomial_reduce(t, src, dst, op, 0)
     binomial_broadcast(t, dst, 0)
+
+
+@register("all_reduce", "rabenseifner", commutative_only=True)
+def rabenseifner_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op) -> None:
+    """Rabenseifner: a recursive-halving reduce_scatter of p chunks, then a
+    recursive-doubling all_gather of the chunks; for large messages at many ranks.
+
+    Half the ring's bandwidth term's steps: lg p2 each way instead of p-1. Any p: each
+    half folds the extra ranks onto p2 (2 more steps each).
+    Steps: 2 lg p2 (+4 if folded); bytes: 2 (p2-1)/p2 n per rank (+2n + 2n/p folded);
+    reductions: (p2-1)/p2 n (+n folded).
+    Cost: (2*lg p2 + 4*[p != p2])*alpha + 2*(p2-1)/p2*n*beta + (p2-1)/p2*n*gamma + [p != p2]*(2*n*beta + 2*n/p*beta + n*gamma)
+    """
+    p, rank = t.size, t.rank
+    bounds = chunk_bounds(src.size, p)
+    recursive_halving_reduce_scatter(t, src, bounds, op, dst[bounds[rank]:bounds[rank + 1]])
+    recursive_doubling_all_gather(t, dst, bounds)
+
+
+@register("all_reduce", "ring_pipelined", commutative_only=True)
+def ring_pipelined_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op, *,
+                              segment_bytes: int = 1 << 18) -> None:
+    """Ring, with each chunk cut into S segments that are sent as soon as they are ready.
+
+    Every receive and send of a step is posted at once; a segment is reduced the moment
+    it arrives, while the next ones are still on the wire, and is sent on to the right
+    neighbour at once (the next step's message), so reduction and transfer overlap
+    across segments and across steps, as in NCCL's ring.
+    Steps: 2(p-1) of S segments each; bytes: 2 (p-1)/p n per rank; reductions:
+    (p-1)/p n per rank, overlapped with the transfers.
+    Cost: 2*(p-1)*S*alpha + 2*(p-1)/p*n*beta + (p-1)/p*n*gamma/S
+    """
+    p, rank = t.size, t.rank
+    if p == 1:
+        if dst is not src:
+            dst[...] = src
+        return
+    bounds = chunk_bounds(src.size, p)
+    segment = max(1, segment_bytes // src.itemsize)
+    right, left = (rank + 1) % p, (rank - 1) % p
+    incoming = t.scratch(bounds[1] - bounds[0], src.dtype, slot=1)  # chunk 0 is the widest
+
+    def segments(block: int) -> list[tuple[int, int]]:
+        return segment_bounds(bounds[block], bounds[block + 1], segment)
+
+    # reduce_scatter: at step k receive block (rank - k - 2) mod p, add my input to it,
+    # and send each summed segment on; my own input block (rank - 1) starts the ring
+    sends = [t.isend(src[lo:hi], right) for lo, hi in segments((rank - 1) % p)]
+    for step in range(p - 1):
+        block = (rank - step - 2) % p
+        base = bounds[block]
+        pending = sends
+        receives = [t.irecv(incoming[lo - base:hi - base], left) for lo, hi in segments(block)]
+        sends = []
+        for (lo, hi), request in zip(segments(block), receives, strict=True):
+            t.waitall([request])
+            op(incoming[lo - base:hi - base], src[lo:hi], out=dst[lo:hi])
+            sends.append(t.isend(dst[lo:hi], right))  # the next step's (or the gather's) message
+        t.waitall(pending)  # before the gather overwrites blocks they read
+    # all_gather: my block (rank) is on its way; pass each block received on to the
+    # right until it has gone round
+    for step in range(p - 1):
+        block = (rank - step - 1) % p
+        receives = [t.irecv(dst[lo:hi], left) for lo, hi in segments(block)]
+        for (lo, hi), request in zip(segments(block), receives, strict=True):
+            t.waitall([request])
+            if step < p - 2:
+                sends.append(t.isend(dst[lo:hi], right))
+    t.waitall(sends)
+
+
+@register("all_reduce", "allgather_reduce")
+def allgather_reduce_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op) -> None:
+    """Every rank gathers every input (recursive doubling), then reduces them locally in
+    rank order: the fewest steps, for tiny messages; any op.
+
+    Steps: lg p2 (+2 if folded); bytes: (p-1) n per rank; reductions: (p-1) n per rank.
+    Cost: (lg p2 + 2*[p != p2])*alpha + (p-1)*n*beta + (p-1)*n*gamma
+    """
+    p, rank, m = t.size, t.rank, src.size
+    everyone = t.scratch(p * m, src.dtype, slot=1)
+    everyone[rank * m:(rank + 1) * m] = src
+    recursive_doubling_all_gather(t, everyone, even_bounds(m, p))
+    if p == 1:
+        dst[...] = src
+        return
+    op(everyone[:m], everyone[m:2 * m], out=dst)
+    for r in range(2, p):
+        op(dst, everyone[r * m:(r + 1) * m], out=dst)

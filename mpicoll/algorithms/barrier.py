@@ -6,6 +6,7 @@ import numpy as np
 
 from ..transport import Transport
 from . import register
+from .trees import knomial_children, knomial_parent
 
 _EMPTY = np.empty(0, np.uint8)
 
@@ -38,3 +39,45 @@ def dissemination_barrier(t: Transport) -> None:
     while distance < p:
         t.sendrecv(_EMPTY, (rank + distance) % p, _EMPTY, (rank - distance) % p)
         distance <<= 1
+
+
+@register("barrier", "recursive_doubling")
+def recursive_doubling_barrier(t: Transport) -> None:
+    """Recursive doubling: in round k exchange with the rank 2^k away (rank XOR 2^k).
+
+    Any p: each rank >= p2 first signals rank - p2, which answers once the p2 ranks are
+    through. Steps: lg p2 (+2 if p is not a power of two).
+    Cost: (lg p2 + 2*[p != p2])*alpha
+    """
+    p, rank = t.size, t.rank
+    p2 = 1 << (p.bit_length() - 1)
+    if rank >= p2:
+        t.send(_EMPTY, rank - p2)
+        t.recv(_EMPTY, rank - p2)
+        return
+    extra = rank + p2 < p
+    if extra:
+        t.recv(_EMPTY, rank + p2)
+    mask = 1
+    while mask < p2:
+        t.sendrecv(_EMPTY, rank ^ mask, _EMPTY, rank ^ mask)
+        mask <<= 1
+    if extra:
+        t.send(_EMPTY, rank + p2)
+
+
+@register("barrier", "knomial")
+def knomial_barrier(t: Transport, *, radix: int = 4) -> None:
+    """K-nomial tree: arrivals gather up the tree to rank 0, the release goes back down.
+
+    Steps: 2 ceil(log_k p) levels of up to k-1 messages each.
+    Cost: 2*ceil(log_k p)*(k-1)*alpha
+    """
+    p, rank = t.size, t.rank
+    children = [child for child, _ in knomial_children(rank, p, radix)]
+    parent = knomial_parent(rank, radix)
+    t.waitall([t.irecv(_EMPTY, child) for child in children])
+    if parent is not None:
+        t.send(_EMPTY, parent)
+        t.recv(_EMPTY, parent)
+    t.waitall([t.isend(_EMPTY, child) for child in children])

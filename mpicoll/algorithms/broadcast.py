@@ -12,6 +12,7 @@ from ..buffers import chunk_bounds
 from ..transport import Transport
 from . import register
 from .all_gather import ring_all_gather
+from .trees import knomial_children, knomial_parent
 
 
 @register("broadcast", "linear")
@@ -92,3 +93,54 @@ def scatter_allgather_broadcast(t: Transport, buf: np.ndarray, root: int) -> Non
     rel = (t.rank - root) % p
     binomial_scatter(t, buf[bounds[rel]:], bounds, root)
     ring_all_gather(t, buf, bounds, owner_shift=root)
+
+
+def segment_bounds(lo: int, hi: int, segment: int) -> list[tuple[int, int]]:
+    """Cut elements [lo, hi) into segments of ``segment`` elements (the last one shorter)."""
+    return [(s, min(s + segment, hi)) for s in range(lo, hi, segment)]
+
+
+@register("broadcast", "pipelined_chain")
+def pipelined_chain_broadcast(t: Transport, buf: np.ndarray, root: int, *,
+                              segment_bytes: int = 1 << 16) -> None:
+    """Chain: root -> root+1 -> ... -> root-1, the data cut into S segments that follow
+    each other down the chain, so every link carries a segment at once.
+
+    Each rank forwards a segment as soon as it has it. Steps: p-1+S-1 segment times;
+    bytes: n per rank (received once, sent once).
+    Cost: (p-1 + S-1)*(alpha + n/S*beta)
+    """
+    p, rank = t.size, t.rank
+    if p == 1:
+        return
+    rel = (rank - root) % p
+    right, left = (rank + 1) % p, (rank - 1) % p
+    segments = segment_bounds(0, buf.size, max(1, segment_bytes // buf.itemsize))
+    if rel == 0:
+        t.waitall([t.isend(buf[lo:hi], right) for lo, hi in segments])
+        return
+    receives = [t.irecv(buf[lo:hi], left) for lo, hi in segments]
+    sends = []
+    for (lo, hi), request in zip(segments, receives, strict=True):
+        t.waitall([request])
+        if rel < p - 1:  # the last rank of the chain only receives
+            sends.append(t.isend(buf[lo:hi], right))
+    t.waitall(sends)
+
+
+@register("broadcast", "knomial")
+def knomial_broadcast(t: Transport, buf: np.ndarray, root: int, *, radix: int = 4) -> None:
+    """K-nomial tree: each rank that has the data sends it to up to k-1 children per level.
+
+    Fewer rounds than binomial (log_k p) for more messages per round; k = 2 is binomial.
+    Steps: ceil(log_k p) rounds of up to k-1 sends; bytes: n per message, (p-1) n in all.
+    Cost: ceil(log_k p)*(k-1)*(alpha + n*beta)
+    """
+    p, rank = t.size, t.rank
+    rel = (rank - root) % p
+    parent = knomial_parent(rel, radix)
+    if parent is not None:
+        t.recv(buf, (parent + root) % p)
+    children = knomial_children(rel, p, radix)
+    # the children with the largest subtrees first: they have the most forwarding to do
+    t.waitall([t.isend(buf, (child + root) % p) for child, _ in reversed(children)])

@@ -1,6 +1,9 @@
 """Gather: every rank's block ends up on the root, in rank order.
 
-``src`` is this rank's block; ``dst`` (root only) receives p equal blocks.
+``src`` is this rank's block; ``dst`` (root only) receives p blocks, block j at
+``bounds[j]:bounds[j+1]`` (equal for gather, uneven for gather_v). Trees work on
+relative ranks (rel = (rank - root) mod p) and collect blocks in that order, so a
+subtree's blocks are one contiguous slice; the root rotates them back at the end.
 n is the size of the root's whole result in bytes.
 """
 
@@ -8,59 +11,83 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..buffers import rotated_bounds
 from ..transport import Transport
 from . import register
+from .trees import knomial_children, knomial_parent, knomial_subtree_end
 
 
 @register("gather", "linear")
-def linear_gather(t: Transport, src: np.ndarray, dst: np.ndarray | None, root: int) -> None:
+def linear_gather(t: Transport, src: np.ndarray, dst: np.ndarray | None,
+                  bounds: tuple[int, ...], root: int) -> None:
     """Every rank sends its block straight to the root.
 
     Steps: p-1 messages into the root; bytes: (p-1)/p n into the root.
     Cost: (p-1)*alpha + (p-1)/p*n*beta
     """
-    p, rank, m = t.size, t.rank, src.size
+    p, rank = t.size, t.rank
     if rank != root:
         t.send(src, root)
         return
     assert dst is not None
-    requests = [t.irecv(dst[r * m:(r + 1) * m], r) for r in range(p) if r != root]
-    dst[root * m:(root + 1) * m] = src
+    requests = [t.irecv(dst[bounds[r]:bounds[r + 1]], r) for r in range(p) if r != root]
+    dst[bounds[root]:bounds[root + 1]] = src
     t.waitall(requests)
 
 
+def _tree_gather(t: Transport, src: np.ndarray, dst: np.ndarray | None,
+                 bounds: tuple[int, ...], root: int, parent: int | None,
+                 children: list[tuple[int, int]], end: int) -> None:
+    """Collect the subtree [rel, end) from ``children``, then send it to ``parent``."""
+    p, rank = t.size, t.rank
+    rel = (rank - root) % p
+    rel_bounds = rotated_bounds(bounds, root)
+    base = rel_bounds[rel]
+    if parent is not None and not children:  # a leaf
+        if src.size:
+            t.send(src, (parent + root) % p)
+        return
+    work = dst if rel == 0 and root == 0 else t.scratch(rel_bounds[end] - base, src.dtype, slot=1)
+    assert work is not None
+    work[:src.size] = src
+    requests = []
+    for child, child_end in children:
+        lo, hi = rel_bounds[child] - base, rel_bounds[child_end] - base
+        if hi > lo:  # an empty subtree sends nothing
+            requests.append(t.irecv(work[lo:hi], (child + root) % p))
+    t.waitall(requests)
+    if parent is not None:
+        if rel_bounds[end] > base:
+            t.send(work[:rel_bounds[end] - base], (parent + root) % p)
+    elif work is not dst:  # the root, root != 0: relative order back to rank order
+        assert dst is not None
+        split = bounds[p] - bounds[root]
+        dst[bounds[root]:] = work[:split]
+        dst[:bounds[root]] = work[split:]
+
+
 @register("gather", "binomial")
-def binomial_gather(t: Transport, src: np.ndarray, dst: np.ndarray | None, root: int) -> None:
+def binomial_gather(t: Transport, src: np.ndarray, dst: np.ndarray | None,
+                    bounds: tuple[int, ...], root: int) -> None:
     """Binomial tree: each rank collects its subtree's blocks and sends them up at once.
 
     Blocks travel in relative-rank order; the root rotates them back (one copy when
     root != 0). Steps: ceil(lg p); bytes: (p-1)/p n into the root.
     Cost: ceil(lg p)*alpha + (p-1)/p*n*beta
     """
-    p, rank, m = t.size, t.rank, src.size
-    rel = (rank - root) % p
-    subtree = p if rel == 0 else min(rel & -rel, p - rel)
-    if rel and subtree == 1:  # a leaf
-        t.send(src, (rank - (rel & -rel)) % p)
-        return
-    if rank == root and root == 0:
-        work = dst
-    else:
-        work = t.scratch(subtree * m, src.dtype, slot=1)
-    work[:m] = src
-    # children rel + mask for every mask below rel's lowest set bit, each with a subtree
-    requests = []
-    mask = 1
-    while mask < subtree:
-        child = rel + mask
-        hi = min(child + mask, p, rel + subtree)
-        requests.append(t.irecv(work[mask * m:(hi - rel) * m], (rank + mask) % p))
-        mask <<= 1
-    t.waitall(requests)
-    if rank != root:
-        t.send(work, (rank - (rel & -rel)) % p)
-    elif work is not dst:
-        assert dst is not None
-        split = (p - root) * m
-        dst[root * m:] = work[:split]
-        dst[: root * m] = work[split:]
+    rel = (t.rank - root) % t.size
+    _tree_gather(t, src, dst, bounds, root, knomial_parent(rel, 2),
+                 knomial_children(rel, t.size, 2), knomial_subtree_end(rel, t.size, 2))
+
+
+@register("gather", "knomial")
+def knomial_gather(t: Transport, src: np.ndarray, dst: np.ndarray | None,
+                   bounds: tuple[int, ...], root: int, *, radix: int = 4) -> None:
+    """K-nomial tree: a rank collects up to k-1 children per level, then sends up at once.
+
+    Steps: ceil(log_k p) levels of up to k-1 receives; bytes: (p-1)/p n into the root.
+    Cost: ceil(log_k p)*(k-1)*alpha + (p-1)/p*n*beta
+    """
+    rel = (t.rank - root) % t.size
+    _tree_gather(t, src, dst, bounds, root, knomial_parent(rel, radix),
+                 knomial_children(rel, t.size, radix), knomial_subtree_end(rel, t.size, radix))

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..buffers import chunk_bounds
 from ..ops import Op
 from ..transport import Transport
 from . import register
+from .gather import binomial_gather
+from .reduce_scatter import recursive_halving_reduce_scatter
+from .trees import knomial_children, knomial_parent
 
 
 @register("reduce", "linear")
@@ -76,3 +80,59 @@ def binomial_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, op: O
         return
     if rank == root and cur is not dst:  # one rank, or no child
         dst[...] = src
+
+
+@register("reduce", "knomial")
+def knomial_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, op: Op, root: int, *,
+                   radix: int = 4) -> None:
+    """K-nomial tree: each rank combines up to k-1 children per level, then sends up.
+
+    All children's results are received at once into separate workspace and combined
+    in rank order as they arrive. For a non-commutative op and root != 0 the tree is
+    rooted at 0 and the result is sent on to the root (one step more).
+    Steps: ceil(log_k p) levels of up to k-1 messages; reductions: n per message.
+    Cost: ceil(log_k p)*(k-1)*(alpha + n*beta + n*gamma)
+    """
+    p, rank, m = t.size, t.rank, src.size
+    tree_root = root if op.commutative else 0
+    rel = (rank - tree_root) % p
+    children = knomial_children(rel, p, radix)
+    incoming = t.scratch(len(children) * m, src.dtype, slot=1)
+    requests = [t.irecv(incoming[i * m:(i + 1) * m], (child + tree_root) % p)
+                for i, (child, _) in enumerate(children)]
+    acc = dst if dst is not None else t.scratch(m, src.dtype, slot=2)
+    cur = src
+    for i, request in enumerate(requests):  # children hold increasing ranks
+        t.waitall([request])
+        op(cur, incoming[i * m:(i + 1) * m], out=acc)
+        cur = acc
+    parent = knomial_parent(rel, radix)
+    if parent is not None:
+        t.send(cur, (parent + tree_root) % p)
+    if tree_root != root:
+        if rank == tree_root:
+            t.send(cur, root)
+        elif rank == root:
+            t.recv(dst, tree_root)
+        return
+    if rank == root and cur is not dst:  # one rank, or no child
+        dst[...] = src
+
+
+@register("reduce", "rabenseifner", commutative_only=True)
+def rabenseifner_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, op: Op,
+                        root: int) -> None:
+    """Rabenseifner: a recursive-halving reduce_scatter of p chunks, then a binomial
+    gather of the chunks to the root; for large messages.
+
+    Steps: lg p2 + ceil(lg p) (+2 if folded); bytes: about 2 (p-1)/p n at the root.
+    Cost: (lg p2 + ceil(lg p) + 2*[p != p2])*alpha + 2*(p-1)/p*n*beta + (p-1)/p*n*gamma
+    """
+    p, rank = t.size, t.rank
+    bounds = chunk_bounds(src.size, p)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    # my reduced chunk goes where the gather reads it: the root's result, or workspace
+    # (slot 4: the reduce_scatter takes 1 and 2, the gather 1)
+    chunk = dst[lo:hi] if dst is not None else t.scratch(hi - lo, src.dtype, slot=4)
+    recursive_halving_reduce_scatter(t, src, bounds, op, chunk)
+    binomial_gather(t, chunk, dst if rank == root else None, bounds, root)

@@ -117,3 +117,89 @@ def recursive_halving_reduce_scatter(t: Transport, src: np.ndarray, bounds: tupl
     if rank < 2 * fold.rem:
         t.send(cur[bounds[rank - 1]:bounds[rank]], rank - 1)
     dst[...] = cur[mine]
+
+
+@register("reduce_scatter", "pairwise", commutative_only=True)
+def pairwise_reduce_scatter(t: Transport, src: np.ndarray, bounds: tuple[int, ...], op: Op,
+                            dst: np.ndarray) -> None:
+    """Pairwise exchange: at step k send block [rank + k] to its owner, and add in the
+    block [rank] that rank - k sends; no partial sums travel, only inputs.
+
+    Steps: p-1; bytes: (p-1)/p n per rank; reductions: (p-1)/p n per rank.
+    Cost: (p-1)*(alpha + n/p*(beta + gamma))
+    """
+    p, rank = t.size, t.rank
+    lo, hi = bounds[rank], bounds[rank + 1]
+    incoming = t.scratch(hi - lo, src.dtype, slot=1)
+    dst[...] = src[lo:hi]
+    for k in range(1, p):
+        to, frm = (rank + k) % p, (rank - k) % p
+        t.sendrecv(src[bounds[to]:bounds[to + 1]], to, incoming, frm)
+        op(dst, incoming, out=dst)  # operands from ranks in any order: commutative only
+
+
+def _bit_reversed(value: int, bits: int) -> int:
+    return int(f"{value:0{bits}b}"[::-1], 2) if bits else 0
+
+
+@register("reduce_scatter", "recursive_doubling")
+def recursive_doubling_reduce_scatter(t: Transport, src: np.ndarray, bounds: tuple[int, ...],
+                                      op: Op, dst: np.ndarray) -> None:
+    """Recursive doubling for any op: pair with the rank 2^k away (k = 0, 1, ...), so the
+    ranks summed so far are always a contiguous range and operands stay in rank order.
+
+    At step k the pair splits the blocks they still hold: a rank keeps those whose bit k
+    matches its own (blocks b = rank mod 2^(k+1)). The blocks are stored in bit-reversed
+    order, so each kept set is one contiguous half of the window (MPICH's algorithm for
+    non-commutative ops). Any p: extra ranks are folded onto p2 (2 more steps).
+    Steps: lg p2 (+2 if folded); bytes and reductions: (p2-1)/p2 n per rank, plus n sent
+    and reduced and one block sent back when folded, and a local copy of n.
+    Cost: (lg p2 + 2*[p != p2])*alpha + (p2-1)/p2*n*(beta + gamma) + [p != p2]*(n*(beta + gamma) + n/p*beta)
+    """
+    p, rank = t.size, t.rank
+    fold = Fold(p)
+    bits = fold.p2.bit_length() - 1
+    total = bounds[p]
+    incoming = t.scratch(total, src.dtype, slot=1)
+    if fold.sits_out(rank):
+        t.send(src, rank + 1)
+        t.recv(dst, rank + 1)
+        return
+    # position q of work holds the blocks of new rank bit_reversed(q)
+    order = [_bit_reversed(q, bits) for q in range(fold.p2)]
+    spans = [(bounds[fold.first_block(i)], bounds[fold.end_block(i)]) for i in order]
+    position = [0]
+    for lo, hi in spans:
+        position.append(position[-1] + hi - lo)
+    work = t.scratch(total, src.dtype, slot=2)
+    if rank < 2 * fold.rem:  # fold: the even rank below's input comes first
+        t.recv(incoming, rank - 1)
+        for q, (lo, hi) in enumerate(spans):
+            op(incoming[lo:hi], src[lo:hi], out=work[position[q]:position[q + 1]])
+    else:
+        for q, (lo, hi) in enumerate(spans):
+            work[position[q]:position[q + 1]] = src[lo:hi]
+    new = fold.new_rank(rank)
+    first, last = 0, fold.p2  # the window of positions this rank still holds
+    for k in range(bits):
+        middle = (first + last) // 2
+        keep, give = ((first, middle), (middle, last)) if not new >> k & 1 else \
+            ((middle, last), (first, middle))
+        klo, khi = position[keep[0]], position[keep[1]]
+        partner = new ^ (1 << k)
+        partial = incoming[: khi - klo]
+        t.sendrecv(work[position[give[0]]:position[give[1]]], fold.old_rank(partner),
+                   partial, fold.old_rank(partner))
+        kept = work[klo:khi]
+        if partner < new:  # the partner's ranks come before mine
+            op(partial, kept, out=kept)
+        else:
+            op(kept, partial, out=kept)
+        first, last = keep
+    # the window is position bit_reversed(new): the blocks of new rank `new`
+    lo, hi = position[first], position[first + 1]
+    if rank < 2 * fold.rem:  # hand the even rank below its block
+        below = bounds[rank] - bounds[rank - 1]
+        t.send(work[lo:lo + below], rank - 1)
+        lo += below
+    dst[...] = work[lo:hi]
