@@ -10,21 +10,31 @@ raise too. In check mode a fingerprint of the call is compared across ranks firs
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from . import selection
-from .algorithms import COLLECTIVES, REGISTRY
-from .buffers import as_array, dtype_code, dtype_from_code, even_bounds, flat, result_buffer
+from .algorithms import COLLECTIVES, OPTION_MINIMUM, REGISTRY
+from .buffers import (
+    as_array,
+    counts_bounds,
+    dtype_code,
+    dtype_from_code,
+    even_bounds,
+    flat,
+    result_buffer,
+)
 from .errors import (
     InvalidArgumentError,
     MismatchError,
     RemoteError,
+    UnsupportedDtypeError,
     UnsupportedOpError,
 )
 from .ops import Op, ReduceOp, op_name, resolve_op
@@ -34,12 +44,15 @@ BACKENDS = ("mpi", "local")
 # broadcast/scatter header: [status, dtype code, itemsize, ndim, dim 0, dim 1, ...]
 _MAX_NDIM = 32
 _HEADER_LEN = 4 + _MAX_NDIM
-_OK, _BAD_INPUT, _BAD_SHAPE, _TOO_MANY_DIMS, _BAD_OUT = 0, 1, 2, 3, 4
+_OK, _BAD_INPUT, _BAD_SHAPE, _TOO_MANY_DIMS, _BAD_OUT, _BAD_COUNTS, _NO_ROWS, _NO_CODE = range(8)
 _REFUSALS = {
     _BAD_INPUT: "the root's x is not an array that can travel as bytes",
     _BAD_SHAPE: "the root's x does not have the number of ranks as its first dimension",
     _TOO_MANY_DIMS: f"the root's x has more than {_MAX_NDIM} dimensions",
     _BAD_OUT: "the root's out does not fit its x",
+    _BAD_COUNTS: "the root's counts do not fit its x",
+    _NO_ROWS: "the root's x has no first dimension to split",
+    _NO_CODE: "the root's dtype has no header code, so the others cannot allocate a result",
 }
 # broadcasts up to this many bytes travel in one message with their header
 _PACKED_BYTES = 4096
@@ -51,6 +64,14 @@ _ANY = -1  # a fingerprint field this rank cannot know (broadcast/scatter with N
 
 def _crc(text: str) -> int:
     return zlib.crc32(text.encode())
+
+
+def _dtype_crc(dtype: np.dtype) -> int:
+    return _crc(dtype.str + dtype.name)  # the name tells bfloat16 from other 2-byte voids
+
+
+def _no_native(op: Op, dtype: np.dtype) -> None:
+    raise UnsupportedDtypeError("this backend has no native collectives")
 
 
 def algorithms(collective: str, backend: str = "mpi") -> list[str]:
@@ -91,7 +112,7 @@ class Communicator:
                 )
             self._transport: Any = MPITransport(comm)
             self._native: dict[str, Callable[..., None]] = NATIVE
-            self._native_op_check: Callable[[Op, np.dtype], object] | None = mpi_op
+            self._native_op_check: Callable[[Op, np.dtype], object] = mpi_op
         elif backend == "local":
             from .transport.local import LocalTransport
 
@@ -99,15 +120,16 @@ class Communicator:
                 raise InvalidArgumentError("comm: backend 'local' takes a LocalWorld endpoint")
             self._transport = comm
             self._native = {}
-            self._native_op_check = None
+            self._native_op_check = _no_native
         else:
             raise InvalidArgumentError(
                 f"backend: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}"
             )
         self._backend = backend
         self.check = os.environ.get("MPICOLL_CHECK", "0") == "1" if check is None else check
-        self._chosen: dict[tuple[str, str], Callable[..., None]] = {}
-        self._auto: dict[tuple[str, int, bool], str] = {}  # what "auto" picked, by call
+        self._chosen: dict[tuple[str, str], tuple[Callable[..., None], Any]] = {}
+        self._auto: dict[tuple, str] = {}  # what "auto" picked, by call
+        self._native_ok: dict[tuple[Op, np.dtype], bool] = {}
         # broadcast's first message: the header, and the data when it fits
         self._packet = np.zeros(_PACKET_BYTES, np.uint8)
         self._packet_header = self._packet[:_HEADER_BYTES].view(np.int64)
@@ -132,21 +154,69 @@ class Communicator:
 
     # -- choosing and checking ------------------------------------------------------
 
-    def _algorithm(self, collective: str, algorithm: str, nbytes: int,
-                   op: Op | None = None) -> Callable[..., None]:
-        """The function that runs ``algorithm`` (resolving "auto"), or a clear refusal."""
+    def _algorithm(self, collective: str, algorithm: str, nbytes: int, op: Op | None = None,
+                   options: dict[str, Any] | None = None, *, dtype: np.dtype | None = None,
+                   uneven: bool = False) -> Callable[..., None]:
+        """The function that runs ``algorithm`` (resolving "auto"), or a clear refusal.
+
+        Refused: an unknown name; a non-commutative op on an algorithm that reorders
+        operands; uneven blocks on an algorithm that needs equal ones; tuning options
+        the algorithm does not take; "native" where the library cannot reduce the
+        dtype. "auto" never picks a refused one.
+        """
         if algorithm == "auto":
-            key = (collective, nbytes, op is None or op.commutative)
+            if options:
+                raise InvalidArgumentError(
+                    f"{', '.join(options)}: tuning options need a named algorithm, not 'auto'")
+            native_ok = self._native_serves(op, dtype)
+            key = (collective, nbytes, op is None or op.commutative, native_ok, uneven)
             picked = self._auto.get(key)
             if picked is None:
                 if len(self._auto) > 4096:
                     self._auto.clear()
                 picked = self._auto[key] = selection.select(
-                    collective, nbytes, self.size, op, bool(self._native))
+                    collective, nbytes, self.size, op, native_ok, uneven)
             algorithm = picked
-        fn = self._chosen.get((collective, algorithm))
-        if fn is not None and (op is None or op.commutative):
+        spec = self._chosen.get((collective, algorithm))
+        if spec is None:
+            spec = self._chosen[(collective, algorithm)] = self._lookup(collective, algorithm)
+        fn, registered = spec
+        if registered is None:  # native
+            if op is not None and dtype is not None:
+                self._native_op_check(op, dtype)  # the library must know dtype and op
+            if options:
+                raise InvalidArgumentError(
+                    f"{', '.join(options)}: 'native' takes no tuning options")
             return fn
+        if op is not None and registered.commutative_only and not op.commutative:
+            able = [a.name for a in REGISTRY[collective].values() if not a.commutative_only]
+            raise UnsupportedOpError(
+                f"algorithm: {collective} {algorithm!r} needs a commutative op; "
+                f"{op.name!r} is not. Algorithms that keep rank order: {', '.join(able)}"
+                + (", native" if self._native else "")
+            )
+        if uneven and registered.even_only:
+            able = [a.name for a in REGISTRY[collective].values() if not a.even_only]
+            raise InvalidArgumentError(
+                f"algorithm: {collective} {algorithm!r} needs equal blocks; for uneven "
+                f"counts use one of {', '.join(able + (['native'] if self._native else []))}"
+            )
+        if options:
+            for name, value in options.items():
+                if name not in registered.options:
+                    takes = ", ".join(registered.options) or "none"
+                    raise InvalidArgumentError(
+                        f"{name}: {collective} {algorithm!r} takes no option {name!r} "
+                        f"(its options: {takes})")
+                if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
+                        or value < OPTION_MINIMUM[name]):
+                    raise InvalidArgumentError(
+                        f"{name}: expected an int >= {OPTION_MINIMUM[name]}, got {value!r}")
+            return functools.partial(fn, **{k: int(v) for k, v in options.items()})
+        return fn
+
+    def _lookup(self, collective: str, algorithm: Any) -> tuple[Callable[..., None], Any]:
+        """(function, registry entry) of a name; the entry is None for "native"."""
         if algorithm == "native":
             fn = self._native.get(collective)
             if fn is None:
@@ -154,22 +224,31 @@ class Communicator:
                     f"algorithm: 'native' needs a library collective; backend "
                     f"{self._backend!r} has none"
                 )
-        else:
-            spec = REGISTRY[collective].get(algorithm) if isinstance(algorithm, str) else None
-            if spec is None:
-                raise InvalidArgumentError(
-                    f"algorithm: unknown {collective} algorithm {algorithm!r}; expected "
-                    f"'auto' or one of {', '.join(algorithms(collective, self._backend))}"
-                )
-            if op is not None and spec.commutative_only and not op.commutative:
-                able = [a.name for a in REGISTRY[collective].values() if not a.commutative_only]
-                raise UnsupportedOpError(
-                    f"algorithm: {collective} {algorithm!r} needs a commutative op; "
-                    f"{op.name!r} is not. Algorithms that keep rank order: {', '.join(able)}"
-                )
-            fn = spec.fn
-        self._chosen[(collective, algorithm)] = fn
-        return fn
+            return fn, None
+        registered = REGISTRY[collective].get(algorithm) if isinstance(algorithm, str) else None
+        if registered is None:
+            raise InvalidArgumentError(
+                f"algorithm: unknown {collective} algorithm {algorithm!r}; expected "
+                f"'auto' or one of {', '.join(algorithms(collective, self._backend))}"
+            )
+        return registered.fn, registered
+
+    def _native_serves(self, op: Op | None, dtype: np.dtype | None) -> bool:
+        """Whether "native" can run this call (the library knows the dtype and op)."""
+        if not self._native:
+            return False
+        if op is None or dtype is None:
+            return True
+        key = (op, dtype)
+        ok = self._native_ok.get(key)
+        if ok is None:
+            try:
+                self._native_op_check(op, dtype)
+                ok = True
+            except UnsupportedDtypeError:
+                ok = False
+            self._native_ok[key] = ok
+        return ok
 
     def _root(self, root: Any) -> int:
         if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)):
@@ -184,6 +263,51 @@ class Communicator:
                 f"x: {what} expects shape ({self.size}, ...) with one row per rank, got {x.shape}"
             )
 
+    def _counts(self, counts: Any, name: str) -> list[int]:
+        """``counts`` as p non-negative ints, or a refusal naming the argument."""
+        try:
+            values = list(counts)
+        except TypeError:
+            raise InvalidArgumentError(
+                f"{name}: expected a sequence of {self.size} ints, got {type(counts).__name__}"
+            ) from None
+        if len(values) != self.size:
+            raise InvalidArgumentError(
+                f"{name}: expecting {self.size} items (one per rank), got {len(values)}")
+        for c in values:
+            if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer)) or c < 0:
+                raise InvalidArgumentError(f"{name}: expected non-negative ints, got {c!r}")
+        return [int(c) for c in values]
+
+    def _v_input(self, x: Any, collective: str) -> np.ndarray:
+        x = as_array(x, "x")
+        if x.ndim == 0:
+            raise InvalidArgumentError(
+                f"x: {collective} needs at least one dimension (the rows this rank gives)")
+        return x
+
+    def _mismatch(self, signatures: np.ndarray, collective: str) -> None:
+        """Raise on every rank when the ranks' dtype/row-shape signatures differ."""
+        differ = [r for r in range(self.size) if signatures[r] != signatures[0]]
+        if differ:
+            raise MismatchError(
+                f"{collective}: ranks disagree on the dtype or the shape after the first "
+                f"dimension: rank(s) {', '.join(map(str, differ))} differ from rank 0")
+
+    def _row_table(self, x: np.ndarray, collective: str) -> list[int]:
+        """All-gather every rank's (rows, dtype and row shape signature); return the rows.
+
+        Every rank sees the whole table, so a disagreement raises on every rank.
+        """
+        t = self._transport
+        table = np.empty(2 * t.size, np.int64)
+        table[2 * t.rank:2 * t.rank + 2] = (x.shape[0], _crc(f"{_dtype_crc(x.dtype)}{x.shape[1:]}"))
+        fn = self._native.get("all_gather") or REGISTRY["all_gather"]["recursive_doubling"].fn
+        t.begin()
+        fn(t, table, even_bounds(2, t.size))
+        self._mismatch(table[1::2], collective)
+        return table[0::2].tolist()
+
     def _fingerprint(self, collective: str, algorithm: str, op: Any = None, root: int = 0,
                      dtype: np.dtype | None = None, shape: tuple[int, ...] | None = None) -> None:
         """Check mode: compare this call's fingerprint across ranks; raise on a mismatch."""
@@ -193,7 +317,7 @@ class Communicator:
             _crc(str(algorithm)),
             _ANY if op is None else _crc(op_name(op) if not isinstance(op, Op) else op.name),
             root,
-            _ANY if dtype is None else _crc(np.dtype(dtype).str),
+            _ANY if dtype is None else _dtype_crc(np.dtype(dtype)),
             _ANY if shape is None else _crc(repr(tuple(shape))),
         ], np.int64)
         table = np.empty(t.size * mine.size, np.int64)
@@ -221,15 +345,17 @@ class Communicator:
         fn(self._transport, header, root)
 
     @staticmethod
-    def _header_of(x: Any, status: int = _OK, header: np.ndarray | None = None) -> np.ndarray:
-        """Fill ``header`` (or a new one) with x's dtype and shape, or a refusal status."""
-        header = np.zeros(_HEADER_LEN, np.int64) if header is None else header
-        if status == _OK and x.ndim > _MAX_NDIM:
+    def _header_of(dtype: np.dtype | None, shape: tuple[int, ...] | None, status: int = _OK,
+                   header: np.ndarray | None = None, extra: int = 0) -> np.ndarray:
+        """Fill ``header`` (or a new one, with ``extra`` slots after it) with a dtype and
+        shape, or a refusal status."""
+        header = np.zeros(_HEADER_LEN + extra, np.int64) if header is None else header
+        if status == _OK and len(shape) > _MAX_NDIM:
             status = _TOO_MANY_DIMS
         if status != _OK:
             header[:4] = (status, 0, 0, 0)
             return header
-        header[: 4 + x.ndim] = (_OK, dtype_code(x.dtype), x.dtype.itemsize, x.ndim, *x.shape)
+        header[: 4 + len(shape)] = (_OK, dtype_code(dtype), dtype.itemsize, len(shape), *shape)
         return header
 
     @staticmethod
@@ -241,7 +367,8 @@ class Communicator:
 
     # -- collectives ------------------------------------------------------------------
 
-    def broadcast(self, x: np.ndarray | None, root: int = 0, *, algorithm: str = "auto") -> np.ndarray:
+    def broadcast(self, x: np.ndarray | None, root: int = 0, *, algorithm: str = "auto",
+                  **options: int) -> np.ndarray:
         """Send the root's ``x`` to every rank.
 
         Args:
@@ -249,6 +376,8 @@ class Communicator:
                 dtype (filled in place and returned) or None.
             root: the rank whose data is sent.
             algorithm: "auto", "native" or a name from ``algorithms("broadcast")``.
+            **options: the algorithm's tuning options (``radix=`` for knomial,
+                ``segment_bytes=`` for pipelined_chain).
 
         Returns:
             The root's data on every rank (the root's own ``x`` at the root).
@@ -258,14 +387,14 @@ class Communicator:
         # header, and the data too when it fits, so that small broadcasts take one round.
         # "auto" is resolved from the packet's size, then from the header: the same on
         # every rank. A bad name is refused before any message.
-        pack_fn = self._algorithm("broadcast", algorithm, _PACKET_BYTES)
+        pack_fn = self._algorithm("broadcast", algorithm, _PACKET_BYTES, options=options)
         packet, header = self._packet, self._packet_header
         if t.rank == root:
             try:
                 x = as_array(x, "x")
-                self._header_of(x, header=header)
+                self._header_of(x.dtype, x.shape, header=header)
             except (TypeError, ValueError):
-                self._header_of(None, _BAD_INPUT, header)
+                self._header_of(None, None, _BAD_INPUT, header)
                 # tell the others before raising, so no rank waits for data that never comes
                 t.begin()
                 pack_fn(t, packet, root)
@@ -286,12 +415,12 @@ class Communicator:
             if header[0] != _OK:
                 raise InvalidArgumentError(f"x: {_REFUSALS[int(header[0])]}")
             if x.nbytes > _PACKED_BYTES:
-                self._algorithm("broadcast", algorithm, x.nbytes)(t, flat(x), root)
+                self._algorithm("broadcast", algorithm, x.nbytes, options=options)(t, flat(x), root)
             return x
         code, itemsize, shape = self._unpack_header(header, root, "broadcast")
         nbytes = math.prod(shape) * itemsize
         packed = nbytes <= _PACKED_BYTES
-        fn = None if packed else self._algorithm("broadcast", algorithm, nbytes)
+        fn = None if packed else self._algorithm("broadcast", algorithm, nbytes, options=options)
         mismatch = None
         if x is not None and (x.shape != shape or x.dtype.itemsize != itemsize
                               or (code >= 0 and x.dtype != dtype_from_code(code))):
@@ -322,7 +451,7 @@ class Communicator:
         return x
 
     def scatter(self, x: np.ndarray | None, root: int = 0, *, algorithm: str = "auto",
-                out: np.ndarray | None = None) -> np.ndarray:
+                out: np.ndarray | None = None, **options: int) -> np.ndarray:
         """Send row j of the root's ``x`` to rank j.
 
         Args:
@@ -330,13 +459,14 @@ class Communicator:
             root: the rank whose data is scattered.
             algorithm: "auto", "native" or a name from ``algorithms("scatter")``.
             out: optional result buffer of shape rest.
+            **options: the algorithm's tuning options (``radix=`` for knomial).
 
         Returns:
             ``x[rank]`` of the root, shape rest.
         """
         t, root = self._transport, self._root(root)
         is_root = t.rank == root
-        self._algorithm("scatter", algorithm, 0)  # a bad name is refused before any message
+        self._algorithm("scatter", algorithm, 0, options=options)  # refused before any message
         if is_root:
             status = _BAD_INPUT  # what the others are told if a check below fails
             try:
@@ -345,10 +475,10 @@ class Communicator:
                 self._rows(x, "scatter")
                 status = _BAD_OUT
                 result = result_buffer(out, x.shape[1:], x.dtype)
-                header = self._header_of(x[0])
+                header = self._header_of(x.dtype, x.shape[1:])
             except (TypeError, ValueError):
                 t.begin()
-                self._header_broadcast(self._header_of(None, status), root)
+                self._header_broadcast(self._header_of(None, None, status), root)
                 raise
         else:
             header = np.empty(_HEADER_LEN, np.int64)
@@ -360,9 +490,11 @@ class Communicator:
         self._header_broadcast(header, root)
         code, itemsize, shape = self._unpack_header(header, root, "scatter")
         # "auto" resolved from the header, so that every rank picks the same algorithm
-        fn = self._algorithm("scatter", algorithm, math.prod(shape) * itemsize * t.size)
+        fn = self._algorithm("scatter", algorithm, math.prod(shape) * itemsize * t.size,
+                             options=options)
+        bounds = even_bounds(math.prod(shape), t.size)
         if is_root:
-            fn(t, flat(x), result.reshape(-1), root)
+            fn(t, flat(x), result.reshape(-1), bounds, root)
             return result
         refusal = None
         if code < 0 and out is None:
@@ -374,13 +506,14 @@ class Communicator:
             except InvalidArgumentError as exc:
                 refusal = exc
         if refusal is not None:  # take part with a scratch buffer, then refuse
-            fn(t, None, np.empty(math.prod(shape) * itemsize, np.uint8), root)
+            scratch = np.empty(math.prod(shape) * itemsize, np.uint8)
+            fn(t, None, scratch, even_bounds(scratch.size, t.size), root)
             raise refusal
-        fn(t, None, result.reshape(-1), root)
+        fn(t, None, result.reshape(-1), bounds, root)
         return result
 
     def gather(self, x: np.ndarray, root: int = 0, *, algorithm: str = "auto",
-               out: np.ndarray | None = None) -> np.ndarray | None:
+               out: np.ndarray | None = None, **options: int) -> np.ndarray | None:
         """Collect every rank's ``x`` on the root, stacked in rank order.
 
         Args:
@@ -388,13 +521,14 @@ class Communicator:
             root: the rank that receives.
             algorithm: "auto", "native" or a name from ``algorithms("gather")``.
             out: optional result buffer of shape (size, *x.shape), at the root.
+            **options: the algorithm's tuning options (``radix=`` for knomial).
 
         Returns:
             At the root, shape (size, *x.shape); None elsewhere.
         """
         t, root = self._transport, self._root(root)
         x = as_array(x, "x")
-        fn = self._algorithm("gather", algorithm, x.nbytes * t.size)
+        fn = self._algorithm("gather", algorithm, x.nbytes * t.size, options=options)
         is_root = t.rank == root
         result = result_buffer(out, (t.size, *x.shape), x.dtype) if is_root else None
         if self.check:
@@ -403,11 +537,11 @@ class Communicator:
         dst = None if result is None else result.reshape(-1)
         src = self._unaliased(src, dst, out)
         t.begin()
-        fn(t, src, dst, root)
+        fn(t, src, dst, even_bounds(src.size, t.size), root)
         return result
 
     def all_gather(self, x: np.ndarray, *, algorithm: str = "auto",
-                   out: np.ndarray | None = None) -> np.ndarray:
+                   out: np.ndarray | None = None, **options: int) -> np.ndarray:
         """Collect every rank's ``x`` on every rank, stacked in rank order.
 
         Args:
@@ -415,13 +549,14 @@ class Communicator:
                 ``out[rank]`` itself (in place).
             algorithm: "auto", "native" or a name from ``algorithms("all_gather")``.
             out: optional result buffer of shape (size, *x.shape).
+            **options: the algorithm's tuning options (none of all_gather's takes one).
 
         Returns:
             Shape (size, *x.shape), on every rank.
         """
         t = self._transport
         x = as_array(x, "x")
-        fn = self._algorithm("all_gather", algorithm, x.nbytes * t.size)
+        fn = self._algorithm("all_gather", algorithm, x.nbytes * t.size, options=options)
         result = result_buffer(out, (t.size, *x.shape), x.dtype)
         if self.check:
             self._fingerprint("all_gather", algorithm, dtype=x.dtype, shape=x.shape)
@@ -435,13 +570,178 @@ class Communicator:
         fn(t, buf, bounds)
         return result
 
+    # -- v-variants: a different number of rows on every rank ----------------------------
+
+    def all_gather_v(self, x: np.ndarray, *, algorithm: str = "auto",
+                     **options: int) -> tuple[np.ndarray, list[int]]:
+        """Collect every rank's rows on every rank, concatenated in rank order.
+
+        Args:
+            x: this rank's rows, shape (rows, *rest); rows may differ per rank (0 too),
+                dtype and rest may not.
+            algorithm: "auto", "native" (MPI_Allgatherv) or a name from
+                ``algorithms("all_gather")``.
+
+        Returns:
+            (result of shape (sum of rows, *rest), the rows of every rank).
+        """
+        t = self._transport
+        x = self._v_input(x, "all_gather_v")
+        self._algorithm("all_gather", algorithm, 0, options=options, uneven=True)
+        rows = self._row_table(x, "all_gather_v")
+        rest = math.prod(x.shape[1:])
+        bounds = counts_bounds([r * rest for r in rows])
+        fn = self._algorithm("all_gather", algorithm, bounds[-1] * x.itemsize, options=options,
+                             uneven=True)
+        result = np.empty((sum(rows), *x.shape[1:]), x.dtype)
+        buf = result.reshape(-1)
+        buf[bounds[t.rank]:bounds[t.rank + 1]] = flat(x)
+        t.begin()
+        fn(t, buf, bounds)
+        return result, rows
+
+    def gather_v(self, x: np.ndarray, root: int = 0, *, algorithm: str = "auto",
+                 **options: int) -> tuple[np.ndarray | None, list[int]]:
+        """Collect every rank's rows on the root, concatenated in rank order.
+
+        Args:
+            x: this rank's rows, shape (rows, *rest); rows may differ per rank (0 too).
+            root: the rank that receives.
+            algorithm: "auto", "native" (MPI_Gatherv) or a name from ``algorithms("gather")``.
+
+        Returns:
+            (at the root the result of shape (sum of rows, *rest), else None; the rows
+            of every rank, on every rank).
+        """
+        t, root = self._transport, self._root(root)
+        x = self._v_input(x, "gather_v")
+        self._algorithm("gather", algorithm, 0, options=options, uneven=True)
+        rows = self._row_table(x, "gather_v")  # the trees need every subtree's size
+        rest = math.prod(x.shape[1:])
+        bounds = counts_bounds([r * rest for r in rows])
+        fn = self._algorithm("gather", algorithm, bounds[-1] * x.itemsize, options=options,
+                             uneven=True)
+        result = np.empty((sum(rows), *x.shape[1:]), x.dtype) if t.rank == root else None
+        t.begin()
+        fn(t, flat(x), None if result is None else result.reshape(-1), bounds, root)
+        return result, rows
+
+    def scatter_v(self, x: np.ndarray | None, counts: Sequence[int] | None = None,
+                  root: int = 0, *, algorithm: str = "auto", **options: int) -> np.ndarray:
+        """Send ``counts[j]`` rows of the root's ``x`` to rank j, in rank order.
+
+        Args:
+            x: at the root, shape (sum(counts), *rest); elsewhere ignored (pass None).
+            counts: the rows for each rank; needed at the root, optional elsewhere (when
+                given, it must equal the root's).
+            root: the rank whose data is scattered.
+            algorithm: "auto", "native" (MPI_Scatterv) or a name from ``algorithms("scatter")``.
+
+        Returns:
+            This rank's rows, shape (counts[rank], *rest).
+        """
+        t, root = self._transport, self._root(root)
+        p, is_root = t.size, t.rank == root
+        self._algorithm("scatter", algorithm, 0, options=options, uneven=True)
+        mine, refusal = None, None
+        if counts is not None and not is_root:
+            try:
+                mine = self._counts(counts, "counts")
+            except InvalidArgumentError as exc:
+                refusal = exc  # a non-root takes part first, then refuses
+        if is_root:
+            status = _BAD_INPUT
+            try:
+                x = as_array(x, "x")
+                status = _NO_CODE
+                if dtype_code(x.dtype) < 0:
+                    raise UnsupportedDtypeError(
+                        f"x: dtype {x.dtype} has no header code, so the other ranks cannot "
+                        "allocate their result; use scatter with out= on every rank")
+                status = _NO_ROWS
+                x = self._v_input(x, "scatter_v")
+                status = _BAD_COUNTS
+                if counts is None:
+                    raise InvalidArgumentError("counts: the root must give counts")
+                mine = self._counts(counts, "counts")
+                if sum(mine) != x.shape[0]:
+                    raise InvalidArgumentError(
+                        f"counts: they add up to {sum(mine)}, but x has {x.shape[0]} rows")
+                header = self._header_of(x.dtype, x.shape[1:], extra=p)
+                header[_HEADER_LEN:] = mine
+            except (TypeError, ValueError):
+                t.begin()
+                self._header_broadcast(self._header_of(None, None, status, extra=p), root)
+                raise
+        else:
+            header = np.empty(_HEADER_LEN + p, np.int64)
+        t.begin()
+        self._header_broadcast(header, root)
+        code, itemsize, rest = self._unpack_header(header, root, "scatter_v")
+        rows = header[_HEADER_LEN:].tolist()
+        row = math.prod(rest)
+        bounds = counts_bounds([r * row for r in rows])
+        fn = self._algorithm("scatter", algorithm, bounds[-1] * itemsize, options=options,
+                             uneven=True)
+        result = np.empty((rows[t.rank], *rest), dtype_from_code(code))
+        if is_root:
+            fn(t, flat(x), result.reshape(-1), bounds, root)
+            return result
+        fn(t, None, result.reshape(-1), bounds, root)  # take part, then check the counts
+        if refusal is not None:
+            raise refusal
+        if mine is not None and mine != rows:
+            raise InvalidArgumentError(f"counts: this rank's {mine} differ from the root's {rows}")
+        return result
+
+    def all_to_all_v(self, x: np.ndarray, send_counts: Sequence[int], *,
+                     algorithm: str = "auto", **options: int) -> tuple[np.ndarray, list[int]]:
+        """Send ``send_counts[j]`` rows of ``x`` to rank j, in rank order; receive in turn.
+
+        Args:
+            x: shape (sum(send_counts), *rest); rest and dtype the same on every rank.
+            send_counts: the rows for each rank (0 too).
+            algorithm: "auto", "native" (MPI_Alltoallv) or a name from
+                ``algorithms("all_to_all")`` that takes uneven blocks.
+
+        Returns:
+            (the rows received, concatenated in the order of the ranks that sent them;
+            the rows received from each rank).
+        """
+        t = self._transport
+        x = self._v_input(x, "all_to_all_v")
+        send = self._counts(send_counts, "send_counts")
+        if sum(send) != x.shape[0]:
+            raise InvalidArgumentError(
+                f"send_counts: they add up to {sum(send)}, but x has {x.shape[0]} rows")
+        self._algorithm("all_to_all", algorithm, 0, options=options, uneven=True)
+        # every rank tells every rank how many rows come, with its dtype/shape signature
+        signature = _crc(f"{_dtype_crc(x.dtype)}{x.shape[1:]}")
+        outgoing = np.empty((t.size, 2), np.int64)
+        outgoing[:, 0], outgoing[:, 1] = send, signature
+        incoming = np.empty_like(outgoing)
+        pairs = even_bounds(2, t.size)
+        fn = self._native.get("all_to_all") or REGISTRY["all_to_all"]["pairwise"].fn
+        t.begin()
+        fn(t, outgoing.reshape(-1), pairs, incoming.reshape(-1), pairs)
+        self._mismatch(incoming[:, 1], "all_to_all_v")
+        received = incoming[:, 0].tolist()
+        row = math.prod(x.shape[1:])
+        send_bounds = counts_bounds([c * row for c in send])
+        recv_bounds = counts_bounds([c * row for c in received])
+        fn = self._algorithm("all_to_all", algorithm, x.nbytes, options=options, uneven=True)
+        result = np.empty((sum(received), *x.shape[1:]), x.dtype)
+        t.begin()
+        fn(t, flat(x), send_bounds, result.reshape(-1), recv_bounds)
+        return result, received
+
     def _reduction(self, collective: str, x: Any, op: Any, algorithm: str,
-                   nbytes_factor: int = 1) -> tuple[np.ndarray, Op, Callable[..., None]]:
+                   options: dict[str, Any], uneven: bool = False,
+                   ) -> tuple[np.ndarray, Op, Callable[..., None]]:
         x = as_array(x, "x")
         opd = resolve_op(op, x.dtype)
-        fn = self._algorithm(collective, algorithm, x.nbytes * nbytes_factor, opd)
-        if self._native_op_check is not None and fn is self._native[collective]:
-            self._native_op_check(opd, x.dtype)  # the MPI library must know dtype and op
+        fn = self._algorithm(collective, algorithm, x.nbytes, opd, options, dtype=x.dtype,
+                             uneven=uneven)
         return x, opd, fn
 
     def _unaliased(self, src: np.ndarray, dst: np.ndarray | None,
@@ -460,22 +760,25 @@ class Communicator:
         if opd.average:
             np.divide(result, self.size, out=result)
 
-    def reduce(self, x: np.ndarray, op: str | ReduceOp = "sum", root: int = 0, *,
-               algorithm: str = "auto", out: np.ndarray | None = None) -> np.ndarray | None:
+    def reduce(self, x: np.ndarray, op: str | ReduceOp | Op = "sum", root: int = 0, *,
+               algorithm: str = "auto", out: np.ndarray | None = None,
+               **options: int) -> np.ndarray | None:
         """Combine every rank's ``x`` elementwise with ``op``; the result goes to the root.
 
         Args:
             x: this rank's data; the same shape and dtype on every rank.
-            op: "sum", "prod", "min", "max", "avg", "band", "bor", "bxor" or a ReduceOp.
+            op: "sum", "prod", "min", "max", "avg", "band", "bor", "bxor", a ReduceOp,
+                or an ``mpicoll.Op`` (a non-commutative one is combined in rank order).
             root: the rank that receives the result.
             algorithm: "auto", "native" or a name from ``algorithms("reduce")``.
             out: optional result buffer at the root (may be ``x``: in place).
+            **options: the algorithm's tuning options (``radix=`` for knomial).
 
         Returns:
             At the root, the reduction, shape x.shape; None elsewhere.
         """
         t, root = self._transport, self._root(root)
-        x, opd, fn = self._reduction("reduce", x, op, algorithm)
+        x, opd, fn = self._reduction("reduce", x, op, algorithm, options)
         result = result_buffer(out, x.shape, x.dtype) if t.rank == root else None
         if self.check:
             self._fingerprint("reduce", algorithm, opd, root, x.dtype, x.shape)
@@ -488,21 +791,25 @@ class Communicator:
             self._average(result, opd)
         return result
 
-    def all_reduce(self, x: np.ndarray, op: str | ReduceOp = "sum", *, algorithm: str = "auto",
-                   out: np.ndarray | None = None) -> np.ndarray:
+    def all_reduce(self, x: np.ndarray, op: str | ReduceOp | Op = "sum", *,
+                   algorithm: str = "auto", out: np.ndarray | None = None,
+                   **options: int) -> np.ndarray:
         """Combine every rank's ``x`` elementwise with ``op``; every rank gets the result.
 
         Args:
             x: this rank's data; the same shape and dtype on every rank.
-            op: "sum", "prod", "min", "max", "avg", "band", "bor", "bxor" or a ReduceOp.
+            op: "sum", "prod", "min", "max", "avg", "band", "bor", "bxor", a ReduceOp,
+                or an ``mpicoll.Op`` (a non-commutative one is combined in rank order).
             algorithm: "auto", "native" or a name from ``algorithms("all_reduce")``.
             out: optional result buffer (``out=x`` reduces in place).
+            **options: the algorithm's tuning options (``segment_bytes=`` for
+                ring_pipelined).
 
         Returns:
             The reduction, shape x.shape, on every rank.
         """
         t = self._transport
-        x, opd, fn = self._reduction("all_reduce", x, op, algorithm)
+        x, opd, fn = self._reduction("all_reduce", x, op, algorithm, options)
         result = result_buffer(out, x.shape, x.dtype)
         if self.check:
             self._fingerprint("all_reduce", algorithm, opd, 0, x.dtype, x.shape)
@@ -516,40 +823,58 @@ class Communicator:
         self._average(result, opd)
         return result
 
-    def reduce_scatter(self, x: np.ndarray, op: str | ReduceOp = "sum", *,
-                       algorithm: str = "auto", out: np.ndarray | None = None) -> np.ndarray:
-        """Reduce every rank's ``x`` with ``op``; rank j gets row j of the result.
+    def reduce_scatter(self, x: np.ndarray, op: str | ReduceOp | Op = "sum", *,
+                       counts: Sequence[int] | None = None, algorithm: str = "auto",
+                       out: np.ndarray | None = None, **options: int) -> np.ndarray:
+        """Reduce every rank's ``x`` with ``op``; rank j gets row j (or block j) of the result.
 
         Args:
-            x: shape (size, *rest); the same on every rank.
-            op: "sum", "prod", "min", "max", "avg", "band", "bor", "bxor" or a ReduceOp.
+            x: shape (size, *rest), the same on every rank; with ``counts``, any shape
+                whose size is ``sum(counts)``, split flat.
+            op: "sum", "prod", "min", "max", "avg", "band", "bor", "bxor", a ReduceOp,
+                or an ``mpicoll.Op`` (a non-commutative one is combined in rank order).
+            counts: the number of elements of each rank's block, for uneven flat splits
+                (the same on every rank).
             algorithm: "auto", "native" or a name from ``algorithms("reduce_scatter")``.
-            out: optional result buffer of shape rest.
+            out: optional result buffer of shape rest (with counts: ``(counts[rank],)``).
+            **options: the algorithm's tuning options (none of reduce_scatter's takes one).
 
         Returns:
-            Row [rank] of the reduction, shape rest.
+            Row [rank] of the reduction, shape rest; with counts, block [rank], 1-D.
         """
         t = self._transport
-        x, opd, fn = self._reduction("reduce_scatter", x, op, algorithm)
-        self._rows(x, "reduce_scatter")
-        result = result_buffer(out, x.shape[1:], x.dtype)
+        x, opd, fn = self._reduction("reduce_scatter", x, op, algorithm, options,
+                                     uneven=counts is not None)
+        if counts is None:
+            self._rows(x, "reduce_scatter")
+            result = result_buffer(out, x.shape[1:], x.dtype)
+            bounds = even_bounds(result.size, t.size)
+        else:
+            counts = self._counts(counts, "counts")
+            if sum(counts) != x.size:
+                raise InvalidArgumentError(
+                    f"counts: they add up to {sum(counts)}, but x has {x.size} elements")
+            result = result_buffer(out, (counts[t.rank],), x.dtype)
+            bounds = counts_bounds(counts)
         if self.check:
-            self._fingerprint("reduce_scatter", algorithm, opd, 0, x.dtype, x.shape)
+            self._fingerprint("reduce_scatter", algorithm, opd, 0, x.dtype,
+                              x.shape if counts is None else tuple(counts))
         src, dst = flat(x), result.reshape(-1)
         src = self._unaliased(src, dst, out)
         t.begin()
-        fn(t, src, even_bounds(dst.size, t.size), opd, dst)
+        fn(t, src, bounds, opd, dst)
         self._average(result, opd)
         return result
 
     def all_to_all(self, x: np.ndarray, *, algorithm: str = "auto",
-                   out: np.ndarray | None = None) -> np.ndarray:
+                   out: np.ndarray | None = None, **options: int) -> np.ndarray:
         """Send row j of ``x`` to rank j; row i of the result came from rank i.
 
         Args:
             x: shape (size, *rest); the same shape and dtype on every rank.
             algorithm: "auto", "native" or a name from ``algorithms("all_to_all")``.
             out: optional result buffer of shape x.shape (may be ``x``: in place).
+            **options: the algorithm's tuning options (none of all_to_all's takes one).
 
         Returns:
             Shape x.shape: the transpose of the rows across ranks.
@@ -557,23 +882,25 @@ class Communicator:
         t = self._transport
         x = as_array(x, "x")
         self._rows(x, "all_to_all")
-        fn = self._algorithm("all_to_all", algorithm, x.nbytes)
+        fn = self._algorithm("all_to_all", algorithm, x.nbytes, options=options)
         result = result_buffer(out, x.shape, x.dtype)
         if self.check:
             self._fingerprint("all_to_all", algorithm, dtype=x.dtype, shape=x.shape)
         src, dst = flat(x), result.reshape(-1)
         src = self._unaliased(src, dst, out)
+        bounds = even_bounds(src.size // t.size, t.size)
         t.begin()
-        fn(t, src, dst)
+        fn(t, src, bounds, dst, bounds)
         return result
 
-    def barrier(self, *, algorithm: str = "auto") -> None:
+    def barrier(self, *, algorithm: str = "auto", **options: int) -> None:
         """Return only once every rank has entered the barrier.
 
         Args:
             algorithm: "auto", "native" or a name from ``algorithms("barrier")``.
+            **options: the algorithm's tuning options (``radix=`` for knomial).
         """
-        fn = self._algorithm("barrier", algorithm, 0)
+        fn = self._algorithm("barrier", algorithm, 0, options=options)
         if self.check:
             self._fingerprint("barrier", algorithm)
         self._transport.begin()

@@ -25,12 +25,22 @@ NATIVE_BELOW = {
 }
 
 
+# reduce: Rabenseifner's reduce_scatter + gather beats the binomial tree from here (bytes)
+RABENSEIFNER_REDUCE_FROM = 1 << 20
+
+
 def _power_of_two(p: int) -> bool:
     return p & (p - 1) == 0
 
 
-def select(collective: str, nbytes: int, size: int, op: Op | None, has_native: bool) -> str:
-    """The algorithm name ``auto`` runs for this call (deterministic on every rank)."""
+def select(collective: str, nbytes: int, size: int, op: Op | None, has_native: bool,
+           uneven: bool = False) -> str:
+    """The algorithm name ``auto`` runs for this call (deterministic on every rank).
+
+    ``has_native``: the library's collective can run this call (it knows dtype and op).
+    A non-commutative op gets an algorithm that keeps rank order; uneven blocks one that
+    takes them.
+    """
     if collective == "barrier":
         return "native" if has_native else "dissemination"
     if has_native and nbytes < NATIVE_BELOW[collective]:
@@ -40,19 +50,30 @@ def select(collective: str, nbytes: int, size: int, op: Op | None, has_native: b
         return "binomial" if nbytes < 12288 or size < 8 else "scatter_allgather"
     if collective in ("scatter", "gather"):
         return "binomial"
-    if collective == "all_gather":  # MPICH: recursive doubling below 80 KiB, powers of two
-        return "recursive_doubling" if nbytes < 81920 and _power_of_two(size) else "ring"
-    if collective == "reduce":
-        return "binomial"
-    if collective == "all_reduce":
-        # MPICH: recursive doubling below 2 KiB, Rabenseifner above. Measured here (2 ranks,
-        # one node): recursive doubling up to about 1 MiB, where the ring's halved
-        # reduction work starts to win; the ring serves large messages until Rabenseifner.
-        if nbytes < (1 << 20) or not commutative:
-            return "recursive_doubling"
+    if collective == "all_gather":
+        # MPICH: recursive doubling below 80 KiB at powers of two, Bruck below 80 KiB
+        # otherwise, ring above
+        if nbytes < 81920:
+            return "recursive_doubling" if _power_of_two(size) else "bruck"
         return "ring"
+    if collective == "reduce":  # MPICH: binomial below 2 KiB, Rabenseifner above
+        return "rabenseifner" if commutative and nbytes >= RABENSEIFNER_REDUCE_FROM else "binomial"
+    if collective == "all_reduce":
+        # MPICH: recursive doubling below 2 KiB, Rabenseifner above. Measured here (one
+        # node): recursive doubling up to about 1 MiB, where the ring's halved
+        # reduction work starts to win.
+        if not commutative:
+            return "recursive_doubling"
+        return "recursive_doubling" if nbytes < (1 << 20) else "ring"
     if collective == "reduce_scatter":  # MPICH: recursive halving below 512 KiB
+        if not commutative:
+            return "recursive_doubling"
         return "recursive_halving" if nbytes < 524288 else "ring"
-    if collective == "all_to_all":  # MPICH: isend/irecv below 32 KiB blocks, else pairwise
-        return "linear" if nbytes // max(size, 1) < 32768 else "pairwise"
+    if collective == "all_to_all":
+        # MPICH: Bruck for blocks up to 256 B at 8+ ranks, isend/irecv below 32 KiB
+        # blocks, pairwise above
+        block = nbytes // max(size, 1)
+        if not uneven and block <= 256 and size >= 8:
+            return "bruck"
+        return "linear" if block < 32768 else "pairwise"
     raise ValueError(f"no selection rule for {collective!r}")

@@ -111,9 +111,11 @@ def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
     if collective == "broadcast":
         return lambda: fn(t, dst, root)
     if collective == "scatter":
-        return lambda: fn(t, src if is_root else None, dst, root)
+        bounds = even_bounds(dst.size, p)
+        return lambda: fn(t, src if is_root else None, dst, bounds, root)
     if collective == "gather":
-        return lambda: fn(t, src, dst if is_root else None, root)
+        bounds = even_bounds(src.size, p)
+        return lambda: fn(t, src, dst if is_root else None, bounds, root)
     if collective == "all_gather":
         bounds = even_bounds(src.size, p)
         return lambda: fn(t, dst, bounds)
@@ -124,7 +126,8 @@ def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
     if collective == "reduce_scatter":
         bounds = even_bounds(dst.size, p)
         return lambda: fn(t, src, bounds, opd, dst)
-    return lambda: fn(t, src, dst)
+    bounds = even_bounds(src.size // p, p)
+    return lambda: fn(t, src, bounds, dst, bounds)
 
 
 def make_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
