@@ -6,18 +6,52 @@ results can be compared with ``array_equal`` whatever order an algorithm combine
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 import mpicoll
 from mpicoll.ops import ReduceOp, resolve_op
 
-DTYPES = ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16")
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16).name
+DTYPES = ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", BFLOAT16, "f4", "f8",
+          "c8", "c16")
 OPS = tuple(op.value for op in ReduceOp)
+
+
+def _dtype(name: str) -> np.dtype:
+    return np.dtype(ml_dtypes.bfloat16) if name == BFLOAT16 else np.dtype(name)
+
+
+# User-defined ops. Non-commutative: the product of 2x2 integer matrices (mod a prime,
+# so it stays exact), one matrix per element of a structured dtype; and the
+# concatenation of strings of octal digits, an element being (digits, length).
+MATRIX = np.dtype([("m", "i8", (2, 2))])
+STRING = np.dtype([("digits", "u8"), ("length", "u1")])
+_PRIME = 1_000_003
+
+
+def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    product = np.matmul(a["m"], b["m"]) % _PRIME  # a temporary: out may alias a or b
+    out["m"] = product
+
+
+def _concat(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    digits = a["digits"] * (np.uint64(8) ** b["length"].astype("u8")) + b["digits"]
+    length = a["length"] + b["length"]
+    out["digits"], out["length"] = digits, length
+
+
+USER_OPS = {
+    "matmul": (mpicoll.Op(_matmul, commutative=False, name="matmul"), MATRIX),
+    "concat": (mpicoll.Op(_concat, commutative=False, name="concat"), STRING),
+    "gcd": (mpicoll.Op(np.gcd, commutative=True, identity=0), np.dtype("i8")),
+}
+NON_COMMUTATIVE = ("matmul", "concat")
 
 
 def op_fits(op: str, dtype: str) -> bool:
     try:
-        resolve_op(op, np.dtype(dtype))
+        resolve_op(op, _dtype(dtype))
     except (TypeError, ValueError):
         return False
     return True
@@ -27,13 +61,31 @@ DTYPE_OPS = tuple((d, o) for d in DTYPES for o in OPS if op_fits(o, d))
 
 
 def make_input(rank: int, shape: tuple[int, ...], dtype: str, op: str = "sum") -> np.ndarray:
-    """Rank ``rank``'s input: different on every rank and element, exact under ``op``."""
+    """Rank ``rank``'s input: different on every rank and element, exact under ``op``.
+
+    For a user op (a key of USER_OPS) the dtype is the op's own.
+    """
     return np.asarray(_values(rank, shape, dtype, op)).reshape(shape)
 
 
+def _user_values(idx: np.ndarray, rank: int, op: str) -> np.ndarray:
+    out = np.zeros(idx.shape, USER_OPS[op][1])
+    pick = (idx * 7 + rank * 3 + 1) % 3
+    if op == "matmul":
+        generators = np.array([[[1, 1], [0, 1]], [[1, 0], [1, 1]], [[2, 1], [1, 1]]])
+        out["m"] = generators[pick]
+    elif op == "concat":
+        out["digits"], out["length"] = (idx + 5 * rank) % 8, 1
+    else:
+        out[...] = (pick + 1) * 6 * (1 + rank % 2)
+    return out
+
+
 def _values(rank: int, shape: tuple[int, ...], dtype: str, op: str) -> np.ndarray:
-    dt = np.dtype(dtype)
     idx = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
+    if op in USER_OPS:
+        return _user_values(idx, rank, op)
+    dt = _dtype(dtype)
     base = (idx * 7 + rank * 3 + 1) % 5
     if dt.kind == "b":
         return (base % 2).astype(dt)
@@ -46,9 +98,14 @@ def _values(rank: int, shape: tuple[int, ...], dtype: str, op: str) -> np.ndarra
     return base.astype(dt)
 
 
+def as_op(op: str) -> object:
+    """What a test passes as ``op``: the name of a built-in op, or a user Op."""
+    return USER_OPS[op][0] if op in USER_OPS else op
+
+
 def reduced(inputs: list[np.ndarray], op: str) -> np.ndarray:
     """The rank-order reduction of ``inputs`` with NumPy."""
-    fn = resolve_op(op, inputs[0].dtype)
+    fn = resolve_op(as_op(op), inputs[0].dtype)
     acc = inputs[0].copy()
     for x in inputs[1:]:
         fn(acc, x, out=acc)
@@ -103,13 +160,13 @@ def run_case(comm: mpicoll.Communicator, collective: str, algorithm: str, shape:
         got = comm.all_gather(x, algorithm=algorithm)
         expected = np.stack(inputs)
     elif collective == "reduce":
-        got = comm.reduce(x, op, root, algorithm=algorithm)
+        got = comm.reduce(x, as_op(op), root, algorithm=algorithm)
         expected = reduced(inputs, op) if rank == root else None
     elif collective == "all_reduce":
-        got = comm.all_reduce(x, op, algorithm=algorithm)
+        got = comm.all_reduce(x, as_op(op), algorithm=algorithm)
         expected = reduced(inputs, op)
     elif collective == "reduce_scatter":
-        got = comm.reduce_scatter(x, op, algorithm=algorithm)
+        got = comm.reduce_scatter(x, as_op(op), algorithm=algorithm)
         expected = reduced(inputs, op)[rank]
     elif collective == "all_to_all":
         got = comm.all_to_all(x, algorithm=algorithm)
@@ -122,3 +179,57 @@ def run_case(comm: mpicoll.Communicator, collective: str, algorithm: str, shape:
 
 ROOTED = ("broadcast", "scatter", "gather", "reduce")
 REDUCING = ("reduce", "all_reduce", "reduce_scatter")
+
+
+V_COLLECTIVES = ("all_gather_v", "gather_v", "scatter_v", "all_to_all_v", "reduce_scatter")
+V_ALGORITHMS = {"all_gather_v": "all_gather", "gather_v": "gather", "scatter_v": "scatter",
+                "all_to_all_v": "all_to_all", "reduce_scatter": "reduce_scatter"}
+
+
+def v_rows(rank: int) -> int:
+    """Rows rank ``rank`` gives in the v-variant tests: 1, 0, 3, 2, 1, 0, ... (zeros too)."""
+    return (rank * 3 + 1) % 4
+
+
+def v_send_rows(rank: int, dest: int) -> int:
+    """Rows rank ``rank`` sends to rank ``dest`` in the all_to_all_v tests (zeros too)."""
+    return (rank + 2 * dest) % 3
+
+
+def run_v_case(comm: mpicoll.Communicator, collective: str, algorithm: str,
+               rest: tuple[int, ...], dtype: str, op: str = "sum", root: int = 0) -> None:
+    """Run one v-variant (or reduce_scatter with counts) and check it against NumPy."""
+    p, rank = comm.size, comm.rank
+    rows = [v_rows(r) for r in range(p)]
+    what = f"{collective}/{algorithm} p={p} rank={rank} root={root} {dtype} rest={rest}"
+    if collective == "all_gather_v":
+        inputs = [make_input(r, (rows[r], *rest), dtype) for r in range(p)]
+        got, counts = comm.all_gather_v(inputs[rank], algorithm=algorithm)
+        assert counts == rows, what
+        assert_same(got, np.concatenate(inputs), what)
+    elif collective == "gather_v":
+        inputs = [make_input(r, (rows[r], *rest), dtype) for r in range(p)]
+        got, counts = comm.gather_v(inputs[rank], root, algorithm=algorithm)
+        assert counts == rows, what
+        assert_same(got, np.concatenate(inputs) if rank == root else None, what)
+    elif collective == "scatter_v":
+        data = make_input(root, (sum(rows), *rest), dtype)
+        given = rows if rank == root or rank % 2 else None  # counts are optional off the root
+        got = comm.scatter_v(data if rank == root else None, given, root, algorithm=algorithm)
+        start = sum(rows[:rank])
+        assert_same(got, data[start:start + rows[rank]], what)
+    elif collective == "all_to_all_v":
+        send = [[v_send_rows(r, d) for d in range(p)] for r in range(p)]
+        inputs = [make_input(r, (sum(send[r]), *rest), dtype) for r in range(p)]
+        got, counts = comm.all_to_all_v(inputs[rank], send[rank], algorithm=algorithm)
+        assert counts == [send[i][rank] for i in range(p)], what
+        pieces = [inputs[i][sum(send[i][:rank]):sum(send[i][:rank + 1])] for i in range(p)]
+        assert_same(got, np.concatenate(pieces), what)
+    elif collective == "reduce_scatter":
+        counts = [2 * r for r in rows]
+        inputs = [make_input(r, (sum(counts),), dtype, op) for r in range(p)]
+        got = comm.reduce_scatter(inputs[rank], as_op(op), counts=counts, algorithm=algorithm)
+        start = sum(counts[:rank])
+        assert_same(got, reduced(inputs, op)[start:start + counts[rank]], what)
+    else:
+        raise ValueError(collective)

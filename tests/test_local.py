@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from reference import DTYPE_OPS, DTYPES, REDUCING, ROOTED, run_case
+from reference import (
+    DTYPE_OPS,
+    DTYPES,
+    NON_COMMUTATIVE,
+    REDUCING,
+    ROOTED,
+    USER_OPS,
+    V_ALGORITHMS,
+    V_COLLECTIVES,
+    run_case,
+    run_v_case,
+)
 
 import mpicoll
+from mpicoll.algorithms import REGISTRY
 from mpicoll.transport.local import run_local
 
 SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 11, 16)
 SHAPES = ((0,), (1,), (5,), (37,), (2, 3))
 CASES = [(c, a) for c in mpicoll.COLLECTIVES if c != "barrier"
          for a in mpicoll.algorithms(c, "local")]
+V_CASES = [(v, a) for v in V_COLLECTIVES for a in mpicoll.algorithms(V_ALGORITHMS[v], "local")
+           if not REGISTRY[V_ALGORITHMS[v]][a].even_only]
 
 
 def _all_roots(comm, collective, algorithm, shape, dtype, op="sum"):
@@ -78,3 +92,104 @@ def test_local_transport_reports_a_failing_rank():
 
     with pytest.raises(RuntimeError, match="rank 1 fails"):
         run_local(3, body, timeout=5)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16])
+@pytest.mark.parametrize("collective,algorithm", V_CASES)
+def test_v_variants_with_zero_length_contributions(collective, algorithm, size):
+    """Rows per rank 1, 0, 3, 2, 1, 0, ...: some ranks give or get nothing."""
+    def body(comm):
+        roots = range(comm.size) if collective in ("gather_v", "scatter_v") else (0,)
+        for rest in ((), (3,), (2, 2)):
+            for root in roots:
+                run_v_case(comm, collective, algorithm, rest, "f4", "sum", root)
+
+    run_local(size, body, timeout=20)
+
+
+@pytest.mark.parametrize("collective,algorithm", V_CASES)
+def test_v_variants_every_dtype(collective, algorithm):
+    def body(comm):
+        for dtype in DTYPES:
+            run_v_case(comm, collective, algorithm, (2,), dtype, "sum", comm.size - 1)
+
+    run_local(5, body, timeout=20)
+
+
+USER_CASES = [(c, a, op) for c in REDUCING for a in mpicoll.algorithms(c, "local")
+              for op in USER_OPS
+              if op not in NON_COMMUTATIVE or not REGISTRY[c][a].commutative_only]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 6, 7, 8, 11, 16])
+@pytest.mark.parametrize("collective,algorithm,op", USER_CASES)
+def test_user_ops_in_rank_order(collective, algorithm, op, size):
+    """2x2 matrix products and digit-string concatenation come out in rank order."""
+    def body(comm):
+        for shape in ((0,), (1,), (6,), (2, 3)):
+            _all_roots(comm, collective, algorithm, shape, None, op)
+
+    run_local(size, body, timeout=20)
+
+
+@pytest.mark.parametrize("collective,algorithm",
+                         [(c, a) for c in REDUCING for a in mpicoll.algorithms(c, "local")
+                          if REGISTRY[c][a].commutative_only])
+def test_non_commutative_op_is_refused_by_name(collective, algorithm):
+    op = USER_OPS["matmul"][0]
+
+    def body(comm):
+        x = np.zeros(3, USER_OPS["matmul"][1])
+        args = (x, op, 0) if collective == "reduce" else (x, op)
+        with pytest.raises(mpicoll.UnsupportedOpError,
+                           match=f"{algorithm}' needs a commutative op; 'matmul' is not. "
+                                 "Algorithms that keep rank order: "):
+            getattr(comm, collective)(*args, algorithm=algorithm)
+        return True
+
+    assert all(run_local(3, body, timeout=5))
+
+
+@pytest.mark.parametrize("collective", REDUCING)
+@pytest.mark.parametrize("count", [0, 5, 1 << 12, 1 << 18])
+def test_auto_keeps_rank_order(collective, count):
+    """"auto" picks an algorithm that serves a non-commutative op, at every size."""
+    def body(comm):
+        run_case(comm, collective, "auto", (count,), None, "concat", comm.size - 1)
+
+    run_local(6, body, timeout=30)
+
+
+@pytest.mark.parametrize("collective,algorithm,options", [
+    ("broadcast", "knomial", {"radix": 2}), ("broadcast", "knomial", {"radix": 7}),
+    ("broadcast", "pipelined_chain", {"segment_bytes": 8}),
+    ("scatter", "knomial", {"radix": 3}), ("gather", "knomial", {"radix": 5}),
+    ("reduce", "knomial", {"radix": 3}),
+    ("all_reduce", "ring_pipelined", {"segment_bytes": 4}),
+    ("all_reduce", "ring_pipelined", {"segment_bytes": 1}),
+])
+def test_tuning_options(collective, algorithm, options):
+    def body(comm):
+        p, rank = comm.size, comm.rank
+        x = np.arange(p * 10, dtype="f8").reshape(p, 10) + rank
+        if collective == "broadcast":
+            got = comm.broadcast(x if rank == 1 else None, 1, algorithm=algorithm, **options)
+            np.testing.assert_array_equal(got, np.arange(p * 10.0).reshape(p, 10) + 1)
+        elif collective == "scatter":
+            got = comm.scatter(x if rank == 1 else None, 1, algorithm=algorithm, **options)
+            np.testing.assert_array_equal(got, x[rank] - rank + 1)
+        elif collective == "gather":
+            got = comm.gather(x[0], 2, algorithm=algorithm, **options)
+            if rank == 2:
+                np.testing.assert_array_equal(got, [x[0] - rank + r for r in range(p)])
+        elif collective == "reduce":
+            got = comm.reduce(x, "sum", 2, algorithm=algorithm, **options)
+            if rank == 2:
+                np.testing.assert_array_equal(got, sum(x - rank + r for r in range(p)))
+        else:
+            got = comm.all_reduce(x, algorithm=algorithm, **options)
+            np.testing.assert_array_equal(got, sum(x - rank + r for r in range(p)))
+        comm.barrier(algorithm="knomial", radix=options.get("radix", 3))
+        return True
+
+    assert all(run_local(7, body, timeout=10))

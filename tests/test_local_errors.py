@@ -21,7 +21,7 @@ def _raises_everywhere(size, body, exc, match):
 
 
 def test_unknown_algorithm_names_the_valid_ones():
-    _raises_everywhere(3, lambda c: c.all_gather(np.ones(2), algorithm="bruck"),
+    _raises_everywhere(3, lambda c: c.all_gather(np.ones(2), algorithm="brick"),
                        mpicoll.InvalidArgumentError, "expected 'auto' or one of ring, recursive_doubling")
 
 
@@ -72,3 +72,64 @@ def test_backend_and_comm_are_checked():
         mpicoll.Communicator(None, backend="local")
     world = LocalWorld(1)
     assert mpicoll.Communicator(world.endpoint(0), backend="local").size == 1
+
+
+def test_tuning_options_are_checked():
+    _raises_everywhere(2, lambda c: c.broadcast(np.ones(2), algorithm="knomial", radix=1),
+                       mpicoll.InvalidArgumentError, "radix: expected an int >= 2, got 1")
+    _raises_everywhere(2, lambda c: c.broadcast(np.ones(2), algorithm="binomial", radix=4),
+                       mpicoll.InvalidArgumentError, "takes no option 'radix'")
+    _raises_everywhere(2, lambda c: c.all_reduce(np.ones(2), segment_bytes=64),
+                       mpicoll.InvalidArgumentError, "need a named algorithm, not 'auto'")
+    _raises_everywhere(2, lambda c: c.all_reduce(np.ones(2), algorithm="ring_pipelined",
+                                                 segment_bytes=True),
+                       mpicoll.InvalidArgumentError, "segment_bytes: expected an int")
+
+
+def test_bruck_all_to_all_needs_equal_blocks():
+    _raises_everywhere(3, lambda c: c.all_to_all_v(np.ones(3), [1, 1, 1], algorithm="bruck"),
+                       mpicoll.InvalidArgumentError,
+                       "'bruck' needs equal blocks; for uneven counts use one of linear, pairwise")
+
+
+def test_v_variant_counts_are_checked():
+    _raises_everywhere(3, lambda c: c.all_to_all_v(np.ones(3), [1, 1]),
+                       mpicoll.InvalidArgumentError, "send_counts: expecting 3 items")
+    _raises_everywhere(3, lambda c: c.all_to_all_v(np.ones(3), [1, 1, 2]),
+                       mpicoll.InvalidArgumentError, "send_counts: they add up to 4, but x has 3")
+    _raises_everywhere(3, lambda c: c.reduce_scatter(np.ones(3), counts=[1, -1, 3]),
+                       mpicoll.InvalidArgumentError, "counts: expected non-negative ints")
+    _raises_everywhere(3, lambda c: c.all_gather_v(np.float64(1.0)),
+                       mpicoll.InvalidArgumentError, "at least one dimension")
+
+
+def test_v_variants_find_a_dtype_mismatch_on_every_rank():
+    def body(comm):
+        x = np.ones((comm.rank, 2), "f4" if comm.rank != 1 else "f8")
+        with pytest.raises(mpicoll.MismatchError, match=r"rank\(s\) 1 differ from rank 0"):
+            comm.all_gather_v(x)
+        with pytest.raises(mpicoll.MismatchError, match=r"rank\(s\) 1 differ from rank 0"):
+            comm.all_to_all_v(np.ones((comm.size, 2), x.dtype), [1] * comm.size)
+        return True
+
+    assert all(run_local(4, body, timeout=5))
+
+
+def test_scatter_v_refusals_reach_every_rank():
+    def body(comm):
+        root = 2
+        x = np.ones((5, 2)) if comm.rank == root else None
+        exc = mpicoll.InvalidArgumentError if comm.rank == root else mpicoll.RemoteError
+        with pytest.raises(exc, match="counts: they add up to 4, but x has 5 rows|root 2 refused"):
+            comm.scatter_v(x, [1, 1, 1, 1] if comm.rank == root else None, root)
+        # a non-root's own counts that differ from the root's: it takes part, then refuses
+        mine = [2, 1, 1, 1] if comm.rank != 0 else [1, 1, 1, 2]
+        if comm.rank == 0:
+            with pytest.raises(mpicoll.InvalidArgumentError, match="differ from the root's"):
+                comm.scatter_v(x, mine if comm.rank != root else [2, 1, 1, 1], root)
+        else:
+            got = comm.scatter_v(x, mine, root)
+            assert got.shape == ([2, 1, 1, 1][comm.rank], 2)
+        return comm.all_reduce(np.ones(1))[0]  # still in step
+
+    assert run_local(4, body, timeout=5) == [4.0] * 4

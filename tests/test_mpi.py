@@ -8,9 +8,24 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from reference import DTYPE_OPS, DTYPES, REDUCING, ROOTED, make_input, run_case
+from reference import (
+    BFLOAT16,
+    DTYPE_OPS,
+    DTYPES,
+    NON_COMMUTATIVE,
+    REDUCING,
+    ROOTED,
+    USER_OPS,
+    V_ALGORITHMS,
+    V_COLLECTIVES,
+    as_op,
+    make_input,
+    run_case,
+    run_v_case,
+)
 
 import mpicoll
+from mpicoll.algorithms import REGISTRY
 
 pytestmark = pytest.mark.mpi
 
@@ -43,29 +58,71 @@ def test_against_numpy_every_shape_and_root(comm, collective, algorithm):
             run_case(comm, collective, algorithm, shape, "f8", "sum", root)
 
 
+def _native_cannot(collective, algorithm, dtype):
+    """The MPI library has no bfloat16: native reductions of it are refused."""
+    return algorithm == "native" and collective in REDUCING and dtype == BFLOAT16
+
+
 @pytest.mark.parametrize("collective,algorithm", CASES)
 def test_every_dtype(world, collective, algorithm):
     for dtype in DTYPES:
         for root in _roots(world, collective):
-            run_case(world, collective, algorithm, (5,), dtype, "sum", root)
+            if _native_cannot(collective, algorithm, dtype):
+                with pytest.raises(mpicoll.UnsupportedDtypeError, match="cannot reduce dtype bfloat16"):
+                    run_case(world, collective, algorithm, (5,), dtype, "sum", root)
+            else:
+                run_case(world, collective, algorithm, (5,), dtype, "sum", root)
 
 
 @pytest.mark.parametrize("collective,algorithm", [(c, a) for c, a in CASES if c in REDUCING])
 def test_every_op_and_dtype(world, collective, algorithm):
     for dtype, op in DTYPE_OPS:
+        if _native_cannot(collective, algorithm, dtype):
+            continue
         for root in _roots(world, collective):
             run_case(world, collective, algorithm, (9,), dtype, op, root)
+
+
+@pytest.mark.parametrize("collective,algorithm,op", [
+    (c, a, op) for c, a in CASES if c in REDUCING for op in USER_OPS
+    if op not in NON_COMMUTATIVE or a == "native" or not REGISTRY[c][a].commutative_only])
+def test_user_ops(comm, collective, algorithm, op):
+    """mpicoll.Op in rank order on every algorithm; native runs it as an MPI user op."""
+    for shape in ((0,), (1,), (7,), (2, 3)):
+        for root in _roots(comm, collective):
+            run_case(comm, collective, algorithm, shape, None, op, root)
+
+
+V_CASES = [(v, a) for v in V_COLLECTIVES for a in mpicoll.algorithms(V_ALGORITHMS[v])
+           if a == "native" or not REGISTRY[V_ALGORITHMS[v]][a].even_only]
+
+
+@pytest.mark.parametrize("collective,algorithm", V_CASES)
+def test_v_variants(comm, collective, algorithm):
+    """Uneven rows, some ranks giving or getting none, against NumPy; native is MPI's *v."""
+    roots = range(comm.size) if collective in ("gather_v", "scatter_v") else (0,)
+    for rest in ((), (3,), (2, 2)):
+        for root in roots:
+            run_v_case(comm, collective, algorithm, rest, "i4", "sum", root)
+    for op in USER_OPS if collective == "reduce_scatter" else ():
+        if op in NON_COMMUTATIVE and algorithm != "native" and \
+                REGISTRY["reduce_scatter"][algorithm].commutative_only:
+            continue
+        run_v_case(comm, collective, algorithm, (), None, op)
 
 
 @pytest.mark.parametrize("collective,algorithm",
                          [(c, a) for c, a in CASES if c in REDUCING and a != "native"])
 def test_matches_native(world, collective, algorithm):
     """Our result is bit-identical to the MPI library's own collective's."""
-    for dtype, op in DTYPE_OPS:
+    ops = [(d, o) for d, o in DTYPE_OPS if d != BFLOAT16] + [(None, o) for o in USER_OPS]
+    for dtype, op in ops:
+        if op in NON_COMMUTATIVE and REGISTRY[collective][algorithm].commutative_only:
+            continue
         shape = (world.size, 4) if collective == "reduce_scatter" else (13,)
         x = make_input(world.rank, shape, dtype, op)
         fn = getattr(world, collective)
-        args = (x, op) if collective != "reduce" else (x, op, world.size - 1)
+        args = (x, as_op(op)) if collective != "reduce" else (x, as_op(op), world.size - 1)
         ours, theirs = fn(*args, algorithm=algorithm), fn(*args, algorithm="native")
         if theirs is None:
             assert ours is None

@@ -84,7 +84,8 @@ def test_every_algorithm_has_a_cost_line():
 
 def test_algorithms_lists_names_for_each_backend():
     assert mpicoll.algorithms("all_reduce") == [
-        "ring", "recursive_doubling", "reduce_broadcast", "native"]
+        "ring", "recursive_doubling", "reduce_broadcast", "rabenseifner", "ring_pipelined",
+        "allgather_reduce", "native"]
     assert "native" not in mpicoll.algorithms("all_reduce", "local")
     with pytest.raises(mpicoll.InvalidArgumentError, match="collective: unknown"):
         mpicoll.algorithms("allreduce")
@@ -101,6 +102,58 @@ def test_auto_picks_a_registered_algorithm(collective, size, nbytes, has_native)
     name = selection.select(collective, nbytes, size, op, has_native)
     valid = mpicoll.algorithms(collective, "mpi" if has_native else "local")
     assert name in valid
+
+
+@pytest.mark.parametrize("collective", ["reduce", "all_reduce", "reduce_scatter"])
+@pytest.mark.parametrize("size", [1, 2, 3, 8, 64])
+@pytest.mark.parametrize("nbytes", [0, 8, 4096, 1 << 20, 1 << 26])
+@pytest.mark.parametrize("has_native", [True, False])
+def test_auto_never_picks_an_algorithm_that_would_refuse(collective, size, nbytes, has_native):
+    """A non-commutative op gets one that keeps rank order; uneven blocks one that takes them."""
+    op = mpicoll.Op(np.subtract, commutative=False)
+    name = selection.select(collective, nbytes, size, op, has_native)
+    assert name == "native" or not REGISTRY[collective][name].commutative_only
+    for coll in ("all_to_all", "all_gather", "gather", "scatter", "reduce_scatter"):
+        name = selection.select(coll, nbytes, size, None, has_native, uneven=True)
+        assert name == "native" or not REGISTRY[coll][name].even_only
+
+
+def test_knomial_trees_cover_every_rank_once():
+    from mpicoll.algorithms.trees import knomial_children, knomial_parent, knomial_subtree_end
+
+    for p in (1, 2, 3, 5, 9, 16, 17, 31):
+        for radix in (2, 3, 4, 8):
+            seen = {0}
+            for rel in range(p):
+                for child, end in knomial_children(rel, p, radix):
+                    assert knomial_parent(child, radix) == rel
+                    assert knomial_subtree_end(child, p, radix) == end
+                    seen.add(child)
+                ranks = [c for c, _ in knomial_children(rel, p, radix)]
+                assert ranks == sorted(ranks)
+            assert seen == set(range(p))
+
+
+def test_rotated_and_counts_bounds():
+    from mpicoll.buffers import counts_bounds, rotated_bounds
+
+    assert counts_bounds([2, 0, 3]) == (0, 2, 2, 5)
+    assert rotated_bounds((0, 2, 2, 5), 1) == (0, 0, 3, 5)  # blocks 1, 2, 0
+    assert rotated_bounds((0, 2, 2, 5), 0) == (0, 2, 2, 5)
+
+
+def test_user_op_and_bfloat16():
+    import ml_dtypes
+
+    op = mpicoll.Op(np.add, commutative=True, identity=0)
+    assert resolve_op(op, np.dtype("f4")) is op and op.name == "add" and not op.builtin
+    assert resolve_op("sum", np.dtype("f4")).builtin
+    assert resolve_op("avg", np.dtype(ml_dtypes.bfloat16)).average
+    with pytest.raises(mpicoll.UnsupportedDtypeError):
+        resolve_op("band", np.dtype(ml_dtypes.bfloat16))
+    with pytest.raises(mpicoll.InvalidArgumentError, match="fn must be callable"):
+        mpicoll.Op(3)
+    assert dtype_from_code(dtype_code(np.dtype(ml_dtypes.bfloat16))) == np.dtype(ml_dtypes.bfloat16)
 
 
 def test_readme_lists_every_algorithm_with_its_cost():
