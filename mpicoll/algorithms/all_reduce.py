@@ -33,8 +33,8 @@ def ring_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op) -> N
         return
     bounds = chunk_bounds(src.size, p)
     # the partial sums of each chunk go straight into the result buffer
-    ring_reduce_scatter_steps(t, src, bounds, op,
-                              lambda step, b: dst[bounds[b]:bounds[b + 1]])
+    ring_reduce_scatter_steps(t, src, bounds, op, lambda step, b: dst[bounds[b]:bounds[b + 1]],
+                              src_may_alias=dst is src)
     ring_all_gather(t, dst, bounds)
 
 
@@ -125,7 +125,9 @@ def ring_pipelined_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op
     bounds = chunk_bounds(src.size, p)
     segment = max(1, segment_bytes // src.itemsize)
     right, left = (rank + 1) % p, (rank - 1) % p
-    incoming = t.scratch(bounds[1] - bounds[0], src.dtype, slot=1)  # chunk 0 is the widest
+    # partial sums arrive straight in the result, or in workspace when it is the input
+    arrive = dst if dst is not src else None
+    staging = t.scratch(bounds[1] - bounds[0], src.dtype, slot=1)  # chunk 0 is the widest
 
     def segments(block: int) -> list[tuple[int, int]]:
         return segment_bounds(bounds[block], bounds[block + 1], segment)
@@ -137,11 +139,13 @@ def ring_pipelined_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op
         block = (rank - step - 2) % p
         base = bounds[block]
         pending = sends
-        receives = [t.irecv(incoming[lo - base:hi - base], left) for lo, hi in segments(block)]
+        partials = [arrive[lo:hi] if arrive is not None else staging[lo - base:hi - base]
+                    for lo, hi in segments(block)]
+        receives = [t.irecv(partial, left) for partial in partials]
         sends = []
-        for (lo, hi), request in zip(segments(block), receives, strict=True):
+        for (lo, hi), partial, request in zip(segments(block), partials, receives, strict=True):
             t.waitall([request])
-            op(incoming[lo - base:hi - base], src[lo:hi], out=dst[lo:hi])
+            op(partial, src[lo:hi], out=dst[lo:hi])
             sends.append(t.isend(dst[lo:hi], right))  # the next step's (or the gather's) message
         t.waitall(pending)  # before the gather overwrites blocks they read
     # all_gather: my block (rank) is on its way; pass each block received on to the

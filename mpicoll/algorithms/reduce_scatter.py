@@ -17,27 +17,33 @@ from .fold import Fold
 
 
 def ring_reduce_scatter_steps(t: Transport, src: np.ndarray, bounds: tuple[int, ...], op: Op,
-                              accumulator: Callable[[int, int], np.ndarray]) -> None:
+                              accumulator: Callable[[int, int], np.ndarray],
+                              src_may_alias: bool = False) -> None:
     """The p-1 steps of the ring, shared by reduce_scatter and all_reduce.
 
     At step k a rank sends the partial sum it made at step k-1 (its own input block at
-    first) to the right, receives block (rank - k - 2) mod p from the left, and adds its
-    own input block to it into ``accumulator(k, block)``. After the last step the
-    accumulator of block [rank] holds the full reduction.
+    first) to the right, and receives block (rank - k - 2) mod p from the left straight
+    into ``accumulator(k, block)``, where its own input block is added in place (one
+    pass over memory fewer than adding into a third buffer). After the last step the
+    accumulator of block [rank] holds the full reduction. ``src_may_alias``: the
+    accumulators may be ``src`` itself (an in-place all_reduce), so partial sums
+    arrive in workspace first.
     """
     p, rank = t.size, t.rank
     right, left = (rank + 1) % p, (rank - 1) % p
-    widest = max(bounds[i + 1] - bounds[i] for i in range(p))
-    incoming = t.scratch(widest, src.dtype, slot=1)
+    staging = None
+    if src_may_alias:
+        staging = t.scratch(max(bounds[i + 1] - bounds[i] for i in range(p)), src.dtype, slot=1)
     b = (rank - 1) % p
     outgoing = src[bounds[b]:bounds[b + 1]]
     for step in range(p - 1):
         b = (rank - step - 2) % p
         lo, hi = bounds[b], bounds[b + 1]
-        partial = incoming[: hi - lo]
+        acc = accumulator(step, b)
+        partial = acc if staging is None else staging[: hi - lo]
         t.sendrecv(outgoing, right, partial, left)
-        outgoing = accumulator(step, b)
-        op(partial, src[lo:hi], out=outgoing)
+        op(partial, src[lo:hi], out=acc)
+        outgoing = acc
 
 
 @register("reduce_scatter", "ring", commutative_only=True)
