@@ -10,12 +10,15 @@ import ml_dtypes
 import numpy as np
 
 import mpicoll
+from mpicoll.algorithms import REGISTRY
 from mpicoll.ops import ReduceOp, resolve_op
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16).name
 DTYPES = ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", BFLOAT16, "f4", "f8",
           "c8", "c16")
 OPS = tuple(op.value for op in ReduceOp)
+ROOTED = ("broadcast", "scatter", "gather", "reduce")
+REDUCING = ("reduce", "all_reduce", "reduce_scatter")
 
 
 def _dtype(name: str) -> np.dtype:
@@ -177,13 +180,28 @@ def run_case(comm: mpicoll.Communicator, collective: str, algorithm: str, shape:
     assert np.array_equal(x, copy), f"{what}: the input was modified"
 
 
-ROOTED = ("broadcast", "scatter", "gather", "reduce")
-REDUCING = ("reduce", "all_reduce", "reduce_scatter")
-
 
 V_COLLECTIVES = ("all_gather_v", "gather_v", "scatter_v", "all_to_all_v", "reduce_scatter")
 V_ALGORITHMS = {"all_gather_v": "all_gather", "gather_v": "gather", "scatter_v": "scatter",
                 "all_to_all_v": "all_to_all", "reduce_scatter": "reduce_scatter"}
+
+
+def keeps_order(collective: str, algorithm: str, op: str) -> bool:
+    """Whether ``algorithm`` serves ``op``: any op, unless it reorders a non-commutative one."""
+    return (op not in NON_COMMUTATIVE or algorithm in ("native", "auto")
+            or not REGISTRY[collective][algorithm].commutative_only)
+
+
+def v_cases(backend: str) -> list[tuple[str, str]]:
+    """(v-variant, algorithm) for every algorithm that takes uneven blocks."""
+    return [(v, a) for v in V_COLLECTIVES for a in mpicoll.algorithms(V_ALGORITHMS[v], backend)
+            if a == "native" or not REGISTRY[V_ALGORITHMS[v]][a].even_only]
+
+
+def user_op_cases(backend: str) -> list[tuple[str, str, str]]:
+    """(collective, algorithm, user op) for every reducing algorithm and op it serves."""
+    return [(c, a, op) for c in REDUCING for a in mpicoll.algorithms(c, backend)
+            for op in USER_OPS if keeps_order(c, a, op)]
 
 
 def v_rows(rank: int) -> int:

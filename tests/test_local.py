@@ -7,14 +7,13 @@ import pytest
 from reference import (
     DTYPE_OPS,
     DTYPES,
-    NON_COMMUTATIVE,
     REDUCING,
     ROOTED,
     USER_OPS,
-    V_ALGORITHMS,
-    V_COLLECTIVES,
     run_case,
     run_v_case,
+    user_op_cases,
+    v_cases,
 )
 
 import mpicoll
@@ -25,8 +24,7 @@ SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 11, 16)
 SHAPES = ((0,), (1,), (5,), (37,), (2, 3))
 CASES = [(c, a) for c in mpicoll.COLLECTIVES if c != "barrier"
          for a in mpicoll.algorithms(c, "local")]
-V_CASES = [(v, a) for v in V_COLLECTIVES for a in mpicoll.algorithms(V_ALGORITHMS[v], "local")
-           if not REGISTRY[V_ALGORITHMS[v]][a].even_only]
+V_CASES = v_cases("local")
 
 
 def _all_roots(comm, collective, algorithm, shape, dtype, op="sum"):
@@ -116,13 +114,8 @@ def test_v_variants_every_dtype(collective, algorithm):
     run_local(5, body, timeout=20)
 
 
-USER_CASES = [(c, a, op) for c in REDUCING for a in mpicoll.algorithms(c, "local")
-              for op in USER_OPS
-              if op not in NON_COMMUTATIVE or not REGISTRY[c][a].commutative_only]
-
-
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 6, 7, 8, 11, 16])
-@pytest.mark.parametrize("collective,algorithm,op", USER_CASES)
+@pytest.mark.parametrize("collective,algorithm,op", user_op_cases("local"))
 def test_user_ops_in_rank_order(collective, algorithm, op, size):
     """2x2 matrix products and digit-string concatenation come out in rank order."""
     def body(comm):

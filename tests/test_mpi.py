@@ -12,20 +12,19 @@ from reference import (
     BFLOAT16,
     DTYPE_OPS,
     DTYPES,
-    NON_COMMUTATIVE,
     REDUCING,
     ROOTED,
     USER_OPS,
-    V_ALGORITHMS,
-    V_COLLECTIVES,
     as_op,
+    keeps_order,
     make_input,
     run_case,
     run_v_case,
+    user_op_cases,
+    v_cases,
 )
 
 import mpicoll
-from mpicoll.algorithms import REGISTRY
 
 pytestmark = pytest.mark.mpi
 
@@ -83,9 +82,7 @@ def test_every_op_and_dtype(world, collective, algorithm):
             run_case(world, collective, algorithm, (9,), dtype, op, root)
 
 
-@pytest.mark.parametrize("collective,algorithm,op", [
-    (c, a, op) for c, a in CASES if c in REDUCING for op in USER_OPS
-    if op not in NON_COMMUTATIVE or a == "native" or not REGISTRY[c][a].commutative_only])
+@pytest.mark.parametrize("collective,algorithm,op", user_op_cases("mpi"))
 def test_user_ops(comm, collective, algorithm, op):
     """mpicoll.Op in rank order on every algorithm; native runs it as an MPI user op."""
     for shape in ((0,), (1,), (7,), (2, 3)):
@@ -93,11 +90,7 @@ def test_user_ops(comm, collective, algorithm, op):
             run_case(comm, collective, algorithm, shape, None, op, root)
 
 
-V_CASES = [(v, a) for v in V_COLLECTIVES for a in mpicoll.algorithms(V_ALGORITHMS[v])
-           if a == "native" or not REGISTRY[V_ALGORITHMS[v]][a].even_only]
-
-
-@pytest.mark.parametrize("collective,algorithm", V_CASES)
+@pytest.mark.parametrize("collective,algorithm", v_cases("mpi"))
 def test_v_variants(comm, collective, algorithm):
     """Uneven rows, some ranks giving or getting none, against NumPy; native is MPI's *v."""
     roots = range(comm.size) if collective in ("gather_v", "scatter_v") else (0,)
@@ -105,10 +98,8 @@ def test_v_variants(comm, collective, algorithm):
         for root in roots:
             run_v_case(comm, collective, algorithm, rest, "i4", "sum", root)
     for op in USER_OPS if collective == "reduce_scatter" else ():
-        if op in NON_COMMUTATIVE and algorithm != "native" and \
-                REGISTRY["reduce_scatter"][algorithm].commutative_only:
-            continue
-        run_v_case(comm, collective, algorithm, (), None, op)
+        if keeps_order(collective, algorithm, op):
+            run_v_case(comm, collective, algorithm, (), None, op)
 
 
 @pytest.mark.parametrize("collective,algorithm",
@@ -117,7 +108,7 @@ def test_matches_native(world, collective, algorithm):
     """Our result is bit-identical to the MPI library's own collective's."""
     ops = [(d, o) for d, o in DTYPE_OPS if d != BFLOAT16] + [(None, o) for o in USER_OPS]
     for dtype, op in ops:
-        if op in NON_COMMUTATIVE and REGISTRY[collective][algorithm].commutative_only:
+        if not keeps_order(collective, algorithm, op):
             continue
         shape = (world.size, 4) if collective == "reduce_scatter" else (13,)
         x = make_input(world.rank, shape, dtype, op)

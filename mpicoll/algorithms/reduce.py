@@ -46,6 +46,19 @@ def linear_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, op: Op,
             op(dst, operand, out=dst)
 
 
+def _deliver(t: Transport, cur: np.ndarray, src: np.ndarray, dst: np.ndarray | None, root: int,
+             tree_root: int) -> None:
+    """End of a tree reduce: the tree root's result ``cur`` into the root's ``dst``."""
+    rank = t.rank
+    if tree_root != root:  # a non-commutative op's tree is rooted at 0: one more step
+        if rank == tree_root:
+            t.send(cur, root)
+        elif rank == root:
+            t.recv(dst, tree_root)
+    elif rank == root and cur is not dst:  # one rank, or no child
+        dst[...] = src
+
+
 @register("reduce", "binomial")
 def binomial_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, op: Op,
                     root: int) -> None:
@@ -72,14 +85,7 @@ def binomial_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, op: O
             op(cur, incoming, out=acc)
             cur = acc
         mask <<= 1
-    if tree_root != root:
-        if rank == tree_root:
-            t.send(cur, root)
-        elif rank == root:
-            t.recv(dst, tree_root)
-        return
-    if rank == root and cur is not dst:  # one rank, or no child
-        dst[...] = src
+    _deliver(t, cur, src, dst, root, tree_root)
 
 
 @register("reduce", "knomial")
@@ -109,14 +115,7 @@ def knomial_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, op: Op
     parent = knomial_parent(rel, radix)
     if parent is not None:
         t.send(cur, (parent + tree_root) % p)
-    if tree_root != root:
-        if rank == tree_root:
-            t.send(cur, root)
-        elif rank == root:
-            t.recv(dst, tree_root)
-        return
-    if rank == root and cur is not dst:  # one rank, or no child
-        dst[...] = src
+    _deliver(t, cur, src, dst, root, tree_root)
 
 
 @register("reduce", "rabenseifner", commutative_only=True)
