@@ -15,7 +15,9 @@ from mpicoll.ops import ReduceOp, resolve_op
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16).name
 DTYPES = ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", BFLOAT16, "f4", "f8",
-          "c8", "c16")
+          "g", "c8", "c16", "G")
+# what the MPI library has no reduction type for: native refuses to reduce them
+NO_MPI_REDUCTION = (BFLOAT16, "g", "G")
 OPS = tuple(op.value for op in ReduceOp)
 ROOTED = ("broadcast", "scatter", "gather", "reduce")
 REDUCING = ("reduce", "all_reduce", "reduce_scatter")
