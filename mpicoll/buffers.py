@@ -6,6 +6,8 @@ never a copy) of such an array between two offsets of a bounds list.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import ml_dtypes
 import numpy as np
 
@@ -31,6 +33,7 @@ def chunk_bounds(count: int, parts: int) -> Bounds:
     return tuple(i * base + min(i, extra) for i in range(parts + 1))
 
 
+@lru_cache(maxsize=1024)
 def even_bounds(block: int, parts: int) -> Bounds:
     """Offsets of ``parts`` blocks of ``block`` elements each."""
     return tuple(i * block for i in range(parts + 1))

@@ -70,6 +70,10 @@ def _dtype_crc(dtype: np.dtype) -> int:
     return _crc(dtype.str + dtype.name)  # the name tells bfloat16 from other 2-byte voids
 
 
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.size == b.size and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+
+
 def _no_native(op: Op, dtype: np.dtype) -> None:
     raise UnsupportedDtypeError("this backend has no native collectives")
 
@@ -214,6 +218,18 @@ class Communicator:
                         f"{name}: expected an int >= {OPTION_MINIMUM[name]}, got {value!r}")
             return functools.partial(fn, **{k: int(v) for k, v in options.items()})
         return fn
+
+    def auto_algorithm(self, collective: str, nbytes: int, op: Any = None,
+                       dtype: Any = None, uneven: bool = False) -> str:
+        """The algorithm ``algorithm="auto"`` runs for a call of ``collective`` moving
+        ``nbytes`` (the benchmark's size: the whole buffer for reductions and broadcast,
+        the whole result for gathers, the whole input for scatter and all_to_all)."""
+        if collective not in COLLECTIVES:
+            raise InvalidArgumentError(f"collective: unknown collective {collective!r}")
+        dtype = None if dtype is None else np.dtype(dtype)
+        opd = None if op is None else resolve_op(op, dtype if dtype is not None else np.dtype("f8"))
+        return selection.select(collective, nbytes, self.size, opd,
+                                self._native_serves(opd, dtype), uneven)
 
     def _lookup(self, collective: str, algorithm: Any) -> tuple[Callable[..., None], Any]:
         """(function, registry entry) of a name; the entry is None for "native"."""
@@ -564,8 +580,9 @@ class Communicator:
         bounds = even_bounds(x.size, t.size)
         mine = buf[bounds[t.rank]:bounds[t.rank + 1]]
         src = flat(x)
-        if not (src.size and src.__array_interface__["data"][0] == mine.__array_interface__["data"][0]):
-            mine[...] = src  # the result's own row, unless x already is that row
+        # the result's own row, unless x already is that row (in place)
+        if out is None or not np.may_share_memory(src, mine) or not _same_memory(src, mine):
+            mine[...] = src
         t.begin()
         fn(t, buf, bounds)
         return result

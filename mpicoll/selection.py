@@ -1,15 +1,50 @@
 """``algorithm="auto"``: pick an algorithm by collective, message size, ranks and op.
 
-The table starts from MPICH's published default thresholds (the MPIR_CVAR_*_SHORT_MSG_SIZE
-and friends of MPICH 4) and picks ``native`` where our benchmark shows the MPI library's
-own collective is faster, which on one node is for small messages, where the Python cost
-of each step of our algorithms outweighs the wire. The benchmark issue replaces this with
-a tuning file measured on the user's machine.
+In this order, taking the first answer that can serve the call (a non-commutative op,
+uneven blocks, a dtype the MPI library cannot reduce):
+
+1. the tuning file that ``python -m mpicoll.bench tune`` wrote (``mpicoll.tuning``);
+2. the cost model with parameters fitted on this machine (``python -m mpicoll.model
+   fit``), when there are some;
+3. MPICH's default thresholds (its ``coll_selection.json``), with ``native`` for small
+   messages, where the Python cost of each of our steps outweighs the wire.
 """
 
 from __future__ import annotations
 
+from . import model, tuning
+from .algorithms import REGISTRY
 from .ops import Op
+
+_LOADED: dict[str, object] = {}
+
+
+def reload() -> None:
+    """Forget the tuning table and model parameters read so far (read again on next use)."""
+    _LOADED.clear()
+
+
+def _tuning_table() -> tuning.TuningTable | None:
+    if "table" not in _LOADED:
+        _LOADED["table"] = tuning.TuningTable.load()
+    return _LOADED["table"]  # type: ignore[return-value]
+
+
+def _model_params() -> model.Params | None:
+    if "params" not in _LOADED:
+        _LOADED["params"] = model.load_params()
+    return _LOADED["params"]  # type: ignore[return-value]
+
+
+def serves(collective: str, name: str, commutative: bool, has_native: bool,
+           uneven: bool) -> bool:
+    """Whether ``name`` can run this call without a refusal."""
+    if name == "native":
+        return has_native
+    spec = REGISTRY[collective].get(name)
+    if spec is None:
+        return False
+    return (commutative or not spec.commutative_only) and not (uneven and spec.even_only)
 
 # Below these sizes (bytes) the MPI library's collective wins: its steps cost a few
 # microseconds of C, ours a few microseconds of Python each.
@@ -35,12 +70,30 @@ def _power_of_two(p: int) -> bool:
 
 def select(collective: str, nbytes: int, size: int, op: Op | None, has_native: bool,
            uneven: bool = False) -> str:
-    """The algorithm name ``auto`` runs for this call (deterministic on every rank).
+    """The algorithm name ``auto`` runs for this call (deterministic on every rank, given
+    the same tuning and model files).
 
     ``has_native``: the library's collective can run this call (it knows dtype and op).
     A non-commutative op gets an algorithm that keeps rank order; uneven blocks one that
     takes them.
     """
+    commutative = op is None or op.commutative
+    table = _tuning_table()
+    if table is not None:
+        name = table.pick(collective, size, nbytes)
+        if name is not None and serves(collective, name, commutative, has_native, uneven):
+            return name
+    params = _model_params()
+    if params is not None:
+        candidates = [n for n in [*REGISTRY[collective], "native"]
+                      if serves(collective, n, commutative, has_native, uneven)]
+        return model.best(collective, nbytes, size, params, candidates)
+    return mpich_default(collective, nbytes, size, op, has_native, uneven)
+
+
+def mpich_default(collective: str, nbytes: int, size: int, op: Op | None, has_native: bool,
+                  uneven: bool = False) -> str:
+    """MPICH's default thresholds, with ``native`` for small messages."""
     if collective == "barrier":
         return "native" if has_native else "dissemination"
     if has_native and nbytes < NATIVE_BELOW[collective]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -164,3 +166,83 @@ def test_readme_lists_every_algorithm_with_its_cost():
         for algo in algos.values():
             row = f"| {collective} | `{algo.name}` | `{algo.cost}` |"
             assert row in readme, f"README.md lacks the row {row}"
+
+
+def test_every_algorithm_has_a_model_formula():
+    from mpicoll import model
+
+    for collective, algos in REGISTRY.items():
+        for name in [*algos, "native"]:
+            assert model.formula(collective, name)
+            for p in (1, 2, 3, 4, 5, 8, 17, 64):
+                for nbytes in (0, 8, 4096, 1 << 20):
+                    t = model.predict(collective, name, nbytes, p)
+                    assert t >= 0 and math.isfinite(t), (collective, name, p, nbytes)
+        assert all(model.native_stand_in(collective, n, p) in algos
+                   for n in (0, 8, 1 << 20) for p in (2, 3, 8, 16))
+
+
+def test_model_formulas_read_like_the_docstrings():
+    from mpicoll import model
+
+    assert model.python_expression("ceil(lg p)*(alpha + n*beta)") == "_ceil_log(p, 2)*(alpha + n*beta)"
+    assert model.python_expression("(lg p2 + 2*[p != p2])*alpha") == "(_lg(p2) + 2*(p != p2))*alpha"
+    params = model.Params(alpha=1.0, beta=0.0, gamma=0.0)
+    # steps only: ring all_reduce 2(p-1), recursive doubling lg p2 (+2 folded), knomial k=4
+    assert model.predict("all_reduce", "ring", 64, 5, params) == 8
+    assert model.predict("all_reduce", "recursive_doubling", 64, 5, params) == 4
+    assert model.predict("broadcast", "knomial", 64, 16, params) == 2 * 3
+    assert model.predict("broadcast", "knomial", 64, 16, params, radix=2) == 4
+    # a pipeline's segments count: 4 MiB in 64 KiB segments at 3 ranks: (2 + 63) steps
+    assert model.predict("broadcast", "pipelined_chain", 1 << 22, 3, params) == 65
+
+
+def test_tuning_table_ranges_and_nearest_ranks():
+    from mpicoll import tuning
+
+    ranges = tuning.ranges_from_winners([(8, "native"), (64, "native"), (4096, "ring"),
+                                         (1 << 20, "ring"), (1 << 24, "rabenseifner")])
+    assert ranges == [{"below": 4096, "algorithm": "native"},
+                      {"below": 1 << 24, "algorithm": "ring"},
+                      {"below": None, "algorithm": "rabenseifner"}]
+    table = tuning.TuningTable()
+    table.set("all_reduce", 4, ranges)
+    assert table.pick("all_reduce", 4, 100) == "native"
+    assert table.pick("all_reduce", 6, 1 << 21) == "ring"  # 6 ranks: the 4-rank table
+    assert table.pick("all_reduce", 2, 100) is None         # nothing at or below 2 ranks
+    assert table.pick("broadcast", 4, 100) is None
+    mpich = tuning.to_mpich(table)["collective=allreduce"]["comm_type=intra"]["comm_size=any"]
+    assert mpich == {  # "native" below 4 KiB: what MPICH's own rules run at 4095 B
+        "avg_msg_size<4096": {"algorithm=MPIR_Allreduce_intra_reduce_scatter_allgather": {}},
+        "avg_msg_size<16777216": {"algorithm=MPIR_Allreduce_intra_ring": {}},
+        "avg_msg_size=any": {"algorithm=MPIR_Allreduce_intra_reduce_scatter_allgather": {}}}
+    rules = [line.split("#")[0].split() for line in tuning.to_ompi_rules(table).splitlines()]
+    assert rules[:5] == [["1"], ["2"], ["1"], ["4"], ["3"]]
+    assert rules[5:] == [["0", "0", "0", "0"], ["4096", "4", "0", "0"], ["16777216", "6", "0", "0"]]
+    with pytest.raises(ValueError):
+        tuning.TuningTable({"tables": {}})
+
+
+def test_selection_prefers_tuning_then_model_then_mpich(tmp_path, monkeypatch):
+    from mpicoll import model, tuning
+
+    table = tuning.TuningTable()
+    table.set("all_reduce", 2, [{"below": None, "algorithm": "ring"}])
+    table.save(tmp_path / "t.json")
+    model.save_params(model.Params(alpha=1e-3, beta=1e-12, gamma=1e-12), tmp_path / "m.json")
+    op = resolve_op("sum", np.dtype("f4"))
+    noncommutative = mpicoll.Op(np.subtract, commutative=False)
+    monkeypatch.setenv("MPICOLL_TUNING", str(tmp_path / "t.json"))
+    monkeypatch.setenv("MPICOLL_MODEL", str(tmp_path / "m.json"))
+    selection.reload()
+    try:
+        assert selection.select("all_reduce", 64, 2, op, True) == "ring"
+        # ring refuses a non-commutative op: the model picks among those that keep order;
+        # with alpha dominant, the fewest steps
+        assert selection.select("all_reduce", 64, 2, noncommutative, False) in (
+            "recursive_doubling", "allgather_reduce", "reduce_broadcast")
+        monkeypatch.setenv("MPICOLL_MODEL", str(tmp_path / "none.json"))
+        selection.reload()
+        assert selection.select("broadcast", 64, 2, None, True) == "native"  # MPICH's rules
+    finally:
+        selection.reload()

@@ -23,11 +23,13 @@ from dataclasses import dataclass
 import numpy as np
 
 import mpicoll
-from mpicoll import Communicator
+from mpicoll import Communicator, model
 from mpicoll.algorithms import REGISTRY
 from mpicoll.buffers import even_bounds
 from mpicoll.native import NATIVE
 from mpicoll.ops import resolve_op
+
+from . import report
 
 
 @dataclass(frozen=True)
@@ -131,37 +133,88 @@ def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
     return lambda: fn(t, src, bounds, dst, bounds)
 
 
+INPLACE = ("all_reduce", "reduce", "all_gather", "all_to_all", "broadcast")
+
+
+class Call:
+    """One call of ``collective`` through mpicoll, on buffers made once: ``run(algorithm)``.
+
+    In place (``inplace=True``, for the collectives in INPLACE) the result overwrites the
+    input, so ``reset()`` puts the input back before a call whose result is checked.
+    """
+
+    def __init__(self, comm: Communicator, collective: str, x: np.ndarray, op: str,
+                 root: int, inplace: bool = False) -> None:
+        self.comm, self.collective, self.x, self.op, self.root = comm, collective, x, op, root
+        self.inplace = inplace and collective in INPLACE
+        record, p, is_root = RECORDS[collective], comm.size, comm.rank == root
+        fn = getattr(comm, collective)
+        if collective == "broadcast":  # always in place: the root's buffer, others' receive
+            self.buf = x.copy()
+            self._run = lambda algo: comm.broadcast(self.buf, root, algorithm=algo)
+            return
+        if self.inplace:
+            self.buf = (np.empty((p, *x.shape), x.dtype) if collective == "all_gather"
+                        else x.copy())
+            mine = self.buf[comm.rank] if collective == "all_gather" else self.buf
+            out = self.buf if (is_root or not record.rooted) else None
+            if record.reduces:
+                args = (mine, op, root) if record.rooted else (mine, op)
+            else:
+                args = (mine,)
+            self._run = lambda algo: fn(*args, algorithm=algo, out=out)
+            return
+        self.buf = None
+        out = np.empty(result_shape(collective, x, p), x.dtype)
+        if collective == "scatter":
+            self._run = lambda algo: comm.scatter(x, root, algorithm=algo, out=out)
+            return
+        out = out if is_root or not record.rooted else None
+        if record.reduces:
+            args = (x, op, root) if record.rooted else (x, op)
+        else:
+            args = (x, root) if record.rooted else (x,)
+        self._run = lambda algo: fn(*args, algorithm=algo, out=out)
+
+    def reset(self) -> None:
+        if self.buf is None or self.collective == "broadcast":
+            return
+        if self.collective == "all_gather":
+            self.buf[self.comm.rank] = self.x
+        else:
+            self.buf[...] = self.x
+
+    def run(self, algorithm: str) -> np.ndarray | None:
+        return self._run(algorithm)
+
+
 def make_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
               root: int) -> Callable[[str], np.ndarray | None]:
     """A function running one call of ``collective`` through mpicoll with an algorithm."""
-    record = RECORDS[collective]
-    if collective == "broadcast":
-        buf = x.copy()
-        return lambda algo: comm.broadcast(buf, root, algorithm=algo)
-    out = np.empty(result_shape(collective, x, comm.size), x.dtype)
-    if collective == "scatter":
-        return lambda algo: comm.scatter(x, root, algorithm=algo, out=out)
-    out = out if comm.rank == root or not record.rooted else None
-    fn = getattr(comm, collective)
-    if record.reduces:
-        if record.rooted:
-            return lambda algo: fn(x, op, root, algorithm=algo, out=out)
-        return lambda algo: fn(x, op, algorithm=algo, out=out)
-    if record.rooted:
-        return lambda algo: fn(x, root, algorithm=algo, out=out)
-    return lambda algo: fn(x, algorithm=algo, out=out)
+    return Call(comm, collective, x, op, root).run
+
+
+TIMINGS = ("barrier", "back-to-back")
 
 
 def time_calls(comm: Communicator, call: Callable[[], object], iters: int, warmup: int,
-               barrier: Callable[[], None]) -> list[float]:
-    """Per-iteration times, each the slowest rank's, barrier-separated; warm-up excluded."""
+               barrier: Callable[[], None], timing: str = "barrier") -> list[float]:
+    """Per-iteration times, each the slowest rank's; warm-up excluded.
+
+    ``timing="barrier"``: a barrier before every iteration, so each starts together;
+    ``"back-to-back"``: one barrier, then the iterations in a loop, as an application
+    calls them (each still timed alone).
+    """
     from mpi4py import MPI
 
     for _ in range(warmup):
         call()
     times = np.empty(iters)
-    for i in range(iters):
+    if timing == "back-to-back":
         barrier()
+    for i in range(iters):
+        if timing == "barrier":
+            barrier()
         start = time.perf_counter()
         call()
         times[i] = time.perf_counter() - start
@@ -181,13 +234,116 @@ def count_wrong(comm: Communicator, got: np.ndarray | None, reference: np.ndarra
     return comm._transport.comm.allreduce(wrong, op=MPI.SUM)
 
 
+@dataclass
+class Row:
+    """One measured (size, algorithm): what the table prints and JSON/CSV keep."""
+
+    collective: str
+    backend: str
+    buffer: str
+    size: int
+    count: int
+    type: str
+    redop: str
+    root: int
+    algorithm: str
+    time_us: float
+    min_us: float
+    max_us: float
+    p99_us: float
+    algbw: float
+    busbw: float
+    wrong: int
+    predicted_us: float
+    vs_native: float = math.nan
+
+    @property
+    def measured_over_predicted(self) -> float:
+        return self.time_us / self.predicted_us if self.predicted_us > 0 else math.nan
+
+
+def _algorithm_names(collective: str, chosen: str) -> list[str]:
+    names = [MPI_LIBRARY, *mpicoll.algorithms(collective), "auto"]
+    if chosen != "all":  # the library's row stays: it is what vs_native divides
+        names = [MPI_LIBRARY, *(n for n in chosen.split(",") if n != MPI_LIBRARY)]
+    return names
+
+
+def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse.Namespace,
+          params: model.Params, progress: report.Progress, say: Callable[..., None],
+          ) -> tuple[list[Row], int]:
+    """Time every algorithm of ``collective`` at every size; returns the rows and #wrong."""
+    dtype, record = np.dtype(args.datatype), RECORDS[collective]
+    names = _algorithm_names(collective, args.algo)
+    checker = "native"
+    if record.reduces and not comm._native_serves(resolve_op(args.op, dtype), dtype):
+        # the MPI library cannot reduce this dtype (bfloat16): no library rows, and
+        # results are checked against an algorithm that combines in rank order
+        names = [n for n in names if n not in (MPI_LIBRARY, "native")]
+        checker = next(a.name for a in REGISTRY[collective].values() if not a.commutative_only)
+        say(f"# the MPI library cannot reduce {dtype}: no {MPI_LIBRARY}/native rows; "
+            f"results checked against {checker}")
+    if args.inplace and collective not in INPLACE:
+        say(f"# {collective} has no in-place form: run out of place")
+    rows, wrong_total = [], 0
+    for nbytes in sizes_:
+        x = make_input(comm, collective, nbytes, dtype, args.op)
+        count = x.size * comm.size if record.per_rank else x.size
+        size = count * dtype.itemsize
+        call = Call(comm, collective, x, args.op, args.root, args.inplace)
+        library = library_call(comm, collective, x, args.op, args.root)
+        reference = None
+        if args.check:
+            call.reset()
+            reference = call.run(checker)
+            reference = None if reference is None else reference.copy()
+        measured = {}
+        for name in names:
+            progress.step(f"{collective} {report.human(size)} {name}")
+            if name == MPI_LIBRARY:  # its result is the reference itself
+                run, wrong = library, 0
+            else:
+                run = functools.partial(call.run, name)
+                if args.check:
+                    call.reset()
+                    wrong = count_wrong(comm, run(), reference)
+                else:
+                    wrong = 0
+            wrong_total += wrong
+            times = time_calls(comm, run, args.iters, args.warmup_iters,
+                               lambda: comm.barrier(algorithm="native"), args.timing)
+            measured[name] = (times, wrong)
+        for name, (times, wrong) in measured.items():
+            seconds = statistics.median(times)
+            algbw = size / seconds / 1e9 if seconds > 0 else 0.0
+            stand_in = "native" if name in (MPI_LIBRARY, "auto") else name
+            if name == "auto":
+                stand_in = comm.auto_algorithm(collective, size, args.op if record.reduces
+                                               else None, dtype)
+            rows.append(Row(
+                collective, args.backend, args.buffer, size, count, dtype.name,
+                args.op if record.reduces else "none", args.root if record.rooted else -1,
+                name, seconds * 1e6, min(times) * 1e6, max(times) * 1e6,
+                float(np.percentile(times, 99)) * 1e6, algbw,
+                algbw * record.busbw_factor(comm.size), wrong,
+                model.predict(collective, stand_in, size, comm.size, params) * 1e6))
+        baseline = measured.get(MPI_LIBRARY, measured.get("native", ([math.nan], 0)))[0]
+        for row in rows[-len(measured):]:
+            row.vs_native = statistics.median(baseline) * 1e6 / row.time_us
+        for row in rows[-len(measured):]:
+            say(report.table_row(row))
+        sys.stdout.flush()
+    return rows, wrong_total
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m mpicoll.bench",
         description="Time every algorithm of a collective against the MPI library's own.")
     parser.add_argument("collective", nargs="?", default="all_reduce",
-                        choices=[*RECORDS, "all"], help="collective to time, or all")
-    parser.add_argument("-b", "--minbytes", default="8", help="smallest size (8, 1K, 64M)")
+                        choices=[*RECORDS, "all", "tune"],
+                        help="collective to time, all of them, or tune (write a tuning file)")
+    parser.add_argument("-b", "--minbytes", default="8", help="smallest size (K, M, G suffixes)")
     parser.add_argument("-e", "--maxbytes", default="64M", help="largest size")
     parser.add_argument("-f", "--stepfactor", type=float, default=8.0, help="size factor")
     parser.add_argument("-n", "--iters", type=int, default=20, help="timed iterations")
@@ -197,70 +353,66 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--op", default="sum", help="reduction op")
     parser.add_argument("-r", "--root", type=int, default=0, help="root rank")
     parser.add_argument("--algo", default="all",
-                        help="comma-separated algorithms, 'all' (every one, native and auto)")
+                        help="comma-separated algorithms (auto, native included), or all")
+    parser.add_argument("--backend", default="mpi", choices=["mpi", "nccl"])
+    parser.add_argument("--buffer", default="numpy", choices=["numpy", "cupy"])
+    parser.add_argument("--inplace", action="store_true", help="result over the input")
+    parser.add_argument("--timing", default="barrier", choices=TIMINGS,
+                        help="a barrier before each iteration (default), or back-to-back")
+    parser.add_argument("--json", default=None, help="write every row (min/max/p99 too)")
+    parser.add_argument("--csv", default=None, help="write every row as CSV")
+    parser.add_argument("--plot", default=None,
+                        help="PNG of busbw against size; FILE-model.png: predicted vs measured")
+    parser.add_argument("--min-busbw", type=float, default=None,
+                        help="exit 1 when a collective's best busbw (GB/s) stays below this")
+    parser.add_argument("--model", default=None,
+                        help="cost-model parameters (default: the fitted file, if any)")
+    parser.add_argument("--collectives", default="all_reduce,all_gather,reduce_scatter,broadcast",
+                        help="tune: the collectives to tune, comma-separated, or all")
+    parser.add_argument("--output", default=None,
+                        help="tune: the tuning file (default: mpicoll.tuning.default_path())")
     args = parser.parse_args(argv)
+    if args.backend != "mpi" or args.buffer != "numpy":
+        parser.exit(2, f"python -m mpicoll.bench: --backend {args.backend} --buffer "
+                       f"{args.buffer}: this version runs the mpi backend on NumPy buffers; "
+                       "the NCCL backend and CuPy buffers need CuPy and a GPU\n")
+    try:
+        dtype = np.dtype(args.datatype)
+    except TypeError:
+        parser.exit(2, f"python -m mpicoll.bench: -d {args.datatype}: not a NumPy dtype\n")
 
     comm = Communicator()
-    dtype = np.dtype(args.datatype)
-    collectives = list(RECORDS) if args.collective == "all" else [args.collective]
     say = print if comm.rank == 0 else (lambda *a, **k: None)
-    from mpi4py import MPI
+    params = model.load_params(args.model) or model.Params()
+    header = report.header(comm, args, dtype, params)
+    for line in report.header_lines(header):
+        say(line)
+    size_list = sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
+    if args.collective == "tune":
+        from .tune import tune
 
-    library = MPI.Get_library_version().splitlines()[0].strip()
-    say(f"# mpicoll {mpicoll.__version__} | {library} | mpi4py {__import__('mpi4py').__version__}"
-        f" | numpy {np.__version__}")
-    say(f"# {comm.size} ranks on {len(set(MPI.COMM_WORLD.allgather(MPI.Get_processor_name())))}"
-        f" host(s) | dtype {dtype} | op {args.op} | root {args.root} | {args.iters} iterations"
-        f" after {args.warmup_iters} warm-up | time: median over iterations of the slowest"
-        f" rank, barrier-separated")
-    say(f"# vs_native: the time of the MPI library's collective called directly ({MPI_LIBRARY})"
-        " / this row's time (>1: faster than the library); 'native' is that collective"
-        " called through mpicoll")
-    wrong_total = 0
+        return tune(comm, args, size_list, params, say)
+    collectives = list(RECORDS) if args.collective == "all" else [args.collective]
+    progress = report.Progress(
+        comm.rank == 0, len(size_list) * sum(len(_algorithm_names(c, args.algo)) for c in collectives))
+    rows, wrong_total = [], 0
     for collective in collectives:
-        names = [MPI_LIBRARY, *mpicoll.algorithms(collective), "auto"]
-        if args.algo != "all":  # the library's row stays: it is what vs_native divides
-            names = [MPI_LIBRARY, *(n for n in args.algo.split(",") if n != MPI_LIBRARY)]
-        record = RECORDS[collective]
         say(f"\n# {collective}")
-        checker = "native"
-        if record.reduces and not comm._native_serves(resolve_op(args.op, dtype), dtype):
-            # the MPI library cannot reduce this dtype (bfloat16): no library rows, and
-            # results are checked against an algorithm that combines in rank order
-            names = [n for n in names if n not in (MPI_LIBRARY, "native")]
-            checker = next(a.name for a in REGISTRY[collective].values() if not a.commutative_only)
-            say(f"# the MPI library cannot reduce {dtype}: no {MPI_LIBRARY}/native rows; "
-                f"results checked against {checker}")
-        say(f"# {'size(B)':>12} {'count':>12} {'type':>8} {'redop':>6} {'root':>4} "
-            f"{'algorithm':>20} {'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} "
-            f"{'vs_native':>9}")
-        for nbytes in sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor):
-            x = make_input(comm, collective, nbytes, dtype, args.op)
-            count = x.size * comm.size if record.per_rank else x.size
-            call = make_call(comm, collective, x, args.op, args.root)
-            library = library_call(comm, collective, x, args.op, args.root)
-            reference = call(checker) if args.check else None
-            reference = None if reference is None else reference.copy()
-            results = {}
-            for name in names:
-                if name == MPI_LIBRARY:  # its result is the reference itself
-                    run, wrong = library, 0
-                else:
-                    run = functools.partial(call, name)
-                    wrong = count_wrong(comm, run(), reference) if args.check else 0
-                wrong_total += wrong
-                times = time_calls(comm, run, args.iters, args.warmup_iters,
-                                   lambda: comm.barrier(algorithm="native"))
-                results[name] = (statistics.median(times), wrong)
-            native = results.get(MPI_LIBRARY, results.get("native", (math.nan, 0)))[0]
-            size = count * dtype.itemsize
-            for name, (seconds, wrong) in results.items():
-                algbw = size / seconds / 1e9 if seconds > 0 else 0.0
-                busbw = algbw * record.busbw_factor(comm.size)
-                say(f"  {size:>12} {count:>12} {dtype.name:>8} "
-                    f"{args.op if record.reduces else 'none':>6} "
-                    f"{args.root if record.rooted else -1:>4} {name:>20} {seconds * 1e6:>10.1f} "
-                    f"{algbw:>7.2f} {busbw:>7.2f} {wrong:>6} {native / seconds:>9.2f}")
-            sys.stdout.flush()
+        say(report.TABLE_HEADER)
+        got, wrong = sweep(comm, collective, size_list, args, params, progress, say)
+        rows += got
+        wrong_total += wrong
+    progress.done()
+    for line in report.fastest_lines(rows):
+        say(line)
     say(f"\n# Out of bounds values : {wrong_total} {'OK' if wrong_total == 0 else 'FAILED'}")
-    return 1 if wrong_total else 0
+    status = 1 if wrong_total else 0
+    if args.min_busbw is not None:
+        for collective, best in report.best_busbw(rows).items():
+            if best < args.min_busbw:
+                say(f"# {collective}: best busbw {best:.2f} GB/s is below --min-busbw "
+                    f"{args.min_busbw:.2f}")
+                status = 1
+    if comm.rank == 0:
+        report.write(rows, header, args.json, args.csv, args.plot)
+    return status

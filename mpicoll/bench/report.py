@@ -1,0 +1,224 @@
+"""What the benchmark prints and writes: header, table rows, progress, JSON, CSV, plots."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+from mpicoll.tuning import ranges_from_winners
+
+TABLE_HEADER = (f"# {'size(B)':>12} {'count':>12} {'type':>8} {'redop':>6} {'root':>4} "
+                f"{'algorithm':>20} {'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} "
+                f"{'model(us)':>10} {'meas/model':>10} {'vs_native':>9}")
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g}{unit}"
+    return f"{nbytes}B"
+
+
+def table_row(row: Any) -> str:
+    return (f"  {row.size:>12} {row.count:>12} {row.type:>8} {row.redop:>6} {row.root:>4} "
+            f"{row.algorithm:>20} {row.time_us:>10.1f} {row.algbw:>7.2f} {row.busbw:>7.2f} "
+            f"{row.wrong:>6} {row.predicted_us:>10.1f} {row.measured_over_predicted:>10.2f} "
+            f"{row.vs_native:>9.2f}")
+
+
+def header(comm: Any, args: Any, dtype: Any, params: Any) -> dict[str, Any]:
+    """What was run, where and how: the JSON header and the comment lines above the table."""
+    import mpi4py
+    import numpy as np
+    from mpi4py import MPI
+
+    import mpicoll
+
+    hosts = sorted(set(comm._transport.comm.allgather(MPI.Get_processor_name())))
+    return {
+        "mpicoll": mpicoll.__version__,
+        "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+        "mpi4py": mpi4py.__version__,
+        "numpy": np.__version__,
+        "ranks": comm.size,
+        "hosts": len(hosts),
+        "host_names": hosts,
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "backend": args.backend,
+        "buffer": args.buffer,
+        "dtype": dtype.name,
+        "op": args.op,
+        "root": args.root,
+        "iterations": args.iters,
+        "warmup": args.warmup_iters,
+        "inplace": args.inplace,
+        "timing": args.timing,
+        "model": {"alpha": params.alpha, "beta": params.beta, "gamma": params.gamma,
+                  "source": params.source},
+    }
+
+
+def header_lines(h: dict[str, Any]) -> list[str]:
+    timing = ("a barrier before each iteration" if h["timing"] == "barrier"
+              else "back-to-back iterations")
+    slurm = f" | SLURM job {h['slurm_job_id']}" if h["slurm_job_id"] else ""
+    return [
+        f"# mpicoll {h['mpicoll']} | {h['mpi_library']} | mpi4py {h['mpi4py']} | numpy {h['numpy']}",
+        f"# {h['ranks']} ranks on {h['hosts']} host(s){slurm} | backend {h['backend']} "
+        f"({h['buffer']} buffers) | dtype {h['dtype']} | op {h['op']} | root {h['root']}"
+        f"{' | in place' if h['inplace'] else ''}",
+        f"# {h['iterations']} iterations after {h['warmup']} warm-up; time: per iteration the "
+        f"slowest rank's, then the median; {timing}",
+        f"# model: alpha {h['model']['alpha'] * 1e6:.2f} us, beta "
+        f"{1 / h['model']['beta'] / 1e9:.2f} GB/s, gamma {1 / h['model']['gamma'] / 1e9:.2f} GB/s "
+        f"({h['model']['source']}); native and auto are modelled by the algorithm they run",
+        "# vs_native: the time of the MPI library's collective called directly (mpi_library)"
+        " / this row's time (>1: faster than the library); 'native' is that collective"
+        " called through mpicoll",
+    ]
+
+
+class Progress:
+    """A progress bar on stderr (rank 0 only), shown once a sweep has run 3 seconds.
+
+    On a terminal it redraws one line; elsewhere (a SLURM log) it prints a line every
+    10% so the log shows the sweep is alive.
+    """
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled, self.total, self.done_steps = enabled, max(total, 1), 0
+        self.start = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self.last_tenth = -1
+
+    def step(self, label: str) -> None:
+        self.done_steps += 1
+        if not self.enabled or time.monotonic() - self.start < 3:
+            return
+        fraction = min(self.done_steps / self.total, 1.0)
+        if self.tty:
+            bar = "#" * int(30 * fraction)
+            sys.stderr.write(f"\r[{bar:<30}] {self.done_steps}/{self.total} {label:<40}")
+            sys.stderr.flush()
+        elif int(fraction * 10) > self.last_tenth:
+            self.last_tenth = int(fraction * 10)
+            sys.stderr.write(f"# progress {fraction:4.0%} ({label})\n")
+
+    def done(self) -> None:
+        if self.enabled and self.tty and time.monotonic() - self.start >= 3:
+            sys.stderr.write("\n")
+
+
+def fastest_lines(rows: list[Any]) -> list[str]:
+    """One line per collective naming the fastest of mpicoll's own algorithms per size range."""
+    lines = []
+    for collective in dict.fromkeys(r.collective for r in rows):
+        mine = [r for r in rows if r.collective == collective
+                and r.algorithm not in ("mpi_library", "native", "auto")]
+        winners = []
+        for size in sorted({r.size for r in mine}):
+            at = [r for r in mine if r.size == size]
+            winners.append((size, min(at, key=lambda r: r.time_us).algorithm))
+        if not winners:
+            continue
+        ranges = ranges_from_winners(winners)
+        text = ", ".join(f"{r['algorithm']} below {human(r['below'])}" if r["below"] is not None
+                         else (f"then {r['algorithm']}" if len(ranges) > 1 else r["algorithm"])
+                         for r in ranges)
+        lines.append(f"# fastest algorithm, {collective}: {text}")
+    return lines
+
+
+def best_busbw(rows: list[Any]) -> dict[str, float]:
+    """The best busbw any of mpicoll's rows reached, per collective."""
+    best: dict[str, float] = {}
+    for r in rows:
+        if r.algorithm != "mpi_library":
+            best[r.collective] = max(best.get(r.collective, 0.0), r.busbw)
+    return best
+
+
+def _row_dict(row: Any) -> dict[str, Any]:
+    out = dataclasses.asdict(row)
+    out["measured_over_predicted"] = row.measured_over_predicted
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
+
+
+def write(rows: list[Any], head: dict[str, Any], json_path: str | None, csv_path: str | None,
+          plot_path: str | None) -> None:
+    records = [_row_dict(r) for r in rows]
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"header": head, "rows": records}, f, indent=1)
+            f.write("\n")
+    if csv_path:
+        with open(csv_path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(records[0]) if records else ["collective"])
+            writer.writeheader()
+            writer.writerows(records)
+    if plot_path:
+        plot(rows, head, plot_path)
+
+
+def model_plot_path(path: str) -> str:
+    root, ext = os.path.splitext(path)
+    return f"{root}-model{ext or '.png'}"
+
+
+def plot(rows: list[Any], head: dict[str, Any], path: str) -> None:
+    """busbw against size, a panel per collective; and predicted against measured time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    collectives = list(dict.fromkeys(r.collective for r in rows))
+    columns = min(len(collectives), 2) or 1
+    lines_ = math.ceil(len(collectives) / columns) or 1
+    fig, axes = plt.subplots(lines_, columns, figsize=(6.5 * columns, 4 * lines_), squeeze=False)
+    for ax, collective in zip(axes.flat, collectives, strict=False):
+        mine = [r for r in rows if r.collective == collective]
+        for name in dict.fromkeys(r.algorithm for r in mine):
+            points = sorted((r.size, r.busbw) for r in mine if r.algorithm == name)
+            style = ({"linewidth": 2.5, "color": "black", "linestyle": "-" if name == "mpi_library" else "--"}
+                     if name in ("mpi_library", "native") else {})
+            ax.plot([x for x, _ in points], [y for _, y in points], marker="o",
+                    markersize=3, label=name, **style)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{collective}, {head['ranks']} ranks, {head['dtype']}")
+        ax.set_xlabel("size (bytes)")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(collectives):]:
+        ax.set_visible(False)
+    fig.suptitle(f"mpicoll {head['mpicoll']} | {head['mpi_library']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for collective in collectives:
+        mine = [r for r in rows if r.collective == collective and r.predicted_us > 0]
+        ax.scatter([r.predicted_us for r in mine], [r.time_us for r in mine], s=10,
+                   label=collective)
+    finite = [v for r in rows for v in (r.predicted_us, r.time_us) if v > 0]
+    if finite:
+        lo, hi = min(finite), max(finite)
+        ax.plot([lo, hi], [lo, hi], color="grey", linestyle="--", label="measured = predicted")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("predicted time (us)")
+    ax.set_ylabel("measured time (us)")
+    ax.set_title(f"cost model vs measurement, {head['ranks']} ranks")
+    ax.legend(fontsize=7)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(model_plot_path(path), dpi=100)
+    plt.close(fig)
