@@ -199,28 +199,44 @@ TIMINGS = ("barrier", "back-to-back")
 
 def time_calls(comm: Communicator, call: Callable[[], object], iters: int, warmup: int,
                barrier: Callable[[], None], timing: str = "barrier") -> list[float]:
-    """Per-iteration times, each the slowest rank's; warm-up excluded.
+    """Per-iteration times of one call, each the slowest rank's; warm-up excluded."""
+    return time_interleaved(comm, {"call": call}, iters, warmup, barrier, timing)["call"]
 
-    ``timing="barrier"``: a barrier before every iteration, so each starts together;
-    ``"back-to-back"``: one barrier, then the iterations in a loop, as an application
-    calls them (each still timed alone).
+
+def time_interleaved(comm: Communicator, calls: dict[str, Callable[[], object]], iters: int,
+                     warmup: int, barrier: Callable[[], None],
+                     timing: str = "barrier") -> dict[str, list[float]]:
+    """Per-iteration times of each call, each the slowest rank's; warm-up excluded.
+
+    ``timing="barrier"``: the calls take turns (iteration i of every call, then i+1), each
+    after a barrier, so a slow spell of the machine hits them all alike and their times
+    compare; ``"back-to-back"``: each call's iterations run in a loop after one barrier,
+    as an application calls them (each iteration still timed alone).
     """
     from mpi4py import MPI
 
-    for _ in range(warmup):
-        call()
-    times = np.empty(iters)
+    for call in calls.values():
+        for _ in range(warmup):
+            call()
+    times = {name: np.empty(iters) for name in calls}
     if timing == "back-to-back":
-        barrier()
-    for i in range(iters):
-        if timing == "barrier":
+        for name, call in calls.items():
             barrier()
-        start = time.perf_counter()
-        call()
-        times[i] = time.perf_counter() - start
-    slowest = np.empty_like(times)
-    comm._transport.comm.Allreduce(times, slowest, op=MPI.MAX)
-    return slowest.tolist()
+            for i in range(iters):
+                start = time.perf_counter()
+                call()
+                times[name][i] = time.perf_counter() - start
+    else:
+        for i in range(iters):
+            for name, call in calls.items():
+                barrier()
+                start = time.perf_counter()
+                call()
+                times[name][i] = time.perf_counter() - start
+    mine = np.stack(list(times.values())) if times else np.empty((0, iters))
+    slowest = np.empty_like(mine)
+    comm._transport.comm.Allreduce(mine, slowest, op=MPI.MAX)
+    return {name: slowest[k].tolist() for k, name in enumerate(times)}
 
 
 def count_wrong(comm: Communicator, got: np.ndarray | None, reference: np.ndarray | None) -> int:
@@ -297,22 +313,21 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
             call.reset()
             reference = call.run(checker)
             reference = None if reference is None else reference.copy()
-        measured = {}
+        runs, wrongs = {}, {}
         for name in names:
             progress.step(f"{collective} {report.human(size)} {name}")
             if name == MPI_LIBRARY:  # its result is the reference itself
-                run, wrong = library, 0
-            else:
-                run = functools.partial(call.run, name)
-                if args.check:
-                    call.reset()
-                    wrong = count_wrong(comm, run(), reference)
-                else:
-                    wrong = 0
-            wrong_total += wrong
-            times = time_calls(comm, run, args.iters, args.warmup_iters,
-                               lambda: comm.barrier(algorithm="native"), args.timing)
-            measured[name] = (times, wrong)
+                runs[name], wrongs[name] = library, 0
+                continue
+            runs[name] = functools.partial(call.run, name)
+            wrongs[name] = 0
+            if args.check:
+                call.reset()
+                wrongs[name] = count_wrong(comm, runs[name](), reference)
+        wrong_total += sum(wrongs.values())
+        timed = time_interleaved(comm, runs, args.iters, args.warmup_iters,
+                                 lambda: comm.barrier(algorithm="native"), args.timing)
+        measured = {name: (timed[name], wrongs[name]) for name in names}
         for name, (times, wrong) in measured.items():
             seconds = statistics.median(times)
             algbw = size / seconds / 1e9 if seconds > 0 else 0.0
@@ -403,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += got
         wrong_total += wrong
     progress.done()
-    for line in report.fastest_lines(rows):
+    for line in report.fastest_lines(rows) + report.auto_lines(rows):
         say(line)
     say(f"\n# Out of bounds values : {wrong_total} {'OK' if wrong_total == 0 else 'FAILED'}")
     status = 1 if wrong_total else 0

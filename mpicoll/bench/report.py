@@ -65,8 +65,8 @@ def header(comm: Any, args: Any, dtype: Any, params: Any) -> dict[str, Any]:
 
 
 def header_lines(h: dict[str, Any]) -> list[str]:
-    timing = ("a barrier before each iteration" if h["timing"] == "barrier"
-              else "back-to-back iterations")
+    timing = ("a barrier before each iteration, the algorithms taking turns"
+              if h["timing"] == "barrier" else "back-to-back iterations")
     slurm = f" | SLURM job {h['slurm_job_id']}" if h["slurm_job_id"] else ""
     return [
         f"# mpicoll {h['mpicoll']} | {h['mpi_library']} | mpi4py {h['mpi4py']} | numpy {h['numpy']}",
@@ -132,6 +132,27 @@ def fastest_lines(rows: list[Any]) -> list[str]:
                          else (f"then {r['algorithm']}" if len(ranges) > 1 else r["algorithm"])
                          for r in ranges)
         lines.append(f"# fastest algorithm, {collective}: {text}")
+    return lines
+
+
+def auto_lines(rows: list[Any]) -> list[str]:
+    """Per collective, how far ``auto`` is from the fastest row (and from ``native``)."""
+    lines = []
+    for collective in dict.fromkeys(r.collective for r in rows):
+        mine = [r for r in rows if r.collective == collective and r.algorithm != "mpi_library"]
+        worst_best = worst_native = (1.0, 0)
+        for size in sorted({r.size for r in mine}):
+            at = {r.algorithm: r.time_us for r in mine if r.size == size}
+            if "auto" not in at or len(at) < 2:
+                continue
+            fastest = min(t for name, t in at.items() if name != "auto")
+            worst_best = max(worst_best, (at["auto"] / fastest, size))
+            if "native" in at:
+                worst_native = max(worst_native, (at["auto"] / at["native"], size))
+        if worst_best[1] or worst_native[1]:
+            lines.append(f"# auto, {collective}: at most {worst_best[0]:.2f}x the fastest "
+                         f"(at {human(worst_best[1])}), {worst_native[0]:.2f}x native "
+                         f"(at {human(worst_native[1])})")
     return lines
 
 

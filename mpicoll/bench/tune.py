@@ -19,7 +19,7 @@ import numpy as np
 from mpicoll import Communicator, model, tuning
 from mpicoll.ops import resolve_op
 
-from . import RECORDS, Call, library_call, make_input, time_calls
+from . import RECORDS, Call, library_call, make_input, time_interleaved
 from .report import Progress, human
 
 
@@ -43,15 +43,12 @@ def tune(comm: Communicator, args: argparse.Namespace, sizes: list[int],
             progress.step(f"{collective} {human(nbytes)}")
             x = make_input(comm, collective, nbytes, dtype, args.op)
             call = Call(comm, collective, x, args.op, args.root)
-            times = {}
-            for name in names:
-                run = functools.partial(call.run, name)
-                times[name] = statistics.median(time_calls(
-                    comm, run, args.iters, args.warmup_iters,
-                    lambda: comm.barrier(algorithm="native"), args.timing))
-            library = statistics.median(time_calls(
-                comm, library_call(comm, collective, x, args.op, args.root), args.iters,
-                args.warmup_iters, lambda: comm.barrier(algorithm="native"), args.timing))
+            runs = {name: functools.partial(call.run, name) for name in names}
+            runs["mpi_library"] = library_call(comm, collective, x, args.op, args.root)
+            timed = time_interleaved(comm, runs, args.iters, args.warmup_iters,
+                                     lambda: comm.barrier(algorithm="native"), args.timing)
+            times = {name: statistics.median(timed[name]) for name in names}
+            library = statistics.median(timed["mpi_library"])
             best = min(times, key=times.get)
             size = (x.size * comm.size if record.per_rank else x.size) * dtype.itemsize
             winners.append((size, best))
