@@ -186,7 +186,7 @@ class Communicator:
             spec = self._chosen[(collective, algorithm)] = self._lookup(collective, algorithm)
         fn, registered = spec
         if registered is None:  # native
-            if op is not None and dtype is not None:
+            if op is not None and not self._native_serves(op, dtype):
                 self._native_op_check(op, dtype)  # the library must know dtype and op
             if options:
                 raise InvalidArgumentError(

@@ -27,7 +27,7 @@ NATIVE_REDUCE_DTYPES = frozenset(np.dtype(c) for c in (
     "?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16"))
 
 
-_USER_OPS: dict[tuple[Op, np.dtype], tuple[MPI.Datatype, MPI.Op]] = {}
+_RESOLVED: dict[tuple[Op, np.dtype], tuple[MPI.Datatype | None, MPI.Op]] = {}
 
 
 def mpi_op(op: Op, dtype: np.dtype) -> tuple[MPI.Datatype | None, MPI.Op]:
@@ -38,11 +38,11 @@ def mpi_op(op: Op, dtype: np.dtype) -> tuple[MPI.Datatype | None, MPI.Op]:
     contiguous datatype of one element, whose callback runs ``op.fn`` on NumPy views of
     MPI's buffers; MPI keeps rank order for a non-commutative one.
     """
+    try:
+        return _RESOLVED[op, dtype]
+    except KeyError:
+        pass
     if not op.builtin:
-        try:
-            return _USER_OPS[op, dtype]
-        except KeyError:
-            pass
         element = MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
 
         def combine(inbuf, inoutbuf, datatype):  # MPI: inout = in (op) inout
@@ -50,15 +50,18 @@ def mpi_op(op: Op, dtype: np.dtype) -> tuple[MPI.Datatype | None, MPI.Op]:
             b = np.frombuffer(inoutbuf, dtype)
             op(a, b, b)
 
-        _USER_OPS[op, dtype] = element, MPI.Op.Create(combine, commute=bool(op.commutative))
-        return _USER_OPS[op, dtype]
-    if dtype not in NATIVE_REDUCE_DTYPES:
+        resolved = element, MPI.Op.Create(combine, commute=bool(op.commutative))
+    elif dtype not in NATIVE_REDUCE_DTYPES:
         raise UnsupportedDtypeError(
             f"algorithm 'native': the MPI library cannot reduce dtype {dtype}; "
             "use one of mpicoll's own algorithms"
         )
-    table = _MPI_BOOL_OPS if dtype.kind == "b" else _MPI_OPS
-    return None, table[op.name]
+    else:
+        resolved = None, (_MPI_BOOL_OPS if dtype.kind == "b" else _MPI_OPS)[op.name]
+    if len(_RESOLVED) > 4096:
+        _RESOLVED.clear()
+    _RESOLVED[op, dtype] = resolved
+    return resolved
 
 
 def _typed(buf: np.ndarray | None, datatype: MPI.Datatype | None):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ml_dtypes
@@ -91,6 +91,7 @@ class Op:
     identity: Any = None
     name: str = ""
     average: bool = False  # avg: the algorithms sum, then the result is divided by p
+    builtin: bool = field(default=False, repr=False)  # one of ReduceOp's, not a user's
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -106,20 +107,16 @@ class Op:
         else:
             self.fn(a, b, out)
 
-    @property
-    def builtin(self) -> bool:
-        return self in _BUILTINS.values()
-
 
 _BUILTINS: dict[ReduceOp, Op] = {
-    ReduceOp.SUM: Op(np.add, True, 0, "sum"),
-    ReduceOp.PROD: Op(np.multiply, True, 1, "prod"),
-    ReduceOp.MIN: Op(np.minimum, True, None, "min"),
-    ReduceOp.MAX: Op(np.maximum, True, None, "max"),
-    ReduceOp.AVG: Op(np.add, True, 0, "avg", average=True),
-    ReduceOp.BAND: Op(np.bitwise_and, True, -1, "band"),
-    ReduceOp.BOR: Op(np.bitwise_or, True, 0, "bor"),
-    ReduceOp.BXOR: Op(np.bitwise_xor, True, 0, "bxor"),
+    ReduceOp.SUM: Op(np.add, True, 0, "sum", builtin=True),
+    ReduceOp.PROD: Op(np.multiply, True, 1, "prod", builtin=True),
+    ReduceOp.MIN: Op(np.minimum, True, None, "min", builtin=True),
+    ReduceOp.MAX: Op(np.maximum, True, None, "max", builtin=True),
+    ReduceOp.AVG: Op(np.add, True, 0, "avg", average=True, builtin=True),
+    ReduceOp.BAND: Op(np.bitwise_and, True, -1, "band", builtin=True),
+    ReduceOp.BOR: Op(np.bitwise_or, True, 0, "bor", builtin=True),
+    ReduceOp.BXOR: Op(np.bitwise_xor, True, 0, "bxor", builtin=True),
 }
 
 

@@ -208,9 +208,9 @@ def time_interleaved(comm: Communicator, calls: dict[str, Callable[[], object]],
                      timing: str = "barrier") -> dict[str, list[float]]:
     """Per-iteration times of each call, each the slowest rank's; warm-up excluded.
 
-    ``timing="barrier"``: the calls take turns (iteration i of every call, then i+1), each
-    after a barrier, so a slow spell of the machine hits them all alike and their times
-    compare; ``"back-to-back"``: each call's iterations run in a loop after one barrier,
+    ``timing="barrier"``: the calls take turns (iteration i of every call, in a shuffled
+    order, then i+1), each after a barrier, so a slow spell of the machine hits them all
+    alike and their times compare; ``"back-to-back"``: each call's iterations run in a loop after one barrier,
     as an application calls them (each iteration still timed alone).
     """
     from mpi4py import MPI
@@ -227,11 +227,15 @@ def time_interleaved(comm: Communicator, calls: dict[str, Callable[[], object]],
                 call()
                 times[name][i] = time.perf_counter() - start
     else:
+        names = list(calls)
         for i in range(iters):
-            for name, call in calls.items():
+            # a new order each iteration (the same on every rank: the seed is i), so no
+            # algorithm always follows the same one and inherits its caches or stragglers
+            for k in np.random.default_rng(i).permutation(len(names)):
+                name = names[k]
                 barrier()
                 start = time.perf_counter()
-                call()
+                calls[name]()
                 times[name][i] = time.perf_counter() - start
     mine = np.stack(list(times.values())) if times else np.empty((0, iters))
     slowest = np.empty_like(mine)

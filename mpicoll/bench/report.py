@@ -65,7 +65,7 @@ def header(comm: Any, args: Any, dtype: Any, params: Any) -> dict[str, Any]:
 
 
 def header_lines(h: dict[str, Any]) -> list[str]:
-    timing = ("a barrier before each iteration, the algorithms taking turns"
+    timing = ("a barrier before each iteration, the algorithms taking turns in a shuffled order"
               if h["timing"] == "barrier" else "back-to-back iterations")
     slurm = f" | SLURM job {h['slurm_job_id']}" if h["slurm_job_id"] else ""
     return [
