@@ -22,7 +22,6 @@ import argparse
 import inspect
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -31,6 +30,7 @@ from functools import cache
 from pathlib import Path
 
 from .algorithms import COLLECTIVES, REGISTRY
+from .config import config_file
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,7 @@ class Params:
 def default_path() -> Path:
     """Where ``fit`` writes and ``auto`` reads the fitted parameters: ``MPICOLL_MODEL``,
     else ``$XDG_CONFIG_HOME/mpicoll/model.json`` (``~/.config/mpicoll/model.json``)."""
-    if os.environ.get("MPICOLL_MODEL"):
-        return Path(os.environ["MPICOLL_MODEL"])
-    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
-    return Path(base) / "mpicoll" / "model.json"
+    return config_file("MPICOLL_MODEL", "model.json")
 
 
 def load_params(path: str | Path | None = None) -> Params | None:

@@ -18,18 +18,16 @@ mpicoll learned.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from .config import config_file
 
 VERSION = 1
 
 
 def default_path() -> Path:
-    if os.environ.get("MPICOLL_TUNING"):
-        return Path(os.environ["MPICOLL_TUNING"])
-    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
-    return Path(base) / "mpicoll" / "tuning.json"
+    return config_file("MPICOLL_TUNING", "tuning.json")
 
 
 class TuningTable:

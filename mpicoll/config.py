@@ -1,0 +1,15 @@
+"""Where mpicoll keeps what it measured on this machine (tuning tables, model fits)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def config_file(variable: str, name: str) -> Path:
+    """The path in environment ``variable``, else ``$XDG_CONFIG_HOME/mpicoll/<name>``
+    (``~/.config/mpicoll/<name>``)."""
+    if os.environ.get(variable):
+        return Path(os.environ[variable])
+    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(base) / "mpicoll" / name
