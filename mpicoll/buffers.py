@@ -7,10 +7,12 @@ never a copy) of such an array between two offsets of a bounds list.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
+from .arrays import as_array, empty, module_of
 from .errors import InvalidArgumentError, UnsupportedDtypeError
 
 Bounds = tuple[int, ...]
@@ -57,42 +59,29 @@ def rotated_bounds(bounds: Bounds, first: int) -> Bounds:
     return counts_bounds([bounds[(first + j) % p + 1] - bounds[(first + j) % p] for j in range(p)])
 
 
-def as_array(x: object, name: str) -> np.ndarray:
-    """Return ``x`` as a NumPy array, refusing anything that cannot travel as bytes."""
-    if not isinstance(x, np.ndarray):
-        if x is None:
-            raise InvalidArgumentError(f"{name}: expected an array, got None")
-        if isinstance(x, (bool, int, float, complex, np.generic)):
-            x = np.asarray(x)
-        else:
-            raise InvalidArgumentError(
-                f"{name}: expected a NumPy array, got {type(x).__name__}"
-            )
-    if x.dtype.hasobject:
-        raise UnsupportedDtypeError(
-            f"{name}: dtype {x.dtype} holds Python objects, which cannot travel as bytes"
-        )
-    return x
-
-
-def flat(x: np.ndarray) -> np.ndarray:
+def flat(x: Any) -> Any:
     """A flat 1-D contiguous view of ``x`` (one copy when ``x`` is not C-contiguous)."""
-    return x.reshape(-1) if x.flags.c_contiguous else np.ascontiguousarray(x).reshape(-1)
+    if x.flags.c_contiguous:
+        return x.reshape(-1)
+    return module_of(x).ascontiguousarray(x).reshape(-1)
 
 
-def result_buffer(out: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype,
-                  name: str = "out") -> np.ndarray:
-    """Check a user's result buffer, or allocate one when ``out`` is None."""
+def result_buffer(out: Any, shape: tuple[int, ...], dtype: np.dtype, name: str = "out",
+                  like: Any = None) -> Any:
+    """Check a user's result buffer (as an array of ``like``'s library), or allocate one
+    when ``out`` is None."""
     if out is None:
-        return np.empty(shape, dtype)
-    if not isinstance(out, np.ndarray):
-        raise InvalidArgumentError(f"{name}: expected a NumPy array, got {type(out).__name__}")
+        return empty(shape, dtype, like=like)
+    out, _ = as_array(out, name)
+    if module_of(out) is not module_of(like if like is not None else out):
+        raise InvalidArgumentError(
+            f"{name}: a {module_of(out).__name__} array for a {module_of(like).__name__} input")
     if out.shape != tuple(shape) or out.dtype != dtype:
         raise InvalidArgumentError(
             f"{name}: expected shape {tuple(shape)} and dtype {dtype}, "
             f"got shape {out.shape} and dtype {out.dtype}"
         )
-    if not out.flags.c_contiguous or not out.flags.writeable:
+    if not out.flags.c_contiguous or (type(out) is np.ndarray and not out.flags.writeable):
         raise InvalidArgumentError(f"{name}: must be a writeable C-contiguous array")
     return out
 

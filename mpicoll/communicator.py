@@ -21,8 +21,8 @@ import numpy as np
 
 from . import selection
 from .algorithms import COLLECTIVES, OPTION_MINIMUM, REGISTRY
+from .arrays import as_array, assign_from_host, empty, may_share_memory, to_host
 from .buffers import (
-    as_array,
     counts_bounds,
     dtype_code,
     dtype_from_code,
@@ -37,9 +37,10 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
+from .native_nccl import AVERAGES_ITSELF as _AVERAGES_ITSELF
 from .ops import Op, ReduceOp, op_name, resolve_op
 
-BACKENDS = ("mpi", "local")
+BACKENDS = ("mpi", "nccl", "local")
 
 # broadcast/scatter header: [status, dtype code, itemsize, ndim, dim 0, dim 1, ...]
 _MAX_NDIM = 32
@@ -70,6 +71,18 @@ def _dtype_crc(dtype: np.dtype) -> int:
     return _crc(dtype.str + dtype.name)  # the name tells bfloat16 from other 2-byte voids
 
 
+def _same(result: Any) -> Any:
+    return result
+
+
+def _give(result: Any, out: Any, back: Callable[[Any], Any]) -> Any:
+    """What a collective returns: the caller's own ``out`` when given (filled in place),
+    else the result in the caller's kind of array."""
+    if result is None:
+        return None
+    return out if out is not None else back(result)
+
+
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
     return a.size == b.size and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
 
@@ -87,36 +100,81 @@ def algorithms(collective: str, backend: str = "mpi") -> list[str]:
     if backend not in BACKENDS:
         raise InvalidArgumentError(f"backend: unknown backend {backend!r}; expected one of {BACKENDS}")
     names = list(REGISTRY[collective])
-    return names + ["native"] if backend == "mpi" else names
+    return names if backend == "local" else names + ["native"]
+
+
+def _mpi_comm(comm: Any) -> Any:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise InvalidArgumentError(
+            f"comm: expected an mpi4py intracommunicator, got {type(comm).__name__}")
+    return comm
+
+
+def _on_stream(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a collective the ``stream=`` keyword: run it with that CUDA stream current
+    (its messages, copies and reductions are queued on it). Default: the current stream."""
+
+    @functools.wraps(method)
+    def collective(self: Communicator, *args: Any, stream: Any = None, **kwargs: Any) -> Any:
+        if stream is None:
+            return method(self, *args, **kwargs)
+        if not hasattr(stream, "ptr") or not hasattr(stream, "__enter__"):
+            raise InvalidArgumentError(
+                f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
+        with stream:
+            return method(self, *args, **kwargs)
+
+    return collective
 
 
 class Communicator:
-    """Collectives with named algorithms over an MPI communicator (or local threads).
+    """Collectives with named algorithms over MPI, NCCL, or threads in one process.
 
     Args:
         comm: an mpi4py intracommunicator (default ``MPI.COMM_WORLD``); mpicoll works on
             a private duplicate, so its messages never match the caller's. For
             ``backend="local"``, an endpoint of ``mpicoll.transport.local.LocalWorld``.
-        backend: "mpi" (default) or "local" (ranks as threads; no "native").
+        backend: "mpi" (default: NumPy or CuPy arrays, CUDA-aware or staged through
+            pinned memory), "nccl" (CuPy arrays; NCCL's collectives as "native", every
+            other algorithm over ncclSend/ncclRecv; ``comm`` bootstraps it and carries
+            the small host messages), or "local" (ranks as threads; no "native").
         check: compare a fingerprint of every call across ranks first, raising
             MismatchError on every rank when they disagree (default: ``MPICOLL_CHECK=1``).
+
+    Every collective takes ``stream=`` (a ``cupy.cuda.Stream``) for GPU arrays: the call
+    is queued on it, and its result is ready when the stream gets there, as with NCCL.
     """
 
     def __init__(self, comm: Any = None, backend: str = "mpi", *, check: bool | None = None) -> None:
+        self._like: Any = None  # an array of the library a rank without input allocates in
+        self._packed_bytes = _PACKED_BYTES
         if backend == "mpi":
-            from mpi4py import MPI
-
             from .native import NATIVE, mpi_op
             from .transport.mpi import MPITransport
 
-            comm = MPI.COMM_WORLD if comm is None else comm
-            if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-                raise InvalidArgumentError(
-                    f"comm: expected an mpi4py intracommunicator, got {type(comm).__name__}"
-                )
-            self._transport: Any = MPITransport(comm)
+            self._transport: Any = MPITransport(_mpi_comm(comm))
             self._native: dict[str, Callable[..., None]] = NATIVE
             self._native_op_check: Callable[[Op, np.dtype], object] = mpi_op
+        elif backend == "nccl":
+            from .cuda import require_nccl, select_device
+            from .native import NATIVE as MPI_NATIVE
+            from .native_nccl import NATIVE, nccl_op
+            from .transport.mpi import MPITransport
+            from .transport.nccl import NCCLTransport
+
+            comm = _mpi_comm(comm)
+            require_nccl()
+            self.device = select_device(comm)
+            control = MPITransport(comm)
+            self._transport = NCCLTransport(control.comm)
+            self._control, self._control_native = control, MPI_NATIVE
+            self._native = NATIVE
+            self._native_op_check = nccl_op
+            self._like = self._transport._device_like
+            self._packed_bytes = -1  # data always goes over NCCL, never in the host packet
         elif backend == "local":
             from .transport.local import LocalTransport
 
@@ -129,6 +187,8 @@ class Communicator:
             raise InvalidArgumentError(
                 f"backend: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}"
             )
+        if backend != "nccl":  # headers, counts and fingerprints share the data's transport
+            self._control, self._control_native = self._transport, self._native
         self._backend = backend
         self.check = os.environ.get("MPICOLL_CHECK", "0") == "1" if check is None else check
         self._chosen: dict[tuple[str, str], tuple[Callable[..., None], Any]] = {}
@@ -152,9 +212,20 @@ class Communicator:
 
     def free(self) -> None:
         """Release the private MPI communicator (also done at MPI finalization)."""
-        free = getattr(self._transport, "free", None)
-        if free is not None:
-            free()
+        for t in {id(self._transport): self._transport, id(self._control): self._control}.values():
+            free = getattr(t, "free", None)
+            if free is not None:
+                free()
+
+    def _array(self, x: Any) -> tuple[Any, Callable[[Any], Any]]:
+        """The input as an array (and how to give a result back), refused on NCCL when it
+        is not on the GPU."""
+        array, back = as_array(x, "x")
+        if self._like is not None and type(array) is np.ndarray:
+            raise InvalidArgumentError(
+                "x: backend 'nccl' moves GPU arrays (CuPy, or a CUDA __dlpack__ tensor); "
+                "got a host array: use backend 'mpi' for host memory")
+        return array, back
 
     # -- choosing and checking ------------------------------------------------------
 
@@ -178,8 +249,10 @@ class Communicator:
             if picked is None:
                 if len(self._auto) > 4096:
                     self._auto.clear()
-                picked = self._auto[key] = selection.select(
-                    collective, nbytes, self.size, op, native_ok, uneven)
+                # NCCL's own collectives are tuned for the GPU: auto takes them where they
+                # serve; tables and thresholds measured over MPI do not apply to NCCL
+                picked = self._auto[key] = "native" if native_ok and self._backend == "nccl" \
+                    else selection.select(collective, nbytes, self.size, op, native_ok, uneven)
             algorithm = picked
         spec = self._chosen.get((collective, algorithm))
         if spec is None:
@@ -295,12 +368,12 @@ class Communicator:
                 raise InvalidArgumentError(f"{name}: expected non-negative ints, got {c!r}")
         return [int(c) for c in values]
 
-    def _v_input(self, x: Any, collective: str) -> np.ndarray:
-        x = as_array(x, "x")
+    def _v_input(self, x: Any, collective: str) -> tuple[Any, Callable[[Any], Any]]:
+        x, back = self._array(x)
         if x.ndim == 0:
             raise InvalidArgumentError(
                 f"x: {collective} needs at least one dimension (the rows this rank gives)")
-        return x
+        return x, back
 
     def _mismatch(self, signatures: np.ndarray, collective: str) -> None:
         """Raise on every rank when the ranks' dtype/row-shape signatures differ."""
@@ -315,10 +388,10 @@ class Communicator:
 
         Every rank sees the whole table, so a disagreement raises on every rank.
         """
-        t = self._transport
+        t = self._control
         table = np.empty(2 * t.size, np.int64)
         table[2 * t.rank:2 * t.rank + 2] = (x.shape[0], _crc(f"{_dtype_crc(x.dtype)}{x.shape[1:]}"))
-        fn = self._native.get("all_gather") or REGISTRY["all_gather"]["recursive_doubling"].fn
+        fn = self._control_native.get("all_gather") or REGISTRY["all_gather"]["recursive_doubling"].fn
         t.begin()
         fn(t, table, even_bounds(2, t.size))
         self._mismatch(table[1::2], collective)
@@ -327,7 +400,7 @@ class Communicator:
     def _fingerprint(self, collective: str, algorithm: str, op: Any = None, root: int = 0,
                      dtype: np.dtype | None = None, shape: tuple[int, ...] | None = None) -> None:
         """Check mode: compare this call's fingerprint across ranks; raise on a mismatch."""
-        t = self._transport
+        t = self._control
         mine = np.array([
             COLLECTIVES.index(collective),
             _crc(str(algorithm)),
@@ -356,9 +429,13 @@ class Communicator:
             detail = "; ".join(f"rank {r} differs in {', '.join(f)}" for r, f in differ.items())
             raise MismatchError(f"{collective}: ranks disagree on the call: {detail}")
 
+    def _header_pack(self, t: Any, packet: np.ndarray, root: int) -> None:
+        self._header_broadcast(packet, root)
+
     def _header_broadcast(self, header: np.ndarray, root: int) -> None:
-        fn = self._native.get("broadcast") or REGISTRY["broadcast"]["binomial"].fn
-        fn(self._transport, header, root)
+        fn = self._control_native.get("broadcast") or REGISTRY["broadcast"]["binomial"].fn
+        self._control.begin()
+        fn(self._control, header, root)
 
     @staticmethod
     def _header_of(dtype: np.dtype | None, shape: tuple[int, ...] | None, status: int = _OK,
@@ -383,6 +460,7 @@ class Communicator:
 
     # -- collectives ------------------------------------------------------------------
 
+    @_on_stream
     def broadcast(self, x: np.ndarray | None, root: int = 0, *, algorithm: str = "auto",
                   **options: int) -> np.ndarray:
         """Send the root's ``x`` to every rank.
@@ -404,10 +482,14 @@ class Communicator:
         # "auto" is resolved from the packet's size, then from the header: the same on
         # every rank. A bad name is refused before any message.
         pack_fn = self._algorithm("broadcast", algorithm, _PACKET_BYTES, options=options)
+        if self._control is not t:  # NCCL: the host packet goes over MPI, the data over NCCL
+            pack_fn = self._header_pack
+        limit = self._packed_bytes
         packet, header = self._packet, self._packet_header
+        back = _same
         if t.rank == root:
             try:
-                x = as_array(x, "x")
+                x, back = self._array(x)
                 self._header_of(x.dtype, x.shape, header=header)
             except (TypeError, ValueError):
                 self._header_of(None, None, _BAD_INPUT, header)
@@ -415,27 +497,27 @@ class Communicator:
                 t.begin()
                 pack_fn(t, packet, root)
                 raise
-            if header[0] == _OK and x.nbytes <= _PACKED_BYTES:
-                packet[_HEADER_BYTES:_HEADER_BYTES + x.nbytes] = flat(x).view(np.uint8)
+            if header[0] == _OK and x.nbytes <= limit:
+                packet[_HEADER_BYTES:_HEADER_BYTES + x.nbytes] = to_host(flat(x)).view(np.uint8)
         elif x is not None:
-            x = as_array(x, "x")
-            if not x.flags.writeable:
+            x, back = self._array(x)
+            if type(x) is np.ndarray and not x.flags.writeable:
                 raise InvalidArgumentError("x: the receive buffer must be writeable")
         if self.check:
             self._fingerprint("broadcast", algorithm, root=root,
                               dtype=None if x is None else x.dtype,
                               shape=None if x is None else x.shape)
-        t.begin()
+        t.begin(x)
         pack_fn(t, packet, root)
         if t.rank == root:
             if header[0] != _OK:
                 raise InvalidArgumentError(f"x: {_REFUSALS[int(header[0])]}")
-            if x.nbytes > _PACKED_BYTES:
+            if x.nbytes > limit:
                 self._algorithm("broadcast", algorithm, x.nbytes, options=options)(t, flat(x), root)
-            return x
+            return back(x)
         code, itemsize, shape = self._unpack_header(header, root, "broadcast")
         nbytes = math.prod(shape) * itemsize
-        packed = nbytes <= _PACKED_BYTES
+        packed = nbytes <= limit
         fn = None if packed else self._algorithm("broadcast", algorithm, nbytes, options=options)
         mismatch = None
         if x is not None and (x.shape != shape or x.dtype.itemsize != itemsize
@@ -448,24 +530,25 @@ class Communicator:
                         f"of shape {shape}")
         if mismatch is not None:  # take part with a scratch buffer, then refuse
             if fn is not None:
-                fn(t, np.empty(nbytes, np.uint8), root)
+                fn(t, empty(nbytes, np.uint8, like=self._like), root)
             raise InvalidArgumentError(mismatch)
         if x is None:
-            x = np.empty(shape, dtype_from_code(code))
+            x = empty(shape, dtype_from_code(code), like=self._like)
         if packed:
             data = packet[_HEADER_BYTES:_HEADER_BYTES + nbytes]
             if x.flags.c_contiguous:
-                x.reshape(-1).view(np.uint8)[...] = data
+                assign_from_host(x.reshape(-1).view(np.uint8), data)
             else:
-                x[...] = data.view(x.dtype).reshape(shape)
+                assign_from_host(x, data.view(x.dtype).reshape(shape))
         elif x.flags.c_contiguous:
             fn(t, x.reshape(-1), root)
         else:
-            buf = np.empty(x.size, x.dtype)
+            buf = empty(x.size, x.dtype, like=x)
             fn(t, buf, root)
             x[...] = buf.reshape(x.shape)
-        return x
+        return back(x)
 
+    @_on_stream
     def scatter(self, x: np.ndarray | None, root: int = 0, *, algorithm: str = "auto",
                 out: np.ndarray | None = None, **options: int) -> np.ndarray:
         """Send row j of the root's ``x`` to rank j.
@@ -483,17 +566,17 @@ class Communicator:
         t, root = self._transport, self._root(root)
         is_root = t.rank == root
         self._algorithm("scatter", algorithm, 0, options=options)  # refused before any message
+        back = _same
         if is_root:
             status = _BAD_INPUT  # what the others are told if a check below fails
             try:
-                x = as_array(x, "x")
+                x, back = self._array(x)
                 status = _BAD_SHAPE
                 self._rows(x, "scatter")
                 status = _BAD_OUT
-                result = result_buffer(out, x.shape[1:], x.dtype)
+                result = result_buffer(out, x.shape[1:], x.dtype, like=x)
                 header = self._header_of(x.dtype, x.shape[1:])
             except (TypeError, ValueError):
-                t.begin()
                 self._header_broadcast(self._header_of(None, None, status), root)
                 raise
         else:
@@ -502,7 +585,6 @@ class Communicator:
             self._fingerprint("scatter", algorithm, root=root,
                               dtype=x.dtype if is_root else None if out is None else out.dtype,
                               shape=x.shape[1:] if is_root else None if out is None else out.shape)
-        t.begin()
         self._header_broadcast(header, root)
         code, itemsize, shape = self._unpack_header(header, root, "scatter")
         # "auto" resolved from the header, so that every rank picks the same algorithm
@@ -510,24 +592,28 @@ class Communicator:
                              options=options)
         bounds = even_bounds(math.prod(shape), t.size)
         if is_root:
+            t.use(x)
             fn(t, flat(x), result.reshape(-1), bounds, root)
-            return result
+            return _give(result, out, back)
         refusal = None
         if code < 0 and out is None:
             refusal = InvalidArgumentError(
                 f"out: the root's dtype has no header code; pass out of shape {shape}")
         else:
             try:
-                result = result_buffer(out, shape, out.dtype if code < 0 else dtype_from_code(code))
+                result = result_buffer(out, shape, out.dtype if code < 0 else dtype_from_code(code),
+                                       like=self._like if out is None else out)
             except InvalidArgumentError as exc:
                 refusal = exc
         if refusal is not None:  # take part with a scratch buffer, then refuse
-            scratch = np.empty(math.prod(shape) * itemsize, np.uint8)
+            scratch = empty(math.prod(shape) * itemsize, np.uint8, like=self._like)
             fn(t, None, scratch, even_bounds(scratch.size, t.size), root)
             raise refusal
+        t.use(result)
         fn(t, None, result.reshape(-1), bounds, root)
-        return result
+        return _give(result, out, _same)
 
+    @_on_stream
     def gather(self, x: np.ndarray, root: int = 0, *, algorithm: str = "auto",
                out: np.ndarray | None = None, **options: int) -> np.ndarray | None:
         """Collect every rank's ``x`` on the root, stacked in rank order.
@@ -543,19 +629,20 @@ class Communicator:
             At the root, shape (size, *x.shape); None elsewhere.
         """
         t, root = self._transport, self._root(root)
-        x = as_array(x, "x")
+        x, back = self._array(x)
         fn = self._algorithm("gather", algorithm, x.nbytes * t.size, options=options)
         is_root = t.rank == root
-        result = result_buffer(out, (t.size, *x.shape), x.dtype) if is_root else None
+        result = result_buffer(out, (t.size, *x.shape), x.dtype, like=x) if is_root else None
         if self.check:
             self._fingerprint("gather", algorithm, root=root, dtype=x.dtype, shape=x.shape)
         src = flat(x)
         dst = None if result is None else result.reshape(-1)
         src = self._unaliased(src, dst, out)
-        t.begin()
+        t.begin(x)
         fn(t, src, dst, even_bounds(src.size, t.size), root)
-        return result
+        return _give(result, out, back)
 
+    @_on_stream
     def all_gather(self, x: np.ndarray, *, algorithm: str = "auto",
                    out: np.ndarray | None = None, **options: int) -> np.ndarray:
         """Collect every rank's ``x`` on every rank, stacked in rank order.
@@ -571,9 +658,9 @@ class Communicator:
             Shape (size, *x.shape), on every rank.
         """
         t = self._transport
-        x = as_array(x, "x")
+        x, back = self._array(x)
         fn = self._algorithm("all_gather", algorithm, x.nbytes * t.size, options=options)
-        result = result_buffer(out, (t.size, *x.shape), x.dtype)
+        result = result_buffer(out, (t.size, *x.shape), x.dtype, like=x)
         if self.check:
             self._fingerprint("all_gather", algorithm, dtype=x.dtype, shape=x.shape)
         buf = result.reshape(-1)
@@ -581,14 +668,15 @@ class Communicator:
         mine = buf[bounds[t.rank]:bounds[t.rank + 1]]
         src = flat(x)
         # the result's own row, unless x already is that row (in place)
-        if out is None or not np.may_share_memory(src, mine) or not _same_memory(src, mine):
+        if out is None or not may_share_memory(src, mine) or not _same_memory(src, mine):
             mine[...] = src
-        t.begin()
+        t.begin(x)
         fn(t, buf, bounds)
-        return result
+        return _give(result, out, back)
 
     # -- v-variants: a different number of rows on every rank ----------------------------
 
+    @_on_stream
     def all_gather_v(self, x: np.ndarray, *, algorithm: str = "auto",
                      **options: int) -> tuple[np.ndarray, list[int]]:
         """Collect every rank's rows on every rank, concatenated in rank order.
@@ -603,20 +691,21 @@ class Communicator:
             (result of shape (sum of rows, *rest), the rows of every rank).
         """
         t = self._transport
-        x = self._v_input(x, "all_gather_v")
+        x, back = self._v_input(x, "all_gather_v")
         self._algorithm("all_gather", algorithm, 0, options=options, uneven=True)
         rows = self._row_table(x, "all_gather_v")
         rest = math.prod(x.shape[1:])
         bounds = counts_bounds([r * rest for r in rows])
         fn = self._algorithm("all_gather", algorithm, bounds[-1] * x.itemsize, options=options,
                              uneven=True)
-        result = np.empty((sum(rows), *x.shape[1:]), x.dtype)
+        result = empty((sum(rows), *x.shape[1:]), x.dtype, like=x)
         buf = result.reshape(-1)
         buf[bounds[t.rank]:bounds[t.rank + 1]] = flat(x)
-        t.begin()
+        t.begin(x)
         fn(t, buf, bounds)
-        return result, rows
+        return back(result), rows
 
+    @_on_stream
     def gather_v(self, x: np.ndarray, root: int = 0, *, algorithm: str = "auto",
                  **options: int) -> tuple[np.ndarray | None, list[int]]:
         """Collect every rank's rows on the root, concatenated in rank order.
@@ -631,18 +720,19 @@ class Communicator:
             of every rank, on every rank).
         """
         t, root = self._transport, self._root(root)
-        x = self._v_input(x, "gather_v")
+        x, back = self._v_input(x, "gather_v")
         self._algorithm("gather", algorithm, 0, options=options, uneven=True)
         rows = self._row_table(x, "gather_v")  # the trees need every subtree's size
         rest = math.prod(x.shape[1:])
         bounds = counts_bounds([r * rest for r in rows])
         fn = self._algorithm("gather", algorithm, bounds[-1] * x.itemsize, options=options,
                              uneven=True)
-        result = np.empty((sum(rows), *x.shape[1:]), x.dtype) if t.rank == root else None
-        t.begin()
+        result = empty((sum(rows), *x.shape[1:]), x.dtype, like=x) if t.rank == root else None
+        t.begin(x)
         fn(t, flat(x), None if result is None else result.reshape(-1), bounds, root)
-        return result, rows
+        return back(result), rows
 
+    @_on_stream
     def scatter_v(self, x: np.ndarray | None, counts: Sequence[int] | None = None,
                   root: int = 0, *, algorithm: str = "auto", **options: int) -> np.ndarray:
         """Send ``counts[j]`` rows of the root's ``x`` to rank j, in rank order.
@@ -666,17 +756,18 @@ class Communicator:
                 mine = self._counts(counts, "counts")
             except InvalidArgumentError as exc:
                 refusal = exc  # a non-root takes part first, then refuses
+        back = _same
         if is_root:
             status = _BAD_INPUT
             try:
-                x = as_array(x, "x")
+                x, back = self._array(x)
                 status = _NO_CODE
                 if dtype_code(x.dtype) < 0:
                     raise UnsupportedDtypeError(
                         f"x: dtype {x.dtype} has no header code, so the other ranks cannot "
                         "allocate their result; use scatter with out= on every rank")
                 status = _NO_ROWS
-                x = self._v_input(x, "scatter_v")
+                x, back = self._v_input(x, "scatter_v")
                 status = _BAD_COUNTS
                 if counts is None:
                     raise InvalidArgumentError("counts: the root must give counts")
@@ -687,12 +778,10 @@ class Communicator:
                 header = self._header_of(x.dtype, x.shape[1:], extra=p)
                 header[_HEADER_LEN:] = mine
             except (TypeError, ValueError):
-                t.begin()
                 self._header_broadcast(self._header_of(None, None, status, extra=p), root)
                 raise
         else:
             header = np.empty(_HEADER_LEN + p, np.int64)
-        t.begin()
         self._header_broadcast(header, root)
         code, itemsize, rest = self._unpack_header(header, root, "scatter_v")
         rows = header[_HEADER_LEN:].tolist()
@@ -700,10 +789,12 @@ class Communicator:
         bounds = counts_bounds([r * row for r in rows])
         fn = self._algorithm("scatter", algorithm, bounds[-1] * itemsize, options=options,
                              uneven=True)
-        result = np.empty((rows[t.rank], *rest), dtype_from_code(code))
+        result = empty((rows[t.rank], *rest), dtype_from_code(code), like=x if is_root else self._like)
         if is_root:
+            t.use(x)
             fn(t, flat(x), result.reshape(-1), bounds, root)
-            return result
+            return back(result)
+        t.use(result)
         fn(t, None, result.reshape(-1), bounds, root)  # take part, then check the counts
         if refusal is not None:
             raise refusal
@@ -711,6 +802,7 @@ class Communicator:
             raise InvalidArgumentError(f"counts: this rank's {mine} differ from the root's {rows}")
         return result
 
+    @_on_stream
     def all_to_all_v(self, x: np.ndarray, send_counts: Sequence[int], *,
                      algorithm: str = "auto", **options: int) -> tuple[np.ndarray, list[int]]:
         """Send ``send_counts[j]`` rows of ``x`` to rank j, in rank order; receive in turn.
@@ -726,7 +818,7 @@ class Communicator:
             the rows received from each rank).
         """
         t = self._transport
-        x = self._v_input(x, "all_to_all_v")
+        x, back = self._v_input(x, "all_to_all_v")
         send = self._counts(send_counts, "send_counts")
         if sum(send) != x.shape[0]:
             raise InvalidArgumentError(
@@ -738,28 +830,28 @@ class Communicator:
         outgoing[:, 0], outgoing[:, 1] = send, signature
         incoming = np.empty_like(outgoing)
         pairs = even_bounds(2, t.size)
-        fn = self._native.get("all_to_all") or REGISTRY["all_to_all"]["pairwise"].fn
-        t.begin()
-        fn(t, outgoing.reshape(-1), pairs, incoming.reshape(-1), pairs)
+        fn = self._control_native.get("all_to_all") or REGISTRY["all_to_all"]["pairwise"].fn
+        self._control.begin()
+        fn(self._control, outgoing.reshape(-1), pairs, incoming.reshape(-1), pairs)
         self._mismatch(incoming[:, 1], "all_to_all_v")
         received = incoming[:, 0].tolist()
         row = math.prod(x.shape[1:])
         send_bounds = counts_bounds([c * row for c in send])
         recv_bounds = counts_bounds([c * row for c in received])
         fn = self._algorithm("all_to_all", algorithm, x.nbytes, options=options, uneven=True)
-        result = np.empty((sum(received), *x.shape[1:]), x.dtype)
-        t.begin()
+        result = empty((sum(received), *x.shape[1:]), x.dtype, like=x)
+        t.begin(x)
         fn(t, flat(x), send_bounds, result.reshape(-1), recv_bounds)
-        return result, received
+        return back(result), received
 
     def _reduction(self, collective: str, x: Any, op: Any, algorithm: str,
                    options: dict[str, Any], uneven: bool = False,
-                   ) -> tuple[np.ndarray, Op, Callable[..., None]]:
-        x = as_array(x, "x")
+                   ) -> tuple[Any, Op, Callable[..., None], Callable[[Any], Any]]:
+        x, back = self._array(x)
         opd = resolve_op(op, x.dtype)
         fn = self._algorithm(collective, algorithm, x.nbytes, opd, options, dtype=x.dtype,
                              uneven=uneven)
-        return x, opd, fn
+        return x, opd, fn, back
 
     def _unaliased(self, src: np.ndarray, dst: np.ndarray | None,
                    out: np.ndarray | None) -> np.ndarray:
@@ -767,16 +859,17 @@ class Communicator:
 
         Only a user's buffer can overlap: a result mpicoll allocated never does.
         """
-        if out is None or dst is None or not np.may_share_memory(src, dst):
+        if out is None or dst is None or not may_share_memory(src, dst):
             return src
-        copy = self._transport.scratch(src.size, src.dtype, slot=3)
+        copy = self._transport.scratch(src.size, src.dtype, slot=3, like=src)
         copy[...] = src
         return copy
 
-    def _average(self, result: np.ndarray, opd: Op) -> None:
-        if opd.average:
-            np.divide(result, self.size, out=result)
+    def _average(self, result: np.ndarray, opd: Op, fn: Callable[..., None]) -> None:
+        if opd.average and fn not in _AVERAGES_ITSELF:
+            result /= self.size
 
+    @_on_stream
     def reduce(self, x: np.ndarray, op: str | ReduceOp | Op = "sum", root: int = 0, *,
                algorithm: str = "auto", out: np.ndarray | None = None,
                **options: int) -> np.ndarray | None:
@@ -795,19 +888,20 @@ class Communicator:
             At the root, the reduction, shape x.shape; None elsewhere.
         """
         t, root = self._transport, self._root(root)
-        x, opd, fn = self._reduction("reduce", x, op, algorithm, options)
-        result = result_buffer(out, x.shape, x.dtype) if t.rank == root else None
+        x, opd, fn, back = self._reduction("reduce", x, op, algorithm, options)
+        result = result_buffer(out, x.shape, x.dtype, like=x) if t.rank == root else None
         if self.check:
             self._fingerprint("reduce", algorithm, opd, root, x.dtype, x.shape)
         src = flat(x)
         dst = None if result is None else result.reshape(-1)
         src = self._unaliased(src, dst, out)  # linear reduce reads x after writing out
-        t.begin()
+        t.begin(x)
         fn(t, src, dst, opd, root)
         if result is not None:
-            self._average(result, opd)
-        return result
+            self._average(result, opd, fn)
+        return _give(result, out, back)
 
+    @_on_stream
     def all_reduce(self, x: np.ndarray, op: str | ReduceOp | Op = "sum", *,
                    algorithm: str = "auto", out: np.ndarray | None = None,
                    **options: int) -> np.ndarray:
@@ -826,20 +920,21 @@ class Communicator:
             The reduction, shape x.shape, on every rank.
         """
         t = self._transport
-        x, opd, fn = self._reduction("all_reduce", x, op, algorithm, options)
-        result = result_buffer(out, x.shape, x.dtype)
+        x, opd, fn, back = self._reduction("all_reduce", x, op, algorithm, options)
+        result = result_buffer(out, x.shape, x.dtype, like=x)
         if self.check:
             self._fingerprint("all_reduce", algorithm, opd, 0, x.dtype, x.shape)
         src, dst = flat(x), result.reshape(-1)
-        if out is x:
+        if result is x:
             src = dst  # in place: every all_reduce algorithm allows src is dst
         else:
             src = self._unaliased(src, dst, out)
-        t.begin()
+        t.begin(x)
         fn(t, src, dst, opd)
-        self._average(result, opd)
-        return result
+        self._average(result, opd, fn)
+        return _give(result, out, back)
 
+    @_on_stream
     def reduce_scatter(self, x: np.ndarray, op: str | ReduceOp | Op = "sum", *,
                        counts: Sequence[int] | None = None, algorithm: str = "auto",
                        out: np.ndarray | None = None, **options: int) -> np.ndarray:
@@ -860,29 +955,30 @@ class Communicator:
             Row [rank] of the reduction, shape rest; with counts, block [rank], 1-D.
         """
         t = self._transport
-        x, opd, fn = self._reduction("reduce_scatter", x, op, algorithm, options,
-                                     uneven=counts is not None)
+        x, opd, fn, back = self._reduction("reduce_scatter", x, op, algorithm, options,
+                                           uneven=counts is not None)
         if counts is None:
             self._rows(x, "reduce_scatter")
-            result = result_buffer(out, x.shape[1:], x.dtype)
+            result = result_buffer(out, x.shape[1:], x.dtype, like=x)
             bounds = even_bounds(result.size, t.size)
         else:
             counts = self._counts(counts, "counts")
             if sum(counts) != x.size:
                 raise InvalidArgumentError(
                     f"counts: they add up to {sum(counts)}, but x has {x.size} elements")
-            result = result_buffer(out, (counts[t.rank],), x.dtype)
+            result = result_buffer(out, (counts[t.rank],), x.dtype, like=x)
             bounds = counts_bounds(counts)
         if self.check:
             self._fingerprint("reduce_scatter", algorithm, opd, 0, x.dtype,
                               x.shape if counts is None else tuple(counts))
         src, dst = flat(x), result.reshape(-1)
         src = self._unaliased(src, dst, out)
-        t.begin()
+        t.begin(x)
         fn(t, src, bounds, opd, dst)
-        self._average(result, opd)
-        return result
+        self._average(result, opd, fn)
+        return _give(result, out, back)
 
+    @_on_stream
     def all_to_all(self, x: np.ndarray, *, algorithm: str = "auto",
                    out: np.ndarray | None = None, **options: int) -> np.ndarray:
         """Send row j of ``x`` to rank j; row i of the result came from rank i.
@@ -897,19 +993,20 @@ class Communicator:
             Shape x.shape: the transpose of the rows across ranks.
         """
         t = self._transport
-        x = as_array(x, "x")
+        x, back = self._array(x)
         self._rows(x, "all_to_all")
         fn = self._algorithm("all_to_all", algorithm, x.nbytes, options=options)
-        result = result_buffer(out, x.shape, x.dtype)
+        result = result_buffer(out, x.shape, x.dtype, like=x)
         if self.check:
             self._fingerprint("all_to_all", algorithm, dtype=x.dtype, shape=x.shape)
         src, dst = flat(x), result.reshape(-1)
         src = self._unaliased(src, dst, out)
         bounds = even_bounds(src.size // t.size, t.size)
-        t.begin()
+        t.begin(x)
         fn(t, src, bounds, dst, bounds)
-        return result
+        return _give(result, out, back)
 
+    @_on_stream
     def barrier(self, *, algorithm: str = "auto", **options: int) -> None:
         """Return only once every rank has entered the barrier.
 
@@ -922,3 +1019,5 @@ class Communicator:
             self._fingerprint("barrier", algorithm)
         self._transport.begin()
         fn(self._transport)
+        if self._control is not self._transport:  # NCCL: wait until the stream has run it
+            self._transport.synchronize()

@@ -32,7 +32,7 @@ def test_native_is_not_on_the_local_backend():
 
 def test_input_must_be_an_array():
     _raises_everywhere(2, lambda c: c.all_reduce([1, 2, 3]), mpicoll.InvalidArgumentError,
-                       "x: expected a NumPy array, got list")
+                       r"x: expected a NumPy or CuPy array \(or any __dlpack__ tensor\), got list")
     _raises_everywhere(2, lambda c: c.all_gather(np.array([object()])), TypeError, "Python objects")
 
 

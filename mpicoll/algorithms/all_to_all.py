@@ -9,9 +9,11 @@ of one rank's input in bytes.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
+from ..arrays import cupy_module
 from ..transport import Transport
 from . import register
 
@@ -76,25 +78,31 @@ def bruck_all_to_all(t: Transport, src: np.ndarray, send_bounds: tuple[int, ...]
     outgoing, incoming = packs[:p * m].reshape(p, m), packs[p * m:].reshape(p, m)
     # phase 2: a block keeps its index (distance) as it hops; it has arrived when the
     # bits of its distance are all used up
-    steps, arrived = _bruck_plan(p, rank)
+    steps, arrived = _bruck_plan(p, rank, type(work) is not np.ndarray)
     for bit, moving in steps:
         count = moving.size
-        np.take(work, moving, axis=0, out=outgoing[:count])
+        work.take(moving, axis=0, out=outgoing[:count])
         t.sendrecv(outgoing[:count].reshape(-1), (rank + bit) % p,
                    incoming[:count].reshape(-1), (rank - bit) % p)
         work[moving] = incoming[:count]
     # phase 3: index i now holds the block from rank (rank - i) mod p
-    np.take(work, arrived, axis=0, out=dst.reshape(p, m))
+    work.take(arrived, axis=0, out=dst.reshape(p, m))
 
 
 @lru_cache(maxsize=64)
-def _bruck_plan(p: int, rank: int) -> tuple[list[tuple[int, np.ndarray]], np.ndarray]:
+def _bruck_plan(p: int, rank: int, on_device: bool = False) -> tuple[list[tuple[int, Any]], Any]:
     """Bruck's index arrays, made once per (p, rank): per step (2^k, the indices with
-    bit k set), and the index that holds rank i's block at the end."""
+    bit k set), and the index that holds rank i's block at the end; on the GPU (CuPy)
+    when the blocks are there."""
     indices = np.arange(p)
     steps = []
     bit = 1
     while bit < p:
         steps.append((bit, np.flatnonzero(indices & bit)))
         bit <<= 1
-    return steps, (rank - indices) % p
+    arrived = (rank - indices) % p
+    if on_device:
+        xp = cupy_module()
+        steps = [(bit, xp.asarray(moving)) for bit, moving in steps]
+        arrived = xp.asarray(arrived)
+    return steps, arrived

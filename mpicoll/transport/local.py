@@ -55,8 +55,9 @@ class LocalTransport(ScratchPool):
         self.world, self.rank, self.size = world, rank, world.size
         self.tag = 0
 
-    def begin(self) -> None:
+    def begin(self, like: Any = None) -> None:
         self.tag += 1
+        self.use(like)
 
     def send(self, buf: np.ndarray, dest: int) -> None:
         self.world.mailboxes[self.rank][dest].put((self.tag, buf.tobytes()))

@@ -4,11 +4,23 @@ Library messages travel on ``comm.Dup()``, so they never match the user's own me
 and each collective call takes the next tag, so two calls never match each other. Data
 goes as raw bytes (``MPI.BYTE``) through mpi4py's buffer interface: no pickle, and no
 dtype needs an MPI datatype.
+
+GPU buffers (CuPy arrays) take one of two paths, decided once per communicator by
+``mpicoll.cuda.cuda_aware_mpi``:
+
+- CUDA-aware MPI: the device buffer goes to MPI as it is, after the current stream is
+  synchronized (the kernels that produced the data, or still read the buffer about to be
+  overwritten, must be done: MPI does not order itself after the stream).
+- otherwise, staging: a send copies device -> pinned host memory (waiting for the stream)
+  and sends that; a receive lands in pinned memory and is copied to the device on the
+  current stream, so the reductions that follow are ordered after it. The pinned memory
+  is the communicator's (``PinnedStaging``), reused call after call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -27,29 +39,123 @@ class MPITransport(ScratchPool):
         tag_ub = self.comm.Get_attr(MPI.TAG_UB)
         self._tag_limit = min(int(tag_ub) if tag_ub else 32767, 1 << 30)
         self.tag = 0
+        self.cuda_aware: bool | None = None  # decided at the first device buffer
+        self._staging: Any = None  # PinnedStaging, when staging
+        self._copies: list[tuple[MPI.Request, np.ndarray, Any]] = []  # staged irecvs
 
-    def begin(self) -> None:
+    def begin(self, like: Any = None) -> None:
         self.tag = (self.tag + 1) % self._tag_limit
+        self.use(like)
+        if self._staging is not None and self._staging.capacity:
+            # the last call's host-to-device copies read pinned memory about to be reused
+            self._stream().synchronize()
+            self._staging.reset()
 
-    def send(self, buf: np.ndarray, dest: int) -> None:
-        self.comm.Send([buf, MPI.BYTE], dest, self.tag)
+    # -- host buffers: straight to MPI; device buffers: _device_* below -------------------
 
-    def recv(self, buf: np.ndarray, source: int) -> None:
-        self.comm.Recv([buf, MPI.BYTE], source, self.tag)
+    def send(self, buf: Any, dest: int) -> None:
+        if type(buf) is np.ndarray:
+            self.comm.Send([buf, MPI.BYTE], dest, self.tag)
+        else:
+            mark = self._mark()
+            self.comm.Send([self._outgoing(buf), MPI.BYTE], dest, self.tag)
+            self._release(mark)
 
-    def sendrecv(self, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray, source: int) -> None:
-        self.comm.Sendrecv([sendbuf, MPI.BYTE], dest, self.tag,
-                           [recvbuf, MPI.BYTE], source, self.tag)
+    def recv(self, buf: Any, source: int) -> None:
+        if type(buf) is np.ndarray:
+            self.comm.Recv([buf, MPI.BYTE], source, self.tag)
+        else:
+            landing = self._incoming(buf)
+            self.comm.Recv([landing, MPI.BYTE], source, self.tag)
+            self._arrived(landing, buf)
 
-    def isend(self, buf: np.ndarray, dest: int) -> MPI.Request:
+    def sendrecv(self, sendbuf: Any, dest: int, recvbuf: Any, source: int) -> None:
+        if type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray:
+            self.comm.Sendrecv([sendbuf, MPI.BYTE], dest, self.tag,
+                               [recvbuf, MPI.BYTE], source, self.tag)
+            return
+        outgoing = sendbuf if type(sendbuf) is np.ndarray else self._outgoing(sendbuf)
+        landing = recvbuf if type(recvbuf) is np.ndarray else self._incoming(recvbuf)
+        self.comm.Sendrecv([outgoing, MPI.BYTE], dest, self.tag,
+                           [landing, MPI.BYTE], source, self.tag)
+        if landing is not recvbuf:
+            self._arrived(landing, recvbuf)
+
+    def isend(self, buf: Any, dest: int) -> MPI.Request:
+        if type(buf) is not np.ndarray:
+            buf = self._outgoing(buf)  # staged: the pinned copy stays until the next call
         return self.comm.Isend([buf, MPI.BYTE], dest, self.tag)
 
-    def irecv(self, buf: np.ndarray, source: int) -> MPI.Request:
-        return self.comm.Irecv([buf, MPI.BYTE], source, self.tag)
+    def irecv(self, buf: Any, source: int) -> MPI.Request:
+        if type(buf) is np.ndarray:
+            return self.comm.Irecv([buf, MPI.BYTE], source, self.tag)
+        landing = self._incoming(buf)
+        request = self.comm.Irecv([landing, MPI.BYTE], source, self.tag)
+        if landing is not buf:
+            self._copies.append((request, landing, buf))
+        return request
 
     def waitall(self, requests: Sequence[MPI.Request]) -> None:
-        MPI.Request.Waitall(list(requests))
+        requests = list(requests)
+        MPI.Request.Waitall(requests)
+        if self._copies:  # staged receives among them: now copy them to the device
+            waited = {id(r) for r in requests}
+            pending = []
+            for request, landing, buf in self._copies:
+                if id(request) in waited:
+                    self._arrived(landing, buf)
+                else:
+                    pending.append((request, landing, buf))
+            self._copies = pending
 
     def free(self) -> None:
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
+
+    # -- device buffers ----------------------------------------------------------------
+
+    @staticmethod
+    def _stream() -> Any:
+        from ..cuda import current_stream
+
+        return current_stream()
+
+    def _decide(self) -> None:
+        from ..cuda import PinnedStaging, cuda_aware_mpi
+
+        self.cuda_aware = cuda_aware_mpi()
+        if not self.cuda_aware:
+            self._staging = PinnedStaging()
+
+    def _outgoing(self, buf: Any) -> Any:
+        """What MPI sends for device ``buf``: buf itself once the stream is done with it
+        (CUDA-aware), or a pinned host copy of it (staging)."""
+        if self.cuda_aware is None:
+            self._decide()
+        if self.cuda_aware:
+            self._stream().synchronize()
+            return buf
+        host = self._staging.take(buf.nbytes)
+        buf.view(np.uint8).get(out=host)  # waits for the stream, then for the copy
+        return host
+
+    def _incoming(self, buf: Any) -> Any:
+        """Where MPI receives for device ``buf``: buf itself (CUDA-aware; the stream must
+        be done with it first) or pinned host memory, kept until the next call."""
+        if self.cuda_aware is None:
+            self._decide()
+        if self.cuda_aware:
+            self._stream().synchronize()
+            return buf
+        return self._staging.take(buf.nbytes)
+
+    def _arrived(self, landing: Any, buf: Any) -> None:
+        if landing is not buf:  # host -> device on the current stream, ordered before
+            buf.view(np.uint8).set(landing)  # the kernels that will read buf
+
+    def _mark(self) -> Any:
+        return None if self._staging is None else self._staging.mark()
+
+    def _release(self, mark: Any) -> None:
+        if mark is not None:
+            self._staging.release(mark)

@@ -1,0 +1,192 @@
+"""NCCL's own collectives (``algorithm="native"`` on the "nccl" backend).
+
+Each function keeps the signature of the algorithms of its collective (see
+``mpicoll.algorithms``) and calls cupy.cuda.nccl on the transport's NcclCommunicator and
+the current stream. NCCL has allReduce, reduce, broadcast, allGather and reduceScatter;
+gather, scatter, all_to_all and the uneven (v) cases are grouped ncclSend/ncclRecv, and
+barrier is a one-element allReduce followed by a stream synchronize.
+
+Data that is only moved goes as ncclUint8. Data that is reduced goes typed, from the
+tables below: NCCL reduces int8/uint8, int32/uint32, int64/uint64, float16, bfloat16,
+float32 and float64 with sum, prod, min, max and avg. Complex sums (and averages) reduce
+as twice as many floats; bool reduces as uint8 (sum and max are OR, prod and min are
+AND). Anything else is refused with the reason, before any message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .errors import UnsupportedDtypeError, UnsupportedOpError
+from .ops import Op
+from .transport.nccl import NCCL_UINT8, NCCLTransport
+
+# ncclDataType_t (nccl.h)
+NCCL_DTYPES: dict[np.dtype, int] = {
+    np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int32): 2,
+    np.dtype(np.uint32): 3, np.dtype(np.int64): 4, np.dtype(np.uint64): 5,
+    np.dtype(np.float16): 6, np.dtype(np.float32): 7, np.dtype(np.float64): 8,
+    np.dtype(ml_dtypes.bfloat16): 9,
+}
+# ncclRedOp_t (nccl.h)
+NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
+NCCL_OPS = {"sum": NCCL_SUM, "prod": NCCL_PROD, "max": NCCL_MAX, "min": NCCL_MIN,
+            "avg": NCCL_AVG}
+# on bool (as uint8 0/1): NumPy's sum is OR = max, prod is AND = min
+NCCL_BOOL_OPS = {"sum": NCCL_MAX, "prod": NCCL_MIN, "max": NCCL_MAX, "min": NCCL_MIN,
+                 "bor": NCCL_MAX, "band": NCCL_MIN}
+# complex: its real and imaginary parts reduce independently only under sum and avg
+_COMPLEX_PARTS = {np.dtype(np.complex64): np.dtype(np.float32),
+                  np.dtype(np.complex128): np.dtype(np.float64)}
+
+
+def nccl_op(op: Op, dtype: np.dtype) -> tuple[int, int, int]:
+    """(ncclDataType_t, ncclRedOp_t, elements per item) that compute ``op`` on ``dtype``.
+
+    Raises:
+        UnsupportedOpError: a user's op, or a bitwise op NCCL does not have.
+        UnsupportedDtypeError: a dtype NCCL cannot reduce (int16, long double, complex
+            under prod), naming what to use instead.
+    """
+    dtype = np.dtype(dtype)
+    if not op.builtin:
+        raise UnsupportedOpError(
+            f"algorithm 'native': NCCL has no user-defined ops ({op.name!r}); "
+            "use one of mpicoll's own algorithms over NCCL")
+    if dtype.kind == "b":
+        if op.name not in NCCL_BOOL_OPS:
+            raise UnsupportedOpError(f"algorithm 'native': NCCL cannot {op.name} bool")
+        return NCCL_DTYPES[np.dtype(np.uint8)], NCCL_BOOL_OPS[op.name], 1
+    if op.name not in NCCL_OPS:
+        raise UnsupportedOpError(
+            f"algorithm 'native': NCCL has no {op.name!r} (it has sum, prod, min, max, avg); "
+            "use one of mpicoll's own algorithms over NCCL")
+    if dtype in _COMPLEX_PARTS:
+        if op.name not in ("sum", "avg"):
+            raise UnsupportedDtypeError(
+                f"algorithm 'native': NCCL reduces complex {dtype} only with sum or avg")
+        return NCCL_DTYPES[_COMPLEX_PARTS[dtype]], NCCL_OPS[op.name], 2
+    if dtype not in NCCL_DTYPES:
+        raise UnsupportedDtypeError(
+            f"algorithm 'native': NCCL cannot reduce dtype {dtype}; "
+            "use one of mpicoll's own algorithms over NCCL")
+    return NCCL_DTYPES[dtype], NCCL_OPS[op.name], 1
+
+
+def _ptr(buf: Any) -> int:
+    return buf.data.ptr
+
+
+def _block(buf: Any, bounds: tuple[int, ...], j: int) -> Any:
+    return buf[bounds[j]:bounds[j + 1]]
+
+
+def _even(bounds: tuple[int, ...]) -> bool:
+    first = bounds[1] - bounds[0]
+    return all(bounds[j + 1] - bounds[j] == first for j in range(1, len(bounds) - 1))
+
+
+def native_broadcast(t: NCCLTransport, buf: Any, root: int) -> None:
+    t.nccl.broadcast(_ptr(buf), _ptr(buf), buf.nbytes, NCCL_UINT8, root, t.stream_ptr())
+
+
+def native_scatter(t: NCCLTransport, src: Any, dst: Any, bounds: tuple[int, ...],
+                   root: int) -> None:
+    if t.rank == root:
+        for j in range(t.size):
+            if j != root:
+                t.isend(_block(src, bounds, j), j)
+        dst[...] = _block(src, bounds, root)
+    else:
+        t.irecv(dst, root)
+    t.waitall(())
+
+
+def native_gather(t: NCCLTransport, src: Any, dst: Any, bounds: tuple[int, ...],
+                  root: int) -> None:
+    if t.rank == root:
+        for j in range(t.size):
+            if j != root:
+                t.irecv(_block(dst, bounds, j), j)
+        _block(dst, bounds, root)[...] = src
+    else:
+        t.isend(src, root)
+    t.waitall(())
+
+
+def native_all_gather(t: NCCLTransport, buf: Any, bounds: tuple[int, ...]) -> None:
+    if _even(bounds):  # in place: NCCL takes sendbuff == recvbuff + rank * count
+        mine = _block(buf, bounds, t.rank)
+        t.nccl.allGather(_ptr(mine), _ptr(buf), mine.nbytes, NCCL_UINT8, t.stream_ptr())
+        return
+    mine = _block(buf, bounds, t.rank)
+    for j in range(t.size):
+        if j != t.rank:
+            t.isend(mine, j)
+            t.irecv(_block(buf, bounds, j), j)
+    t.waitall(())
+
+
+def native_reduce(t: NCCLTransport, src: Any, dst: Any, op: Op, root: int) -> None:
+    datatype, nop, parts = nccl_op(op, src.dtype)
+    recv = _ptr(dst) if dst is not None else _ptr(src)  # NCCL reads recvbuff at root only
+    t.nccl.reduce(_ptr(src), recv, src.size * parts, datatype, nop, root, t.stream_ptr())
+
+
+def native_all_reduce(t: NCCLTransport, src: Any, dst: Any, op: Op) -> None:
+    datatype, nop, parts = nccl_op(op, src.dtype)
+    t.nccl.allReduce(_ptr(src), _ptr(dst), src.size * parts, datatype, nop, t.stream_ptr())
+
+
+def native_reduce_scatter(t: NCCLTransport, src: Any, bounds: tuple[int, ...], op: Op,
+                          dst: Any) -> None:
+    datatype, nop, parts = nccl_op(op, src.dtype)
+    stream = t.stream_ptr()
+    if _even(bounds):
+        t.nccl.reduceScatter(_ptr(src), _ptr(dst), dst.size * parts, datatype, nop, stream)
+        return
+    # uneven blocks: one ncclReduce per block, rooted at the rank that keeps it, grouped
+    t._nccl.groupStart()
+    try:
+        for j in range(t.size):
+            block = _block(src, bounds, j)
+            recv = _ptr(dst) if j == t.rank else _ptr(block)
+            t.nccl.reduce(_ptr(block), recv, block.size * parts, datatype, nop, j, stream)
+    finally:
+        t._nccl.groupEnd()
+
+
+def native_all_to_all(t: NCCLTransport, src: Any, send_bounds: tuple[int, ...], dst: Any,
+                      recv_bounds: tuple[int, ...]) -> None:
+    for j in range(t.size):
+        if j == t.rank:
+            _block(dst, recv_bounds, j)[...] = _block(src, send_bounds, j)
+        else:
+            t.isend(_block(src, send_bounds, j), j)
+            t.irecv(_block(dst, recv_bounds, j), j)
+    t.waitall(())
+
+
+def native_barrier(t: NCCLTransport) -> None:
+    token = t.scratch(1, np.float32, slot=1, like=t._device_like)
+    t.nccl.allReduce(_ptr(token), _ptr(token), 1, NCCL_DTYPES[np.dtype(np.float32)], NCCL_SUM,
+                     t.stream_ptr())
+    t.synchronize()  # a barrier returns on the host only once every rank has entered
+
+
+NATIVE = {
+    "broadcast": native_broadcast,
+    "scatter": native_scatter,
+    "gather": native_gather,
+    "all_gather": native_all_gather,
+    "reduce": native_reduce,
+    "all_reduce": native_all_reduce,
+    "reduce_scatter": native_reduce_scatter,
+    "all_to_all": native_all_to_all,
+    "barrier": native_barrier,
+}
+# NCCL averages itself (ncclAvg): the Communicator must not divide again
+AVERAGES_ITSELF = frozenset({native_reduce, native_all_reduce, native_reduce_scatter})
