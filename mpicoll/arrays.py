@@ -130,3 +130,8 @@ def assign_from_host(dst: Any, host: np.ndarray) -> None:
         dst.set(np.ascontiguousarray(host))  # on the current stream
     else:
         dst[...] = cupy_module().asarray(host)
+
+
+def device_like() -> Any:
+    """An empty CuPy array: ``like=`` for allocating on the current GPU."""
+    return cupy_module().empty(0, np.uint8)

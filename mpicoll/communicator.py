@@ -21,7 +21,7 @@ import numpy as np
 
 from . import selection
 from .algorithms import COLLECTIVES, OPTION_MINIMUM, REGISTRY
-from .arrays import as_array, assign_from_host, empty, may_share_memory, to_host
+from .arrays import as_array, assign_from_host, device_like, empty, may_share_memory, to_host
 from .buffers import (
     counts_bounds,
     dtype_code,
@@ -58,6 +58,7 @@ _REFUSALS = {
 # broadcasts up to this many bytes travel in one message with their header
 _PACKED_BYTES = 4096
 _HEADER_BYTES = _HEADER_LEN * 8
+_ON_DEVICE = 1 << 16  # in the header's ndim field: the root's array is on the GPU
 _PACKET_BYTES = _HEADER_BYTES + _PACKED_BYTES
 _FINGERPRINT_FIELDS = ("collective", "algorithm", "op", "root", "dtype", "shape")
 _ANY = -1  # a fingerprint field this rank cannot know (broadcast/scatter with None)
@@ -439,24 +440,39 @@ class Communicator:
 
     @staticmethod
     def _header_of(dtype: np.dtype | None, shape: tuple[int, ...] | None, status: int = _OK,
-                   header: np.ndarray | None = None, extra: int = 0) -> np.ndarray:
-        """Fill ``header`` (or a new one, with ``extra`` slots after it) with a dtype and
-        shape, or a refusal status."""
+                   header: np.ndarray | None = None, extra: int = 0, device: bool = False,
+                   ) -> np.ndarray:
+        """Fill ``header`` (or a new one, with ``extra`` slots after it) with a dtype,
+        shape and whether the data is on the GPU, or a refusal status."""
         header = np.zeros(_HEADER_LEN + extra, np.int64) if header is None else header
         if status == _OK and len(shape) > _MAX_NDIM:
             status = _TOO_MANY_DIMS
         if status != _OK:
             header[:4] = (status, 0, 0, 0)
             return header
-        header[: 4 + len(shape)] = (_OK, dtype_code(dtype), dtype.itemsize, len(shape), *shape)
+        header[: 4 + len(shape)] = (_OK, dtype_code(dtype), dtype.itemsize,
+                                    len(shape) | (_ON_DEVICE if device else 0), *shape)
         return header
 
     @staticmethod
-    def _unpack_header(header: np.ndarray, root: int, collective: str) -> tuple[int, int, tuple[int, ...]]:
+    def _unpack_header(header: np.ndarray, root: int, collective: str
+                       ) -> tuple[int, int, tuple[int, ...], bool]:
+        """(dtype code, itemsize, shape, on the GPU) from a root's header."""
         status, code, itemsize, ndim = header[:4].tolist()
         if status != _OK:
             raise RemoteError(f"{collective}: root {root} refused the call: {_REFUSALS[status]}")
-        return code, itemsize, tuple(header[4:4 + ndim].tolist())
+        device, ndim = bool(ndim & _ON_DEVICE), ndim & (_ON_DEVICE - 1)
+        return code, itemsize, tuple(header[4:4 + ndim].tolist()), device
+
+    def _receive_like(self, device: bool) -> tuple[Any, InvalidArgumentError | None]:
+        """What a rank without a buffer of its own allocates its result like: the root's
+        array library (CuPy when the root's data is on the GPU), or why it cannot."""
+        if not device or self._like is not None:
+            return self._like, None
+        try:
+            return device_like(), None
+        except InvalidArgumentError as exc:
+            return None, exc
 
     # -- collectives ------------------------------------------------------------------
 
@@ -490,7 +506,7 @@ class Communicator:
         if t.rank == root:
             try:
                 x, back = self._array(x)
-                self._header_of(x.dtype, x.shape, header=header)
+                self._header_of(x.dtype, x.shape, header=header, device=type(x) is not np.ndarray)
             except (TypeError, ValueError):
                 self._header_of(None, None, _BAD_INPUT, header)
                 # tell the others before raising, so no rank waits for data that never comes
@@ -515,7 +531,8 @@ class Communicator:
             if x.nbytes > limit:
                 self._algorithm("broadcast", algorithm, x.nbytes, options=options)(t, flat(x), root)
             return back(x)
-        code, itemsize, shape = self._unpack_header(header, root, "broadcast")
+        code, itemsize, shape, device = self._unpack_header(header, root, "broadcast")
+        like, no_library = self._receive_like(device)
         nbytes = math.prod(shape) * itemsize
         packed = nbytes <= limit
         fn = None if packed else self._algorithm("broadcast", algorithm, nbytes, options=options)
@@ -528,12 +545,14 @@ class Communicator:
         if x is None and code < 0:
             mismatch = (f"x: the root's dtype has no header code; pass a receive buffer "
                         f"of shape {shape}")
+        if x is None and no_library is not None:
+            mismatch = str(no_library)
         if mismatch is not None:  # take part with a scratch buffer, then refuse
             if fn is not None:
                 fn(t, empty(nbytes, np.uint8, like=self._like), root)
             raise InvalidArgumentError(mismatch)
         if x is None:
-            x = empty(shape, dtype_from_code(code), like=self._like)
+            x = empty(shape, dtype_from_code(code), like=like)
         if packed:
             data = packet[_HEADER_BYTES:_HEADER_BYTES + nbytes]
             if x.flags.c_contiguous:
@@ -575,7 +594,7 @@ class Communicator:
                 self._rows(x, "scatter")
                 status = _BAD_OUT
                 result = result_buffer(out, x.shape[1:], x.dtype, like=x)
-                header = self._header_of(x.dtype, x.shape[1:])
+                header = self._header_of(x.dtype, x.shape[1:], device=type(x) is not np.ndarray)
             except (TypeError, ValueError):
                 self._header_broadcast(self._header_of(None, None, status), root)
                 raise
@@ -586,7 +605,7 @@ class Communicator:
                               dtype=x.dtype if is_root else None if out is None else out.dtype,
                               shape=x.shape[1:] if is_root else None if out is None else out.shape)
         self._header_broadcast(header, root)
-        code, itemsize, shape = self._unpack_header(header, root, "scatter")
+        code, itemsize, shape, device = self._unpack_header(header, root, "scatter")
         # "auto" resolved from the header, so that every rank picks the same algorithm
         fn = self._algorithm("scatter", algorithm, math.prod(shape) * itemsize * t.size,
                              options=options)
@@ -595,14 +614,14 @@ class Communicator:
             t.use(x)
             fn(t, flat(x), result.reshape(-1), bounds, root)
             return _give(result, out, back)
-        refusal = None
+        like, refusal = self._receive_like(device) if out is None else (out, None)
         if code < 0 and out is None:
             refusal = InvalidArgumentError(
                 f"out: the root's dtype has no header code; pass out of shape {shape}")
-        else:
+        elif refusal is None:
             try:
                 result = result_buffer(out, shape, out.dtype if code < 0 else dtype_from_code(code),
-                                       like=self._like if out is None else out)
+                                       like=like)
             except InvalidArgumentError as exc:
                 refusal = exc
         if refusal is not None:  # take part with a scratch buffer, then refuse
@@ -775,7 +794,8 @@ class Communicator:
                 if sum(mine) != x.shape[0]:
                     raise InvalidArgumentError(
                         f"counts: they add up to {sum(mine)}, but x has {x.shape[0]} rows")
-                header = self._header_of(x.dtype, x.shape[1:], extra=p)
+                header = self._header_of(x.dtype, x.shape[1:], extra=p,
+                                         device=type(x) is not np.ndarray)
                 header[_HEADER_LEN:] = mine
             except (TypeError, ValueError):
                 self._header_broadcast(self._header_of(None, None, status, extra=p), root)
@@ -783,13 +803,16 @@ class Communicator:
         else:
             header = np.empty(_HEADER_LEN + p, np.int64)
         self._header_broadcast(header, root)
-        code, itemsize, rest = self._unpack_header(header, root, "scatter_v")
+        code, itemsize, rest, device = self._unpack_header(header, root, "scatter_v")
+        like, no_library = (x, None) if is_root else self._receive_like(device)
+        if no_library is not None:  # take part with host memory, then refuse
+            like, refusal = None, no_library
         rows = header[_HEADER_LEN:].tolist()
         row = math.prod(rest)
         bounds = counts_bounds([r * row for r in rows])
         fn = self._algorithm("scatter", algorithm, bounds[-1] * itemsize, options=options,
                              uneven=True)
-        result = empty((rows[t.rank], *rest), dtype_from_code(code), like=x if is_root else self._like)
+        result = empty((rows[t.rank], *rest), dtype_from_code(code), like=like)
         if is_root:
             t.use(x)
             fn(t, flat(x), result.reshape(-1), bounds, root)

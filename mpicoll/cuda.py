@@ -169,6 +169,8 @@ class PinnedStaging:
 
     def take(self, nbytes: int) -> np.ndarray:
         """``nbytes`` of pinned host memory, 256-byte aligned."""
+        if nbytes == 0:  # its own address: MPI refuses aliased buffers, even empty ones
+            return np.empty(0, np.uint8)
         self._wanted += nbytes
         start = -(-self._used // 256) * 256
         if not self._blocks or start + nbytes > self._blocks[-1].nbytes:

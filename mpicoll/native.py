@@ -8,7 +8,10 @@ that is reduced goes typed, so the MPI library must know the dtype and the op.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -153,15 +156,44 @@ def native_barrier(t: MPITransport) -> None:
     t.comm.Barrier()
 
 
-NATIVE = {
-    "broadcast": native_broadcast,
-    "scatter": native_scatter,
-    "gather": native_gather,
-    "all_gather": native_all_gather,
-    "reduce": native_reduce,
-    "all_reduce": native_all_reduce,
-    "reduce_scatter": native_reduce_scatter,
-    "all_to_all": native_all_to_all,
+def _staged(fn: Callable[..., None], reads: tuple[int, ...], writes: tuple[int, ...],
+            probe: int = 0) -> Callable[..., None]:
+    """``fn`` for device buffers too: given to a CUDA-aware MPI as they are, or else
+    staged through the transport's pinned host memory (the buffers it reads copied
+    there, the MPI library run on the host copies, the buffers it writes copied back).
+    ``reads``/``writes``: the argument positions of the buffers it reads and writes;
+    ``probe``: a position that is never None (it tells host from device)."""
+
+    @functools.wraps(fn)
+    def native(t: MPITransport, *args: Any) -> None:
+        if type(args[probe]) is np.ndarray or t.direct():
+            fn(t, *args)
+            return
+        host = list(args)
+        copies: dict[int, np.ndarray] = {}  # one host copy per device buffer (in place)
+        for i in reads + writes:
+            buf = args[i]
+            if buf is not None and id(buf) not in copies:
+                copies[id(buf)] = t.to_host(buf) if i in reads else t.host_space(buf)
+            if buf is not None:
+                host[i] = copies[id(buf)]
+        fn(t, *host)
+        for i in writes:
+            if args[i] is not None:
+                t.to_device(host[i], args[i])
+
+    return native
+
+
+NATIVE = {  # each: (function, positions of the buffers it reads, and of those it writes)
+    "broadcast": _staged(native_broadcast, (0,), (0,)),
+    "scatter": _staged(native_scatter, (0,), (1,), probe=1),
+    "gather": _staged(native_gather, (0,), (1,)),
+    "all_gather": _staged(native_all_gather, (0,), (0,)),
+    "reduce": _staged(native_reduce, (0,), (1,)),
+    "all_reduce": _staged(native_all_reduce, (0,), (1,)),
+    "reduce_scatter": _staged(native_reduce_scatter, (0,), (3,)),
+    "all_to_all": _staged(native_all_to_all, (0,), (2,)),
     "barrier": native_barrier,
 }
 

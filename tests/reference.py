@@ -136,11 +136,32 @@ def strided(a: np.ndarray) -> np.ndarray:
     return wide[..., ::2]
 
 
+def to_device(x: np.ndarray | None, device: bool) -> object:
+    """``x`` as a CuPy array when ``device`` (the GPU tests), else as it is."""
+    if not device or x is None:
+        return x
+    import cupy
+
+    return cupy.asarray(x)
+
+
+def to_host(got: object, device: bool, what: str = "") -> np.ndarray | None:
+    """A GPU result as NumPy, checking that it came back as a CuPy array."""
+    if not device or got is None:
+        return got
+    import cupy
+
+    assert isinstance(got, cupy.ndarray), f"{what}: expected a CuPy array, got {type(got)}"
+    return got.get()
+
+
 def run_case(comm: mpicoll.Communicator, collective: str, algorithm: str, shape: tuple[int, ...],
-             dtype: str, op: str = "sum", root: int = 0, non_contiguous: bool = False) -> None:
+             dtype: str, op: str = "sum", root: int = 0, non_contiguous: bool = False,
+             device: bool = False) -> None:
     """Run one collective on ``comm`` and check this rank's result against NumPy.
 
-    With ``non_contiguous``, this rank's input is a strided view of the same values.
+    With ``non_contiguous``, this rank's input is a strided view of the same values; with
+    ``device``, inputs are CuPy arrays and results must come back as CuPy arrays.
     """
     p, rank = comm.size, comm.rank
     rows = (p, *shape)
@@ -151,6 +172,7 @@ def run_case(comm: mpicoll.Communicator, collective: str, algorithm: str, shape:
     x = strided(inputs[rank]) if non_contiguous else inputs[rank]
     assert not (non_contiguous and x.flags.c_contiguous), "the strided input is contiguous"
     copy = x.copy()
+    x = to_device(x, device)
     what = f"{collective}/{algorithm} p={p} rank={rank} root={root} {dtype} {op} shape={shape}"
     if collective == "broadcast":
         got = comm.broadcast(x if rank == root else None, root, algorithm=algorithm)
@@ -178,8 +200,8 @@ def run_case(comm: mpicoll.Communicator, collective: str, algorithm: str, shape:
         expected = np.stack([inputs[i][rank] for i in range(p)])
     else:
         raise ValueError(collective)
-    assert_same(got, expected, what)
-    assert np.array_equal(x, copy), f"{what}: the input was modified"
+    assert_same(to_host(got, device, what), expected, what)
+    assert np.array_equal(to_host(x, device), copy), f"{what}: the input was modified"
 
 
 
@@ -217,39 +239,47 @@ def v_send_rows(rank: int, dest: int) -> int:
 
 
 def run_v_case(comm: mpicoll.Communicator, collective: str, algorithm: str,
-               rest: tuple[int, ...], dtype: str, op: str = "sum", root: int = 0) -> None:
+               rest: tuple[int, ...], dtype: str, op: str = "sum", root: int = 0,
+               device: bool = False) -> None:
     """Run one v-variant (or reduce_scatter with counts) and check it against NumPy."""
     p, rank = comm.size, comm.rank
+
+    def on(x):
+        return to_device(x, device)
+
+    def back(got):
+        return to_host(got, device, what)
+
     rows = [v_rows(r) for r in range(p)]
     what = f"{collective}/{algorithm} p={p} rank={rank} root={root} {dtype} rest={rest}"
     if collective == "all_gather_v":
         inputs = [make_input(r, (rows[r], *rest), dtype) for r in range(p)]
-        got, counts = comm.all_gather_v(inputs[rank], algorithm=algorithm)
+        got, counts = comm.all_gather_v(on(inputs[rank]), algorithm=algorithm)
         assert counts == rows, what
-        assert_same(got, np.concatenate(inputs), what)
+        assert_same(back(got), np.concatenate(inputs), what)
     elif collective == "gather_v":
         inputs = [make_input(r, (rows[r], *rest), dtype) for r in range(p)]
-        got, counts = comm.gather_v(inputs[rank], root, algorithm=algorithm)
+        got, counts = comm.gather_v(on(inputs[rank]), root, algorithm=algorithm)
         assert counts == rows, what
-        assert_same(got, np.concatenate(inputs) if rank == root else None, what)
+        assert_same(back(got), np.concatenate(inputs) if rank == root else None, what)
     elif collective == "scatter_v":
         data = make_input(root, (sum(rows), *rest), dtype)
         given = rows if rank == root or rank % 2 else None  # counts are optional off the root
-        got = comm.scatter_v(data if rank == root else None, given, root, algorithm=algorithm)
+        got = comm.scatter_v(on(data) if rank == root else None, given, root, algorithm=algorithm)
         start = sum(rows[:rank])
-        assert_same(got, data[start:start + rows[rank]], what)
+        assert_same(back(got), data[start:start + rows[rank]], what)
     elif collective == "all_to_all_v":
         send = [[v_send_rows(r, d) for d in range(p)] for r in range(p)]
         inputs = [make_input(r, (sum(send[r]), *rest), dtype) for r in range(p)]
-        got, counts = comm.all_to_all_v(inputs[rank], send[rank], algorithm=algorithm)
+        got, counts = comm.all_to_all_v(on(inputs[rank]), send[rank], algorithm=algorithm)
         assert counts == [send[i][rank] for i in range(p)], what
         pieces = [inputs[i][sum(send[i][:rank]):sum(send[i][:rank + 1])] for i in range(p)]
-        assert_same(got, np.concatenate(pieces), what)
+        assert_same(back(got), np.concatenate(pieces), what)
     elif collective == "reduce_scatter":
         counts = [2 * r for r in rows]
         inputs = [make_input(r, (sum(counts),), dtype, op) for r in range(p)]
-        got = comm.reduce_scatter(inputs[rank], as_op(op), counts=counts, algorithm=algorithm)
+        got = comm.reduce_scatter(on(inputs[rank]), as_op(op), counts=counts, algorithm=algorithm)
         start = sum(counts[:rank])
-        assert_same(got, reduced(inputs, op)[start:start + counts[rank]], what)
+        assert_same(back(got), reduced(inputs, op)[start:start + counts[rank]], what)
     else:
         raise ValueError(collective)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import assign_from_host
 from ..errors import AbortedError
 from . import ScratchPool
 
@@ -84,7 +85,7 @@ class LocalTransport(ScratchPool):
                 f"rank {self.rank}: message from rank {source} has tag {tag} and "
                 f"{len(data)} bytes; expected tag {self.tag} and {buf.nbytes} bytes"
             )
-        buf.view(np.uint8)[...] = np.frombuffer(data, np.uint8)
+        assign_from_host(buf.view(np.uint8), np.frombuffer(data, np.uint8))
 
     def sendrecv(self, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray, source: int) -> None:
         self.send(sendbuf, dest)

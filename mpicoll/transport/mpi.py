@@ -153,6 +153,29 @@ class MPITransport(ScratchPool):
         if landing is not buf:  # host -> device on the current stream, ordered before
             buf.view(np.uint8).set(landing)  # the kernels that will read buf
 
+    def direct(self) -> bool:
+        """Whether device buffers go to MPI as they are (CUDA-aware); the stream is
+        synchronized first, as MPI reads them at once."""
+        if self.cuda_aware is None:
+            self._decide()
+        if self.cuda_aware:
+            self._stream().synchronize()
+        return bool(self.cuda_aware)
+
+    def to_host(self, buf: Any) -> np.ndarray:
+        """A pinned host copy of device ``buf`` (same dtype and shape), kept for the call."""
+        host = self._staging.take(buf.nbytes)
+        buf.view(np.uint8).get(out=host)
+        return host.view(buf.dtype).reshape(buf.shape)
+
+    def host_space(self, buf: Any) -> np.ndarray:
+        """Pinned host memory shaped like device ``buf``, for a result to land in."""
+        return self._staging.take(buf.nbytes).view(buf.dtype).reshape(buf.shape)
+
+    def to_device(self, host: np.ndarray, buf: Any) -> None:
+        """Copy ``to_host``'s ``host`` back into ``buf`` on the current stream."""
+        buf.view(np.uint8).set(host.view(np.uint8))
+
     def _mark(self) -> Any:
         return None if self._staging is None else self._staging.mark()
 

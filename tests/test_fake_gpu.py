@@ -1,0 +1,142 @@
+"""The GPU code paths, run on a NumPy stand-in for CuPy (tests/fake_cupy.py).
+
+Where there is no GPU, this is how the device paths are checked: arrays whose type says
+"cupy" go through library-aware allocation, the MPI transport's staging through pinned
+memory (and its CUDA-aware path, whose stream synchronization is counted), the staged
+native collectives, and come back as "CuPy" arrays. tests/test_gpu.py runs the same
+cases on a real GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from fake_cupy import installed
+from reference import DTYPE_OPS, ROOTED, _dtype, run_case, run_v_case, v_cases
+
+import mpicoll
+from mpicoll.algorithms import all_to_all
+from mpicoll.transport.local import run_local
+
+SHAPES = ((0,), (1,), (5,), (37,), (2, 3))
+HOST_DTYPES = [d for d, _ in DTYPE_OPS]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_cupy():
+    with installed() as cupy:
+        yield cupy
+    all_to_all._bruck_plan.cache_clear()  # it holds index arrays of the stand-in
+
+
+def _all_roots(comm, collective, algorithm, shape, dtype="f4", op="sum"):
+    for root in range(comm.size) if collective in ROOTED else (0,):
+        run_case(comm, collective, algorithm, shape, dtype, op, root, device=True)
+
+
+@pytest.mark.parametrize("size", (1, 2, 3, 5))
+@pytest.mark.parametrize("collective,algorithm", [
+    (c, a) for c in mpicoll.COLLECTIVES if c != "barrier" for a in mpicoll.algorithms(c, "local")])
+def test_local_every_algorithm_on_device_arrays(collective, algorithm, size):
+    def body(comm):
+        for shape in SHAPES:
+            _all_roots(comm, collective, algorithm, shape)
+
+    run_local(size, body, timeout=20)
+
+
+# ---- the MPI transport: staged, and CUDA-aware ------------------------------------------
+
+
+def _communicator(cuda_aware: str) -> mpicoll.Communicator:
+    from mpi4py import MPI
+
+    saved = os.environ.get("MPICOLL_CUDA_AWARE")
+    os.environ["MPICOLL_CUDA_AWARE"] = cuda_aware
+    try:
+        comm = mpicoll.Communicator(MPI.COMM_WORLD)
+        comm._transport.direct()
+        return comm
+    finally:
+        if saved is None:
+            os.environ.pop("MPICOLL_CUDA_AWARE")
+        else:
+            os.environ["MPICOLL_CUDA_AWARE"] = saved
+
+
+@pytest.fixture(scope="module", params=["staged", "cuda-aware"])
+def comm(request):
+    return _communicator("1" if request.param == "cuda-aware" else "0")
+
+
+MPI_CASES = [(c, a) for c in mpicoll.COLLECTIVES if c != "barrier" for a in mpicoll.algorithms(c)]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective,algorithm", MPI_CASES)
+def test_mpi_every_algorithm_on_device_arrays(comm, collective, algorithm):
+    for shape in SHAPES:
+        _all_roots(comm, collective, algorithm, shape)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["native", "ring", "rabenseifner"])
+def test_mpi_every_dtype_and_op_on_device(comm, algorithm):
+    for dtype, op in DTYPE_OPS:
+        if algorithm == "native" and _dtype(dtype).name in ("bfloat16", "float128", "complex256"):
+            continue
+        run_case(comm, "all_reduce", algorithm, (9,), dtype, op, device=True)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective,algorithm", v_cases("mpi"))
+def test_mpi_v_variants_on_device(comm, collective, algorithm):
+    for root in range(comm.size) if collective in ("gather_v", "scatter_v") else (0,):
+        run_v_case(comm, collective, algorithm, (3,), "f8", root=root, device=True)
+
+
+@pytest.mark.mpi
+def test_mpi_in_place_and_out_on_device(comm, fake_cupy):
+    x = fake_cupy.asarray(np.arange(8.0) + comm.rank)
+    expected = sum(np.arange(8.0) + r for r in range(comm.size))
+    for algorithm in ("native", "ring", "recursive_doubling"):
+        y = x.copy()
+        assert comm.all_reduce(y, out=y, algorithm=algorithm) is y
+        np.testing.assert_array_equal(y.get(), expected)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="out: a numpy array for a cupy input"):
+        comm.all_reduce(x, out=np.empty(8))
+
+
+@pytest.mark.mpi
+def test_cuda_aware_path_synchronizes_the_stream_before_messages(fake_cupy):
+    comm = _communicator("1")
+    stream = fake_cupy.cuda.get_current_stream()
+    x = fake_cupy.asarray(np.ones(64))
+    before = stream.synchronized
+    comm.all_reduce(x, algorithm="ring")
+    comm.all_reduce(x, algorithm="native")
+    if comm.size > 1:
+        assert stream.synchronized - before >= 2 * (comm.size - 1) + 1
+
+
+@pytest.mark.mpi
+def test_staged_memory_is_reused_call_after_call(fake_cupy):
+    comm = _communicator("0")
+    x = fake_cupy.asarray(np.ones(1 << 15, np.float32))
+    sequence = ("ring", "native", "rabenseifner", "recursive_doubling", "ring_pipelined")
+    staging = comm._transport._staging
+
+    def pinned():
+        return [b.__array_interface__["data"][0] for b in staging._blocks]
+
+    for algorithm in sequence:
+        comm.all_reduce(x, algorithm=algorithm, segment_bytes=4096) \
+            if algorithm == "ring_pipelined" else comm.all_reduce(x, algorithm=algorithm)
+    comm.all_reduce(x, algorithm="ring")  # the reset merges what grew into one block
+    before = pinned()
+    for _round in range(3):
+        for algorithm in sequence:
+            comm.all_reduce(x, algorithm=algorithm)
+    assert pinned() == before and len(before) == 1

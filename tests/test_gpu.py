@@ -1,0 +1,178 @@
+"""CuPy arrays on the MPI backend (staged, and CUDA-aware where MPI is) and the NCCL backend.
+
+Run under mpiexec like the MPI tests; every test here skips, with the reason, where CuPy
+or a CUDA device is missing. On one GPU, MPI ranks share it; NCCL runs at as many ranks
+as there are GPUs (NCCL refuses two ranks on one GPU).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from reference import (
+    DTYPE_OPS,
+    REDUCING,
+    ROOTED,
+    _dtype,
+    run_case,
+    run_v_case,
+    v_cases,
+)
+
+import mpicoll
+
+pytestmark = [pytest.mark.mpi, pytest.mark.gpu]
+
+cupy = pytest.importorskip("cupy", reason="CuPy is not installed: no GPU tests")
+try:
+    DEVICES = cupy.cuda.runtime.getDeviceCount()
+except Exception:  # CuPy without a driver or a device
+    DEVICES = 0
+if DEVICES == 0:
+    pytest.skip("no CUDA device visible", allow_module_level=True)
+
+from mpi4py import MPI  # noqa: E402
+
+from mpicoll import cuda  # noqa: E402
+
+cuda.select_device(MPI.COMM_WORLD)  # one GPU per local rank, shared when they are fewer
+CUPY_DTYPES = [d for d, _ in DTYPE_OPS if _dtype(d).name not in ("bfloat16", "float128",
+                                                                  "complex256")]
+SHAPES = ((0,), (1,), (17,), (1001,), (2, 3))
+
+
+def _communicator(backend: str, cuda_aware: str | None = None) -> mpicoll.Communicator:
+    saved = os.environ.get("MPICOLL_CUDA_AWARE")
+    if cuda_aware is not None:
+        os.environ["MPICOLL_CUDA_AWARE"] = cuda_aware
+    try:
+        comm = mpicoll.Communicator(MPI.COMM_WORLD, backend=backend)
+        if backend == "mpi":  # decide now, while the variable is set
+            comm._transport.direct()
+        return comm
+    finally:
+        if saved is None:
+            os.environ.pop("MPICOLL_CUDA_AWARE", None)
+        else:
+            os.environ["MPICOLL_CUDA_AWARE"] = saved
+
+
+def _paths() -> list[str]:
+    paths = ["mpi-staged"]
+    if cuda.query_mpi_cuda_support():
+        paths.append("mpi-cuda-aware")
+    if MPI.COMM_WORLD.Get_size() <= DEVICES:
+        paths.append("nccl")
+    return paths
+
+
+@pytest.fixture(scope="module", params=_paths())
+def comm(request):
+    if request.param == "nccl":
+        return _communicator("nccl")
+    return _communicator("mpi", "1" if request.param == "mpi-cuda-aware" else "0")
+
+
+CASES = [(c, a) for c in mpicoll.COLLECTIVES if c != "barrier"
+         for a in mpicoll.algorithms(c, "nccl")]
+
+
+@pytest.mark.parametrize("collective,algorithm", CASES)
+def test_every_algorithm_on_the_gpu(comm, collective, algorithm):
+    for shape in SHAPES:
+        for root in range(comm.size) if collective in ROOTED else (0,):
+            run_case(comm, collective, algorithm, shape, "f4", "sum", root, device=True)
+
+
+@pytest.mark.parametrize("algorithm", mpicoll.algorithms("all_reduce", "nccl"))
+def test_every_dtype_and_op(comm, algorithm):
+    for dtype, op in DTYPE_OPS:
+        if dtype not in CUPY_DTYPES:
+            continue
+        try:
+            run_case(comm, "all_reduce", algorithm, (33,), dtype, op, device=True)
+        except (mpicoll.UnsupportedDtypeError, mpicoll.UnsupportedOpError) as exc:
+            # only NCCL's own collectives may refuse, and only what NCCL lacks
+            assert algorithm == "native" and comm.backend == "nccl", exc
+
+
+@pytest.mark.parametrize("collective", REDUCING)
+def test_reductions_in_place_and_out(comm, collective):
+    x = cupy.arange(comm.size * 6, dtype=cupy.float32).reshape(comm.size, 6) + comm.rank
+    expected = sum(np.arange(comm.size * 6, dtype=np.float32).reshape(comm.size, 6) + r
+                   for r in range(comm.size))
+    if collective == "all_reduce":
+        y = x.copy()
+        assert comm.all_reduce(y, out=y) is y  # in place: the caller's own array back
+        np.testing.assert_array_equal(y.get(), expected)
+    elif collective == "reduce":
+        out = cupy.empty_like(x) if comm.rank == 0 else None
+        got = comm.reduce(x, root=0, out=out)
+        assert got is out
+        if comm.rank == 0:
+            np.testing.assert_array_equal(out.get(), expected)
+    else:
+        out = cupy.empty(6, cupy.float32)
+        assert comm.reduce_scatter(x, out=out) is out
+        np.testing.assert_array_equal(out.get(), expected[comm.rank])
+
+
+@pytest.mark.parametrize("collective,algorithm", [
+    (c, a) for c, a in v_cases("nccl") if c != "reduce_scatter" or a != "native"] +
+    [("reduce_scatter", "native")])
+def test_v_variants(comm, collective, algorithm):
+    for root in range(comm.size) if collective in ("gather_v", "scatter_v") else (0,):
+        run_v_case(comm, collective, algorithm, (3,), "f8", root=root, device=True)
+
+
+def test_a_stream_of_the_callers(comm):
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        x = cupy.full(1 << 16, comm.rank + 1, cupy.float64)
+    for algorithm in ("native", "ring", "recursive_doubling"):
+        got = comm.all_reduce(x, algorithm=algorithm, stream=stream)
+        stream.synchronize()
+        assert float(got[0]) == float(got[-1]) == comm.size * (comm.size + 1) / 2
+
+
+def test_barrier(comm):
+    for algorithm in mpicoll.algorithms("barrier", comm.backend):
+        comm.barrier(algorithm=algorithm)
+
+
+def test_mismatched_libraries_are_refused(comm):
+    with pytest.raises(mpicoll.InvalidArgumentError, match="out:"):
+        comm.all_reduce(cupy.zeros(4), out=np.zeros(4))
+    if comm.backend == "nccl":
+        with pytest.raises(mpicoll.InvalidArgumentError, match="moves GPU arrays"):
+            comm.all_reduce(np.zeros(4))
+
+
+def test_staging_memory_is_kept_not_reallocated():
+    comm = _communicator("mpi", "0")
+    x = cupy.ones(1 << 18, cupy.float32)
+    sequence = ("ring", "native", "rabenseifner", "recursive_doubling", "ring_pipelined")
+
+    def pinned():
+        return [b.__array_interface__["data"][0] for b in comm._transport._staging._blocks]
+
+    for algorithm in sequence:  # the first round may grow the pinned memory
+        comm.all_reduce(x, algorithm=algorithm)
+    comm.all_reduce(x, algorithm="ring")  # a reset merges what grew
+    before = pinned()
+    for _round in range(3):
+        for algorithm in sequence:
+            comm.all_reduce(x, algorithm=algorithm)
+    assert pinned() == before and len(before) == 1
+
+
+def test_torch_cuda_tensors_come_back_as_torch(comm):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    x = torch.full((8,), float(comm.rank + 1), device=f"cuda:{cupy.cuda.Device().id}")
+    got = comm.all_reduce(x, "max")
+    assert isinstance(got, torch.Tensor) and got.is_cuda
+    assert got.cpu().tolist() == [float(comm.size)] * 8

@@ -1,0 +1,321 @@
+"""The GPU paths' decisions and tables, tested where there is no GPU.
+
+NCCL's dtype/op table, the device a rank picks, whether device buffers are staged, the
+pinned staging allocator, the NCCL transport's grouping of messages (over a stand-in
+for cupy.cuda.nccl), and DLPack round trips of host tensors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import mpicoll
+from mpicoll import arrays, cuda
+from mpicoll.native_nccl import (
+    NCCL_AVG,
+    NCCL_MAX,
+    NCCL_MIN,
+    NCCL_PROD,
+    NCCL_SUM,
+    nccl_op,
+)
+from mpicoll.ops import resolve_op
+from mpicoll.transport.local import run_local
+from mpicoll.transport.nccl import NCCLTransport
+
+# ---- NCCL's tables -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype,op,expected", [
+    ("f4", "sum", (7, NCCL_SUM, 1)),
+    ("f8", "prod", (8, NCCL_PROD, 1)),
+    ("f2", "avg", (6, NCCL_AVG, 1)),
+    ("i1", "max", (0, NCCL_MAX, 1)),
+    ("u1", "min", (1, NCCL_MIN, 1)),
+    ("i4", "sum", (2, NCCL_SUM, 1)),
+    ("u4", "sum", (3, NCCL_SUM, 1)),
+    ("i8", "prod", (4, NCCL_PROD, 1)),
+    ("u8", "max", (5, NCCL_MAX, 1)),
+    (ml_dtypes.bfloat16, "sum", (9, NCCL_SUM, 1)),
+    ("c8", "sum", (7, NCCL_SUM, 2)),  # complex: twice the floats
+    ("c16", "avg", (8, NCCL_AVG, 2)),
+    ("?", "sum", (1, NCCL_MAX, 1)),  # bool: sum is OR, prod is AND
+    ("?", "prod", (1, NCCL_MIN, 1)),
+    ("?", "bor", (1, NCCL_MAX, 1)),
+    ("?", "band", (1, NCCL_MIN, 1)),
+])
+def test_nccl_table(dtype, op, expected):
+    dtype = np.dtype(dtype)
+    assert nccl_op(resolve_op(op, dtype), dtype) == expected
+
+
+@pytest.mark.parametrize("dtype,op,error,match", [
+    ("i2", "sum", mpicoll.UnsupportedDtypeError, "cannot reduce dtype int16"),
+    ("u2", "max", mpicoll.UnsupportedDtypeError, "cannot reduce dtype uint16"),
+    ("g", "sum", mpicoll.UnsupportedDtypeError, "cannot reduce dtype float128"),
+    ("c8", "prod", mpicoll.UnsupportedDtypeError, "complex .* only with sum or avg"),
+    ("i4", "band", mpicoll.UnsupportedOpError, "no 'band'"),
+    ("u8", "bxor", mpicoll.UnsupportedOpError, "no 'bxor'"),
+    ("?", "bxor", mpicoll.UnsupportedOpError, "cannot bxor bool"),
+])
+def test_nccl_table_refusals(dtype, op, error, match):
+    dtype = np.dtype(dtype)
+    with pytest.raises(error, match=match):
+        nccl_op(resolve_op(op, dtype), dtype)
+
+
+def test_nccl_refuses_user_ops():
+    op = mpicoll.Op(np.add, commutative=True, name="my_add")
+    with pytest.raises(mpicoll.UnsupportedOpError, match="no user-defined ops .*'my_add'"):
+        nccl_op(op, np.dtype("f4"))
+
+
+def test_every_op_dtype_pair_is_served_or_refused_clearly():
+    from reference import DTYPE_OPS, _dtype
+
+    for name, op in DTYPE_OPS:
+        dtype = _dtype(name)
+        try:
+            datatype, nop, parts = nccl_op(resolve_op(op, dtype), dtype)
+        except (mpicoll.UnsupportedDtypeError, mpicoll.UnsupportedOpError) as exc:
+            assert "NCCL" in str(exc), (name, op, exc)
+            continue
+        assert 0 <= datatype <= 9 and 0 <= nop <= 4 and parts in (1, 2)
+        assert dtype.itemsize % parts == 0
+
+
+# ---- which device, CUDA-aware or staged ----------------------------------------------
+
+
+@pytest.mark.parametrize("ranks_per_node,devices", [(1, 1), (4, 1), (4, 4), (8, 4), (3, 2)])
+def test_one_gpu_per_local_rank(ranks_per_node, devices):
+    picked = [cuda.choose_device(r, devices, environ={}) for r in range(ranks_per_node)]
+    assert picked == [r % devices for r in range(ranks_per_node)]
+    # each GPU serves ceil or floor of ranks/devices ranks
+    loads = [picked.count(d) for d in range(devices)]
+    assert max(loads) - min(loads) <= 1
+
+
+def test_device_choice_respects_the_user_and_the_environment():
+    assert cuda.choose_device(3, 4, current=1, environ={}) == 1  # the user chose
+    assert cuda.choose_device(3, 4, current=1, environ={"MPICOLL_DEVICE": "2"}) == 2
+    with pytest.raises(mpicoll.InvalidArgumentError, match="MPICOLL_DEVICE='7'"):
+        cuda.choose_device(0, 4, environ={"MPICOLL_DEVICE": "7"})
+    with pytest.raises(mpicoll.InvalidArgumentError, match="no CUDA device"):
+        cuda.choose_device(0, 0, environ={})
+
+
+class _FakeMPI:
+    """A stand-in for the MPI library's symbols (ctypes' CDLL attributes)."""
+
+    def __init__(self, **symbols):
+        self.__dict__.update(symbols)
+
+
+def test_cuda_awareness_from_the_mpi_library():
+    assert cuda.query_mpi_cuda_support(_FakeMPI()) is None  # it cannot tell
+    assert cuda.query_mpi_cuda_support(_FakeMPI(MPIX_Query_cuda_support=lambda: 1)) is True
+    assert cuda.query_mpi_cuda_support(_FakeMPI(MPIX_Query_cuda_support=lambda: 0)) is False
+
+    def gpu_query(kind, flag):  # MPICH 4: MPIX_GPU_query_support(kind, &flag)
+        assert kind.value == 0  # MPIX_GPU_SUPPORT_CUDA
+        flag._obj.value = 1
+        return 0
+
+    assert cuda.query_mpi_cuda_support(_FakeMPI(MPIX_GPU_query_support=gpu_query)) is True
+    # unknown means staging; the override wins either way
+    assert cuda.cuda_aware_mpi({}, _FakeMPI()) is False
+    assert cuda.cuda_aware_mpi({"MPICOLL_CUDA_AWARE": "1"}, _FakeMPI()) is True
+    assert cuda.cuda_aware_mpi({"MPICOLL_CUDA_AWARE": "0"},
+                               _FakeMPI(MPIX_Query_cuda_support=lambda: 1)) is False
+    with pytest.raises(mpicoll.InvalidArgumentError, match="MPICOLL_CUDA_AWARE='maybe'"):
+        cuda.cuda_aware_mpi({"MPICOLL_CUDA_AWARE": "maybe"}, _FakeMPI())
+
+
+def test_this_mpi_library_answers():
+    """The MPICH wheel here is not CUDA-aware; the query must run and say so (or not know)."""
+    from mpi4py import MPI  # noqa: F401  (loads the MPI library into the process)
+
+    assert cuda.query_mpi_cuda_support(ctypes.CDLL(None)) in (None, False)
+
+
+class _HostStaging(cuda.PinnedStaging):
+    """PinnedStaging over ordinary host memory, to test its bookkeeping without CUDA."""
+
+    allocations = 0
+
+    def _allocate(self, nbytes):
+        type(self).allocations += 1
+        self._blocks.append(np.zeros(nbytes, np.uint8))
+        self._used = 0
+
+
+def test_pinned_staging_is_reused_call_after_call():
+    staging = _HostStaging()
+    for _call in range(3):
+        staging.reset()
+        sends = [staging.take(1000) for _ in range(3)]  # nonblocking: kept for the call
+        mark = staging.mark()
+        blocking = staging.take(5000)
+        staging.release(mark)  # a blocking message gives its space back
+        again = staging.take(5000)
+        assert again.__array_interface__["data"][0] == blocking.__array_interface__["data"][0]
+        starts = [s.__array_interface__["data"][0] for s in sends]
+        assert all(b - a >= 1000 for a, b in zip(starts, starts[1:], strict=False))  # apart
+        assert all((s - starts[0]) % 256 == 0 for s in starts)  # aligned within the block
+    assert _HostStaging.allocations == 1  # one block, made once
+
+
+def test_pinned_staging_grows_then_merges():
+    _HostStaging.allocations = 0
+    staging = _HostStaging()
+    staging.reset()
+    first = staging.take(1 << 20)
+    second = staging.take(3 << 20)  # does not fit: a second block for the rest of the call
+    assert not np.shares_memory(first, second)
+    assert len(staging._blocks) == 2
+    staging.reset()  # merged into one block big enough for the whole call
+    assert len(staging._blocks) == 1 and staging.capacity >= 4 << 20
+    staging.take(1 << 20)
+    staging.take(3 << 20)
+    assert len(staging._blocks) == 1 and _HostStaging.allocations == 3
+
+
+# ---- the NCCL transport's groups, over a stand-in for cupy.cuda.nccl --------------------
+
+
+class _DeviceBuffer:
+    def __init__(self, nbytes, ptr):
+        self.nbytes = nbytes
+        self.data = type("Pointer", (), {"ptr": ptr})()
+
+
+class _FakeNccl:
+    def __init__(self):
+        self.log = []
+
+    def groupStart(self):
+        self.log.append("start")
+
+    def groupEnd(self):
+        self.log.append("end")
+
+    def send(self, ptr, count, datatype, peer, stream):
+        self.log.append(("send", ptr, count, datatype, peer))
+
+    def recv(self, ptr, count, datatype, peer, stream):
+        self.log.append(("recv", ptr, count, datatype, peer))
+
+
+def _fake_transport():
+    t = object.__new__(NCCLTransport)
+    fake = _FakeNccl()
+    t._nccl, t.nccl, t._queue = fake, fake, []
+    t._tokens = _DeviceBuffer(1, 900), _DeviceBuffer(1, 901)
+    t.stream_ptr = lambda: 0
+    return t, fake.log
+
+
+def test_nccl_transport_groups_nonblocking_messages_until_a_wait():
+    t, log = _fake_transport()
+    a, b, c = _DeviceBuffer(8, 100), _DeviceBuffer(8, 200), _DeviceBuffer(4, 300)
+    t.isend(a, 1)
+    t.irecv(b, 2)
+    assert log == []  # queued, not issued
+    t.waitall(())
+    assert log == ["start", ("send", 100, 8, 1, 1), ("recv", 200, 8, 1, 2), "end"]
+    log.clear()
+    t.isend(a, 3)
+    t.recv(c, 3)  # a blocking message issues the queue with itself, in one group
+    assert log == ["start", ("send", 100, 8, 1, 3), ("recv", 300, 4, 1, 3), "end"]
+    log.clear()
+    t.sendrecv(a, 1, b, 2)
+    assert log == ["start", ("send", 100, 8, 1, 1), ("recv", 200, 8, 1, 2), "end"]
+
+
+def test_nccl_transport_empty_messages_become_tokens():
+    t, log = _fake_transport()
+    t.sendrecv(np.empty(0, np.uint8), 1, np.empty(0, np.uint8), 2)  # a barrier's messages
+    assert log == ["start", ("send", 900, 1, 1, 1), ("recv", 901, 1, 1, 2), "end"]
+    with pytest.raises(TypeError, match="device"):
+        t.send(np.zeros(4, np.uint8), 1)
+
+
+# ---- arrays: DLPack, host and device libraries --------------------------------------
+
+
+class _Tensor:
+    """A foreign tensor that speaks only DLPack (like a torch or JAX CPU tensor)."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+def test_dlpack_input_is_not_copied():
+    data = np.arange(6, dtype=np.float32)
+    array, back = arrays.as_array(_Tensor(data), "x")
+    assert type(array) is np.ndarray and np.shares_memory(array, data)
+    assert back(array) is array  # an unknown package: NumPy comes back
+
+
+def test_dlpack_tensors_through_collectives():
+    def body(comm):
+        x = _Tensor(np.full(5, comm.rank + 1, np.int64))
+        total = comm.all_reduce(x, algorithm="ring")
+        rows = comm.all_gather(x, algorithm="bruck")
+        return total, rows
+
+    for total, rows in run_local(3, body):
+        assert np.array_equal(total, np.full(5, 6))
+        assert np.array_equal(rows, np.repeat(np.arange(1, 4), 5).reshape(3, 5))
+
+
+def test_torch_tensors_come_back_as_torch():
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+
+    def body(comm):
+        x = torch.full((4,), float(comm.rank + 1))
+        out = comm.all_reduce(x, "max", algorithm="recursive_doubling")
+        return out
+
+    for out in run_local(3, body):
+        assert isinstance(out, torch.Tensor) and out.tolist() == [3.0] * 4
+
+
+def test_device_type_must_be_host_or_cuda():
+    class Elsewhere(_Tensor):
+        def __dlpack_device__(self):
+            return (14, 0)  # kDLOneAPI
+
+    with pytest.raises(mpicoll.InvalidArgumentError, match="neither the host nor CUDA"):
+        arrays.as_array(Elsewhere(np.zeros(2)), "x")
+
+
+def test_arrays_without_cupy():
+    x = np.zeros(3)
+    assert arrays.module_of(x) is np and not arrays.is_cupy(x)
+    assert type(arrays.empty(4, np.int8, like=x)) is np.ndarray
+    assert arrays.to_host(x) is x
+    dst = np.zeros(4)
+    arrays.assign_from_host(dst, np.arange(4.0))
+    assert dst.tolist() == [0, 1, 2, 3]
+
+
+def test_stream_keyword_is_checked():
+    def body(comm):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="stream: expected a cupy.cuda.Stream"):
+            comm.all_reduce(np.zeros(2), stream="default")
+        return comm.all_reduce(np.ones(2), stream=None)
+
+    for out in run_local(2, body):
+        assert out.tolist() == [2, 2]
