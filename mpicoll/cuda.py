@@ -108,8 +108,13 @@ def _context_current() -> bool:
         return False
 
 
-def select_device(comm: Any) -> int:
-    """Make the device ``choose_device`` picks current for this thread; return it."""
+def select_device(comm: Any = None) -> int:
+    """Make the device ``choose_device`` picks current for this thread; return it. Call it
+    before allocating CuPy arrays; ``comm`` (default COMM_WORLD) tells the local rank."""
+    if comm is None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
     cupy = cupy_module()
     count = cupy.cuda.runtime.getDeviceCount()
     current = cupy.cuda.runtime.getDevice() if _context_current() else None

@@ -102,7 +102,7 @@ def native_scatter(t: NCCLTransport, src: Any, dst: Any, bounds: tuple[int, ...]
         dst[...] = _block(src, bounds, root)
     else:
         t.irecv(dst, root)
-    t.waitall(())
+    t.issue()
 
 
 def native_gather(t: NCCLTransport, src: Any, dst: Any, bounds: tuple[int, ...],
@@ -114,7 +114,7 @@ def native_gather(t: NCCLTransport, src: Any, dst: Any, bounds: tuple[int, ...],
         _block(dst, bounds, root)[...] = src
     else:
         t.isend(src, root)
-    t.waitall(())
+    t.issue()
 
 
 def native_all_gather(t: NCCLTransport, buf: Any, bounds: tuple[int, ...]) -> None:
@@ -127,7 +127,7 @@ def native_all_gather(t: NCCLTransport, buf: Any, bounds: tuple[int, ...]) -> No
         if j != t.rank:
             t.isend(mine, j)
             t.irecv(_block(buf, bounds, j), j)
-    t.waitall(())
+    t.issue()
 
 
 def native_reduce(t: NCCLTransport, src: Any, dst: Any, op: Op, root: int) -> None:
@@ -167,7 +167,7 @@ def native_all_to_all(t: NCCLTransport, src: Any, send_bounds: tuple[int, ...], 
         else:
             t.isend(_block(src, send_bounds, j), j)
             t.irecv(_block(dst, recv_bounds, j), j)
-    t.waitall(())
+    t.issue()
 
 
 def native_barrier(t: NCCLTransport) -> None:

@@ -210,6 +210,15 @@ V_ALGORITHMS = {"all_gather_v": "all_gather", "gather_v": "gather", "scatter_v":
                 "all_to_all_v": "all_to_all", "reduce_scatter": "reduce_scatter"}
 
 
+def check_nccl_average(comm: mpicoll.Communicator, dtype: str, cupy: object) -> None:
+    """ncclAvg divides in its own way (sum times 1/p, or per part of a complex): equal to
+    the NumPy reference within rounding, not bit for bit."""
+    inputs = [make_input(r, (9,), dtype, "avg") for r in range(comm.size)]
+    got = comm.all_reduce(cupy.asarray(inputs[comm.rank]), "avg", algorithm="native")
+    expected = sum(x.astype(np.complex128) for x in inputs) / comm.size
+    np.testing.assert_allclose(got.get(), expected, rtol=1e-3 if dtype == "f2" else 1e-6)
+
+
 def keeps_order(collective: str, algorithm: str, op: str) -> bool:
     """Whether ``algorithm`` serves ``op``: any op, unless it reorders a non-commutative one."""
     return (op not in NON_COMMUTATIVE or algorithm in ("native", "auto")

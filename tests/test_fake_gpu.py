@@ -14,7 +14,15 @@ import os
 import numpy as np
 import pytest
 from fake_cupy import installed
-from reference import DTYPE_OPS, ROOTED, _dtype, run_case, run_v_case, v_cases
+from reference import (
+    DTYPE_OPS,
+    ROOTED,
+    _dtype,
+    check_nccl_average,
+    run_case,
+    run_v_case,
+    v_cases,
+)
 
 import mpicoll
 from mpicoll.algorithms import all_to_all
@@ -66,8 +74,12 @@ def _communicator(cuda_aware: str) -> mpicoll.Communicator:
             os.environ["MPICOLL_CUDA_AWARE"] = saved
 
 
-@pytest.fixture(scope="module", params=["staged", "cuda-aware"])
+@pytest.fixture(scope="module", params=["staged", "cuda-aware", "nccl"])
 def comm(request):
+    if request.param == "nccl":  # the stand-in's NCCL runs its calls as MPI's
+        from mpi4py import MPI
+
+        return mpicoll.Communicator(MPI.COMM_WORLD, backend="nccl")
     return _communicator("1" if request.param == "cuda-aware" else "0")
 
 
@@ -83,11 +95,18 @@ def test_mpi_every_algorithm_on_device_arrays(comm, collective, algorithm):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", ["native", "ring", "rabenseifner"])
-def test_mpi_every_dtype_and_op_on_device(comm, algorithm):
+def test_mpi_every_dtype_and_op_on_device(comm, algorithm, fake_cupy):
     for dtype, op in DTYPE_OPS:
         if algorithm == "native" and _dtype(dtype).name in ("bfloat16", "float128", "complex256"):
             continue
-        run_case(comm, "all_reduce", algorithm, (9,), dtype, op, device=True)
+        if op == "avg" and algorithm == "native" and comm.backend == "nccl":
+            check_nccl_average(comm, dtype, fake_cupy)
+            continue
+        try:
+            run_case(comm, "all_reduce", algorithm, (9,), dtype, op, device=True)
+        except (mpicoll.UnsupportedDtypeError, mpicoll.UnsupportedOpError) as exc:
+            # only NCCL's own collectives refuse, and only what NCCL lacks
+            assert comm.backend == "nccl" and algorithm == "native" and "NCCL" in str(exc)
 
 
 @pytest.mark.mpi
@@ -107,6 +126,29 @@ def test_mpi_in_place_and_out_on_device(comm, fake_cupy):
         np.testing.assert_array_equal(y.get(), expected)
     with pytest.raises(mpicoll.InvalidArgumentError, match="out: a numpy array for a cupy input"):
         comm.all_reduce(x, out=np.empty(8))
+
+
+@pytest.mark.mpi
+def test_nccl_backend_barrier_averages_and_refusals(comm, fake_cupy):
+    if comm.backend != "nccl":
+        pytest.skip("NCCL only")
+    for algorithm in mpicoll.algorithms("barrier", "nccl"):
+        comm.barrier(algorithm=algorithm)
+    x = fake_cupy.asarray(np.full(4, float(comm.rank)))
+    for algorithm in ("native", "ring"):  # NCCL's avg, and a sum divided by p: the same
+        got = comm.all_reduce(x, "avg", algorithm=algorithm)
+        np.testing.assert_array_equal(got.get(), np.full(4, (comm.size - 1) / 2))
+    with pytest.raises(mpicoll.InvalidArgumentError, match="moves GPU arrays"):
+        comm.all_reduce(np.zeros(4))
+    with pytest.raises(mpicoll.UnsupportedOpError, match="NCCL has no 'bxor'"):
+        comm.all_reduce(fake_cupy.asarray(np.zeros(4, np.int32)), "bxor", algorithm="native")
+    assert comm.all_reduce(fake_cupy.asarray(np.zeros(4, np.int32)), "bxor",
+                           algorithm="ring").get().tolist() == [0] * 4
+    # scatter and broadcast at ranks that pass no buffer: results on the GPU
+    rows = fake_cupy.asarray(np.arange(comm.size * 2.0).reshape(comm.size, 2))
+    got = comm.scatter(rows if comm.rank == 0 else None, algorithm="native")
+    assert isinstance(got, fake_cupy.ndarray) and got.get().tolist() == [2.0 * comm.rank,
+                                                                         2.0 * comm.rank + 1]
 
 
 @pytest.mark.mpi
@@ -140,3 +182,31 @@ def test_staged_memory_is_reused_call_after_call(fake_cupy):
         for algorithm in sequence:
             comm.all_reduce(x, algorithm=algorithm)
     assert pinned() == before and len(before) == 1
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["mpi", "nccl"])
+def test_bench_on_gpu_buffers(backend, tmp_path_factory, capsys):
+    """``python -m mpicoll.bench all_reduce --buffer cupy`` (and --backend nccl): every
+    algorithm row, the library's row, no wrong result, and the GPU in the header."""
+    from mpi4py import MPI
+
+    from mpicoll.bench import main
+
+    path = MPI.COMM_WORLD.bcast(str(tmp_path_factory.mktemp("bench")) + "/rows.json")
+    status = main(["all_reduce", "-b", "8", "-e", "64K", "-f", "64", "-n", "2", "-w", "1",
+                   "--buffer", "cupy", "--backend", backend, "--json", path])
+    assert status == 0
+    MPI.COMM_WORLD.Barrier()
+    import json
+
+    with open(path) as f:
+        report = json.load(f)
+    library = "nccl_library" if backend == "nccl" else "mpi_library"
+    names = {row["algorithm"] for row in report["rows"]}
+    assert names == {library, "auto", *mpicoll.algorithms("all_reduce", backend)}
+    assert all(row["wrong"] == 0 and row["buffer"] == "cupy" for row in report["rows"])
+    assert report["header"]["gpu"] == "NumPy stand-in"
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        out = capsys.readouterr().out
+        assert "stream synchronized after every call" in out and f"({library})" in out

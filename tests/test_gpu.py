@@ -16,6 +16,7 @@ from reference import (
     REDUCING,
     ROOTED,
     _dtype,
+    check_nccl_average,
     run_case,
     run_v_case,
     v_cases,
@@ -90,6 +91,9 @@ def test_every_algorithm_on_the_gpu(comm, collective, algorithm):
 def test_every_dtype_and_op(comm, algorithm):
     for dtype, op in DTYPE_OPS:
         if dtype not in CUPY_DTYPES:
+            continue
+        if op == "avg" and algorithm == "native" and comm.backend == "nccl":
+            check_nccl_average(comm, dtype, cupy)
             continue
         try:
             run_case(comm, "all_reduce", algorithm, (33,), dtype, op, device=True)

@@ -215,6 +215,7 @@ def _fake_transport():
     t = object.__new__(NCCLTransport)
     fake = _FakeNccl()
     t._nccl, t.nccl, t._queue = fake, fake, []
+    t._queued = t._issued = 0
     t._tokens = _DeviceBuffer(1, 900), _DeviceBuffer(1, 901)
     t.stream_ptr = lambda: 0
     return t, fake.log
@@ -223,11 +224,25 @@ def _fake_transport():
 def test_nccl_transport_groups_nonblocking_messages_until_a_wait():
     t, log = _fake_transport()
     a, b, c = _DeviceBuffer(8, 100), _DeviceBuffer(8, 200), _DeviceBuffer(4, 300)
-    t.isend(a, 1)
-    t.irecv(b, 2)
+    first = t.isend(a, 1)
+    second = t.irecv(b, 2)
     assert log == []  # queued, not issued
-    t.waitall(())
+    t.waitall([second])
     assert log == ["start", ("send", 100, 8, 1, 1), ("recv", 200, 8, 1, 2), "end"]
+    log.clear()
+    # a wait on messages already issued issues nothing: a send queued since stays queued
+    # until a wait needs it, and goes out together with the receive the peer expects
+    third = t.isend(c, 1)
+    t.waitall([first, second])
+    assert log == []
+    fourth = t.irecv(a, 2)
+    t.waitall([fourth])
+    assert log == ["start", ("send", 300, 4, 1, 1), ("recv", 100, 8, 1, 2), "end"]
+    log.clear()
+    t.waitall([third, fourth])
+    t.isend(b, 1)
+    t.issue()  # native collectives issue their queue explicitly
+    assert log == ["start", ("send", 200, 8, 1, 1), "end"]
     log.clear()
     t.isend(a, 3)
     t.recv(c, 3)  # a blocking message issues the queue with itself, in one group

@@ -19,14 +19,15 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 import mpicoll
 from mpicoll import Communicator, model
 from mpicoll.algorithms import REGISTRY
+from mpicoll.arrays import empty, to_host
 from mpicoll.buffers import even_bounds
-from mpicoll.native import NATIVE
 from mpicoll.ops import resolve_op
 
 from . import report
@@ -80,6 +81,20 @@ def sizes(begin: int, end: int, factor: float) -> list[int]:
 
 
 MPI_LIBRARY = "mpi_library"  # the row of the MPI library's collective called directly
+NCCL_LIBRARY = "nccl_library"  # on backend nccl: cupy.cuda.nccl called directly
+
+
+def library_row(backend: str) -> str:
+    return NCCL_LIBRARY if backend == "nccl" else MPI_LIBRARY
+
+
+def on_buffer(x: np.ndarray, buffer: str) -> Any:
+    """The benchmark's input in the chosen memory: NumPy, or CuPy on this rank's GPU."""
+    if buffer == "numpy":
+        return x
+    import cupy
+
+    return cupy.asarray(x)
 
 
 def make_input(comm: Communicator, collective: str, nbytes: int, dtype: np.dtype,
@@ -108,9 +123,20 @@ def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
     """The MPI library's own collective on ready flat buffers: no mpicoll validation,
     no allocation; the baseline of ``vs_native``."""
     t, p, record = comm._transport, comm.size, RECORDS[collective]
-    fn, src, is_root = NATIVE[collective], x.reshape(-1), comm.rank == root
+    fn, src, is_root = comm._native[collective], x.reshape(-1), comm.rank == root
     opd = resolve_op(op, x.dtype) if record.reduces else None
-    dst = np.empty(math.prod(result_shape(collective, x, p)), x.dtype)
+    dst = empty(math.prod(result_shape(collective, x, p)), x.dtype, like=x)
+    if comm.backend == "nccl" and collective == "all_reduce":
+        # cupy.cuda.nccl itself: the NcclCommunicator's allReduce on ready pointers
+        from mpicoll.native_nccl import nccl_op
+
+        datatype, nccl_reduce, parts = nccl_op(opd, x.dtype)
+        nccl, send, recv, n = t.nccl, src.data.ptr, dst.data.ptr, src.size * parts
+
+        def direct(keep: tuple = (src, dst)) -> None:  # keep: the memory behind the pointers
+            nccl.allReduce(send, recv, n, datatype, nccl_reduce, t.stream_ptr())
+
+        return direct
     if collective == "broadcast":
         return lambda: fn(t, dst, root)
     if collective == "scatter":
@@ -154,7 +180,7 @@ class Call:
             self._run = lambda algo: comm.broadcast(self.buf, root, algorithm=algo)
             return
         if self.inplace:
-            self.buf = (np.empty((p, *x.shape), x.dtype) if collective == "all_gather"
+            self.buf = (empty((p, *x.shape), x.dtype, like=x) if collective == "all_gather"
                         else x.copy())
             mine = self.buf[comm.rank] if collective == "all_gather" else self.buf
             out = self.buf if (is_root or not record.rooted) else None
@@ -165,7 +191,7 @@ class Call:
             self._run = lambda algo: fn(*args, algorithm=algo, out=out)
             return
         self.buf = None
-        out = np.empty(result_shape(collective, x, p), x.dtype)
+        out = empty(result_shape(collective, x, p), x.dtype, like=x)
         if collective == "scatter":
             self._run = lambda algo: comm.scatter(x, root, algorithm=algo, out=out)
             return
@@ -239,7 +265,7 @@ def time_interleaved(comm: Communicator, calls: dict[str, Callable[[], object]],
                 times[name][i] = time.perf_counter() - start
     mine = np.stack(list(times.values())) if times else np.empty((0, iters))
     slowest = np.empty_like(mine)
-    comm._transport.comm.Allreduce(mine, slowest, op=MPI.MAX)
+    comm._control.comm.Allreduce(mine, slowest, op=MPI.MAX)
     return {name: slowest[k].tolist() for k, name in enumerate(times)}
 
 
@@ -247,11 +273,13 @@ def count_wrong(comm: Communicator, got: np.ndarray | None, reference: np.ndarra
     from mpi4py import MPI
 
     wrong = 0
+    got, reference = to_host(got) if got is not None else None, \
+        to_host(reference) if reference is not None else None
     if (got is None) != (reference is None):
         wrong = 1
     elif got is not None:
         wrong = int(np.count_nonzero(got != reference)) if got.shape == reference.shape else got.size
-    return comm._transport.comm.allreduce(wrong, op=MPI.SUM)
+    return comm._control.comm.allreduce(wrong, op=MPI.SUM)
 
 
 @dataclass
@@ -282,11 +310,23 @@ class Row:
         return self.time_us / self.predicted_us if self.predicted_us > 0 else math.nan
 
 
-def _algorithm_names(collective: str, chosen: str) -> list[str]:
-    names = [MPI_LIBRARY, *mpicoll.algorithms(collective), "auto"]
+def _algorithm_names(collective: str, chosen: str, backend: str = "mpi") -> list[str]:
+    library = library_row(backend)
+    names = [library, *mpicoll.algorithms(collective, backend), "auto"]
     if chosen != "all":  # the library's row stays: it is what vs_native divides
-        names = [MPI_LIBRARY, *(n for n in chosen.split(",") if n != MPI_LIBRARY)]
+        names = [library, *(n for n in chosen.split(",") if n != library)]
     return names
+
+
+def _synchronized(call: Callable[[], object], stream: Any) -> Callable[[], None]:
+    """``call`` and then a wait for the GPU stream: a GPU call has ended when the stream
+    has run it, not when it returns."""
+
+    def timed() -> None:
+        call()
+        stream.synchronize()
+
+    return timed
 
 
 def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse.Namespace,
@@ -294,20 +334,21 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
           ) -> tuple[list[Row], int]:
     """Time every algorithm of ``collective`` at every size; returns the rows and #wrong."""
     dtype, record = np.dtype(args.datatype), RECORDS[collective]
-    names = _algorithm_names(collective, args.algo)
+    names = _algorithm_names(collective, args.algo, args.backend)
+    library_name = library_row(args.backend)
     checker = "native"
     if record.reduces and not comm._native_serves(resolve_op(args.op, dtype), dtype):
-        # the MPI library cannot reduce this dtype (bfloat16): no library rows, and
+        # the library cannot reduce this dtype (bfloat16): no library rows, and
         # results are checked against an algorithm that combines in rank order
-        names = [n for n in names if n not in (MPI_LIBRARY, "native")]
+        names = [n for n in names if n not in (library_name, "native")]
         checker = next(a.name for a in REGISTRY[collective].values() if not a.commutative_only)
-        say(f"# the MPI library cannot reduce {dtype}: no {MPI_LIBRARY}/native rows; "
+        say(f"# the library cannot reduce {dtype}: no {library_name}/native rows; "
             f"results checked against {checker}")
     if args.inplace and collective not in INPLACE:
         say(f"# {collective} has no in-place form: run out of place")
     rows, wrong_total = [], 0
     for nbytes in sizes_:
-        x = make_input(comm, collective, nbytes, dtype, args.op)
+        x = on_buffer(make_input(comm, collective, nbytes, dtype, args.op), args.buffer)
         count = x.size * comm.size if record.per_rank else x.size
         size = count * dtype.itemsize
         call = Call(comm, collective, x, args.op, args.root, args.inplace)
@@ -320,7 +361,7 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
         runs, wrongs = {}, {}
         for name in names:
             progress.step(f"{collective} {report.human(size)} {name}")
-            if name == MPI_LIBRARY:  # its result is the reference itself
+            if name == library_name:  # its result is the reference itself
                 runs[name], wrongs[name] = library, 0
                 continue
             runs[name] = functools.partial(call.run, name)
@@ -329,13 +370,17 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
                 call.reset()
                 wrongs[name] = count_wrong(comm, runs[name](), reference)
         wrong_total += sum(wrongs.values())
+        if args.buffer == "cupy":
+            from mpicoll.cuda import current_stream
+
+            runs = {name: _synchronized(run, current_stream()) for name, run in runs.items()}
         timed = time_interleaved(comm, runs, args.iters, args.warmup_iters,
                                  lambda: comm.barrier(algorithm="native"), args.timing)
         measured = {name: (timed[name], wrongs[name]) for name in names}
         for name, (times, wrong) in measured.items():
             seconds = statistics.median(times)
             algbw = size / seconds / 1e9 if seconds > 0 else 0.0
-            stand_in = "native" if name in (MPI_LIBRARY, "auto") else name
+            stand_in = "native" if name in (library_name, "auto") else name
             if name == "auto":
                 stand_in = comm.auto_algorithm(collective, size, args.op if record.reduces
                                                else None, dtype)
@@ -346,13 +391,27 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
                 float(np.percentile(times, 99)) * 1e6, algbw,
                 algbw * record.busbw_factor(comm.size), wrong,
                 model.predict(collective, stand_in, size, comm.size, params) * 1e6))
-        baseline = measured.get(MPI_LIBRARY, measured.get("native", ([math.nan], 0)))[0]
+        baseline = measured.get(library_name, measured.get("native", ([math.nan], 0)))[0]
         for row in rows[-len(measured):]:
             row.vs_native = statistics.median(baseline) * 1e6 / row.time_us
         for row in rows[-len(measured):]:
             say(report.table_row(row))
         sys.stdout.flush()
     return rows, wrong_total
+
+
+def _gpu_problem() -> str | None:
+    """Why GPU buffers cannot be used here, or None."""
+    try:
+        import cupy
+    except ImportError:
+        return "CuPy is not installed (pip install 'mpicoll[cuda12]' or '[cuda13]')"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA device is visible"
+    except Exception as exc:  # no driver
+        return f"CUDA is not usable here ({exc})"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,16 +450,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=None,
                         help="tune: the tuning file (default: mpicoll.tuning.default_path())")
     args = parser.parse_args(argv)
-    if args.backend != "mpi" or args.buffer != "numpy":
-        parser.exit(2, f"python -m mpicoll.bench: --backend {args.backend} --buffer "
-                       f"{args.buffer}: this version runs the mpi backend on NumPy buffers; "
-                       "the NCCL backend and CuPy buffers need CuPy and a GPU\n")
+    if args.backend == "nccl" and args.buffer != "cupy":
+        args.buffer = "cupy"  # NCCL moves GPU memory only
+    if args.buffer == "cupy":
+        problem = _gpu_problem()
+        if problem:
+            parser.exit(2, f"python -m mpicoll.bench: --buffer cupy / --backend nccl: {problem}\n")
+        if args.collective == "tune":
+            parser.exit(2, "python -m mpicoll.bench tune: tunes the mpi backend on NumPy "
+                           "buffers; NCCL's own collectives are auto's choice on GPUs\n")
     try:
         dtype = np.dtype(args.datatype)
     except TypeError:
         parser.exit(2, f"python -m mpicoll.bench: -d {args.datatype}: not a NumPy dtype\n")
 
-    comm = Communicator()
+    if args.buffer == "cupy" and args.backend == "mpi":
+        from mpi4py import MPI
+
+        from mpicoll.cuda import select_device
+
+        select_device(MPI.COMM_WORLD)  # the NCCL backend selects its own
+    comm = Communicator(backend=args.backend)
     say = print if comm.rank == 0 else (lambda *a, **k: None)
     params = model.load_params(args.model) or model.Params()
     header = report.header(comm, args, dtype, params)
@@ -413,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
         return tune(comm, args, size_list, params, say)
     collectives = list(RECORDS) if args.collective == "all" else [args.collective]
     progress = report.Progress(
-        comm.rank == 0, len(size_list) * sum(len(_algorithm_names(c, args.algo)) for c in collectives))
+        comm.rank == 0,
+        len(size_list) * sum(len(_algorithm_names(c, args.algo, args.backend)) for c in collectives))
     rows, wrong_total = [], 0
     for collective in collectives:
         say(f"\n# {collective}")

@@ -18,6 +18,8 @@ TABLE_HEADER = (f"# {'size(B)':>12} {'count':>12} {'type':>8} {'redop':>6} {'roo
                 f"{'model(us)':>10} {'meas/model':>10} {'vs_native':>9}")
 
 
+LIBRARY_ROWS = ("mpi_library", "nccl_library")  # the libraries' collectives, called directly
+
 def human(nbytes: int) -> str:
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if nbytes >= scale:
@@ -40,7 +42,7 @@ def header(comm: Any, args: Any, dtype: Any, params: Any) -> dict[str, Any]:
 
     import mpicoll
 
-    hosts = sorted(set(comm._transport.comm.allgather(MPI.Get_processor_name())))
+    hosts = sorted(set(comm._control.comm.allgather(MPI.Get_processor_name())))
     return {
         "mpicoll": mpicoll.__version__,
         "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
@@ -61,15 +63,37 @@ def header(comm: Any, args: Any, dtype: Any, params: Any) -> dict[str, Any]:
         "timing": args.timing,
         "model": {"alpha": params.alpha, "beta": params.beta, "gamma": params.gamma,
                   "source": params.source},
+        **_gpu_versions(args),
     }
+
+
+def _gpu_versions(args: Any) -> dict[str, Any]:
+    if args.buffer != "cupy":
+        return {}
+    import cupy
+
+    versions = {"cupy": cupy.__version__, "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
+                "gpu": cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]}
+    if isinstance(versions["gpu"], bytes):
+        versions["gpu"] = versions["gpu"].decode()
+    if args.backend == "nccl":
+        versions["nccl"] = cupy.cuda.nccl.get_version()
+    return versions
 
 
 def header_lines(h: dict[str, Any]) -> list[str]:
     timing = ("a barrier before each iteration, the algorithms taking turns in a shuffled order"
               if h["timing"] == "barrier" else "back-to-back iterations")
     slurm = f" | SLURM job {h['slurm_job_id']}" if h["slurm_job_id"] else ""
+    gpu = []
+    if "cupy" in h:
+        timing += "; the CUDA stream synchronized after every call, inside the timed span"
+        gpu = [f"# GPU {h['gpu']} | CuPy {h['cupy']} | CUDA runtime {h['cuda_runtime']}"
+               + (f" | NCCL {h['nccl']}" if "nccl" in h else "")]
+    library = "nccl_library" if h["backend"] == "nccl" else "mpi_library"
     return [
         f"# mpicoll {h['mpicoll']} | {h['mpi_library']} | mpi4py {h['mpi4py']} | numpy {h['numpy']}",
+        *gpu,
         f"# {h['ranks']} ranks on {h['hosts']} host(s){slurm} | backend {h['backend']} "
         f"({h['buffer']} buffers) | dtype {h['dtype']} | op {h['op']} | root {h['root']}"
         f"{' | in place' if h['inplace'] else ''}",
@@ -78,9 +102,9 @@ def header_lines(h: dict[str, Any]) -> list[str]:
         f"# model: alpha {h['model']['alpha'] * 1e6:.2f} us, beta "
         f"{1 / h['model']['beta'] / 1e9:.2f} GB/s, gamma {1 / h['model']['gamma'] / 1e9:.2f} GB/s "
         f"({h['model']['source']}); native and auto are modelled by the algorithm they run",
-        "# vs_native: the time of the MPI library's collective called directly (mpi_library)"
-        " / this row's time (>1: faster than the library); 'native' is that collective"
-        " called through mpicoll",
+        f"# vs_native: the time of the {'NCCL' if library == 'nccl_library' else 'MPI'} library's"
+        f" collective called directly ({library}) / this row's time (>1: faster than the"
+        " library); 'native' is that collective called through mpicoll",
     ]
 
 
@@ -120,7 +144,7 @@ def fastest_lines(rows: list[Any]) -> list[str]:
     lines = []
     for collective in dict.fromkeys(r.collective for r in rows):
         mine = [r for r in rows if r.collective == collective
-                and r.algorithm not in ("mpi_library", "native", "auto")]
+                and r.algorithm not in (*LIBRARY_ROWS, "native", "auto")]
         winners = []
         for size in sorted({r.size for r in mine}):
             at = [r for r in mine if r.size == size]
@@ -139,7 +163,7 @@ def auto_lines(rows: list[Any]) -> list[str]:
     """Per collective, how far ``auto`` is from the fastest row (and from ``native``)."""
     lines = []
     for collective in dict.fromkeys(r.collective for r in rows):
-        mine = [r for r in rows if r.collective == collective and r.algorithm != "mpi_library"]
+        mine = [r for r in rows if r.collective == collective and r.algorithm not in LIBRARY_ROWS]
         worst_best = worst_native = (1.0, 0)
         for size in sorted({r.size for r in mine}):
             at = {r.algorithm: r.time_us for r in mine if r.size == size}
@@ -160,7 +184,7 @@ def best_busbw(rows: list[Any]) -> dict[str, float]:
     """The best busbw any of mpicoll's rows reached, per collective."""
     best: dict[str, float] = {}
     for r in rows:
-        if r.algorithm != "mpi_library":
+        if r.algorithm not in LIBRARY_ROWS:
             best[r.collective] = max(best.get(r.collective, 0.0), r.busbw)
     return best
 
@@ -207,8 +231,8 @@ def plot(rows: list[Any], head: dict[str, Any], path: str) -> None:
         mine = [r for r in rows if r.collective == collective]
         for name in dict.fromkeys(r.algorithm for r in mine):
             points = sorted((r.size, r.busbw) for r in mine if r.algorithm == name)
-            style = ({"linewidth": 2.5, "color": "black", "linestyle": "-" if name == "mpi_library" else "--"}
-                     if name in ("mpi_library", "native") else {})
+            style = ({"linewidth": 2.5, "color": "black", "linestyle": "-" if name in LIBRARY_ROWS else "--"}
+                     if name in (*LIBRARY_ROWS, "native") else {})
             ax.plot([x for x, _ in points], [y for _, y in points], marker="o",
                     markersize=3, label=name, **style)
         ax.set_xscale("log", base=2)

@@ -3,9 +3,12 @@
 NCCL's point-to-point calls are asynchronous on a stream and must be issued in matching
 groups on both sides, so the transport queues every message and issues the queue as one
 group (ncclGroupStart ... ncclGroupEnd) at the next point where MPI semantics would wait:
-a blocking send/recv/sendrecv issues the queue with itself, ``waitall`` issues what the
-isend/irecv calls queued. A group lets its sends and receives progress together, so the
-order of a rank's messages inside one never deadlocks it. Nothing waits on the host:
+a blocking send/recv/sendrecv issues the queue with itself, ``waitall`` issues the queue
+when it waits on a message still in it. A group lets its sends and receives progress
+together, so the order of a rank's messages inside one never deadlocks it. A wait on a
+message already issued issues nothing: stream order already puts what follows after it,
+and a send issued alone, ahead of the receive its peer posts later, would block both
+(a pipelined ring sends each summed segment while the next one is still arriving). Nothing waits on the host:
 reductions run on the same stream, after the messages, in stream order, and the result
 is ready when the stream gets there, as with NCCL's own collectives.
 
@@ -47,6 +50,7 @@ class NCCLTransport(ScratchPool):
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.nccl = nccl.NcclCommunicator(self.size, unique_id_over_mpi(comm), self.rank)
         self._queue: list[tuple[bool, Any, int]] = []  # (is_send, device buffer, peer)
+        self._queued = self._issued = 0  # messages ever queued / ever issued: the tickets
         self._device_like = cupy_module().empty(0, np.uint8)
         self._tokens = cupy_module().zeros(2, np.uint8)[:1], cupy_module().zeros(2, np.uint8)[1:]
 
@@ -58,10 +62,10 @@ class NCCLTransport(ScratchPool):
 
     def synchronize(self) -> None:
         """Issue what is queued, then wait on the host until the stream has run it."""
-        self._flush()
+        self.issue()
         cupy_module().cuda.get_current_stream().synchronize()
 
-    def _device(self, buf: Any, send: bool) -> Any:
+    def _device_buffer(self, buf: Any, send: bool) -> Any:
         """``buf`` as a device buffer: an empty host message (a barrier's) becomes a
         one-byte device token, as NCCL skips empty messages and would not synchronize."""
         if type(buf) is not np.ndarray:
@@ -70,15 +74,17 @@ class NCCLTransport(ScratchPool):
             return self._tokens[0 if send else 1]
         raise TypeError("the NCCL transport moves device (CuPy) buffers only")
 
-    def _flush(self) -> None:
+    def issue(self) -> None:
+        """Issue every queued message as one NCCL group."""
         if not self._queue:
             return
         nccl, comm, stream = self._nccl, self.nccl, self.stream_ptr()
         queue, self._queue = self._queue, []
+        self._issued = self._queued
         nccl.groupStart()
         try:
             for is_send, buf, peer in queue:
-                buf = self._device(buf, is_send)
+                buf = self._device_buffer(buf, is_send)
                 if is_send:
                     comm.send(buf.data.ptr, buf.nbytes, NCCL_UINT8, peer, stream)
                 else:
@@ -86,27 +92,33 @@ class NCCLTransport(ScratchPool):
         finally:
             nccl.groupEnd()
 
+    def _enqueue(self, is_send: bool, buf: Any, peer: int) -> int:
+        self._queue.append((is_send, buf, peer))
+        self._queued += 1
+        return self._queued - 1  # the request: this message's ticket
+
     def send(self, buf: Any, dest: int) -> None:
-        self._queue.append((True, buf, dest))
-        self._flush()
+        self._enqueue(True, buf, dest)
+        self.issue()
 
     def recv(self, buf: Any, source: int) -> None:
-        self._queue.append((False, buf, source))
-        self._flush()
+        self._enqueue(False, buf, source)
+        self.issue()
 
     def sendrecv(self, sendbuf: Any, dest: int, recvbuf: Any, source: int) -> None:
-        self._queue.append((True, sendbuf, dest))
-        self._queue.append((False, recvbuf, source))
-        self._flush()
+        self._enqueue(True, sendbuf, dest)
+        self._enqueue(False, recvbuf, source)
+        self.issue()
 
-    def isend(self, buf: Any, dest: int) -> None:
-        self._queue.append((True, buf, dest))
+    def isend(self, buf: Any, dest: int) -> int:
+        return self._enqueue(True, buf, dest)
 
-    def irecv(self, buf: Any, source: int) -> None:
-        self._queue.append((False, buf, source))
+    def irecv(self, buf: Any, source: int) -> int:
+        return self._enqueue(False, buf, source)
 
     def waitall(self, requests: Sequence[Any]) -> None:
-        self._flush()
+        if any(ticket is None or ticket >= self._issued for ticket in requests):
+            self.issue()
 
     def free(self) -> None:
         self.nccl.destroy()
