@@ -1,16 +1,104 @@
 #!/usr/bin/env bash
-# Sourced by every job: a virtual environment with mpicoll and the MPICH wheel, unless
-# MPICOLL_PYTHON names a Python that already has mpicoll against the site's MPI.
+# Sourced by every job in jobs/: prepares the environment and checks it, failing at once
+# with a message that says what is wrong, before any rank starts.
+#
+#   MPICOLL_ROOT      the mpicoll checkout (default: $SLURM_SUBMIT_DIR, so submit from it)
+#   MPICOLL_MODULES   site modules to `module load` first (e.g. "python/3.11 openmpi/4.1")
+#   MPICOLL_PYTHON    a Python that already has mpicoll (built against the site's MPI);
+#                     default: the checkout's .venv, made by scripts/setup.sh with
+#                     .[$MPICOLL_EXTRAS] (default mpich,test: the MPICH wheel) when missing
+#   MPICOLL_LAUNCHER  pmi2 (default: srun --mpi=pmi2, what the MPICH wheel speaks),
+#                     pmix (srun --mpi=pmix, for an MPI built with PMIx), or mpiexec
+#                     (the MPI library's own launcher, for a site MPI that wants it)
+#   MPICOLL_RESULTS   where results/<jobname>-<jobid>/ is made (default: $MPICOLL_ROOT/results)
+#
+# After sourcing: $PYTHON, $MPICOLL_ROOT, $RESULTS (this job's results folder, created),
+# and `launch [srun options --] command...`, which starts one rank per task.
 set -euo pipefail
-MPICOLL_ROOT=${MPICOLL_ROOT:-${SLURM_SUBMIT_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}}
+
+mpicoll_fail() { echo "mpicoll job: $*" >&2; exit 2; }
+
+[ -n "${SLURM_JOB_ID:-}" ] || mpicoll_fail "not inside a SLURM job; submit with sbatch (see jobs/README.md)"
+MPICOLL_ROOT=${MPICOLL_ROOT:-${SLURM_SUBMIT_DIR:-}}
+[ -f "$MPICOLL_ROOT/jobs/env.sh" ] || mpicoll_fail "MPICOLL_ROOT=$MPICOLL_ROOT is not an mpicoll checkout; submit from the checkout's root or set MPICOLL_ROOT"
+
+if [ -n "${MPICOLL_MODULES:-}" ]; then
+    type module >/dev/null 2>&1 || mpicoll_fail "MPICOLL_MODULES is set but this node has no 'module' command"
+    # shellcheck disable=SC2086
+    module load $MPICOLL_MODULES || mpicoll_fail "module load $MPICOLL_MODULES failed"
+fi
+
+mpicoll_imports() { "$1" -c "import mpicoll, mpi4py.MPI${MPICOLL_NEEDS:+, $MPICOLL_NEEDS}" 2>/dev/null; }
 if [ -n "${MPICOLL_PYTHON:-}" ]; then
     PYTHON=$MPICOLL_PYTHON
 else
-    bash "$MPICOLL_ROOT/scripts/setup.sh"
     PYTHON=$MPICOLL_ROOT/.venv/bin/python
+    if ! mpicoll_imports "$PYTHON"; then
+        MPICOLL_EXTRAS=${MPICOLL_EXTRAS:-mpich,test} bash "$MPICOLL_ROOT/scripts/setup.sh" \
+            || mpicoll_fail "scripts/setup.sh could not build $MPICOLL_ROOT/.venv"
+    fi
 fi
-"$PYTHON" -c "import mpicoll" || { echo "env.sh: $PYTHON cannot import mpicoll" >&2; exit 1; }
-export PYTHON MPICOLL_ROOT
-# srun --mpi=pmi2 is what the MPICH wheel speaks; MPICOLL_LAUNCH=mpiexec for a site MPI
-MPICOLL_LAUNCH=${MPICOLL_LAUNCH:-"srun --mpi=pmi2"}
-export MPICOLL_LAUNCH
+mpicoll_imports "$PYTHON" || mpicoll_fail "$PYTHON cannot import mpicoll, mpi4py${MPICOLL_NEEDS:+, $MPICOLL_NEEDS}"
+
+MPICOLL_LAUNCHER=${MPICOLL_LAUNCHER:-pmi2}
+case "$MPICOLL_LAUNCHER" in
+    pmi2 | pmix)
+        command -v srun >/dev/null || mpicoll_fail "srun is not on PATH"
+        srun --mpi=list 2>&1 | grep -qw "$MPICOLL_LAUNCHER" \
+            || mpicoll_fail "this SLURM has no --mpi=$MPICOLL_LAUNCHER plugin ($(srun --mpi=list 2>&1 | tr '\n' ' '))"
+        ;;
+    mpiexec)
+        command -v mpiexec >/dev/null || [ -x "$(dirname "$PYTHON")/mpiexec" ] \
+            || mpicoll_fail "MPICOLL_LAUNCHER=mpiexec but there is no mpiexec"
+        getent hosts "$(hostname -s)" >/dev/null \
+            || mpicoll_fail "mpiexec needs this node's name ($(hostname -s)) to resolve"
+        ;;
+    *) mpicoll_fail "MPICOLL_LAUNCHER=$MPICOLL_LAUNCHER: choose pmi2, pmix or mpiexec" ;;
+esac
+
+# launch [srun options --] command...: one rank per task of the allocation, or the srun
+# options' share of it (-n N for a step of N ranks)
+launch() {
+    local options=()
+    if [[ " $* " == *" -- "* ]]; then
+        while [ "$1" != "--" ]; do options+=("$1"); shift; done
+        shift
+    fi
+    case "$MPICOLL_LAUNCHER" in
+        pmi2 | pmix) srun --mpi="$MPICOLL_LAUNCHER" "${options[@]}" "$@" ;;
+        mpiexec)
+            local n=${SLURM_NTASKS:-1} i
+            for ((i = 0; i < ${#options[@]}; i++)); do  # mpiexec takes only the rank count
+                case "${options[i]}" in -n | --ntasks) n=${options[i + 1]} ;; --ntasks=*) n=${options[i]#*=} ;; esac
+            done
+            local mpiexec
+            mpiexec=$(command -v mpiexec || echo "$(dirname "$PYTHON")/mpiexec")
+            "$mpiexec" -n "$n" "$@"
+            ;;
+    esac
+}
+
+RESULTS=${MPICOLL_RESULTS:-$MPICOLL_ROOT/results}/${SLURM_JOB_NAME:-job}-$SLURM_JOB_ID
+mkdir -p "$RESULTS" || mpicoll_fail "cannot create $RESULTS"
+export PYTHON MPICOLL_ROOT RESULTS MPICOLL_LAUNCHER
+echo "# mpicoll job $SLURM_JOB_ID (${SLURM_JOB_NAME:-}) on ${SLURM_JOB_NODELIST:-?}: ${SLURM_NTASKS:-?} tasks, launcher $MPICOLL_LAUNCHER, python $PYTHON, results in $RESULTS"
+
+# compare [bench arguments...]: every chosen collective x algorithm (and the library's own)
+# over the size sweep, on all tasks; the table, CSV, JSON and plots into $RESULTS, and one
+# line per collective naming the fastest algorithm per size range into $RESULTS/summary.txt.
+#   MPICOLL_COLLECTIVES (all, or a comma list), MPICOLL_ALGOS (all, or a comma list),
+#   MPICOLL_MIN_BYTES (8), MPICOLL_MAX_BYTES (16M), MPICOLL_FACTOR (8),
+#   MPICOLL_ITERS (20), MPICOLL_WARMUP (3); arguments given to sbatch after the script
+#   go to the benchmark last, so they win (e.g. -e 1G -d float64).
+compare() {
+    local status=0
+    launch "$PYTHON" -m mpi4py -m mpicoll.bench "${MPICOLL_COLLECTIVES:-all}" \
+        --algo "${MPICOLL_ALGOS:-all}" -b "${MPICOLL_MIN_BYTES:-8}" -e "${MPICOLL_MAX_BYTES:-16M}" \
+        -f "${MPICOLL_FACTOR:-8}" -n "${MPICOLL_ITERS:-20}" -w "${MPICOLL_WARMUP:-3}" \
+        --csv "$RESULTS/bench.csv" --json "$RESULTS/bench.json" --plot "$RESULTS/bench.png" \
+        "$@" | tee "$RESULTS/bench.txt" || status=$?
+    grep "^# fastest algorithm" "$RESULTS/bench.txt" | sed 's/^# //' > "$RESULTS/summary.txt" || true
+    echo "# summary ($RESULTS/summary.txt):"
+    cat "$RESULTS/summary.txt"
+    return "$status"
+}

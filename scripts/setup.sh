@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prepare .venv with mpicoll and the embedded MPICH from PyPI: `.[mpich,test]`.
+# Prepare .venv with mpicoll and the embedded MPICH from PyPI: `.[mpich,test]` (or the
+# extras in MPICOLL_EXTRAS, e.g. mpich,test,cuda12).
 # Idempotent; every command of the README runs it first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ if [ ! -x .venv/bin/python ]; then
     fi
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[mpich,test]" 2>&1 \
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[${MPICOLL_EXTRAS:-mpich,test}]" 2>&1 \
     | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import mpicoll, mpi4py; from mpi4py import MPI" \
     || { echo "setup: mpicoll or mpi4py does not import" >&2; exit 1; }

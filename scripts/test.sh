@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, pytest in one process (local transport, units, MPI at 1 rank),
-# then the MPI tests under mpiexec at 2, 3, 4, 5 and 8 ranks, each under a timeout.
+# then the MPI tests under mpiexec at 2, 3, 4, 5 and 8 ranks, each under a timeout. The
+# one-process run includes tests/test_slurm.py: the jobs/ scripts on a two-node SLURM
+# cluster that it starts on this host (scripts/slurm-cluster.sh).
 # A failing rank aborts its job (python -m mpi4py), so nothing hangs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +11,14 @@ PY=.venv/bin/python
 MPIEXEC=.venv/bin/mpiexec
 RANKS=${MPICOLL_TEST_RANKS:-"2 3 4 5 8"}
 TIMEOUT=${MPICOLL_TEST_TIMEOUT:-600}
+
+# SLURM for tests/test_slurm.py (Debian packages, as root): once installed, its tests
+# must run, not skip
+if [ "$(id -u)" = 0 ] && bash scripts/slurm-cluster.sh install; then
+    export MPICOLL_REQUIRE_SLURM=${MPICOLL_REQUIRE_SLURM:-1}
+else
+    echo "== SLURM not installed: tests/test_slurm.py will skip" >&2
+fi
 
 echo "== ruff"
 .venv/bin/ruff check mpicoll tests examples

@@ -419,8 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m mpicoll.bench",
         description="Time every algorithm of a collective against the MPI library's own.")
     parser.add_argument("collective", nargs="?", default="all_reduce",
-                        choices=[*RECORDS, "all", "tune"],
-                        help="collective to time, all of them, or tune (write a tuning file)")
+                        help="collective to time (or several, comma-separated), all of them, "
+                             "or tune (write a tuning file)")
     parser.add_argument("-b", "--minbytes", default="8", help="smallest size (K, M, G suffixes)")
     parser.add_argument("-e", "--maxbytes", default="64M", help="largest size")
     parser.add_argument("-f", "--stepfactor", type=float, default=8.0, help="size factor")
@@ -450,6 +450,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=None,
                         help="tune: the tuning file (default: mpicoll.tuning.default_path())")
     args = parser.parse_args(argv)
+    if args.collective not in ("all", "tune"):
+        unknown = [c for c in args.collective.split(",") if c not in RECORDS]
+        if unknown:
+            parser.exit(2, f"python -m mpicoll.bench: unknown collective {', '.join(unknown)}; "
+                           f"choose from {', '.join(RECORDS)}, all, tune\n")
     if args.backend == "nccl" and args.buffer != "cupy":
         args.buffer = "cupy"  # NCCL moves GPU memory only
     if args.buffer == "cupy":
@@ -481,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         from .tune import tune
 
         return tune(comm, args, size_list, params, say)
-    collectives = list(RECORDS) if args.collective == "all" else [args.collective]
+    collectives = list(RECORDS) if args.collective == "all" else args.collective.split(",")
     progress = report.Progress(
         comm.rank == 0,
         len(size_list) * sum(len(_algorithm_names(c, args.algo, args.backend)) for c in collectives))

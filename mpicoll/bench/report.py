@@ -43,6 +43,9 @@ def header(comm: Any, args: Any, dtype: Any, params: Any) -> dict[str, Any]:
     import mpicoll
 
     hosts = sorted(set(comm._control.comm.allgather(MPI.Get_processor_name())))
+    # SLURM's node names: several slurmd on one host are distinct nodes with one host name
+    slurm_nodes = sorted({n for n in comm._control.comm.allgather(
+        os.environ.get("SLURMD_NODENAME")) if n})
     return {
         "mpicoll": mpicoll.__version__,
         "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
@@ -52,6 +55,7 @@ def header(comm: Any, args: Any, dtype: Any, params: Any) -> dict[str, Any]:
         "hosts": len(hosts),
         "host_names": hosts,
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_nodes": slurm_nodes,
         "backend": args.backend,
         "buffer": args.buffer,
         "dtype": dtype.name,
@@ -84,7 +88,8 @@ def _gpu_versions(args: Any) -> dict[str, Any]:
 def header_lines(h: dict[str, Any]) -> list[str]:
     timing = ("a barrier before each iteration, the algorithms taking turns in a shuffled order"
               if h["timing"] == "barrier" else "back-to-back iterations")
-    slurm = f" | SLURM job {h['slurm_job_id']}" if h["slurm_job_id"] else ""
+    slurm = (f" | SLURM job {h['slurm_job_id']} on nodes {','.join(h['slurm_nodes'])}"
+             if h["slurm_job_id"] else "")
     gpu = []
     if "cupy" in h:
         timing += "; the CUDA stream synchronized after every call, inside the timed span"

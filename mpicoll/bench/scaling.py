@@ -1,0 +1,109 @@
+"""Time against the number of ranks: the runs of ``jobs/scaling.sbatch`` put together.
+
+    python -m mpicoll.bench.scaling DIR [-o DIR/scaling.png]
+
+DIR holds one benchmark JSON per number of ranks (``ranks-<p>.json``, each written by
+``python -m mpicoll.bench COLLECTIVE -b SIZE -e SIZE --json``). Writes ``scaling.csv``
+(collective, algorithm, ranks, nodes, size, measured and predicted time) and a PNG of the
+measured time of each algorithm against the ranks, with the cost model's curve for it
+(dashed, the parameters each run's header names) beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import glob
+import json
+import os
+import sys
+from typing import Any
+
+from mpicoll import model
+
+
+def load(directory: str) -> list[dict[str, Any]]:
+    """Every row of every run in ``directory``, with its run's ranks, nodes and model."""
+    records = []
+    for path in sorted(glob.glob(os.path.join(directory, "ranks-*.json"))):
+        with open(path) as f:
+            run = json.load(f)
+        head = run["header"]
+        params = model.Params(alpha=head["model"]["alpha"], beta=head["model"]["beta"],
+                              gamma=head["model"]["gamma"])
+        nodes = len(head.get("slurm_nodes") or []) or head["hosts"]
+        for row in run["rows"]:
+            stand_in = "native" if row["algorithm"] in ("mpi_library", "nccl_library", "auto") \
+                else row["algorithm"]
+            records.append({
+                "collective": row["collective"], "algorithm": row["algorithm"],
+                "ranks": head["ranks"], "nodes": nodes, "size": row["size"],
+                "time_us": row["time_us"], "wrong": row["wrong"],
+                "predicted_us": model.predict(row["collective"], stand_in, row["size"],
+                                              head["ranks"], params) * 1e6,
+            })
+    return sorted(records, key=lambda r: (r["collective"], r["algorithm"], r["ranks"]))
+
+
+def write_csv(records: list[dict[str, Any]], path: str) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(records[0]))
+        writer.writeheader()
+        writer.writerows(records)
+
+
+def plot(records: list[dict[str, Any]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    collectives = list(dict.fromkeys(r["collective"] for r in records))
+    fig, axes = plt.subplots(1, len(collectives), figsize=(7 * len(collectives), 4.5),
+                             squeeze=False)
+    for ax, collective in zip(axes.flat, collectives, strict=True):
+        mine = [r for r in records if r["collective"] == collective]
+        for name in dict.fromkeys(r["algorithm"] for r in mine):
+            points = [r for r in mine if r["algorithm"] == name]
+            ranks = [r["ranks"] for r in points]
+            line, = ax.plot(ranks, [r["time_us"] for r in points], marker="o", label=name)
+            modelled = [r for r in points if r["predicted_us"] > 0]  # 1 rank: no message
+            ax.plot([r["ranks"] for r in modelled], [r["predicted_us"] for r in modelled],
+                    linestyle="--", color=line.get_color(), alpha=0.6)
+        sizes = sorted({r["size"] for r in mine})
+        ax.set_title(f"{collective}, {', '.join(str(s) for s in sizes)} B "
+                     "(dashed: cost model)")
+        ax.set_xlabel("ranks")
+        ax.set_ylabel("time (us)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mpicoll.bench.scaling",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", help="the folder of ranks-<p>.json runs")
+    parser.add_argument("-o", "--output", default=None,
+                        help="the PNG (default DIR/scaling.png); the CSV goes beside it")
+    args = parser.parse_args(argv)
+    records = load(args.directory)
+    if not records:
+        print(f"{parser.prog}: no ranks-*.json in {args.directory}", file=sys.stderr)
+        return 2
+    png = args.output or os.path.join(args.directory, "scaling.png")
+    write_csv(records, os.path.splitext(png)[0] + ".csv")
+    plot(records, png)
+    for record in records:
+        print(f"{record['collective']:>14} {record['algorithm']:>20} {record['ranks']:>5} ranks "
+              f"{record['nodes']:>3} node(s) {record['time_us']:>12.1f} us "
+              f"(model {record['predicted_us']:.1f} us)")
+    return 1 if any(r["wrong"] for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

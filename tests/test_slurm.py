@@ -1,0 +1,220 @@
+"""jobs/ on a real SLURM cluster: slurmctld and two slurmd (virtual nodes c1 and c2) on
+this host, started by scripts/slurm-cluster.sh for this module and stopped after it.
+
+Each CPU job is submitted with small sizes through ``sbatch --wait``; the checks are its
+exit status, that its ranks ran on both nodes, and its CSV (every algorithm's row, no
+wrong result). compare_gpu.sbatch is checked for syntax, ``sbatch --test-only`` and its
+refusals of wrong allocations. Skipped, with the reason, where SLURM cannot be started
+(not root, not installed); ``MPICOLL_REQUIRE_SLURM=1`` (set by scripts/test.sh once it
+has installed SLURM) turns that skip into a failure.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpicoll.bench import RECORDS, _algorithm_names
+
+pytestmark = pytest.mark.slurm
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "scripts" / "slurm-cluster.sh"
+JOBS = sorted((ROOT / "jobs").glob("*.sbatch"))
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _plain_env(**extra: str) -> dict[str, str]:
+    """This environment without what would leak into a job: MPI's and SLURM's variables
+    (the suite may itself run under mpiexec or inside a job)."""
+    env = {k: v for k, v in os.environ.items()
+           if not re.match(r"(PMI|PMIX|HYDRA|MPIR|MPICH|OMPI|SLURM)_", k)}
+    return {**env, **extra}
+
+
+def test_job_scripts_parse():
+    assert {p.name for p in JOBS} >= {"compare_cpu.sbatch", "compare_gpu.sbatch",
+                                      "scaling.sbatch", "tests.sbatch"}
+    for script in [*JOBS, ROOT / "jobs" / "env.sh", CLUSTER]:
+        subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def test_a_job_outside_slurm_fails_at_once():
+    done = subprocess.run(["bash", str(ROOT / "jobs" / "compare_cpu.sbatch")], cwd=ROOT,
+                          env=_plain_env(), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "not inside a SLURM job" in done.stderr
+
+
+def _free_ports(count: int) -> int:
+    """A base port with ``count`` free ports from it (slurmctld, then each slurmd)."""
+    for base in range(17100, 30000, 7):
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no free ports")
+
+
+def _why_not() -> str | None:
+    if sys.platform != "linux":
+        return "SLURM's daemons run on Linux"
+    if os.geteuid() != 0:
+        return "slurmd must run as root (run the suite as root, as CI does)"
+    missing = [c for c in ("slurmctld", "slurmd", "sbatch", "munged") if not shutil.which(c)]
+    if missing:
+        return f"{', '.join(missing)} not installed (bash scripts/slurm-cluster.sh install)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    why = _why_not()
+    required = os.environ.get("MPICOLL_REQUIRE_SLURM") == "1"
+    if why:
+        if required:
+            pytest.fail(f"MPICOLL_REQUIRE_SLURM=1 but {why}")
+        pytest.skip(why)
+    state = tmp_path_factory.mktemp("slurm")
+    env = _plain_env(MPICOLL_SLURM_DIR=str(state), MPICOLL_SLURM_PORT=str(_free_ports(3)))
+    started = subprocess.run(["bash", str(CLUSTER), "start"], env=env, capture_output=True,
+                             text=True, timeout=120)
+    if started.returncode != 0:
+        message = f"the SLURM cluster did not start:\n{started.stderr[-3000:]}"
+        if required:
+            pytest.fail(message)
+        pytest.skip(message)
+    env["SLURM_CONF"] = started.stdout.strip().splitlines()[-1]
+    try:
+        yield env
+    finally:
+        subprocess.run(["bash", str(CLUSTER), "stop"], env=env, timeout=60)
+        pids = list(state.glob("*.pid"))
+        assert not pids, f"left running: {pids}"
+
+
+def _submit(cluster, tmp_path, script: str, *args: str, sbatch: tuple[str, ...] = (),
+            timeout: int = 300, **variables: str) -> tuple[int, str, Path]:
+    """``sbatch --wait`` a job of jobs/; its exit status, its output, its results folder."""
+    env = {**cluster, "MPICOLL_RESULTS": str(tmp_path / "results"), **variables}
+    out = tmp_path / "job-%j.out"
+    try:
+        done = subprocess.run(
+            ["sbatch", "--parsable", "--wait", "-t", "5", "-o", str(out), *sbatch,
+             str(ROOT / "jobs" / script), *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        subprocess.run(["scancel", "--user", "root"], env=env)
+        raise
+    job_id = done.stdout.strip().split(";")[0]
+    output_file = tmp_path / f"job-{job_id}.out"
+    output = output_file.read_text() if output_file.exists() else ""
+    output += done.stderr
+    folders = list((tmp_path / "results").glob(f"*-{job_id}")) if job_id else []
+    return done.returncode, output, folders[0] if folders else tmp_path / "missing"
+
+
+def test_compare_cpu_on_two_nodes(cluster, tmp_path):
+    status, output, results = _submit(
+        cluster, tmp_path, "compare_cpu.sbatch", "-w", "1",
+        MPICOLL_MAX_BYTES="1K", MPICOLL_ITERS="2")
+    assert status == 0, output
+    with open(results / "bench.json") as f:
+        header = json.load(f)["header"]
+    assert header["slurm_nodes"] == ["c1", "c2"] and header["ranks"] == 4, header
+    with open(results / "bench.csv") as f:
+        rows = list(csv.DictReader(f))
+    for collective in RECORDS:
+        names = {r["algorithm"] for r in rows if r["collective"] == collective}
+        assert names == set(_algorithm_names(collective, "all")), collective
+    assert rows and all(r["wrong"] == "0" for r in rows)
+    summary = (results / "summary.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in summary] == \
+        [f"fastest algorithm, {c}" for c in RECORDS]
+    for png in ("bench.png", "bench-model.png"):
+        assert (results / png).read_bytes().startswith(PNG)
+
+
+def test_compare_cpu_takes_collectives_algorithms_and_arguments(cluster, tmp_path):
+    status, output, results = _submit(
+        cluster, tmp_path, "compare_cpu.sbatch", "-e", "64", sbatch=("-N", "2", "-n", "3"),
+        MPICOLL_COLLECTIVES="all_reduce,all_gather", MPICOLL_ALGOS="ring,native",
+        MPICOLL_ITERS="2", MPICOLL_WARMUP="1")
+    assert status == 0, output
+    with open(results / "bench.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["collective"], r["algorithm"]) for r in rows} == {
+        (c, a) for c in ("all_reduce", "all_gather") for a in ("mpi_library", "ring", "native")}
+    assert max(int(r["size"]) for r in rows) <= 64  # the job's -e 64 wins over the default
+    assert "3 ranks" in output
+
+
+def test_scaling_over_ranks_and_nodes(cluster, tmp_path):
+    status, output, results = _submit(
+        cluster, tmp_path, "scaling.sbatch", "-w", "1",
+        MPICOLL_SIZE="4K", MPICOLL_ITERS="2", MPICOLL_ALGOS="ring,recursive_doubling,native")
+    assert status == 0, output
+    ranks = sorted(int(p.stem.split("-")[1]) for p in results.glob("ranks-*.json"))
+    assert ranks == [1, 2, 4]
+    with open(results / "ranks-4.json") as f:
+        assert json.load(f)["header"]["slurm_nodes"] == ["c1", "c2"]
+    with open(results / "scaling.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["algorithm"], int(r["ranks"])) for r in rows} == {
+        (a, p) for a in ("mpi_library", "ring", "recursive_doubling", "native") for p in ranks}
+    assert all(r["wrong"] == "0" for r in rows)
+    assert all(float(r["predicted_us"]) > 0 for r in rows if r["ranks"] != "1")
+    assert (results / "scaling.png").read_bytes().startswith(PNG)
+
+
+def test_tests_job_across_nodes(cluster, tmp_path):
+    status, output, results = _submit(cluster, tmp_path, "tests.sbatch", "-k", "all_reduce and ring")
+    assert status == 0, output
+    assert "on c[1-2]: 4 tasks" in output
+    report = (results / "tests.txt").read_text()
+    assert re.search(r"\d+ passed", report) and "failed" not in report
+
+
+def test_a_failing_test_fails_the_tests_job(cluster, tmp_path):
+    status, output, _ = _submit(cluster, tmp_path, "tests.sbatch", "-k", "no_such_test_anywhere")
+    assert status != 0  # pytest collects nothing: exit 5 on every rank
+
+
+def test_compare_gpu_submission_and_refusals(cluster, tmp_path):
+    script = str(ROOT / "jobs" / "compare_gpu.sbatch")
+    test_only = subprocess.run(["sbatch", "--test-only", script], cwd=ROOT, env=cluster,
+                               capture_output=True, text=True, timeout=30)
+    assert test_only.returncode == 0 and "to start at" in test_only.stderr, test_only.stderr
+    python = {"MPICOLL_PYTHON": sys.executable}  # never install CuPy here
+    cases = [
+        (("--gpus-per-node=0",), {}, "no GPUs in this allocation"),
+        (("--ntasks-per-node=8", "--gpus-per-node=4"), {}, "one rank per GPU"),
+        ((), {"MPICOLL_BACKENDS": "nccl gloo"}, "'gloo' is not nccl or mpi"),
+        ((), python, "cannot import mpicoll, mpi4py, cupy"),
+    ]
+    for sbatch, variables, message in cases:
+        status, output, _ = _submit(cluster, tmp_path, "compare_gpu.sbatch", sbatch=sbatch,
+                                    **{**python, **variables})
+        assert status == 2 and message in output, (sbatch, variables, output)
+
+
+def test_an_impossible_request_fails_at_once(cluster):
+    done = subprocess.run(["sbatch", "-N", "3", "--wrap", "true"], env=cluster,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0 and "Node count specification invalid" in done.stderr
