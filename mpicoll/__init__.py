@@ -8,6 +8,7 @@ See ``mpicoll.algorithms`` for the algorithms and their costs.
 """
 
 from .algorithms import COLLECTIVES
+from .bucketer import Bucketer
 from .communicator import BACKENDS, Communicator, algorithms
 from .errors import (
     AbortedError,
@@ -19,11 +20,13 @@ from .errors import (
     UnsupportedOpError,
 )
 from .ops import Op, ReduceOp
+from .work import Work
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BACKENDS",
+    "Bucketer",
     "COLLECTIVES",
     "AbortedError",
     "Communicator",
@@ -35,6 +38,7 @@ __all__ = [
     "RemoteError",
     "UnsupportedDtypeError",
     "UnsupportedOpError",
+    "Work",
     "__version__",
     "algorithms",
 ]

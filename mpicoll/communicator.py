@@ -21,7 +21,15 @@ import numpy as np
 
 from . import selection
 from .algorithms import COLLECTIVES, OPTION_MINIMUM, REGISTRY
-from .arrays import as_array, assign_from_host, device_like, empty, may_share_memory, to_host
+from .arrays import (
+    as_array,
+    assign_from_host,
+    cupy_module,
+    device_like,
+    empty,
+    may_share_memory,
+    to_host,
+)
 from .buffers import (
     counts_bounds,
     dtype_code,
@@ -39,6 +47,7 @@ from .errors import (
 )
 from .native_nccl import AVERAGES_ITSELF as _AVERAGES_ITSELF
 from .ops import Op, ReduceOp, op_name, resolve_op
+from .work import ProgressThread, Work
 
 BACKENDS = ("mpi", "nccl", "local")
 
@@ -114,17 +123,26 @@ def _mpi_comm(comm: Any) -> Any:
     return comm
 
 
-def _on_stream(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Give a collective the ``stream=`` keyword: run it with that CUDA stream current
-    (its messages, copies and reductions are queued on it). Default: the current stream."""
+def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a collective its common keywords.
+
+    ``stream=``: run it with that CUDA stream current (its messages, copies and reductions
+    are queued on it). Default: the current stream.
+    ``async_op=True``: return a ``mpicoll.Work`` at once; its ``wait()`` returns the result
+    (see ``mpicoll.work`` for how it progresses). The input must not change until then.
+    """
+    name = method.__name__
 
     @functools.wraps(method)
-    def collective(self: Communicator, *args: Any, stream: Any = None, **kwargs: Any) -> Any:
-        if stream is None:
-            return method(self, *args, **kwargs)
-        if not hasattr(stream, "ptr") or not hasattr(stream, "__enter__"):
+    def collective(self: Communicator, *args: Any, stream: Any = None, async_op: bool = False,
+                   **kwargs: Any) -> Any:
+        if stream is not None and (not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
             raise InvalidArgumentError(
                 f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
+        if async_op:
+            return self._submit(name, method, args, kwargs, stream)
+        if stream is None:
+            return method(self, *args, **kwargs)
         with stream:
             return method(self, *args, **kwargs)
 
@@ -191,6 +209,7 @@ class Communicator:
         if backend != "nccl":  # headers, counts and fingerprints share the data's transport
             self._control, self._control_native = self._transport, self._native
         self._backend = backend
+        self._progress: ProgressThread | None = None  # runs the async_op=True calls
         self.check = os.environ.get("MPICOLL_CHECK", "0") == "1" if check is None else check
         self._chosen: dict[tuple[str, str], tuple[Callable[..., None], Any]] = {}
         self._auto: dict[tuple, str] = {}  # what "auto" picked, by call
@@ -211,8 +230,50 @@ class Communicator:
     def backend(self) -> str:
         return self._backend
 
+    def _duplicate(self) -> Communicator:
+        """A communicator of the same ranks and backend whose messages never match this
+        one's (collective: every rank calls it at the same point)."""
+        if self._backend == "local":
+            return Communicator(self._transport.duplicate(), "local", check=self.check)
+        return Communicator(self._transport.comm, self._backend, check=self.check)
+
+    def _submit(self, name: str, method: Callable[..., Any], args: tuple, kwargs: dict,
+                stream: Any) -> Work:
+        if self._backend == "nccl":  # NCCL is asynchronous already: queue it on the stream
+            work = Work(name)
+            current = stream if stream is not None else cupy_module().cuda.get_current_stream()
+            try:
+                with current:
+                    result = method(self, *args, **kwargs)
+                work._event = cupy_module().cuda.Event(block=False, disable_timing=True)
+                work._event.record(current)
+                work._set(result)
+            except Exception as exc:  # noqa: BLE001 - raised by wait(), as on the MPI backend
+                work._set(error=exc)
+            return work
+        if self._progress is None:
+            if self._backend == "mpi":
+                from mpi4py import MPI
+
+                if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+                    raise InvalidArgumentError(
+                        "async_op=True: needs MPI_THREAD_MULTIPLE (mpi4py's default; "
+                        "mpi4py.rc.thread_level was set lower)")
+            self._progress = ProgressThread(self._duplicate())
+
+        def call(duplicate: Communicator) -> Any:
+            if stream is None:
+                return method(duplicate, *args, **kwargs)
+            with stream:
+                return method(duplicate, *args, **kwargs)
+
+        return self._progress.submit(name, call)
+
     def free(self) -> None:
         """Release the private MPI communicator (also done at MPI finalization)."""
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
         for t in {id(self._transport): self._transport, id(self._control): self._control}.values():
             free = getattr(t, "free", None)
             if free is not None:
@@ -476,7 +537,7 @@ class Communicator:
 
     # -- collectives ------------------------------------------------------------------
 
-    @_on_stream
+    @_collective
     def broadcast(self, x: np.ndarray | None, root: int = 0, *, algorithm: str = "auto",
                   **options: int) -> np.ndarray:
         """Send the root's ``x`` to every rank.
@@ -567,7 +628,7 @@ class Communicator:
             x[...] = buf.reshape(x.shape)
         return back(x)
 
-    @_on_stream
+    @_collective
     def scatter(self, x: np.ndarray | None, root: int = 0, *, algorithm: str = "auto",
                 out: np.ndarray | None = None, **options: int) -> np.ndarray:
         """Send row j of the root's ``x`` to rank j.
@@ -632,7 +693,7 @@ class Communicator:
         fn(t, None, result.reshape(-1), bounds, root)
         return _give(result, out, _same)
 
-    @_on_stream
+    @_collective
     def gather(self, x: np.ndarray, root: int = 0, *, algorithm: str = "auto",
                out: np.ndarray | None = None, **options: int) -> np.ndarray | None:
         """Collect every rank's ``x`` on the root, stacked in rank order.
@@ -661,7 +722,7 @@ class Communicator:
         fn(t, src, dst, even_bounds(src.size, t.size), root)
         return _give(result, out, back)
 
-    @_on_stream
+    @_collective
     def all_gather(self, x: np.ndarray, *, algorithm: str = "auto",
                    out: np.ndarray | None = None, **options: int) -> np.ndarray:
         """Collect every rank's ``x`` on every rank, stacked in rank order.
@@ -695,7 +756,7 @@ class Communicator:
 
     # -- v-variants: a different number of rows on every rank ----------------------------
 
-    @_on_stream
+    @_collective
     def all_gather_v(self, x: np.ndarray, *, algorithm: str = "auto",
                      **options: int) -> tuple[np.ndarray, list[int]]:
         """Collect every rank's rows on every rank, concatenated in rank order.
@@ -724,7 +785,7 @@ class Communicator:
         fn(t, buf, bounds)
         return back(result), rows
 
-    @_on_stream
+    @_collective
     def gather_v(self, x: np.ndarray, root: int = 0, *, algorithm: str = "auto",
                  **options: int) -> tuple[np.ndarray | None, list[int]]:
         """Collect every rank's rows on the root, concatenated in rank order.
@@ -751,7 +812,7 @@ class Communicator:
         fn(t, flat(x), None if result is None else result.reshape(-1), bounds, root)
         return back(result), rows
 
-    @_on_stream
+    @_collective
     def scatter_v(self, x: np.ndarray | None, counts: Sequence[int] | None = None,
                   root: int = 0, *, algorithm: str = "auto", **options: int) -> np.ndarray:
         """Send ``counts[j]`` rows of the root's ``x`` to rank j, in rank order.
@@ -825,7 +886,7 @@ class Communicator:
             raise InvalidArgumentError(f"counts: this rank's {mine} differ from the root's {rows}")
         return result
 
-    @_on_stream
+    @_collective
     def all_to_all_v(self, x: np.ndarray, send_counts: Sequence[int], *,
                      algorithm: str = "auto", **options: int) -> tuple[np.ndarray, list[int]]:
         """Send ``send_counts[j]`` rows of ``x`` to rank j, in rank order; receive in turn.
@@ -892,7 +953,7 @@ class Communicator:
         if opd.average and fn not in _AVERAGES_ITSELF:
             result /= self.size
 
-    @_on_stream
+    @_collective
     def reduce(self, x: np.ndarray, op: str | ReduceOp | Op = "sum", root: int = 0, *,
                algorithm: str = "auto", out: np.ndarray | None = None,
                **options: int) -> np.ndarray | None:
@@ -924,7 +985,7 @@ class Communicator:
             self._average(result, opd, fn)
         return _give(result, out, back)
 
-    @_on_stream
+    @_collective
     def all_reduce(self, x: np.ndarray, op: str | ReduceOp | Op = "sum", *,
                    algorithm: str = "auto", out: np.ndarray | None = None,
                    **options: int) -> np.ndarray:
@@ -957,7 +1018,7 @@ class Communicator:
         self._average(result, opd, fn)
         return _give(result, out, back)
 
-    @_on_stream
+    @_collective
     def reduce_scatter(self, x: np.ndarray, op: str | ReduceOp | Op = "sum", *,
                        counts: Sequence[int] | None = None, algorithm: str = "auto",
                        out: np.ndarray | None = None, **options: int) -> np.ndarray:
@@ -1001,7 +1062,7 @@ class Communicator:
         self._average(result, opd, fn)
         return _give(result, out, back)
 
-    @_on_stream
+    @_collective
     def all_to_all(self, x: np.ndarray, *, algorithm: str = "auto",
                    out: np.ndarray | None = None, **options: int) -> np.ndarray:
         """Send row j of ``x`` to rank j; row i of the result came from rank i.
@@ -1029,7 +1090,7 @@ class Communicator:
         fn(t, src, bounds, dst, bounds)
         return _give(result, out, back)
 
-    @_on_stream
+    @_collective
     def barrier(self, *, algorithm: str = "auto", **options: int) -> None:
         """Return only once every rank has entered the barrier.
 

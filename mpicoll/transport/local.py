@@ -34,6 +34,18 @@ class LocalWorld:
         self.timeout = timeout
         self.aborted = threading.Event()
         self.mailboxes = [[queue.SimpleQueue() for _ in range(size)] for _ in range(size)]
+        self._duplicates: dict[int, LocalWorld] = {}
+        self._lock = threading.Lock()
+
+    def duplicate(self, index: int) -> LocalWorld:
+        """The ``index``-th duplicate of this world (made by the first rank that asks):
+        its own mailboxes, and aborted together with this one."""
+        with self._lock:
+            if index not in self._duplicates:
+                twin = LocalWorld(self.size, self.timeout)
+                twin.aborted = self.aborted
+                self._duplicates[index] = twin
+            return self._duplicates[index]
 
     def endpoint(self, rank: int) -> LocalTransport:
         return LocalTransport(self, rank)
@@ -55,6 +67,13 @@ class LocalTransport(ScratchPool):
         super().__init__()
         self.world, self.rank, self.size = world, rank, world.size
         self.tag = 0
+        self._duplicates = 0
+
+    def duplicate(self) -> LocalTransport:
+        """This rank's endpoint of a duplicate world (every rank calls it in turn, as
+        MPI_Comm_dup)."""
+        self._duplicates += 1
+        return self.world.duplicate(self._duplicates).endpoint(self.rank)
 
     def begin(self, like: Any = None) -> None:
         self.tag += 1

@@ -1,0 +1,97 @@
+"""Gradient bucketing, as DDP does it: many small arrays all_reduced in a few big messages.
+
+    buckets = mpicoll.Bucketer(comm, grads_like, cap_bytes=25 << 20, op="avg")
+    for i, grad in backward():          # gradients as the backward pass produces them
+        buckets.add(i, grad)            # a full bucket starts its all_reduce at once
+    averaged = buckets.wait()           # every array, reduced, in the order given
+
+The arrays are assigned, in the order given (give them in the order they will be ready:
+for a backward pass, last layer first), to buckets of at most ``cap_bytes`` (an array
+larger than the cap gets a bucket to itself), one dtype per bucket. Each bucket is one
+flat buffer allocated once; ``add`` copies an array into its slot, and once every slot of
+a bucket is filled its all_reduce starts asynchronously (``async_op=True``), while the
+caller goes on computing the next gradients. Buckets start strictly in bucket order, so
+every rank starts them in the same order whatever order ``add`` is called in. ``wait``
+returns views of the buckets shaped as the inputs: valid until the next round of ``add``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+
+DEFAULT_CAP_BYTES = 25 * 1024 * 1024  # DDP's bucket_cap_mb default
+
+
+class Bucketer:
+    def __init__(self, comm: Any, arrays: Sequence[Any], *, cap_bytes: int = DEFAULT_CAP_BYTES,
+                 op: Any = "sum", algorithm: str = "auto") -> None:
+        if cap_bytes <= 0:
+            raise InvalidArgumentError(f"cap_bytes: must be positive, got {cap_bytes}")
+        self.comm, self.op, self.algorithm = comm, op, algorithm
+        self.shapes = [tuple(np.shape(a)) for a in arrays]
+        dtypes = [np.dtype(a.dtype) for a in arrays]
+        # bucket b holds arrays members[b]; array i sits at [offset[i], offset[i] + size)
+        self.members: list[list[int]] = []
+        self.bucket_of, self.offset = [0] * len(arrays), [0] * len(arrays)
+        sizes: list[int] = []
+        for i, (shape, dtype) in enumerate(zip(self.shapes, dtypes, strict=True)):
+            n = math.prod(shape)
+            fits = (self.members and dtypes[self.members[-1][0]] == dtype
+                    and (sizes[-1] + n) * dtype.itemsize <= cap_bytes)
+            if not fits:
+                self.members.append([])
+                sizes.append(0)
+            self.bucket_of[i], self.offset[i] = len(self.members) - 1, sizes[-1]
+            self.members[-1].append(i)
+            sizes[-1] += n
+        self.buffers = [np.empty(n, dtypes[m[0]]) for n, m in zip(sizes, self.members, strict=True)]
+        self.works: list[Any] = [None] * len(self.members)
+        self._missing = [len(m) for m in self.members]
+        self._filled = [False] * len(arrays)
+        self._next = 0  # the next bucket to start
+
+    @property
+    def bucket_bytes(self) -> list[int]:
+        return [b.nbytes for b in self.buffers]
+
+    def _slot(self, i: int) -> np.ndarray:
+        b = self.bucket_of[i]
+        return self.buffers[b][self.offset[i]:self.offset[i] + math.prod(self.shapes[i])]
+
+    def add(self, i: int, array: Any) -> None:
+        """Array ``i`` is ready: copy it into its bucket; start every bucket now complete
+        (in bucket order)."""
+        if not 0 <= i < len(self.shapes):
+            raise InvalidArgumentError(f"index: {i} is not one of the {len(self.shapes)} arrays")
+        if self._filled[i]:
+            raise InvalidArgumentError(f"array {i} was already added this round")
+        if tuple(np.shape(array)) != self.shapes[i]:
+            raise InvalidArgumentError(
+                f"array {i}: shape {np.shape(array)}, expected {self.shapes[i]}")
+        np.copyto(self._slot(i).reshape(self.shapes[i]), array, casting="same_kind")
+        self._filled[i] = True
+        self._missing[self.bucket_of[i]] -= 1
+        while self._next < len(self.members) and self._missing[self._next] == 0:
+            flat = self.buffers[self._next]
+            self.works[self._next] = self.comm.all_reduce(
+                flat, self.op, algorithm=self.algorithm, out=flat, async_op=True)
+            self._next += 1
+
+    def wait(self) -> list[np.ndarray]:
+        """Every array reduced (views of the buckets, in the order given); then a new
+        round of ``add`` may begin."""
+        missing = [i for i, filled in enumerate(self._filled) if not filled]
+        if missing:
+            raise InvalidArgumentError(f"wait: arrays {missing} were never added this round")
+        for work in self.works:
+            work.wait()
+        self._missing = [len(m) for m in self.members]
+        self._filled = [False] * len(self.shapes)
+        self._next = 0
+        return [self._slot(i).reshape(self.shapes[i]) for i in range(len(self.shapes))]

@@ -1,0 +1,152 @@
+"""async_op=True on every collective, and the Bucketer: results equal the blocking calls',
+several handles outstanding and waited in any order, progress while the caller computes,
+errors raised from wait() on every rank."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import mpicoll
+from mpicoll.transport.local import run_local
+
+
+def _calls(comm):
+    """One call of every collective: (name, blocking thunk, async thunk)."""
+    p, r = comm.size, comm.rank
+    x = np.arange(6, dtype=np.float64) + r
+    rows = np.arange(p * 3, dtype=np.int32).reshape(p, 3) * (r + 1)
+    mine = np.arange(r + 1, dtype=np.float32)
+    calls = {
+        "broadcast": lambda **k: comm.broadcast(x if r == 0 else None, 0, **k),
+        "scatter": lambda **k: comm.scatter(rows if r == 0 else None, 0, **k),
+        "gather": lambda **k: comm.gather(x, 0, **k),
+        "all_gather": lambda **k: comm.all_gather(x, **k),
+        "reduce": lambda **k: comm.reduce(x, "sum", 0, **k),
+        "all_reduce": lambda **k: comm.all_reduce(x, "max", **k),
+        "reduce_scatter": lambda **k: comm.reduce_scatter(rows, "sum", **k),
+        "all_to_all": lambda **k: comm.all_to_all(rows, **k),
+        "all_gather_v": lambda **k: comm.all_gather_v(mine, **k),
+        "barrier": lambda **k: comm.barrier(**k),
+    }
+    assert set(mpicoll.COLLECTIVES) <= set(calls)
+    return calls
+
+
+def _same(a, b):
+    if isinstance(a, tuple):
+        return all(_same(u, v) for u, v in zip(a, b, strict=True))
+    if a is None or b is None:
+        return a is None and b is None
+    return np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def _every_collective_async(comm):
+    calls = _calls(comm)
+    expected = {name: call() for name, call in calls.items()}
+    works = {name: call(async_op=True) for name, call in calls.items()}  # all outstanding
+    order = list(works)[::-1] if comm.rank % 2 else list(works)  # waited in other orders
+    for name in order:
+        work = works[name]
+        assert _same(work.wait(), expected[name]), name
+        assert work.done and work.test()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_local_every_collective_async(size):
+    run_local(size, _every_collective_async, timeout=20)
+
+
+def _errors_from_wait(comm):
+    bad = comm.all_reduce(np.ones(3), algorithm="no_such_algorithm", async_op=True)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="no_such_algorithm"):
+        bad.wait()
+    assert bad.done
+    # a disagreement between ranks surfaces from wait() on every rank, and the
+    # communicator goes on working afterwards
+    checked = mpicoll.Communicator(comm._transport.comm, check=True) \
+        if comm.backend == "mpi" else comm
+    if comm.backend == "mpi" and comm.size > 1:
+        x = np.ones(4, np.float32 if comm.rank == 0 else np.float64)
+        mismatch = checked.all_reduce(x, async_op=True)
+        with pytest.raises(mpicoll.MismatchError):
+            mismatch.wait()
+    good = comm.all_reduce(np.ones(3), async_op=True)
+    assert np.array_equal(good.wait(), np.full(3, comm.size))
+
+
+def test_local_errors_from_wait():
+    run_local(3, _errors_from_wait, timeout=20)
+
+
+def test_bucketer_local():
+    def body(comm):
+        rng = np.random.default_rng(7)
+        shapes = [(3, 4), (100,), (7,), (2, 2, 2), (1000,), (1,)]
+        grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        buckets = mpicoll.Bucketer(comm, grads, cap_bytes=512, op="sum")
+        assert len(buckets.buffers) >= 3  # (1000,) is over the cap: a bucket of its own
+        assert 4000 in buckets.bucket_bytes
+        for round_ in range(2):
+            order = np.random.default_rng(comm.rank + 10 * round_).permutation(len(grads))
+            for i in order:  # every rank adds in its own order
+                buckets.add(int(i), grads[i] * (comm.rank + 1))
+            got = buckets.wait()
+            factor = comm.size * (comm.size + 1) / 2
+            for g, want in zip(got, grads, strict=True):
+                np.testing.assert_allclose(g, want * factor, rtol=1e-6)
+        buckets.add(0, grads[0])
+        with pytest.raises(mpicoll.InvalidArgumentError, match="never added"):
+            buckets.wait()
+        with pytest.raises(mpicoll.InvalidArgumentError, match="already added"):
+            buckets.add(0, grads[0])
+        with pytest.raises(mpicoll.InvalidArgumentError, match="shape"):
+            buckets.add(1, grads[0])
+
+    for size in (1, 2, 3):
+        run_local(size, body, timeout=20)
+
+
+# ---- under mpiexec ----------------------------------------------------------------------
+
+
+@pytest.mark.mpi
+def test_mpi_every_collective_async():
+    _every_collective_async(mpicoll.Communicator())
+
+
+@pytest.mark.mpi
+def test_mpi_errors_from_wait():
+    _errors_from_wait(mpicoll.Communicator())
+
+
+@pytest.mark.mpi
+def test_mpi_collective_progresses_while_the_caller_computes():
+    """The all_reduce finishes while this rank only computes (no MPI call, no wait):
+    test() turns True before wait() is ever called."""
+    comm = mpicoll.Communicator()
+    x = np.ones(1 << 18, np.float32)
+    work = comm.all_reduce(x, algorithm="ring", async_op=True)
+    deadline = time.monotonic() + 60
+    a = np.ones((64, 64))
+    computed = 0
+    while not work.test():
+        a = np.tanh(a @ a / 64)  # the caller's own work
+        computed += 1
+        assert time.monotonic() < deadline, "the collective made no progress on its own"
+    assert work.finished_at > work.started_at
+    assert np.array_equal(work.wait(), np.full(x.size, comm.size, np.float32))
+
+
+@pytest.mark.mpi
+def test_mpi_bucketer_overlaps_and_sums():
+    comm = mpicoll.Communicator()
+    grads = [np.full(s, comm.rank + 1.0, np.float64) for s in (10, 5000, 3, 20000, 7)]
+    buckets = mpicoll.Bucketer(comm, grads, cap_bytes=64 * 1024, op="avg")
+    for i in reversed(range(len(grads))):  # as a backward pass produces them
+        buckets.add(i, grads[i])
+    mean = (comm.size + 1) / 2
+    for got, g in zip(buckets.wait(), grads, strict=True):
+        np.testing.assert_allclose(got, np.full(g.shape, mean))
