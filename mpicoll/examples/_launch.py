@@ -26,3 +26,16 @@ def launch(main: Callable[[], object]) -> None:
         sys.stderr.write(f"[rank {rank}] failed; aborting the job\n{traceback.format_exc()}")
         sys.stderr.flush()
         MPI.COMM_WORLD.Abort(1)
+
+
+def print_in_rank_order(comm: object, title: str, text: str, width: int = 96) -> None:
+    """Rank 0 prints ``title``, then every rank's ``text`` (one line, cut at ``width``) in
+    rank order: the lines travel to rank 0 with a gather, so they never interleave."""
+    import numpy as np
+
+    line = np.frombuffer(text.ljust(width)[:width].encode("ascii", "replace"), np.uint8)
+    lines = comm.gather(line, 0)
+    if comm.rank == 0:
+        print(f"\n{title}")
+        for r, row in enumerate(lines):
+            print(f"  rank {r}: {row.tobytes().decode().rstrip()}")

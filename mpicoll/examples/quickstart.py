@@ -13,17 +13,11 @@ import argparse
 import numpy as np
 
 import mpicoll
-from mpicoll.examples._launch import launch
+from mpicoll.examples._launch import launch, print_in_rank_order
 
 
 def show(comm: mpicoll.Communicator, title: str, before: object, after: object) -> None:
-    """Print every rank's before -> after, in rank order, from rank 0."""
-    rows = comm.gather(np.frombuffer(f"{before!s:>24} -> {after!s}".ljust(72)[:72].encode(),
-                                     np.uint8))
-    if comm.rank == 0:
-        print(f"\n{title}")
-        for r, row in enumerate(rows):
-            print(f"  rank {r}: {row.tobytes().decode().rstrip()}")
+    print_in_rank_order(comm, title, f"{before!s:>24} -> {after!s}", width=72)
 
 
 def main() -> None:

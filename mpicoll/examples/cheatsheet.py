@@ -1,0 +1,107 @@
+"""The collectives cheat sheet: every collective's before and after on every rank, drawn
+as the tutorials draw them (rank r's data is the letter of r; a number is its chunk).
+
+    mpiexec -n 4 python -m mpicoll.examples.cheatsheet [--algorithm NAME]
+
+    broadcast from rank 0          [A0]  [  ]  [  ]  [  ]  ->  [A0]  [A0]  [A0]  [A0]
+    all_to_all (a transpose)       [A0 A1 ..] [B0 B1 ..]   ->  [A0 B0 ..] [A1 B1 ..]
+
+Reductions show numbers: rank r holds r + 1, and "1+2+3+4" is their sum. With
+--algorithm, every collective that has an algorithm of that name runs it (the others run
+"auto"). Each result is checked against NumPy; the example fails on any difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+import mpicoll
+from mpicoll.examples._launch import launch, print_in_rank_order
+
+
+def label(value: int) -> str:
+    """100 * rank + chunk -> the letter of the rank and the chunk: 201 -> C1."""
+    return f"{chr(ord('A') + value // 100 % 26)}{value % 100}"
+
+
+def cells(values: object) -> str:
+    if values is None:
+        return "[ ]"
+    flat = np.asarray(values).reshape(-1)
+    return "[" + " ".join(label(int(v)) for v in flat) + "]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algorithm", default="auto")
+    args = parser.parse_args()
+    comm = mpicoll.Communicator()
+    p, r = comm.size, comm.rank
+
+    def algo(collective: str) -> str:
+        return args.algorithm if args.algorithm in mpicoll.algorithms(collective) else "auto"
+
+    def show(title: str, before: str, after: str) -> None:
+        print_in_rank_order(comm, title, f"{before:>{6 * p + 2}}  ->  {after}")
+
+    mine = np.array([100 * r])                       # one chunk: A0, B0, C0, ...
+    chunks = 100 * r + np.arange(p)                  # p chunks: A0 A1 .. on rank A
+    everything = 100 * np.arange(p)                  # the root's p chunks: A0 B0 C0 ..
+
+    got = comm.broadcast(mine if r == 0 else np.empty(1, mine.dtype), 0,
+                         algorithm=algo("broadcast"))
+    assert np.array_equal(got, [0])
+    show("broadcast from rank 0: the root's data on every rank",
+         cells(mine if r == 0 else None), cells(got))
+
+    got = comm.scatter(everything.reshape(p, 1) if r == 0 else None, 0, algorithm=algo("scatter"))
+    assert np.array_equal(got, [100 * r])
+    show("scatter from rank 0: the root's chunk j to rank j",
+         cells(everything if r == 0 else None), cells(got))
+
+    got = comm.gather(mine, 0, algorithm=algo("gather"))
+    assert r != 0 or np.array_equal(got.reshape(-1), everything)
+    show("gather to rank 0: every rank's chunk, in rank order, on the root", cells(mine), cells(got))
+
+    got = comm.all_gather(mine, algorithm=algo("all_gather"))
+    assert np.array_equal(got.reshape(-1), everything)
+    show("all_gather: every rank's chunk on every rank", cells(mine), cells(got))
+
+    got = comm.all_to_all(chunks.reshape(p, 1), algorithm=algo("all_to_all"))
+    assert np.array_equal(got.reshape(-1), 100 * np.arange(p) + r)
+    show("all_to_all: chunk j of rank i goes to rank j, as chunk i (a transpose)",
+         cells(chunks), cells(got))
+
+    # reductions: rank r holds r + 1 in every chunk; the sum of all is 1 + 2 + ... + p
+    value = np.full(p, r + 1)
+    terms = "+".join(str(k + 1) for k in range(p)) if p <= 6 else f"1+..+{p}"
+    total = p * (p + 1) // 2
+
+    def sums(values: object) -> str:
+        if values is None:
+            return "[ ]"
+        return "[" + " ".join(terms if v == total and p > 1 else str(int(v))
+                              for v in np.asarray(values).reshape(-1)) + "]"
+
+    got = comm.reduce(value[:1], "sum", 0, algorithm=algo("reduce"))
+    assert r != 0 or got[0] == total
+    show("reduce (sum) to rank 0: the sum on the root", sums(value[:1]), sums(got))
+
+    got = comm.all_reduce(value[:1], "sum", algorithm=algo("all_reduce"))
+    assert got[0] == total
+    show("all_reduce (sum): the sum on every rank", sums(value[:1]), sums(got))
+
+    got = comm.reduce_scatter(value.reshape(p, 1), "sum", algorithm=algo("reduce_scatter"))
+    assert np.array_equal(got, [total])
+    show("reduce_scatter (sum): chunk j of the sum on rank j", sums(value), sums(got))
+
+    comm.barrier(algorithm=algo("barrier"))
+    if r == 0:
+        print("\nbarrier: every rank waited until all had arrived")
+        print(f"\nevery collective agrees with NumPy on {p} rank(s)")
+
+
+if __name__ == "__main__":
+    launch(main)
