@@ -29,6 +29,41 @@ def test_quickstart(n, algorithm):
     assert f"all collectives agree with NumPy on {n} rank(s)" in done.stdout
 
 
+# every example, its own check included, at 1, 2, 3 and 4 ranks
+EXAMPLES = {
+    "cheatsheet": ("every collective agrees with NumPy", "--algorithm", "ring"),
+    "distributed_mean": ("np.mean on all of them",),
+    "distributed_softmax": ("equals the unsharded softmax", "-n", "3"),
+    "distributed_argmax": ("np.argmax over everything agrees",),
+    "ring_all_reduce": ("== comm.all_reduce", "-n", "7"),
+    "data_parallel": ("weights equal single-process training", "--steps", "4",
+                      "--bucket-mb", "0.1"),
+    "tensor_parallel_mlp": ("equal the unsharded MLP's", "--hidden", "10"),
+    "moe_all_to_all": ("every token came back processed by its expert",),
+}
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_example(name, n):
+    expected, *args = EXAMPLES[name]
+    done = mpiexec(n, "-m", f"mpicoll.examples.{name}", *args)
+    assert done.returncode == 0, done.stderr
+    assert expected in done.stdout, done.stdout
+
+
+def test_every_example_is_indexed_and_tested():
+    import mpicoll.examples as package
+
+    names = {f[:-3] for f in os.listdir(os.path.dirname(package.__file__))
+             if f.endswith(".py") and not f.startswith("_")}
+    with open(os.path.join(ROOT, "examples", "README.md")) as f:
+        index = f.read()
+    assert names == set(EXAMPLES) | {"quickstart"}
+    assert all(f"| `{name}` |" in index for name in names)
+
+
 @needs_mpiexec
 def test_library_use_example():
     done = mpiexec(3, "examples/library_use.py")
