@@ -56,6 +56,23 @@ class _Stream:
         return False
 
 
+class _Event:
+    """A CUDA event: the stand-in's stream has always run what was queued on it."""
+
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.recorded = 0
+
+    def record(self, stream=None):
+        self.recorded += 1
+
+    def synchronize(self):
+        pass
+
+    @property
+    def done(self):
+        return True
+
+
 def _device(a):
     return np.asarray(a).view(ndarray)
 
@@ -195,6 +212,7 @@ def make_module() -> types.ModuleType:
     cuda.get_current_stream = lambda: stream
     cuda.alloc_pinned_memory = lambda nbytes: bytearray(nbytes)
     cuda.Stream = _Stream
+    cuda.Event = _Event
     cupy.__version__ = "0.0-numpy-stand-in"
     cuda.runtime = types.SimpleNamespace(
         getDeviceCount=lambda: 1, getDevice=lambda: 0, runtimeGetVersion=lambda: 0,

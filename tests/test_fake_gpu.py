@@ -152,6 +152,25 @@ def test_nccl_backend_barrier_averages_and_refusals(comm, fake_cupy):
 
 
 @pytest.mark.mpi
+def test_async_op_on_device_arrays(comm, fake_cupy):
+    """async_op=True on GPU arrays: the progress thread on MPI (staged or CUDA-aware), an
+    event on the stream on NCCL; results come back as device arrays."""
+    x = fake_cupy.asarray(np.arange(6.0) + comm.rank)
+    works = [comm.all_reduce(x, algorithm=a, async_op=True) for a in ("ring", "native")]
+    gathered = comm.all_gather(x, async_op=True)
+    expected = sum(np.arange(6.0) + r for r in range(comm.size))
+    for work in works[::-1]:
+        got = work.wait()
+        assert isinstance(got, fake_cupy.ndarray) and np.array_equal(got.get(), expected)
+    assert gathered.wait().get().shape == (comm.size, 6)
+    if comm.backend == "nccl":
+        assert works[0]._event is not None and works[0]._event.recorded == 1
+    bad = comm.all_reduce(x, algorithm="no_such_algorithm", async_op=True)
+    with pytest.raises(mpicoll.InvalidArgumentError):
+        bad.wait()
+
+
+@pytest.mark.mpi
 def test_cuda_aware_path_synchronizes_the_stream_before_messages(fake_cupy):
     comm = _communicator("1")
     stream = fake_cupy.cuda.get_current_stream()
