@@ -39,3 +39,17 @@ def print_in_rank_order(comm: object, title: str, text: str, width: int = 96) ->
         print(f"\n{title}")
         for r, row in enumerate(lines):
             print(f"  rank {r}: {row.tobytes().decode().rstrip()}")
+
+
+def algorithm_option(description: str) -> Callable[[str], str]:
+    """Parse ``--algorithm NAME`` (default auto); return collective -> the algorithm to run:
+    NAME where the collective has an algorithm of that name, else "auto"."""
+    import argparse
+
+    import mpicoll
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--algorithm", default="auto",
+                        help="run every collective that has an algorithm of this name with it")
+    chosen = parser.parse_args().algorithm
+    return lambda collective: chosen if chosen in mpicoll.algorithms(collective) else "auto"

@@ -13,12 +13,10 @@ Reductions show numbers: rank r holds r + 1, and "1+2+3+4" is their sum. With
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 import mpicoll
-from mpicoll.examples._launch import launch, print_in_rank_order
+from mpicoll.examples._launch import algorithm_option, launch, print_in_rank_order
 
 
 def label(value: int) -> str:
@@ -34,14 +32,9 @@ def cells(values: object) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--algorithm", default="auto")
-    args = parser.parse_args()
+    algo = algorithm_option(__doc__.splitlines()[0])
     comm = mpicoll.Communicator()
     p, r = comm.size, comm.rank
-
-    def algo(collective: str) -> str:
-        return args.algorithm if args.algorithm in mpicoll.algorithms(collective) else "auto"
 
     def show(title: str, before: str, after: str) -> None:
         print_in_rank_order(comm, title, f"{before:>{6 * p + 2}}  ->  {after}")

@@ -8,12 +8,10 @@ run "auto"); every result is checked against NumPy and the example fails if one 
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 import mpicoll
-from mpicoll.examples._launch import launch, print_in_rank_order
+from mpicoll.examples._launch import algorithm_option, launch, print_in_rank_order
 
 
 def show(comm: mpicoll.Communicator, title: str, before: object, after: object) -> None:
@@ -21,14 +19,9 @@ def show(comm: mpicoll.Communicator, title: str, before: object, after: object) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--algorithm", default="auto")
-    args = parser.parse_args()
+    algo = algorithm_option(__doc__.splitlines()[0])
     comm = mpicoll.Communicator()
     p, r = comm.size, comm.rank
-
-    def algo(collective: str) -> str:
-        return args.algorithm if args.algorithm in mpicoll.algorithms(collective) else "auto"
 
     x = np.array([10 * r + 1, 10 * r + 2])
     rows = np.arange(p * 2).reshape(p, 2) + 100 * r
