@@ -56,6 +56,14 @@ case "$MPICOLL_LAUNCHER" in
     *) mpicoll_fail "MPICOLL_LAUNCHER=$MPICOLL_LAUNCHER: choose pmi2, pmix or mpiexec" ;;
 esac
 
+# The MPICH wheel under srun --mpi=pmi2 with its default UCX netmod puts each rank's UCX
+# address (about 7 KB) through PMI-1 as nine long lines, which Slurm's pmi2 plugin
+# (22.05 measured) now and then misreads ("value not properly terminated"), failing or
+# hanging MPI_Init; OFI's addresses are a few bytes. So OFI, unless chosen otherwise.
+if [ "$MPICOLL_LAUNCHER" = pmi2 ]; then
+    export MPIR_CVAR_CH4_NETMOD=${MPIR_CVAR_CH4_NETMOD:-ofi}
+fi
+
 # launch [srun options --] command...: one rank per task of the allocation, or the srun
 # options' share of it (-n N for a step of N ranks)
 launch() {
@@ -81,7 +89,7 @@ launch() {
 RESULTS=${MPICOLL_RESULTS:-$MPICOLL_ROOT/results}/${SLURM_JOB_NAME:-job}-$SLURM_JOB_ID
 mkdir -p "$RESULTS" || mpicoll_fail "cannot create $RESULTS"
 export PYTHON MPICOLL_ROOT RESULTS MPICOLL_LAUNCHER
-echo "# mpicoll job $SLURM_JOB_ID (${SLURM_JOB_NAME:-}) on ${SLURM_JOB_NODELIST:-?}: ${SLURM_NTASKS:-?} tasks, launcher $MPICOLL_LAUNCHER, python $PYTHON, results in $RESULTS"
+echo "# mpicoll job $SLURM_JOB_ID (${SLURM_JOB_NAME:-}) on ${SLURM_JOB_NODELIST:-?}: ${SLURM_NTASKS:-?} tasks, launcher $MPICOLL_LAUNCHER${MPIR_CVAR_CH4_NETMOD:+ (MPICH netmod $MPIR_CVAR_CH4_NETMOD)}, python $PYTHON, results in $RESULTS"
 
 # compare [bench arguments...]: every chosen collective x algorithm (and the library's own)
 # over the size sweep, on all tasks; the table, CSV, JSON and plots into $RESULTS, and one
