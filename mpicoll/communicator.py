@@ -11,6 +11,7 @@ raise too. In check mode a fingerprint of the call is compared across ranks firs
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import zlib
@@ -47,6 +48,7 @@ from .errors import (
 )
 from .native_nccl import AVERAGES_ITSELF as _AVERAGES_ITSELF
 from .ops import Op, ReduceOp, op_name, resolve_op
+from .tracing import Tracer, TracingTransport, chrome_trace, gather_events, timed_op
 from .work import ProgressThread, Work
 
 BACKENDS = ("mpi", "nccl", "local")
@@ -141,10 +143,17 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
                 f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
         if async_op:
             return self._submit(name, method, args, kwargs, stream)
-        if stream is None:
-            return method(self, *args, **kwargs)
-        with stream:
-            return method(self, *args, **kwargs)
+        tracer = self._tracer
+        if tracer is not None:
+            tracer.begin_call(name)
+        try:
+            if stream is None:
+                return method(self, *args, **kwargs)
+            with stream:
+                return method(self, *args, **kwargs)
+        finally:
+            if tracer is not None:
+                tracer.end_call()
 
     return collective
 
@@ -167,7 +176,8 @@ class Communicator:
     is queued on it, and its result is ready when the stream gets there, as with NCCL.
     """
 
-    def __init__(self, comm: Any = None, backend: str = "mpi", *, check: bool | None = None) -> None:
+    def __init__(self, comm: Any = None, backend: str = "mpi", *, check: bool | None = None,
+                 trace: bool | str | None = None) -> None:
         self._like: Any = None  # an array of the library a rank without input allocates in
         self._packed_bytes = _PACKED_BYTES
         if backend == "mpi":
@@ -206,6 +216,17 @@ class Communicator:
             raise InvalidArgumentError(
                 f"backend: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}"
             )
+        self._tracer: Tracer | None = None
+        trace = os.environ.get("MPICOLL_TRACE") or None if trace is None else trace
+        if trace:
+            if backend == "nccl":
+                raise InvalidArgumentError("trace: tracing runs on the mpi and local backends")
+            self._tracer = Tracer(self._transport.rank, self._transport.size)
+            self._transport = TracingTransport(self._transport, self._tracer)
+            if isinstance(trace, str):  # MPICOLL_TRACE=path: written when Python exits
+                import atexit
+
+                atexit.register(self.write_trace, trace)
         if backend != "nccl":  # headers, counts and fingerprints share the data's transport
             self._control, self._control_native = self._transport, self._native
         self._backend = backend
@@ -269,6 +290,25 @@ class Communicator:
 
         return self._progress.submit(name, call)
 
+    def trace_events(self) -> list[dict[str, Any]]:
+        """This rank's traced events so far (``trace=True``), in its own clock."""
+        if self._tracer is None:
+            raise InvalidArgumentError("trace_events: this communicator was made without trace=True")
+        return self._tracer.events
+
+    def write_trace(self, path: str) -> None:
+        """Collective: merge every rank's trace on rank 0, clocks aligned to rank 0's, and
+        write it there as Chrome trace JSON (Perfetto, chrome://tracing). MPI backend."""
+        if self._tracer is None:
+            raise InvalidArgumentError("write_trace: this communicator was made without trace=True")
+        if self._backend != "mpi":
+            raise InvalidArgumentError("write_trace: merges over MPI; on the local backend "
+                                       "use trace_events() of each rank")
+        events = gather_events(self._tracer, self._transport.comm)
+        if events is not None:
+            with open(path, "w") as f:
+                json.dump(chrome_trace(events, self.size), f)
+
     def free(self) -> None:
         """Release the private MPI communicator (also done at MPI finalization)."""
         if self._progress is not None:
@@ -320,6 +360,8 @@ class Communicator:
         if spec is None:
             spec = self._chosen[(collective, algorithm)] = self._lookup(collective, algorithm)
         fn, registered = spec
+        if self._tracer is not None:
+            self._tracer.chose(algorithm, nbytes)
         if registered is None:  # native
             if op is not None and not self._native_serves(op, dtype):
                 self._native_op_check(op, dtype)  # the library must know dtype and op
@@ -935,6 +977,8 @@ class Communicator:
         opd = resolve_op(op, x.dtype)
         fn = self._algorithm(collective, algorithm, x.nbytes, opd, options, dtype=x.dtype,
                              uneven=uneven)
+        if self._tracer is not None and self._tracer.algorithm != "native":
+            opd = timed_op(opd, self._tracer)
         return x, opd, fn, back
 
     def _unaliased(self, src: np.ndarray, dst: np.ndarray | None,

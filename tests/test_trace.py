@@ -1,0 +1,130 @@
+"""Tracing (Communicator(trace=True), MPICOLL_TRACE), python -m mpicoll.trace, and the
+data-flow diagrams of python -m mpicoll.viz."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mpicoll
+from mpicoll import tracing, viz
+from mpicoll.transport.local import run_local
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _ring_sends_are_the_textbook_ring(events, p, rank, nbytes):
+    sends = [e for e in events if e["kind"] == "send" and e["collective"] == "all_reduce"]
+    assert len(sends) == 2 * (p - 1)  # p - 1 of reduce-scatter, p - 1 of all-gather
+    assert [e["step"] for e in sends] == list(range(2 * (p - 1)))
+    receives = [e for e in events if e["kind"] == "recv" and e["collective"] == "all_reduce"]
+    assert len(receives) == 2 * (p - 1)
+    if p > 1:
+        assert {e["peer"] for e in sends} == {(rank + 1) % p}
+        assert {e["peer"] for e in receives} == {(rank - 1) % p}
+        assert {e["bytes"] for e in sends} <= {nbytes // p // 4 * 4, -(-nbytes // p // 4) * 4}
+    reductions = [e for e in events if e["kind"] == "reduce"]
+    assert len(reductions) == p - 1
+    assert all(e["algorithm"] == "ring" and e["end"] >= e["start"] for e in events)
+    calls = [e for e in events if e["kind"] == "call"]
+    assert len(calls) == 1 and calls[0]["nbytes"] == nbytes
+
+
+def test_traced_ring_all_reduce_at_four_local_ranks():
+    def body(comm):
+        x = np.arange(400, dtype=np.float32)
+        comm.all_reduce(x, algorithm="ring")
+        return comm.trace_events()
+
+    for rank, events in enumerate(run_local(4, body, trace=True)):
+        _ring_sends_are_the_textbook_ring(events, 4, rank, 1600)
+
+
+def test_chunks_of_the_ring_follow_the_textbook():
+    steps = viz.flow("all_reduce", "ring", 4)
+    assert len(steps) == 6 and all(len(messages) == 4 for messages in steps)
+    for k, messages in enumerate(steps):
+        for sender, receiver, chunk, nbytes in messages:
+            assert receiver == (sender + 1) % 4 and nbytes == 16
+            assert chunk == (sender - 1 - k) % 4  # chunk r - 1 starts the ring at rank r
+
+
+def test_tree_rounds_and_ascii():
+    steps = viz.flow("broadcast", "binomial", 8)
+    assert [len(m) for m in steps] == [1, 2, 4]  # a binomial tree doubles each round
+    text = viz.ascii_diagram("broadcast", "binomial", 8, steps)
+    assert "3 step(s)" in text and text.count("\nstep") == 3
+
+
+def test_viz_cli_png_and_refusals(tmp_path):
+    out = tmp_path / "ring.png"
+    assert viz.main(["all_reduce", "--algorithm", "ring", "-n", "3", "-o", str(out)]) == 0
+    assert out.read_bytes().startswith(PNG) and out.stat().st_size > 5000
+    with pytest.raises(SystemExit):
+        viz.main(["all_reduce", "--algorithm", "no_such", "-n", "3", "--ascii"])
+
+
+def test_chrome_trace_has_what_perfetto_needs(tmp_path):
+    events = run_local(3, lambda comm: (comm.all_reduce(np.ones(30), algorithm="ring"),
+                                        comm.trace_events())[1], trace=True)
+    merged = [e for rank in events for e in rank]
+    trace = tracing.chrome_trace(merged, 3)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))
+    loaded = json.loads(path.read_text())["traceEvents"]
+    complete = [e for e in loaded if e["ph"] == "X"]
+    assert complete and all({"name", "ph", "ts", "dur", "pid", "tid"} <= set(e) for e in complete)
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in complete)
+    names = {(e["pid"], e["args"]["name"]) for e in loaded if e["ph"] == "M"
+             and e["name"] == "process_name"}
+    assert names == {(r, f"rank {r}") for r in range(3)}
+    rows = tracing.summarize(tracing.load(str(path)))
+    assert len(rows) == 1 and rows[0]["steps"] == 4 and rows[0]["ranks"] == 3
+    assert rows[0]["bytes_sent"] == 3 * 4 * 80 and rows[0]["model_us"] > 0
+
+
+def test_untraced_communicator_has_no_wrappers():
+    def body(comm):
+        assert comm._tracer is None and type(comm._transport).__name__ == "LocalTransport"
+        with pytest.raises(mpicoll.InvalidArgumentError, match="trace=True"):
+            comm.trace_events()
+
+    run_local(2, body)
+
+
+@pytest.mark.mpi
+def test_mpi_trace_written_merged_and_read(tmp_path_factory):
+    from mpi4py import MPI
+
+    path = MPI.COMM_WORLD.bcast(str(tmp_path_factory.mktemp("trace") / "t.json"))
+    comm = mpicoll.Communicator(trace=True)
+    x = np.arange(400, dtype=np.float32)
+    comm.all_reduce(x, algorithm="ring")
+    comm.broadcast(x if comm.rank == 0 else None, algorithm="binomial")
+    _ring_sends_are_the_textbook_ring(
+        [e for e in comm.trace_events() if e["call"] == 1], comm.size, comm.rank, 1600)
+    comm.write_trace(path)
+    if comm.rank == 0:
+        events = tracing.load(path)
+        assert {e["rank"] for e in events} == set(range(comm.size))
+        rows = tracing.summarize(events)
+        assert [r["collective"] for r in rows] == ["all_reduce", "broadcast"]
+        assert rows[0]["steps"] == 2 * (comm.size - 1)
+        # clocks aligned: every rank's ring call overlaps rank 0's
+        calls = [e for e in events if e["kind"] == "call" and e["call"] == 1]
+        assert max(e["start"] for e in calls) <= min(e["end"] for e in calls) or comm.size == 1
+        out = os.path.join(os.path.dirname(path), "timeline.png")
+        done = subprocess.run([sys.executable, "-m", "mpicoll.trace", "draw", path, "-o", out],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        with open(out, "rb") as f:
+            assert f.read(8) == PNG
+        done = subprocess.run([sys.executable, "-m", "mpicoll.trace", "summary", path],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "all_reduce" in done.stdout and "ring" in done.stdout
+    comm.free()
