@@ -72,6 +72,7 @@ _HEADER_BYTES = _HEADER_LEN * 8
 _ON_DEVICE = 1 << 16  # in the header's ndim field: the root's array is on the GPU
 _PACKET_BYTES = _HEADER_BYTES + _PACKED_BYTES
 _FINGERPRINT_FIELDS = ("collective", "algorithm", "op", "root", "dtype", "shape")
+_TRACED = 0  # communicators traced to MPICOLL_TRACE's file so far
 _ANY = -1  # a fingerprint field this rank cannot know (broadcast/scatter with None)
 
 
@@ -226,6 +227,11 @@ class Communicator:
             if isinstance(trace, str):  # MPICOLL_TRACE=path: written when Python exits
                 import atexit
 
+                global _TRACED
+                _TRACED += 1  # the second traced communicator writes path.2.json, ...
+                if _TRACED > 1:
+                    root, ext = os.path.splitext(trace)
+                    trace = f"{root}.{_TRACED}{ext or '.json'}"
                 atexit.register(self.write_trace, trace)
         if backend != "nccl":  # headers, counts and fingerprints share the data's transport
             self._control, self._control_native = self._transport, self._native
@@ -255,8 +261,9 @@ class Communicator:
         """A communicator of the same ranks and backend whose messages never match this
         one's (collective: every rank calls it at the same point)."""
         if self._backend == "local":
-            return Communicator(self._transport.duplicate(), "local", check=self.check)
-        return Communicator(self._transport.comm, self._backend, check=self.check)
+            return Communicator(self._transport.duplicate(), "local", check=self.check,
+                                trace=False)
+        return Communicator(self._transport.comm, self._backend, check=self.check, trace=False)
 
     def _submit(self, name: str, method: Callable[..., Any], args: tuple, kwargs: dict,
                 stream: Any) -> Work:

@@ -15,7 +15,8 @@ equal chunks of that buffer (the tutorials' chunk numbers for ring and friends).
 merged file is Chrome's trace event format, which Perfetto (ui.perfetto.dev) and
 chrome://tracing open: one process per rank, with tracks for calls, messages and
 reductions. Clocks are aligned to rank 0's by a ping-pong estimate (the offset at the
-smallest round trip of several). When tracing is off nothing is wrapped: the transport
+smallest round trip of several). Calls made with ``async_op=True`` run on the
+communicator's untraced duplicate and are not in the trace. When tracing is off nothing is wrapped: the transport
 and ops are the untraced ones, so the cost is one ``is None`` test per call.
 """
 

@@ -128,3 +128,28 @@ def test_mpi_trace_written_merged_and_read(tmp_path_factory):
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "all_reduce" in done.stdout and "ring" in done.stdout
     comm.free()
+
+
+def test_mpicoll_trace_variable_writes_one_file_per_communicator(tmp_path):
+    from test_examples import MPIEXEC, mpiexec
+
+    if MPIEXEC is None:
+        pytest.skip("no mpiexec")
+    script = tmp_path / "traced.py"
+    script.write_text(
+        "import numpy as np, mpicoll\n"
+        "c = mpicoll.Communicator()\n"
+        "c.all_reduce(np.ones(30), algorithm='ring')\n"
+        "mpicoll.Communicator().all_gather(np.ones(3), algorithm='ring')\n")
+    path = tmp_path / "trace.json"
+    os.environ["MPICOLL_TRACE"] = str(path)
+    try:
+        done = mpiexec(3, "-m", "mpi4py", str(script), timeout=120)
+    finally:
+        del os.environ["MPICOLL_TRACE"]
+    assert done.returncode == 0, done.stderr
+    first = tracing.summarize(tracing.load(str(path)))
+    second = tracing.summarize(tracing.load(str(tmp_path / "trace.2.json")))
+    assert [(r["collective"], r["algorithm"], r["ranks"], r["steps"]) for r in first] == \
+        [("all_reduce", "ring", 3, 4)]
+    assert [(r["collective"], r["steps"]) for r in second] == [("all_gather", 2)]
