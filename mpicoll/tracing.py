@@ -55,17 +55,41 @@ def _chunk(buf: Any, parts: int) -> tuple[int | None, int]:
     return bisect.bisect_right(_bounds(base.nbytes, parts), offset) - 1, offset
 
 
+_FIELDS = ("kind", "collective", "algorithm", "call", "start", "end", "track")
+_MESSAGE_FIELDS = (*_FIELDS, "peer", "bytes", "step", "chunk", "offset")
+
+
 class Tracer:
-    """One rank's record: the calls, messages and reductions, in this rank's clock."""
+    """One rank's record: the calls, messages and reductions, in this rank's clock.
+
+    Records are kept as plain lists while the program runs (cheap to make) and turned
+    into dicts when ``events`` is read."""
 
     def __init__(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
-        self.events: list[dict[str, Any]] = []
+        self._records: list[list[Any]] = []
+        self._events: list[dict[str, Any]] = []
         self.calls = 0
         self.collective = self.algorithm = ""
         self.nbytes = 0
         self._sent = self._received = 0
         self._start = 0.0
+        self._timed_ops: dict[Any, Any] = {}
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        """Every record so far as a dict (with ``rank``)."""
+        for record in self._records[len(self._events):]:
+            kind = record[0]
+            names = _MESSAGE_FIELDS if kind in ("send", "recv") else _FIELDS
+            event = dict(zip(names, record, strict=False))
+            event["rank"] = self.rank
+            if kind == "call":
+                event["nbytes"] = record[7]
+            elif kind == "reduce":
+                event["bytes"] = record[7]
+            self._events.append(event)
+        return self._events
 
     def begin_call(self, collective: str) -> None:
         self.calls += 1
@@ -77,35 +101,38 @@ class Tracer:
         self.algorithm, self.nbytes = algorithm, nbytes
 
     def end_call(self) -> None:
-        self._add("call", self._start, time.perf_counter(), _CALL, nbytes=self.nbytes)
+        self._records.append(["call", self.collective, self.algorithm, self.calls,
+                              self._start, time.perf_counter(), _CALL, self.nbytes])
+        for record in reversed(self._records):  # this call's messages: buffer -> chunk
+            if record[3] != self.calls:
+                break
+            if record[0] in ("send", "recv") and not isinstance(record[10], (int, type(None))):
+                record[10], record[11] = _chunk(record[10], self.size)
 
-    def _add(self, kind: str, start: float, end: float, track: int, **args: Any) -> dict:
-        event = {"kind": kind, "rank": self.rank, "collective": self.collective,
-                 "algorithm": self.algorithm, "call": self.calls, "start": start, "end": end,
-                 "track": track, **args}
-        self.events.append(event)
-        return event
-
-    def message(self, kind: str, buf: Any, peer: int, start: float, end: float) -> dict:
+    def message(self, kind: str, buf: Any, peer: int, start: float, end: float) -> list:
         if kind == "send":
             step, self._sent = self._sent, self._sent + 1
         else:
             step, self._received = self._received, self._received + 1
-        chunk, offset = _chunk(buf, self.size)
-        return self._add(kind, start, end, _MESSAGES, peer=peer, bytes=int(buf.nbytes),
-                         step=step, chunk=chunk, offset=offset)
+        # the buffer itself for now: its chunk is found after the call has ended, so the
+        # finding is not inside the times recorded
+        record = [kind, self.collective, self.algorithm, self.calls, start, end, _MESSAGES,
+                  peer, int(buf.nbytes), step, buf, 0]
+        self._records.append(record)
+        return record
 
     def reduction(self, nbytes: int, start: float, end: float) -> None:
-        self._add("reduce", start, end, _REDUCE, bytes=nbytes)
+        self._records.append(["reduce", self.collective, self.algorithm, self.calls,
+                              start, end, _REDUCE, nbytes])
 
 
 class _Posted:
     """A nonblocking message: the transport's request, and the event it ends."""
 
-    __slots__ = ("request", "event")
+    __slots__ = ("request", "record")
 
-    def __init__(self, request: Any, event: dict) -> None:
-        self.request, self.event = request, event
+    def __init__(self, request: Any, record: list) -> None:
+        self.request, self.record = request, record
 
 
 class TracingTransport:
@@ -149,19 +176,22 @@ class TracingTransport:
         end = time.perf_counter()
         for r in requests:
             if isinstance(r, _Posted):
-                r.event["end"] = end  # a nonblocking message ends when its wait returns
+                r.record[5] = end  # a nonblocking message ends when its wait returns
 
 
 def timed_op(op: Any, tracer: Tracer) -> Any:
-    """``op`` with every application recorded as a reduction."""
-    import dataclasses
+    """``op`` with every application recorded as a reduction (made once per op)."""
+    timed = tracer._timed_ops.get(op)
+    if timed is None:
+        import dataclasses
 
-    def fn(a: Any, b: Any, out: Any) -> None:
-        start = time.perf_counter()
-        op(a, b, out)
-        tracer.reduction(int(out.nbytes), start, time.perf_counter())
+        def fn(a: Any, b: Any, out: Any) -> None:
+            start = time.perf_counter()
+            op(a, b, out)
+            tracer.reduction(int(out.nbytes), start, time.perf_counter())
 
-    return dataclasses.replace(op, fn=fn)
+        timed = tracer._timed_ops[op] = dataclasses.replace(op, fn=fn)
+    return timed
 
 
 # ---- merging and writing ------------------------------------------------------------------
