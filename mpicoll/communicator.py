@@ -10,6 +10,7 @@ raise too. In check mode a fingerprint of the call is compared across ranks firs
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -126,6 +127,11 @@ def _mpi_comm(comm: Any) -> Any:
     return comm
 
 
+def _current(stream: Any) -> Any:
+    """A context that makes ``stream`` the current CUDA stream (none: nothing to do)."""
+    return contextlib.nullcontext() if stream is None else stream
+
+
 def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
     """Give a collective its common keywords.
 
@@ -148,9 +154,7 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
         if tracer is not None:
             tracer.begin_call(name)
         try:
-            if stream is None:
-                return method(self, *args, **kwargs)
-            with stream:
+            with _current(stream):
                 return method(self, *args, **kwargs)
         finally:
             if tracer is not None:
@@ -290,9 +294,7 @@ class Communicator:
             self._progress = ProgressThread(self._duplicate())
 
         def call(duplicate: Communicator) -> Any:
-            if stream is None:
-                return method(duplicate, *args, **kwargs)
-            with stream:
+            with _current(stream):
                 return method(duplicate, *args, **kwargs)
 
         return self._progress.submit(name, call)
