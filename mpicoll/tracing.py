@@ -75,6 +75,7 @@ class Tracer:
         self._sent = self._received = 0
         self._start = 0.0
         self._timed_ops: dict[Any, Any] = {}
+        self._unplaced: list[tuple[list[Any], Any]] = []  # this call's (message, buffer)
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -103,22 +104,19 @@ class Tracer:
     def end_call(self) -> None:
         self._records.append(["call", self.collective, self.algorithm, self.calls,
                               self._start, time.perf_counter(), _CALL, self.nbytes])
-        for record in reversed(self._records):  # this call's messages: buffer -> chunk
-            if record[3] != self.calls:
-                break
-            if record[0] in ("send", "recv") and not isinstance(record[10], (int, type(None))):
-                record[10], record[11] = _chunk(record[10], self.size)
+        for record, buf in self._unplaced:  # after the call: not inside the times recorded
+            record[10], record[11] = _chunk(buf, self.size)
+        self._unplaced.clear()
 
     def message(self, kind: str, buf: Any, peer: int, start: float, end: float) -> list:
         if kind == "send":
             step, self._sent = self._sent, self._sent + 1
         else:
             step, self._received = self._received, self._received + 1
-        # the buffer itself for now: its chunk is found after the call has ended, so the
-        # finding is not inside the times recorded
         record = [kind, self.collective, self.algorithm, self.calls, start, end, _MESSAGES,
-                  peer, int(buf.nbytes), step, buf, 0]
+                  peer, int(buf.nbytes), step, None, 0]  # chunk, offset: at end_call
         self._records.append(record)
+        self._unplaced.append((record, buf))
         return record
 
     def reduction(self, nbytes: int, start: float, end: float) -> None:

@@ -23,8 +23,6 @@ import numpy as np
 import mpicoll
 from mpicoll.transport.local import run_local
 
-ROOTED = ("broadcast", "scatter", "gather", "reduce")
-
 
 def _run(comm: Any, collective: str, algorithm: str, per_chunk: int) -> list[dict[str, Any]]:
     p, r = comm.size, comm.rank
