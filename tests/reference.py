@@ -219,6 +219,21 @@ def check_nccl_average(comm: mpicoll.Communicator, dtype: str, cupy: object) -> 
     np.testing.assert_allclose(got.get(), expected, rtol=1e-3 if dtype == "f2" else 1e-6)
 
 
+def check_every_dtype_and_op_on_device(comm: mpicoll.Communicator, algorithm: str,
+                                       dtype_ops: list[tuple[str, str]], cupy: object,
+                                       length: int) -> None:
+    """all_reduce of every (dtype, op) on device arrays against NumPy; only NCCL's own
+    collectives may refuse, and only what NCCL lacks (NCCL's avg within rounding)."""
+    for dtype, op in dtype_ops:
+        if op == "avg" and algorithm == "native" and comm.backend == "nccl":
+            check_nccl_average(comm, dtype, cupy)
+            continue
+        try:
+            run_case(comm, "all_reduce", algorithm, (length,), dtype, op, device=True)
+        except (mpicoll.UnsupportedDtypeError, mpicoll.UnsupportedOpError) as exc:
+            assert comm.backend == "nccl" and algorithm == "native" and "NCCL" in str(exc), exc
+
+
 def keeps_order(collective: str, algorithm: str, op: str) -> bool:
     """Whether ``algorithm`` serves ``op``: any op, unless it reorders a non-commutative one."""
     return (op not in NON_COMMUTATIVE or algorithm in ("native", "auto")

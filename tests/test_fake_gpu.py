@@ -18,7 +18,7 @@ from reference import (
     DTYPE_OPS,
     ROOTED,
     _dtype,
-    check_nccl_average,
+    check_every_dtype_and_op_on_device,
     run_case,
     run_v_case,
     v_cases,
@@ -96,17 +96,9 @@ def test_mpi_every_algorithm_on_device_arrays(comm, collective, algorithm):
 @pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", ["native", "ring", "rabenseifner"])
 def test_mpi_every_dtype_and_op_on_device(comm, algorithm, fake_cupy):
-    for dtype, op in DTYPE_OPS:
-        if algorithm == "native" and _dtype(dtype).name in ("bfloat16", "float128", "complex256"):
-            continue
-        if op == "avg" and algorithm == "native" and comm.backend == "nccl":
-            check_nccl_average(comm, dtype, fake_cupy)
-            continue
-        try:
-            run_case(comm, "all_reduce", algorithm, (9,), dtype, op, device=True)
-        except (mpicoll.UnsupportedDtypeError, mpicoll.UnsupportedOpError) as exc:
-            # only NCCL's own collectives refuse, and only what NCCL lacks
-            assert comm.backend == "nccl" and algorithm == "native" and "NCCL" in str(exc)
+    cases = [(d, o) for d, o in DTYPE_OPS if algorithm != "native"
+             or _dtype(d).name not in ("bfloat16", "float128", "complex256")]
+    check_every_dtype_and_op_on_device(comm, algorithm, cases, fake_cupy, 9)
 
 
 @pytest.mark.mpi

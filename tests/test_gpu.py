@@ -16,7 +16,7 @@ from reference import (
     REDUCING,
     ROOTED,
     _dtype,
-    check_nccl_average,
+    check_every_dtype_and_op_on_device,
     run_case,
     run_v_case,
     v_cases,
@@ -89,17 +89,8 @@ def test_every_algorithm_on_the_gpu(comm, collective, algorithm):
 
 @pytest.mark.parametrize("algorithm", mpicoll.algorithms("all_reduce", "nccl"))
 def test_every_dtype_and_op(comm, algorithm):
-    for dtype, op in DTYPE_OPS:
-        if dtype not in CUPY_DTYPES:
-            continue
-        if op == "avg" and algorithm == "native" and comm.backend == "nccl":
-            check_nccl_average(comm, dtype, cupy)
-            continue
-        try:
-            run_case(comm, "all_reduce", algorithm, (33,), dtype, op, device=True)
-        except (mpicoll.UnsupportedDtypeError, mpicoll.UnsupportedOpError) as exc:
-            # only NCCL's own collectives may refuse, and only what NCCL lacks
-            assert algorithm == "native" and comm.backend == "nccl", exc
+    cases = [(d, o) for d, o in DTYPE_OPS if d in CUPY_DTYPES]
+    check_every_dtype_and_op_on_device(comm, algorithm, cases, cupy, 33)
 
 
 @pytest.mark.parametrize("collective", REDUCING)
