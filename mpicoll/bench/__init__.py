@@ -80,14 +80,6 @@ def sizes(begin: int, end: int, factor: float) -> list[int]:
     return out
 
 
-MPI_LIBRARY = "mpi_library"  # the row of the MPI library's collective called directly
-NCCL_LIBRARY = "nccl_library"  # on backend nccl: cupy.cuda.nccl called directly
-
-
-def library_row(backend: str) -> str:
-    return NCCL_LIBRARY if backend == "nccl" else MPI_LIBRARY
-
-
 def on_buffer(x: np.ndarray, buffer: str) -> Any:
     """The benchmark's input in the chosen memory: NumPy, or CuPy on this rank's GPU."""
     if buffer == "numpy":
@@ -311,7 +303,7 @@ class Row:
 
 
 def _algorithm_names(collective: str, chosen: str, backend: str = "mpi") -> list[str]:
-    library = library_row(backend)
+    library = report.library_row(backend)
     names = [library, *mpicoll.algorithms(collective, backend), "auto"]
     if chosen != "all":  # the library's row stays: it is what vs_native divides
         names = [library, *(n for n in chosen.split(",") if n != library)]
@@ -335,7 +327,7 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
     """Time every algorithm of ``collective`` at every size; returns the rows and #wrong."""
     dtype, record = np.dtype(args.datatype), RECORDS[collective]
     names = _algorithm_names(collective, args.algo, args.backend)
-    library_name = library_row(args.backend)
+    library_name = report.library_row(args.backend)
     checker = "native"
     if record.reduces and not comm._native_serves(resolve_op(args.op, dtype), dtype):
         # the library cannot reduce this dtype (bfloat16): no library rows, and

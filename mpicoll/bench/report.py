@@ -18,7 +18,14 @@ TABLE_HEADER = (f"# {'size(B)':>12} {'count':>12} {'type':>8} {'redop':>6} {'roo
                 f"{'model(us)':>10} {'meas/model':>10} {'vs_native':>9}")
 
 
-LIBRARY_ROWS = ("mpi_library", "nccl_library")  # the libraries' collectives, called directly
+MPI_LIBRARY = "mpi_library"  # the row of the MPI library's collective called directly
+NCCL_LIBRARY = "nccl_library"  # on backend nccl: cupy.cuda.nccl called directly
+LIBRARY_ROWS = (MPI_LIBRARY, NCCL_LIBRARY)
+
+
+def library_row(backend: str) -> str:
+    """The row of the library's own collective on ``backend``."""
+    return NCCL_LIBRARY if backend == "nccl" else MPI_LIBRARY
 
 def human(nbytes: int) -> str:
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
@@ -95,7 +102,7 @@ def header_lines(h: dict[str, Any]) -> list[str]:
         timing += "; the CUDA stream synchronized after every call, inside the timed span"
         gpu = [f"# GPU {h['gpu']} | CuPy {h['cupy']} | CUDA runtime {h['cuda_runtime']}"
                + (f" | NCCL {h['nccl']}" if "nccl" in h else "")]
-    library = "nccl_library" if h["backend"] == "nccl" else "mpi_library"
+    library = library_row(h["backend"])
     return [
         f"# mpicoll {h['mpicoll']} | {h['mpi_library']} | mpi4py {h['mpi4py']} | numpy {h['numpy']}",
         *gpu,
@@ -107,7 +114,7 @@ def header_lines(h: dict[str, Any]) -> list[str]:
         f"# model: alpha {h['model']['alpha'] * 1e6:.2f} us, beta "
         f"{1 / h['model']['beta'] / 1e9:.2f} GB/s, gamma {1 / h['model']['gamma'] / 1e9:.2f} GB/s "
         f"({h['model']['source']}); native and auto are modelled by the algorithm they run",
-        f"# vs_native: the time of the {'NCCL' if library == 'nccl_library' else 'MPI'} library's"
+        f"# vs_native: the time of the {'NCCL' if library == NCCL_LIBRARY else 'MPI'} library's"
         f" collective called directly ({library}) / this row's time (>1: faster than the"
         " library); 'native' is that collective called through mpicoll",
     ]

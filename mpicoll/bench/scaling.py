@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from mpicoll import model
+from mpicoll.bench.report import LIBRARY_ROWS
 
 
 def load(directory: str) -> list[dict[str, Any]]:
@@ -33,7 +34,7 @@ def load(directory: str) -> list[dict[str, Any]]:
                               gamma=head["model"]["gamma"])
         nodes = len(head.get("slurm_nodes") or []) or head["hosts"]
         for row in run["rows"]:
-            stand_in = "native" if row["algorithm"] in ("mpi_library", "nccl_library", "auto") \
+            stand_in = "native" if row["algorithm"] in (*LIBRARY_ROWS, "auto") \
                 else row["algorithm"]
             records.append({
                 "collective": row["collective"], "algorithm": row["algorithm"],

@@ -19,7 +19,7 @@ import numpy as np
 from mpicoll import Communicator, model, tuning
 from mpicoll.ops import resolve_op
 
-from . import RECORDS, Call, library_call, make_input, time_interleaved
+from . import RECORDS, Call, library_call, make_input, report, time_interleaved
 from .report import Progress, human
 
 
@@ -44,11 +44,11 @@ def tune(comm: Communicator, args: argparse.Namespace, sizes: list[int],
             x = make_input(comm, collective, nbytes, dtype, args.op)
             call = Call(comm, collective, x, args.op, args.root)
             runs = {name: functools.partial(call.run, name) for name in names}
-            runs["mpi_library"] = library_call(comm, collective, x, args.op, args.root)
+            runs[report.MPI_LIBRARY] = library_call(comm, collective, x, args.op, args.root)
             timed = time_interleaved(comm, runs, args.iters, args.warmup_iters,
                                      lambda: comm.barrier(algorithm="native"), args.timing)
             times = {name: statistics.median(timed[name]) for name in names}
-            library = statistics.median(timed["mpi_library"])
+            library = statistics.median(timed[report.MPI_LIBRARY])
             best = min(times, key=times.get)
             size = (x.size * comm.size if record.per_rank else x.size) * dtype.itemsize
             winners.append((size, best))
