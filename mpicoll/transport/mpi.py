@@ -130,10 +130,7 @@ class MPITransport(ScratchPool):
     def _outgoing(self, buf: Any) -> Any:
         """What MPI sends for device ``buf``: buf itself once the stream is done with it
         (CUDA-aware), or a pinned host copy of it (staging)."""
-        if self.cuda_aware is None:
-            self._decide()
-        if self.cuda_aware:
-            self._stream().synchronize()
+        if self.direct():
             return buf
         host = self._staging.take(buf.nbytes)
         buf.view(np.uint8).get(out=host)  # waits for the stream, then for the copy
@@ -142,12 +139,7 @@ class MPITransport(ScratchPool):
     def _incoming(self, buf: Any) -> Any:
         """Where MPI receives for device ``buf``: buf itself (CUDA-aware; the stream must
         be done with it first) or pinned host memory, kept until the next call."""
-        if self.cuda_aware is None:
-            self._decide()
-        if self.cuda_aware:
-            self._stream().synchronize()
-            return buf
-        return self._staging.take(buf.nbytes)
+        return buf if self.direct() else self._staging.take(buf.nbytes)
 
     def _arrived(self, landing: Any, buf: Any) -> None:
         if landing is not buf:  # host -> device on the current stream, ordered before
