@@ -23,7 +23,8 @@ from .errors import InvalidArgumentError, UnsupportedDtypeError
 DLPACK_CPU, DLPACK_CUDA, DLPACK_CUDA_HOST, DLPACK_CUDA_MANAGED = 1, 2, 3, 13
 
 
-def _same(result: Any) -> Any:
+def same(result: Any) -> Any:
+    """The result as it is: what ``as_array`` gives back for NumPy and CuPy input."""
     return result
 
 
@@ -57,7 +58,7 @@ def _back_to(x: Any) -> Callable[[Any], Any]:
         import jax.numpy as jnp
 
         return lambda result: None if result is None else jnp.from_dlpack(result)
-    return _same
+    return same
 
 
 def as_array(x: Any, name: str) -> tuple[Any, Callable[[Any], Any]]:
@@ -68,13 +69,13 @@ def as_array(x: Any, name: str) -> tuple[Any, Callable[[Any], Any]]:
         UnsupportedDtypeError: x holds Python objects, which cannot travel as bytes.
     """
     if type(x) is np.ndarray or is_cupy(x):
-        array, back = x, _same
+        array, back = x, same
     elif x is None:
         raise InvalidArgumentError(f"{name}: expected an array, got None")
     elif isinstance(x, (bool, int, float, complex, np.generic)):
-        array, back = np.asarray(x), _same
+        array, back = np.asarray(x), same
     elif isinstance(x, np.ndarray):  # a subclass (np.matrix, memmap): its base class
-        array, back = x.view(np.ndarray), _same
+        array, back = x.view(np.ndarray), same
     elif hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         device_type = int(x.__dlpack_device__()[0])
         if device_type in (DLPACK_CPU, DLPACK_CUDA_HOST):
@@ -113,13 +114,6 @@ def may_share_memory(a: Any, b: Any) -> bool:
     if is_cupy(a) and is_cupy(b):
         return cupy_module().may_share_memory(a, b)
     return False  # host and device memory never overlap
-
-
-def local_device(local_rank: int, device_count: int) -> int:
-    """The GPU a rank uses: its rank on the node modulo the node's GPUs."""
-    if device_count < 1:
-        raise InvalidArgumentError("no CUDA device is visible to this rank")
-    return local_rank % device_count
 
 
 def assign_from_host(dst: Any, host: np.ndarray) -> None:

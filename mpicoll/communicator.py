@@ -30,6 +30,7 @@ from .arrays import (
     device_like,
     empty,
     may_share_memory,
+    same,
     to_host,
 )
 from .buffers import (
@@ -83,10 +84,6 @@ def _crc(text: str) -> int:
 
 def _dtype_crc(dtype: np.dtype) -> int:
     return _crc(dtype.str + dtype.name)  # the name tells bfloat16 from other 2-byte voids
-
-
-def _same(result: Any) -> Any:
-    return result
 
 
 def _give(result: Any, out: Any, back: Callable[[Any], Any]) -> Any:
@@ -614,7 +611,7 @@ class Communicator:
             pack_fn = self._header_pack
         limit = self._packed_bytes
         packet, header = self._packet, self._packet_header
-        back = _same
+        back = same
         if t.rank == root:
             try:
                 x, back = self._array(x)
@@ -697,7 +694,7 @@ class Communicator:
         t, root = self._transport, self._root(root)
         is_root = t.rank == root
         self._algorithm("scatter", algorithm, 0, options=options)  # refused before any message
-        back = _same
+        back = same
         if is_root:
             status = _BAD_INPUT  # what the others are told if a check below fails
             try:
@@ -742,7 +739,7 @@ class Communicator:
             raise refusal
         t.use(result)
         fn(t, None, result.reshape(-1), bounds, root)
-        return _give(result, out, _same)
+        return _give(result, out, same)
 
     @_collective
     def gather(self, x: np.ndarray, root: int = 0, *, algorithm: str = "auto",
@@ -887,7 +884,7 @@ class Communicator:
                 mine = self._counts(counts, "counts")
             except InvalidArgumentError as exc:
                 refusal = exc  # a non-root takes part first, then refuses
-        back = _same
+        back = same
         if is_root:
             status = _BAD_INPUT
             try:
