@@ -258,6 +258,31 @@ class Communicator:
     def backend(self) -> str:
         return self._backend
 
+    # -- public hooks for the tools (bench, model fit): no reaching into private fields --
+
+    @property
+    def transport(self) -> Any:
+        """The transport the algorithms run over (tools time algorithms on it directly;
+        call ``transport.begin()`` before each operation, on every rank alike)."""
+        return self._transport
+
+    @property
+    def control_comm(self) -> Any:
+        """The mpi4py communicator of this Communicator's host messages (a private
+        duplicate), or None on the local backend. For tools' own metadata."""
+        return getattr(self._control, "comm", None)
+
+    def native_collective(self, collective: str) -> Callable[..., None]:
+        """The backend's own collective for ``collective`` with the algorithms'
+        signature, or a refusal where the backend has none."""
+        return self._lookup(collective, "native")[0]
+
+    def native_serves(self, op: Any, dtype: Any) -> bool:
+        """Whether ``algorithm="native"`` can run a call with this op and dtype."""
+        dtype = None if dtype is None else np.dtype(dtype)
+        opd = op if op is None or isinstance(op, Op) else resolve_op(op, dtype)
+        return self._native_serves(opd, dtype)
+
     def _duplicate(self) -> Communicator:
         """A communicator of the same ranks and backend whose messages never match this
         one's (collective: every rank calls it at the same point)."""
