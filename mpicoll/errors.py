@@ -1,7 +1,9 @@
 """mpicoll's exceptions.
 
 Every refusal is raised before any message is sent, so that every rank of a correct
-program raises the same error and no rank is left waiting. The classes subclass the
+program raises the same error and no rank is left waiting; a refusal only one rank can
+see is raised after that rank took part (where it receives) or at once (where it
+contributes), as mpicoll.pipeline describes. The classes subclass the
 built-in exception a Python user would expect (``ValueError``/``TypeError``) so that
 ``except ValueError`` keeps working.
 """
@@ -35,3 +37,20 @@ class RemoteError(MpicollError, ValueError):
 
 class AbortedError(MpicollError, RuntimeError):
     """A peer of the local transport failed, so this rank gave up waiting."""
+
+
+class ConfigError(MpicollError, ValueError):
+    """A tuning or model file, or an MPICOLL_* variable, cannot be read (named in the message)."""
+
+
+class ConcurrentCallError(MpicollError, RuntimeError):
+    """Two threads called collectives on one Communicator at once (use ``comm.dup()``)."""
+
+
+class OpError(MpicollError, RuntimeError):
+    """A user's reduction op raised while combining data."""
+
+
+class CollectiveError(MpicollError, RuntimeError):
+    """A failure inside a collective that is not one of the refusals above (the message
+    names the call; the original exception is its ``__cause__``)."""

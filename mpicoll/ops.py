@@ -16,7 +16,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .errors import InvalidArgumentError, UnsupportedDtypeError
+from .errors import InvalidArgumentError, OpError, UnsupportedDtypeError
 
 
 class ReduceOp(str, enum.Enum):
@@ -104,8 +104,11 @@ class Op:
     def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         if isinstance(self.fn, np.ufunc):  # ufuncs take out by keyword (np.maximum insists)
             self.fn(a, b, out=out)
-        else:
+            return
+        try:
             self.fn(a, b, out)
+        except Exception as exc:  # noqa: BLE001 - a user's op: named, with its cause
+            raise OpError(f"op {self.name!r} raised {type(exc).__name__}: {exc}") from exc
 
 
 _BUILTINS: dict[ReduceOp, Op] = {

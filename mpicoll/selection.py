@@ -12,28 +12,109 @@ uneven blocks, a dtype the MPI library cannot reduce):
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+from typing import Any, NamedTuple
+
 from . import model, tuning
 from .algorithms import REGISTRY
+from .errors import ConfigError
 from .ops import Op
 
-_LOADED: dict[str, object] = {}
+
+class Tables(NamedTuple):
+    """What ``auto`` reads besides the call: the tuning table and the model's parameters
+    (None where there is no file). A Communicator reads them once, on rank 0, and every
+    rank gets the same copy (``mpicoll.pipeline.agree.tables``)."""
+
+    tuning: tuning.TuningTable | None = None
+    params: model.Params | None = None
+
+
+def files() -> tuple[Path, Path]:
+    """Where the tuning table and the model's parameters are read from."""
+    return tuning.default_path(), model.default_path()
+
+
+def _check_ranges(ranges: Any, collective: str, where: str) -> None:
+    if not isinstance(ranges, list):
+        raise ValueError(f"{where}: expected a list of ranges")
+    for entry in ranges:
+        if not isinstance(entry, dict) or not isinstance(entry.get("algorithm"), str):
+            raise ValueError(f"{where}: a range needs an 'algorithm' name")
+        if entry["algorithm"] not in (*REGISTRY[collective], "native"):
+            raise ValueError(f"{where}: unknown algorithm {entry['algorithm']!r}")
+        below = entry.get("below")
+        if below is not None and (isinstance(below, bool) or not isinstance(below, int)):
+            raise ValueError(f"{where}: 'below' must be an int or null, got {below!r}")
+
+
+def parse_tuning(text: str, path: str) -> tuning.TuningTable:
+    """A tuning table from a file's text, or a ConfigError naming the file and the fault."""
+    try:
+        data = json.loads(text)
+        table = tuning.TuningTable(data)
+        for ranks, collectives in table.tables.items():
+            if not str(ranks).isdigit() or not isinstance(collectives, dict):
+                raise ValueError(f"tables[{ranks!r}]: expected a number of ranks and collectives")
+            for collective, ranges in collectives.items():
+                if collective not in REGISTRY:
+                    raise ValueError(f"tables[{ranks!r}]: unknown collective {collective!r}")
+                _check_ranges(ranges, collective, f"tables[{ranks!r}][{collective!r}]")
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"tuning file {path}: {exc}") from None
+    return table
+
+
+def parse_params(text: str, path: str) -> model.Params:
+    """Model parameters from a file's text, or a ConfigError naming the file and the fault."""
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("expected a JSON object")
+        fields = {}
+        for key in ("alpha", "beta", "gamma"):
+            value = data.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{key!r} must be a non-negative number, got {value!r}")
+            fields[key] = float(value)
+        if "ranks" in data:
+            fields["ranks"] = data["ranks"]
+        return model.Params(**fields, source=str(path))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"model file {path}: {exc}") from None
+
+
+def read_tables() -> Tables:
+    """Read and check both files here (a missing file: None; a bad one: ConfigError)."""
+    texts = []
+    for path in files():
+        try:
+            texts.append(path.read_text())
+        except FileNotFoundError:
+            texts.append(None)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from None
+    tuning_path, model_path = files()
+    return Tables(None if texts[0] is None else parse_tuning(texts[0], str(tuning_path)),
+                  None if texts[1] is None else parse_params(texts[1], str(model_path)))
+
+
+_LOADED: dict[str, Tables] = {}
 
 
 def reload() -> None:
-    """Forget the tuning table and model parameters read so far (read again on next use)."""
+    """Forget the tables read for calls without ``tables=`` (read again on next use);
+    Communicators keep what they agreed on when they were made."""
     _LOADED.clear()
 
 
-def _tuning_table() -> tuning.TuningTable | None:
-    if "table" not in _LOADED:
-        _LOADED["table"] = tuning.TuningTable.load()
-    return _LOADED["table"]  # type: ignore[return-value]
-
-
-def _model_params() -> model.Params | None:
-    if "params" not in _LOADED:
-        _LOADED["params"] = model.load_params()
-    return _LOADED["params"]  # type: ignore[return-value]
+def _local_tables() -> Tables:
+    if "tables" not in _LOADED:
+        _LOADED["tables"] = read_tables()
+    return _LOADED["tables"]
 
 
 def serves(collective: str, name: str, commutative: bool, has_native: bool,
@@ -69,21 +150,23 @@ def _power_of_two(p: int) -> bool:
 
 
 def select(collective: str, nbytes: int, size: int, op: Op | None, has_native: bool,
-           uneven: bool = False) -> str:
-    """The algorithm name ``auto`` runs for this call (deterministic on every rank, given
-    the same tuning and model files).
+           uneven: bool = False, tables: Tables | None = None) -> str:
+    """The algorithm name ``auto`` runs for this call: a function of its arguments and
+    ``tables`` only (default: this process's own reading of the files), so ranks that
+    pass the same values pick the same algorithm.
 
     ``has_native``: the library's collective can run this call (it knows dtype and op).
     A non-commutative op gets an algorithm that keeps rank order; uneven blocks one that
     takes them.
     """
     commutative = op is None or op.commutative
-    table = _tuning_table()
+    tables = _local_tables() if tables is None else tables
+    table = tables.tuning
     if table is not None:
         name = table.pick(collective, size, nbytes)
         if name is not None and serves(collective, name, commutative, has_native, uneven):
             return name
-    params = _model_params()
+    params = tables.params
     if params is not None:
         candidates = [n for n in [*REGISTRY[collective], "native"]
                       if serves(collective, n, commutative, has_native, uneven)]

@@ -142,6 +142,14 @@ class TracingTransport:
     def __getattr__(self, name: str) -> Any:  # rank, size, begin, scratch, comm ...
         return getattr(self._inner, name)
 
+    @property
+    def tag(self) -> int:
+        return self._inner.tag
+
+    @tag.setter
+    def tag(self, value: int) -> None:  # the pipeline's resync sets the inner one's
+        self._inner.tag = value
+
     def send(self, buf: Any, dest: int) -> None:
         start = time.perf_counter()
         self._inner.send(buf, dest)

@@ -66,7 +66,7 @@ def _errors_from_wait(comm):
     assert bad.done
     # a disagreement between ranks surfaces from wait() on every rank, and the
     # communicator goes on working afterwards
-    checked = mpicoll.Communicator(comm._transport.comm, check=True) \
+    checked = mpicoll.Communicator(comm.control_comm, check=True) \
         if comm.backend == "mpi" else comm
     if comm.backend == "mpi" and comm.size > 1:
         x = np.ones(4, np.float32 if comm.rank == 0 else np.float64)

@@ -90,7 +90,7 @@ def test_chrome_trace_has_what_perfetto_needs(tmp_path):
 
 def test_untraced_communicator_has_no_wrappers():
     def body(comm):
-        assert comm._tracer is None and type(comm._transport).__name__ == "LocalTransport"
+        assert comm._tracer is None and type(comm.transport).__name__ == "LocalTransport"
         with pytest.raises(mpicoll.InvalidArgumentError, match="trace=True"):
             comm.trace_events()
 

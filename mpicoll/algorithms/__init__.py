@@ -36,8 +36,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-COLLECTIVES = ("broadcast", "scatter", "gather", "all_gather", "reduce", "all_reduce",
-               "reduce_scatter", "all_to_all", "barrier")
+from ..spec import COLLECTIVES
 
 
 @dataclass(frozen=True)

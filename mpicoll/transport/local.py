@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..arrays import assign_from_host
-from ..errors import AbortedError
+from ..errors import AbortedError, MismatchError
 from . import ScratchPool
 
 
@@ -67,6 +67,7 @@ class LocalTransport(ScratchPool):
         super().__init__()
         self.world, self.rank, self.size = world, rank, world.size
         self.tag = 0
+        self.side_tags = 1 << 40  # the pipeline's resync tags: above every call's
         self._duplicates = 0
 
     def duplicate(self) -> LocalTransport:
@@ -79,6 +80,12 @@ class LocalTransport(ScratchPool):
         self.tag += 1
         self.use(like)
 
+    def synchronize(self) -> None:
+        """Nothing to wait for: a local call has finished when it returns."""
+
+    def free(self) -> None:
+        """Nothing to release: the world's mailboxes go with the last reference."""
+
     def send(self, buf: np.ndarray, dest: int) -> None:
         self.world.mailboxes[self.rank][dest].put((self.tag, buf.tobytes()))
 
@@ -90,7 +97,6 @@ class LocalTransport(ScratchPool):
                 raise AbortedError(f"rank {self.rank}: another rank failed; giving up")
             try:
                 tag, data = box.get(timeout=0.05)
-                break
             except queue.Empty:
                 if time.monotonic() > deadline:
                     self.world.aborted.set()
@@ -98,11 +104,17 @@ class LocalTransport(ScratchPool):
                         f"rank {self.rank}: no message from rank {source} "
                         f"in {self.world.timeout} s"
                     ) from None
+                continue
+            if tag >= self.tag:
+                break
+            # an earlier call's message that no receive took (that call was refused):
+            # as in MPI, it never matches a later call
         if tag != self.tag or len(data) != buf.nbytes:
             self.world.aborted.set()
-            raise RuntimeError(
+            raise MismatchError(
                 f"rank {self.rank}: message from rank {source} has tag {tag} and "
-                f"{len(data)} bytes; expected tag {self.tag} and {buf.nbytes} bytes"
+                f"{len(data)} bytes; expected tag {self.tag} and {buf.nbytes} bytes "
+                "(the ranks are not in the same call)"
             )
         assign_from_host(buf.view(np.uint8), np.frombuffer(data, np.uint8))
 

@@ -19,6 +19,7 @@ GPU buffers (CuPy arrays) take one of two paths, decided once per communicator b
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,9 +28,24 @@ from mpi4py import MPI
 
 from . import ScratchPool
 
+# Tags of this process's transports so far: a new transport starts above all of them, so
+# that a message an erroneous call left behind on a freed communicator (whose context id
+# MPI may give to the next one) never matches a later call.
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_RETIRED = [0]  # the highest tag of transports already freed
+
+
+def _highest_tag() -> int:
+    return max([_RETIRED[0], *(t.tag for t in _LIVE)])
+
 
 class MPITransport(ScratchPool):
-    """Point-to-point transport over a private duplicate of an mpi4py intracommunicator."""
+    """Point-to-point transport over a private duplicate of an mpi4py intracommunicator.
+
+    Tags: one per collective call (``begin``), counting up from a start the ranks agree
+    on when the transport is made: above every tag any of them used before, on any
+    communicator, so that no call can match an earlier call's left-over message.
+    """
 
     def __init__(self, comm: MPI.Intracomm) -> None:
         super().__init__()
@@ -37,19 +53,23 @@ class MPITransport(ScratchPool):
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         tag_ub = self.comm.Get_attr(MPI.TAG_UB)
-        self._tag_limit = min(int(tag_ub) if tag_ub else 32767, 1 << 30)
-        self.tag = 0
+        # calls take tags below the limit; [limit, 2 limit) is left for the pipeline's
+        # resync after a refused call (side_tags), which no call's messages may match
+        self._tag_limit = min((int(tag_ub) + 1) // 2 if tag_ub else 16384, 1 << 30)
+        self.side_tags = self._tag_limit
+        start = np.array([_highest_tag()], np.int64)
+        self.comm.Allreduce(MPI.IN_PLACE, start, MPI.MAX)
+        self.tag = int(start[0]) % self._tag_limit
+        _LIVE.add(self)
         self.cuda_aware: bool | None = None  # decided at the first device buffer
         self._staging: Any = None  # PinnedStaging, when staging
         self._copies: list[tuple[MPI.Request, np.ndarray, Any]] = []  # staged irecvs
 
     def begin(self, like: Any = None) -> None:
-        self.tag = (self.tag + 1) % self._tag_limit
+        self.tag = self.tag + 1 if self.tag + 1 < self._tag_limit else 1
         self.use(like)
         if self._staging is not None and self._staging.capacity:
-            # the last call's host-to-device copies read pinned memory about to be reused
-            self._stream().synchronize()
-            self._staging.reset()
+            self._staging.reset()  # once the last call's copies from it have run
 
     # -- host buffers: straight to MPI; device buffers: _device_* below -------------------
 
@@ -108,7 +128,17 @@ class MPITransport(ScratchPool):
                     pending.append((request, landing, buf))
             self._copies = pending
 
+    def duplicate(self) -> MPITransport:
+        """A transport of the same ranks whose messages never match this one's
+        (collective: every rank calls it at the same point)."""
+        return MPITransport(self.comm)
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: MPI calls have finished when they return."""
+
     def free(self) -> None:
+        _RETIRED[0] = max(_RETIRED[0], self.tag)
+        _LIVE.discard(self)
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
 
@@ -121,29 +151,49 @@ class MPITransport(ScratchPool):
         return current_stream()
 
     def _decide(self) -> None:
-        from ..cuda import PinnedStaging, cuda_aware_mpi
+        from ..cuda import cuda_aware_mpi
 
         self.cuda_aware = cuda_aware_mpi()
         if not self.cuda_aware:
+            self._pinned()
+
+    def _pinned(self) -> Any:
+        """The pinned staging memory (made at first use: a CUDA-aware MPI needs it only
+        for what it cannot take from the device, such as a user op's reduction)."""
+        if self._staging is None:
+            from ..cuda import PinnedStaging
+
             self._staging = PinnedStaging()
+        return self._staging
 
     def _outgoing(self, buf: Any) -> Any:
         """What MPI sends for device ``buf``: buf itself once the stream is done with it
         (CUDA-aware), or a pinned host copy of it (staging)."""
         if self.direct():
             return buf
-        host = self._staging.take(buf.nbytes)
-        buf.view(np.uint8).get(out=host)  # waits for the stream, then for the copy
-        return host
+        return self._copy_to_host(buf)
 
     def _incoming(self, buf: Any) -> Any:
         """Where MPI receives for device ``buf``: buf itself (CUDA-aware; the stream must
         be done with it first) or pinned host memory, kept until the next call."""
-        return buf if self.direct() else self._staging.take(buf.nbytes)
+        return buf if self.direct() else self._pinned().take(buf.nbytes)
 
     def _arrived(self, landing: Any, buf: Any) -> None:
         if landing is not buf:  # host -> device on the current stream, ordered before
-            buf.view(np.uint8).set(landing)  # the kernels that will read buf
+            self._copy_to_device(landing, buf)  # the kernels that will read buf
+
+    def _copy_to_host(self, buf: Any) -> np.ndarray:
+        """Device ``buf``'s bytes in pinned memory (waits for the stream, then the copy)."""
+        host = self._pinned().take(buf.nbytes)
+        buf.view(np.uint8).get(out=host)
+        return host
+
+    def _copy_to_device(self, host: np.ndarray, buf: Any) -> None:
+        """Pinned ``host`` into device ``buf`` on the current stream. The copy reads the
+        pinned memory when the stream gets there, so the staging keeps it until then."""
+        stream = self._stream()
+        buf.view(np.uint8).set(host.view(np.uint8), stream)
+        self._staging.read_on(stream)
 
     def direct(self) -> bool:
         """Whether device buffers go to MPI as they are (CUDA-aware); the stream is
@@ -156,17 +206,15 @@ class MPITransport(ScratchPool):
 
     def to_host(self, buf: Any) -> np.ndarray:
         """A pinned host copy of device ``buf`` (same dtype and shape), kept for the call."""
-        host = self._staging.take(buf.nbytes)
-        buf.view(np.uint8).get(out=host)
-        return host.view(buf.dtype).reshape(buf.shape)
+        return self._copy_to_host(buf).view(buf.dtype).reshape(buf.shape)
 
     def host_space(self, buf: Any) -> np.ndarray:
         """Pinned host memory shaped like device ``buf``, for a result to land in."""
-        return self._staging.take(buf.nbytes).view(buf.dtype).reshape(buf.shape)
+        return self._pinned().take(buf.nbytes).view(buf.dtype).reshape(buf.shape)
 
     def to_device(self, host: np.ndarray, buf: Any) -> None:
         """Copy ``to_host``'s ``host`` back into ``buf`` on the current stream."""
-        buf.view(np.uint8).set(host.view(np.uint8))
+        self._copy_to_device(host, buf)
 
     def _mark(self) -> Any:
         return None if self._staging is None else self._staging.mark()

@@ -1,0 +1,162 @@
+"""Choose: the function that runs a call, from agreed values only.
+
+``algorithm="auto"`` is resolved by ``mpicoll.selection`` from the collective, the
+agreed size in bytes, the number of ranks, the op's properties and the tables the ranks
+agreed on when the Communicator was made; a named algorithm is looked up in the registry
+and refused, with the names that would serve, where it cannot run the call.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import selection
+from ..algorithms import COLLECTIVES, OPTION_MINIMUM, REGISTRY
+from ..errors import InvalidArgumentError, MpicollError, UnsupportedDtypeError, UnsupportedOpError
+from ..ops import Op
+from .validate import Verdict
+
+
+def algorithms(collective: str, has_native: bool) -> list[str]:
+    names = list(REGISTRY[collective])
+    return names + ["native"] if has_native else names
+
+
+class Chooser:
+    """Resolves ``algorithm=`` for one Communicator (its backend, size and tables)."""
+
+    def __init__(self, backend: Any, size: int, tables: selection.Tables) -> None:
+        self.backend, self.size, self.tables = backend, size, tables
+        self.tracer: Any = None
+        self._functions: dict[tuple[str, Any], tuple[Callable[..., None], Any]] = {}
+        self._auto: dict[tuple, str] = {}  # what "auto" picked, by call
+        self._native_ok: dict[tuple[Op, np.dtype], bool] = {}
+
+    def pick(self, verdict: Verdict, collective: str, algorithm: Any, nbytes: int,
+             op: Op | None = None, options: dict[str, Any] | None = None, *,
+             dtype: np.dtype | None = None, uneven: bool = False) -> Callable[..., None] | None:
+        """``function``, with a refusal kept in ``verdict.params`` (None returned)."""
+        try:
+            return self.function(collective, algorithm, nbytes, op, options, dtype=dtype,
+                                 uneven=uneven)
+        except MpicollError as exc:
+            verdict.refuse("params", exc)
+            return None
+
+    def function(self, collective: str, algorithm: Any, nbytes: int, op: Op | None = None,
+                 options: dict[str, Any] | None = None, *, dtype: np.dtype | None = None,
+                 uneven: bool = False) -> Callable[..., None]:
+        """The function that runs ``algorithm`` (resolving "auto"), or a clear refusal.
+
+        Refused: an unknown name; a non-commutative op on an algorithm that reorders
+        operands; uneven blocks on an algorithm that needs equal ones; tuning options
+        the algorithm does not take; "native" where the library cannot reduce the
+        dtype. "auto" never picks a refused one.
+        """
+        if algorithm == "auto":
+            if options:
+                raise InvalidArgumentError(
+                    f"{', '.join(options)}: tuning options need a named algorithm, not 'auto'")
+            algorithm = self.auto(collective, nbytes, op, dtype, uneven)
+        entry = self._functions.get((collective, algorithm))
+        if entry is None:
+            entry = self._functions[(collective, algorithm)] = self._lookup(collective, algorithm)
+        fn, registered = entry
+        if self.tracer is not None:
+            self.tracer.chose(algorithm, nbytes)
+        if registered is None:  # native
+            if op is not None and not self.native_serves(op, dtype):
+                self.backend.op_check(op, dtype)  # the library must know dtype and op
+            if options:
+                raise InvalidArgumentError(f"{', '.join(options)}: 'native' takes no tuning options")
+            return fn
+        if op is not None and registered.commutative_only and not op.commutative:
+            able = [a.name for a in REGISTRY[collective].values() if not a.commutative_only]
+            raise UnsupportedOpError(
+                f"algorithm: {collective} {algorithm!r} needs a commutative op; "
+                f"{op.name!r} is not. Algorithms that keep rank order: {', '.join(able)}"
+                + (", native" if self.backend.has_native else ""))
+        if uneven and registered.even_only:
+            able = [a.name for a in REGISTRY[collective].values() if not a.even_only]
+            raise InvalidArgumentError(
+                f"algorithm: {collective} {algorithm!r} needs equal blocks; for uneven "
+                f"counts use one of {', '.join(able + (['native'] if self.backend.has_native else []))}")
+        if options:
+            return functools.partial(fn, **self._options(collective, algorithm, registered, options))
+        return fn
+
+    def auto(self, collective: str, nbytes: int, op: Op | None, dtype: np.dtype | None,
+             uneven: bool) -> str:
+        """What "auto" runs: cached by the values that decide it."""
+        native_ok = self.native_serves(op, dtype)
+        key = (collective, nbytes, op is None or op.commutative, native_ok, uneven)
+        picked = self._auto.get(key)
+        if picked is None:
+            if len(self._auto) > 4096:
+                self._auto.clear()
+            # NCCL's own collectives are tuned for the GPU: auto takes them where they
+            # serve; tables and thresholds measured over MPI do not apply to NCCL
+            picked = self._auto[key] = (
+                "native" if native_ok and self.backend.auto_prefers_native
+                else selection.select(collective, nbytes, self.size, op, native_ok, uneven,
+                                      tables=self.tables))
+        return picked
+
+    @staticmethod
+    def _options(collective: str, algorithm: str, registered: Any,
+                 options: dict[str, Any]) -> dict[str, int]:
+        for name, value in options.items():
+            if name not in registered.options:
+                takes = ", ".join(registered.options) or "none"
+                raise InvalidArgumentError(
+                    f"{name}: {collective} {algorithm!r} takes no option {name!r} "
+                    f"(its options: {takes})")
+            if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
+                    or value < OPTION_MINIMUM[name]):
+                raise InvalidArgumentError(
+                    f"{name}: expected an int >= {OPTION_MINIMUM[name]}, got {value!r}")
+        return {k: int(v) for k, v in options.items()}
+
+    def _lookup(self, collective: str, algorithm: Any) -> tuple[Callable[..., None], Any]:
+        """(function, registry entry) of a name; the entry is None for "native"."""
+        if algorithm == "native":
+            fn = self.backend.native.get(collective)
+            if fn is None:
+                raise InvalidArgumentError(
+                    f"algorithm: 'native' needs a library collective; backend "
+                    f"{self.backend.name!r} has none")
+            return fn, None
+        registered = REGISTRY[collective].get(algorithm) if isinstance(algorithm, str) else None
+        if registered is None:
+            names = algorithms(collective, self.backend.has_native)
+            raise InvalidArgumentError(
+                f"algorithm: unknown {collective} algorithm {algorithm!r}; expected "
+                f"'auto' or one of {', '.join(names)}")
+        return registered.fn, registered
+
+    def native_serves(self, op: Op | None, dtype: np.dtype | None) -> bool:
+        """Whether "native" can run this call (the library knows the dtype and op)."""
+        if not self.backend.has_native:
+            return False
+        if op is None or dtype is None:
+            return True
+        key = (op, dtype)
+        ok = self._native_ok.get(key)
+        if ok is None:
+            try:
+                self.backend.op_check(op, dtype)
+                ok = True
+            except UnsupportedDtypeError:
+                ok = False
+            self._native_ok[key] = ok
+        return ok
+
+
+def check_collective(collective: str) -> None:
+    if collective not in COLLECTIVES:
+        raise InvalidArgumentError(
+            f"collective: unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")

@@ -1,0 +1,551 @@
+"""Run: each collective as one pass through validate -> agree -> choose -> run -> deliver.
+
+Every function takes the Communicator ``c`` (its backend, chooser, check mode), the call's
+record and the caller's arguments, and returns what the public method returns. The
+order of stages is the same in every one; what differs is only what each collective
+must check and agree (DESIGN.md's shape table).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..arrays import (
+    assign_from_host,
+    device_like,
+    empty,
+    may_share_memory,
+    same,
+    same_memory,
+    to_host,
+)
+from ..buffers import counts_bounds, dtype_from_code, even_bounds, flat
+from ..errors import InvalidArgumentError, MpicollError, UnsupportedDtypeError
+from ..ops import resolve_op
+from . import agree, validate
+from .deliver import average, give
+from .describe import Call
+from .validate import Verdict
+
+# workspace slots of the pipeline (the algorithms use 1, 2 and 4)
+COPY_SLOT, STAND_IN_SLOT = 3, 5
+
+
+def _stand_in(t: Any, count: int, dtype: np.dtype, like: Any) -> Any:
+    """Workspace a rank that refuses where it receives takes part with."""
+    return t.scratch(count, dtype, slot=STAND_IN_SLOT, like=like)
+
+
+def _input(t: Any, src: Any, dst: Any = None) -> Any:
+    """``src`` as the algorithms may read it: a copy in workspace when it overlaps the
+    result buffer ``dst`` or cannot be written (some algorithms stage blocks in it)."""
+    if (dst is not None and may_share_memory(src, dst)) or \
+            (type(src) is np.ndarray and not src.flags.writeable):
+        copy = t.scratch(src.size, src.dtype, slot=COPY_SLOT, like=src)
+        copy[...] = src
+        return copy
+    return src
+
+
+def _op(verdict: Verdict, op: Any, x: Any) -> Any:
+    if x is None:
+        return None
+    try:
+        return resolve_op(op, x.dtype)
+    except MpicollError as exc:
+        verdict.refuse("params", exc)
+    except Exception as exc:  # noqa: BLE001 - an unhashable or odd op object
+        verdict.refuse("params", InvalidArgumentError(f"op: {type(exc).__name__}: {exc}"))
+    return None
+
+
+def _traced(c: Any, opd: Any) -> Any:
+    tracer = c._tracer
+    if tracer is not None and opd is not None and tracer.algorithm != "native":
+        from ..tracing import timed_op
+
+        return timed_op(opd, tracer)
+    return opd
+
+
+# -- rooted collectives whose root alone knows the data: a header goes first ------------
+
+
+def broadcast(c: Any, call: Call, x: Any, root: Any, algorithm: Any,
+              options: dict[str, Any]) -> Any:
+    b = c._backend
+    t, v = b.transport, Verdict()
+    root = validate.root(v, root, t.size)
+    # the first message is a fixed-size packet: the header, and the data too when it
+    # fits, so that small broadcasts take one round; "auto" for the data is resolved
+    # from the header, the same on every rank
+    pack_fn = c._chooser.pick(v, "broadcast", algorithm, agree.HEADER_BYTES + b.packed_bytes,
+                              options=options)
+    is_root, back = t.rank == root, same
+    if is_root:
+        x, back = validate.array(v, x, "input", nccl=b.like is not None)
+    elif x is not None:
+        x, back = validate.array(v, x, "receive", nccl=b.like is not None)
+        validate.writeable_receive(v, x)
+    agree.settle(c, call, v, algorithm, root=root, dtype=None if x is None else x.dtype,
+                 shape=None if x is None else x.shape, input_travels=True)
+    packet, header, limit = c._packet, c._packet_header, b.packed_bytes
+
+    def send_packet() -> None:
+        if b.separate_control:  # NCCL: the host packet goes over MPI, the data over NCCL
+            agree.broadcast(c, packet, root)
+        else:
+            pack_fn(t, packet, root)
+
+    if is_root:
+        if v.input is not None:
+            agree.header_of(None, None, agree.BAD_INPUT, header)
+        else:
+            agree.header_of(x.dtype, x.shape, header=header, device=type(x) is not np.ndarray)
+            if header[0] == agree.OK and x.nbytes <= limit:
+                packet[agree.HEADER_BYTES:agree.HEADER_BYTES + x.nbytes] = \
+                    to_host(flat(x)).view(np.uint8)
+        t.use(x)
+        send_packet()
+        if v.input is not None:
+            raise v.input
+        if header[0] != agree.OK:
+            raise InvalidArgumentError(f"x: {agree.REFUSALS[int(header[0])]}")
+        if x.nbytes > limit:
+            fn = c._chooser.function("broadcast", algorithm, x.nbytes, options=options)
+            fn(t, _input(t, flat(x)), root)
+        return back(x)
+    t.use(x)
+    send_packet()
+    code, itemsize, shape, device = agree.unpack_header(header, root, call)
+    nbytes = math.prod(shape) * itemsize
+    packed = nbytes <= limit
+    fn = None if packed else c._chooser.function("broadcast", algorithm, nbytes, options=options)
+    like = b.like
+    if x is None and v.receive is None:
+        if code < 0:
+            v.refuse("receive", InvalidArgumentError(
+                f"x: the root's dtype has no header code; pass a receive buffer of shape {shape}"))
+        elif device and like is None:
+            try:
+                like = device_like()
+            except MpicollError as exc:
+                v.refuse("receive", exc)
+    elif x is not None and (x.shape != shape or x.dtype.itemsize != itemsize
+                            or (code >= 0 and x.dtype != dtype_from_code(code))):
+        sent = f"dtype {dtype_from_code(code)}" if code >= 0 else f"{itemsize}-byte items"
+        v.refuse("receive", InvalidArgumentError(
+            f"x: the receive buffer has shape {x.shape} and dtype {x.dtype}, but the root "
+            f"sends shape {shape} and {sent}"))
+    if v.receive is not None:  # take part with workspace, then refuse
+        if fn is not None:
+            fn(t, _stand_in(t, nbytes, np.uint8, b.like), root)
+        raise v.receive
+    if x is None:
+        x = empty(shape, dtype_from_code(code), like=like)
+    if packed:
+        data = packet[agree.HEADER_BYTES:agree.HEADER_BYTES + nbytes]
+        if x.flags.c_contiguous:
+            assign_from_host(x.reshape(-1).view(np.uint8), data)
+        else:
+            assign_from_host(x, data.view(x.dtype).reshape(shape))
+    elif x.flags.c_contiguous:
+        fn(t, x.reshape(-1), root)
+    else:
+        buf = empty(x.size, x.dtype, like=x)
+        fn(t, buf, root)
+        x[...] = buf.reshape(x.shape)
+    return back(x)
+
+
+def _root_header(c: Any, call: Call, v: Verdict, is_root: bool, header: np.ndarray,
+                 root: int) -> tuple[int, int, tuple[int, ...], bool]:
+    """Broadcast the root's header; the root raises its own input refusal after sending
+    it, the others a RemoteError."""
+    if is_root and v.input is not None:
+        header[:4] = (agree.BAD_INPUT, 0, 0, 0)
+    c._backend.control.use(None)
+    agree.broadcast(c, header, root)
+    if is_root and v.input is not None:
+        raise v.input
+    if is_root and header[0] != agree.OK:
+        raise InvalidArgumentError(f"x: {agree.REFUSALS[int(header[0])]}")
+    return agree.unpack_header(header, root, call)
+
+
+def scatter(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
+            options: dict[str, Any]) -> Any:
+    b = c._backend
+    t, v = b.transport, Verdict()
+    root = validate.root(v, root, t.size)
+    c._chooser.pick(v, "scatter", algorithm, 0, options=options)  # a bad name: before messages
+    is_root, back, result = t.rank == root, same, None
+    header = np.zeros(agree.HEADER_LEN, np.int64)
+    if is_root:
+        x, back = validate.array(v, x, "input", nccl=b.like is not None)
+        if validate.rows(v, x, t.size, "scatter"):
+            agree.header_of(x.dtype, x.shape[1:], header=header, device=type(x) is not np.ndarray)
+            result = validate.out(v, out, x.shape[1:], x.dtype, like=x)
+    agree.settle(c, call, v, algorithm, root=root,
+                 dtype=x.dtype if is_root and x is not None else getattr(out, "dtype", None),
+                 shape=x.shape[1:] if is_root and x is not None and x.ndim else None,
+                 input_travels=True)
+    code, itemsize, shape, device = _root_header(c, call, v, is_root, header, root)
+    fn = c._chooser.function("scatter", algorithm, math.prod(shape) * itemsize * t.size,
+                             options=options)
+    count = math.prod(shape)
+    bounds = even_bounds(count, t.size)
+    if is_root:
+        src = flat(x)
+        mine = src[bounds[root]:bounds[root + 1]]
+        if result is None:  # the root's out refused: take part, then raise
+            dst = _stand_in(t, count, x.dtype, x)
+        elif out is not None and may_share_memory(src, result) \
+                and not same_memory(result.reshape(-1), mine):
+            dst = _stand_in(t, count, x.dtype, x)  # overlaps x elsewhere than its own row
+        else:
+            dst = result.reshape(-1)  # may be x[root] itself: MPI's in-place scatter
+        t.use(x)
+        fn(t, src, dst, bounds, root)
+        if result is not None and dst is not result.reshape(-1) \
+                and not same_memory(dst, result.reshape(-1)):
+            result.reshape(-1)[...] = dst
+        return give(v, result, out, back)
+    like = b.like if out is None else out
+    if out is None and device and like is None:
+        try:
+            like = device_like()
+        except MpicollError as exc:
+            v.refuse("receive", exc)
+    if code < 0 and out is None:
+        v.refuse("receive", InvalidArgumentError(
+            f"out: the root's dtype has no header code; pass out of shape {shape}"))
+    if v.receive is None:
+        dtype = out.dtype if code < 0 and out is not None else dtype_from_code(code)
+        result = validate.out(v, out, shape, dtype, like)
+    if v.receive is not None:  # take part with workspace, then refuse
+        stand_in = _stand_in(t, count * itemsize, np.uint8, b.like)
+        fn(t, None, stand_in, even_bounds(stand_in.size, t.size), root)
+        raise v.receive
+    t.use(result)
+    fn(t, None, result.reshape(-1), bounds, root)
+    return give(v, result, out, same)
+
+
+def scatter_v(c: Any, call: Call, x: Any, counts: Any, root: Any, algorithm: Any,
+              options: dict[str, Any]) -> Any:
+    b = c._backend
+    t, v = b.transport, Verdict()
+    p = t.size
+    root = validate.root(v, root, p)
+    c._chooser.pick(v, "scatter", algorithm, 0, options=options, uneven=True)
+    is_root, back, mine = t.rank == root, same, None
+    if counts is not None and not is_root:
+        mine = validate.counts(v, counts, p, "counts", where="receive")
+    header = np.zeros(agree.HEADER_LEN + p, np.int64)
+    if is_root:
+        x, back = validate.array(v, x, "input", nccl=b.like is not None)
+        validate.vector(v, x, "scatter_v")
+        if x is not None and x.ndim and v.input is None:
+            if counts is None:
+                v.refuse("input", InvalidArgumentError("counts: the root must give counts"))
+            else:
+                mine = validate.counts(v, counts, p, "counts", where="input")
+            if mine is not None and sum(mine) != x.shape[0]:
+                v.refuse("input", InvalidArgumentError(
+                    f"counts: they add up to {sum(mine)}, but x has {x.shape[0]} rows"))
+        if v.input is None and agree.header_of(x.dtype, x.shape[1:], header=header,
+                                               extra=p, device=type(x) is not np.ndarray)[0] == agree.OK:
+            if header[1] < 0:
+                v.refuse("input", UnsupportedDtypeError(
+                    f"x: dtype {x.dtype} has no header code, so the other ranks cannot "
+                    "allocate their result; use scatter with out= on every rank"))
+            header[agree.HEADER_LEN:] = mine
+    agree.settle(c, call, v, algorithm, root=root,
+                 dtype=x.dtype if is_root and x is not None else None,
+                 shape=x.shape[1:] if is_root and x is not None and x.ndim else None,
+                 input_travels=True)
+    code, itemsize, rest, device = _root_header(c, call, v, is_root, header, root)
+    like = x if is_root else b.like
+    if not is_root and device and like is None:
+        try:
+            like = device_like()
+        except MpicollError as exc:  # take part with host memory, then refuse
+            v.refuse("receive", exc)
+    rows = header[agree.HEADER_LEN:].tolist()
+    row = math.prod(rest)
+    bounds = counts_bounds([r * row for r in rows])
+    fn = c._chooser.function("scatter", algorithm, bounds[-1] * itemsize, options=options,
+                             uneven=True)
+    result = empty((rows[t.rank], *rest), dtype_from_code(code), like=like)
+    t.use(result)
+    fn(t, flat(x) if is_root else None, result.reshape(-1), bounds, root)
+    if v.receive is None and mine is not None and mine != rows:
+        v.refuse("receive", InvalidArgumentError(
+            f"counts: this rank's {mine} differ from the root's {rows}"))
+    return give(v, result, None, back)
+
+
+# -- collectives where every rank contributes ---------------------------------------------
+
+
+def gather(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
+           options: dict[str, Any]) -> Any:
+    b = c._backend
+    t, v = b.transport, Verdict()
+    root = validate.root(v, root, t.size)
+    x, back = validate.array(v, x, nccl=b.like is not None)
+    validate.result_dims(v, x, 1)
+    fn = c._chooser.pick(v, "gather", algorithm, 0 if x is None else x.nbytes * t.size,
+                         options=options)
+    is_root = t.rank == root
+    result = validate.out(v, out, (t.size, *x.shape), x.dtype, like=x) \
+        if is_root and x is not None and not v else None
+    agree.settle(c, call, v, algorithm, root=root, dtype=getattr(x, "dtype", None),
+                 shape=getattr(x, "shape", None))
+    src = flat(x)
+    dst = None
+    if is_root:
+        dst = result.reshape(-1) if result is not None else \
+            _stand_in(t, src.size * t.size, x.dtype, x)
+    src = _input(t, src, dst if out is not None else None)
+    t.use(x)
+    fn(t, src, dst, even_bounds(src.size, t.size), root)
+    return give(v, result, out, back)
+
+
+def all_gather(c: Any, call: Call, x: Any, algorithm: Any, out: Any,
+               options: dict[str, Any]) -> Any:
+    b = c._backend
+    t, v = b.transport, Verdict()
+    x, back = validate.array(v, x, nccl=b.like is not None)
+    validate.result_dims(v, x, 1)
+    fn = c._chooser.pick(v, "all_gather", algorithm, 0 if x is None else x.nbytes * t.size,
+                         options=options)
+    result = validate.out(v, out, (t.size, *x.shape), x.dtype, like=x) if x is not None else None
+    agree.settle(c, call, v, algorithm, dtype=getattr(x, "dtype", None),
+                 shape=getattr(x, "shape", None))
+    src = flat(x)
+    buf = result.reshape(-1) if result is not None else _stand_in(t, src.size * t.size, x.dtype, x)
+    bounds = even_bounds(src.size, t.size)
+    mine = buf[bounds[t.rank]:bounds[t.rank + 1]]
+    if not same_memory(src, mine):  # unless x already is the result's own row (in place)
+        mine[...] = src
+    t.use(x)
+    fn(t, buf, bounds)
+    return give(v, result, out, back)
+
+
+def _reduction(c: Any, call: Call, collective: str, x: Any, op: Any, algorithm: Any,
+               options: dict[str, Any], nbytes_rows: bool = False, uneven: bool = False,
+               ) -> tuple[Verdict, Any, Any, Any, Any]:
+    """The checks every reducing collective makes: (verdict, x, back, op, function)."""
+    b = c._backend
+    v = Verdict()
+    x, back = validate.array(v, x, nccl=b.like is not None)
+    opd = _op(v, op, x)
+    fn = None
+    if x is not None and opd is not None:
+        fn = c._chooser.pick(v, collective, algorithm, x.nbytes, opd, options, dtype=x.dtype,
+                             uneven=uneven)
+    return v, x, back, _traced(c, opd), fn
+
+
+def reduce(c: Any, call: Call, x: Any, op: Any, root: Any, algorithm: Any, out: Any,
+           options: dict[str, Any]) -> Any:
+    t = c._backend.transport
+    v, x, back, opd, fn = _reduction(c, call, "reduce", x, op, algorithm, options)
+    root = validate.root(v, root, t.size)
+    is_root = t.rank == root
+    result = validate.out(v, out, x.shape, x.dtype, like=x) if is_root and not v else None
+    agree.settle(c, call, v, algorithm, op=op, root=root, dtype=getattr(x, "dtype", None),
+                 shape=getattr(x, "shape", None))
+    src = flat(x)
+    dst = None
+    if is_root:
+        dst = result.reshape(-1) if result is not None else _stand_in(t, src.size, x.dtype, x)
+    src = _input(t, src, dst if out is not None else None)  # linear reduce reads x after writing out
+    t.use(x)
+    fn(t, src, dst, opd, root)
+    if result is not None:
+        average(result, opd, fn, t.size, c._backend.averages_itself)
+    return give(v, result, out, back)
+
+
+def all_reduce(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
+               options: dict[str, Any]) -> Any:
+    t = c._backend.transport
+    v, x, back, opd, fn = _reduction(c, call, "all_reduce", x, op, algorithm, options)
+    result = validate.out(v, out, x.shape, x.dtype, like=x) if not v else None
+    if c.check or v:
+        agree.settle(c, call, v, algorithm, op=op, dtype=getattr(x, "dtype", None),
+                     shape=getattr(x, "shape", None))
+    if result is None:
+        result = _stand_in(t, x.size, x.dtype, x)
+    dst = result.reshape(-1)
+    src = dst if result is x else _input(t, flat(x), dst if out is not None else None)
+    t.use(x)
+    fn(t, src, dst, opd)
+    average(result, opd, fn, t.size, c._backend.averages_itself)
+    return give(v, result, out, back)
+
+
+def reduce_scatter(c: Any, call: Call, x: Any, op: Any, counts: Any, algorithm: Any,
+                   out: Any, options: dict[str, Any]) -> Any:
+    t = c._backend.transport
+    v, x, back, opd, fn = _reduction(c, call, "reduce_scatter", x, op, algorithm, options,
+                                     uneven=counts is not None)
+    result = None
+    if counts is None:
+        if validate.rows(v, x, t.size, "reduce_scatter") and not v:
+            result = validate.out(v, out, x.shape[1:], x.dtype, like=x)
+            bounds = even_bounds(math.prod(x.shape[1:]), t.size)
+    else:
+        counts = validate.counts(v, counts, t.size, "counts")
+        if counts is not None and x is not None and sum(counts) != x.size:
+            v.refuse("params", InvalidArgumentError(
+                f"counts: they add up to {sum(counts)}, but x has {x.size} elements"))
+        if not v:
+            result = validate.out(v, out, (counts[t.rank],), x.dtype, like=x)
+            bounds = counts_bounds(counts)
+    agree.settle(c, call, v, algorithm, op=op, dtype=getattr(x, "dtype", None),
+                 shape=getattr(x, "shape", None) if counts is None else tuple(counts or ()))
+    if result is None:  # out refused: take part with workspace
+        bounds = even_bounds(math.prod(x.shape[1:]), t.size) if counts is None \
+            else counts_bounds(counts)
+        dst = _stand_in(t, bounds[t.rank + 1] - bounds[t.rank], x.dtype, x)
+    else:
+        dst = result.reshape(-1)
+    src = _input(t, flat(x), dst if out is not None else None)
+    t.use(x)
+    fn(t, src, bounds, opd, dst)
+    if result is not None:
+        average(result, opd, fn, t.size, c._backend.averages_itself)
+    return give(v, result, out, back)
+
+
+def all_to_all(c: Any, call: Call, x: Any, algorithm: Any, out: Any,
+               options: dict[str, Any]) -> Any:
+    b = c._backend
+    t, v = b.transport, Verdict()
+    x, back = validate.array(v, x, nccl=b.like is not None)
+    validate.rows(v, x, t.size, "all_to_all")
+    fn = c._chooser.pick(v, "all_to_all", algorithm, 0 if x is None else x.nbytes,
+                         options=options)
+    result = validate.out(v, out, x.shape, x.dtype, like=x) if not v else None
+    agree.settle(c, call, v, algorithm, dtype=getattr(x, "dtype", None),
+                 shape=getattr(x, "shape", None))
+    dst = result.reshape(-1) if result is not None else _stand_in(t, x.size, x.dtype, x)
+    src = _input(t, flat(x), dst if out is not None else None)
+    bounds = even_bounds(src.size // t.size, t.size)
+    t.use(x)
+    fn(t, src, bounds, dst, bounds)
+    return give(v, result, out, back)
+
+
+def barrier(c: Any, call: Call, algorithm: Any, options: dict[str, Any]) -> None:
+    b = c._backend
+    v = Verdict()
+    fn = c._chooser.pick(v, "barrier", algorithm, 0, options=options)
+    agree.settle(c, call, v, algorithm)
+    b.transport.use(None)
+    fn(b.transport)
+    if b.separate_control:  # NCCL: wait until the stream has run it
+        b.transport.synchronize()
+
+
+# -- v-variants: a different number of rows on every rank -----------------------------
+
+
+def all_gather_v(c: Any, call: Call, x: Any, algorithm: Any, options: dict[str, Any]) -> Any:
+    b = c._backend
+    t, v = b.transport, Verdict()
+    x, back = validate.array(v, x, nccl=b.like is not None)
+    validate.vector(v, x, "all_gather_v")
+    c._chooser.pick(v, "all_gather", algorithm, 0, options=options, uneven=True)
+    agree.settle(c, call, v, algorithm, dtype=getattr(x, "dtype", None),
+                 shape=x.shape[1:] if x is not None and x.ndim else None, input_travels=True)
+    b.control.use(None)
+    rows = agree.row_table(c, call, x, v.input)
+    rest = math.prod(x.shape[1:])
+    bounds = counts_bounds([r * rest for r in rows])
+    fn = c._chooser.function("all_gather", algorithm, bounds[-1] * x.itemsize, options=options,
+                             uneven=True)
+    result = empty((sum(rows), *x.shape[1:]), x.dtype, like=x)
+    buf = result.reshape(-1)
+    buf[bounds[t.rank]:bounds[t.rank + 1]] = flat(x)
+    t.use(x)
+    fn(t, buf, bounds)
+    return back(result), rows
+
+
+def gather_v(c: Any, call: Call, x: Any, root: Any, algorithm: Any,
+             options: dict[str, Any]) -> Any:
+    b = c._backend
+    t, v = b.transport, Verdict()
+    root = validate.root(v, root, t.size)
+    x, back = validate.array(v, x, nccl=b.like is not None)
+    validate.vector(v, x, "gather_v")
+    c._chooser.pick(v, "gather", algorithm, 0, options=options, uneven=True)
+    agree.settle(c, call, v, algorithm, root=root, dtype=getattr(x, "dtype", None),
+                 shape=x.shape[1:] if x is not None and x.ndim else None, input_travels=True)
+    b.control.use(None)
+    rows = agree.row_table(c, call, x, v.input)  # trees need every subtree's size
+    rest = math.prod(x.shape[1:])
+    bounds = counts_bounds([r * rest for r in rows])
+    fn = c._chooser.function("gather", algorithm, bounds[-1] * x.itemsize, options=options,
+                             uneven=True)
+    result = empty((sum(rows), *x.shape[1:]), x.dtype, like=x) if t.rank == root else None
+    t.use(x)
+    fn(t, flat(x), None if result is None else result.reshape(-1), bounds, root)
+    return back(result), rows
+
+
+def all_to_all_v(c: Any, call: Call, x: Any, send_counts: Any, algorithm: Any,
+                 options: dict[str, Any]) -> Any:
+    b = c._backend
+    t, v = b.transport, Verdict()
+    x, back = validate.array(v, x, nccl=b.like is not None)
+    validate.vector(v, x, "all_to_all_v")
+    send = validate.counts(v, send_counts, t.size, "send_counts", where="input")
+    if send is not None and x is not None and x.ndim and sum(send) != x.shape[0]:
+        v.refuse("input", InvalidArgumentError(
+            f"send_counts: they add up to {sum(send)}, but x has {x.shape[0]} rows"))
+    c._chooser.pick(v, "all_to_all", algorithm, 0, options=options, uneven=True)
+    agree.settle(c, call, v, algorithm, dtype=getattr(x, "dtype", None),
+                 shape=x.shape[1:] if x is not None and x.ndim else None, input_travels=True)
+    # every rank tells every rank how many rows come, with its dtype/shape signature, its
+    # refusal and its whole input's size: so "auto" decides from the global total
+    refused = v.input is not None
+    outgoing = np.zeros((t.size, 4), np.int64)
+    if refused:
+        outgoing[:, 2] = 1
+    else:
+        outgoing[:, 0], outgoing[:, 1], outgoing[:, 3] = send, agree.signature(
+            x.dtype, x.shape[1:]), x.nbytes
+    incoming = np.empty_like(outgoing)
+    pairs = even_bounds(4, t.size)
+    exchange = b.control_native.get("all_to_all") or _pairwise()
+    b.control.use(None)
+    exchange(b.control, outgoing.reshape(-1), pairs, incoming.reshape(-1), pairs)
+    agree.check_table(call, incoming[:, 1], incoming[:, 2], v.input)
+    received = incoming[:, 0].tolist()
+    total = int(incoming[:, 3].sum())  # the same on every rank
+    row = math.prod(x.shape[1:])
+    send_bounds = counts_bounds([n * row for n in send])
+    recv_bounds = counts_bounds([n * row for n in received])
+    fn = c._chooser.function("all_to_all", algorithm, total // t.size, options=options,
+                             uneven=True)
+    result = empty((sum(received), *x.shape[1:]), x.dtype, like=x)
+    t.use(x)
+    fn(t, flat(x), send_bounds, result.reshape(-1), recv_bounds)
+    return back(result), received
+
+
+def _pairwise() -> Any:
+    from ..algorithms import REGISTRY
+
+    return REGISTRY["all_to_all"]["pairwise"].fn

@@ -1,0 +1,142 @@
+"""Validate: this rank's own checks of a call, kept as a Verdict instead of raised.
+
+Where a fault lies decides what the rank does (mpicoll.pipeline):
+- ``params``: the call's parameters (root, algorithm, options, op, counts): every rank
+  of a correct program passes the same, so each raises at once, before any message.
+- ``input``: what this rank contributes (its x): it must not send made-up data, so it
+  raises before sending (at the root of broadcast/scatter, in the header it sends).
+- ``receive``: where this rank's result lands (its out=, a non-root's receive buffer):
+  it takes part with workspace, so the others' results are right, then raises.
+In check mode every verdict is exchanged first and every rank raises together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..arrays import as_array, same
+from ..buffers import result_buffer
+from ..errors import InvalidArgumentError, MpicollError, UnsupportedDtypeError
+
+MAX_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32  # NumPy's limit on dimensions
+
+
+class Verdict:
+    """What this rank refuses in one call, by where the fault lies (first one kept)."""
+
+    __slots__ = ("params", "input", "receive")
+
+    def __init__(self) -> None:
+        self.params: MpicollError | None = None
+        self.input: MpicollError | None = None
+        self.receive: MpicollError | None = None
+
+    def refuse(self, where: str, error: MpicollError) -> None:
+        if getattr(self, where) is None:
+            setattr(self, where, error)
+
+    @property
+    def first(self) -> MpicollError | None:
+        return self.params or self.input or self.receive
+
+    def __bool__(self) -> bool:
+        return self.params is not None or self.input is not None or self.receive is not None
+
+
+def _mpicoll_error(exc: BaseException, name: str) -> MpicollError:
+    if isinstance(exc, MpicollError):
+        return exc
+    if isinstance(exc, TypeError):
+        return UnsupportedDtypeError(f"{name}: {exc}")
+    return InvalidArgumentError(f"{name}: {type(exc).__name__}: {exc}")
+
+
+def array(verdict: Verdict, x: Any, where: str = "input", name: str = "x",
+          nccl: bool = False) -> tuple[Any, Any]:
+    """(x as an array, how to give a result back), or (None, same) with the refusal kept."""
+    try:
+        x, back = as_array(x, name)
+    except Exception as exc:  # noqa: BLE001 - any failure becomes this rank's verdict
+        verdict.refuse(where, _mpicoll_error(exc, name))
+        return None, same
+    if nccl and type(x) is np.ndarray:
+        verdict.refuse(where, InvalidArgumentError(
+            f"{name}: backend 'nccl' moves GPU arrays (CuPy, or a CUDA __dlpack__ tensor); "
+            "got a host array: use backend 'mpi' for host memory"))
+        return None, same
+    return x, back
+
+
+def root(verdict: Verdict, root: Any, size: int) -> int:
+    """``root`` as an int in range, or 0 with the refusal kept."""
+    if isinstance(root, (bool, np.bool_)) or not isinstance(root, (int, np.integer)):
+        verdict.refuse("params", InvalidArgumentError(
+            f"root: expected an int, got {type(root).__name__}"))
+        return 0
+    if not 0 <= root < size:
+        verdict.refuse("params", InvalidArgumentError(
+            f"root: {root} is out of range for {size} ranks"))
+        return 0
+    return int(root)
+
+
+def rows(verdict: Verdict, x: Any, size: int, what: str) -> bool:
+    """Whether x has one row per rank (the refusal kept when not)."""
+    if x is not None and (x.ndim == 0 or x.shape[0] != size):
+        verdict.refuse("input", InvalidArgumentError(
+            f"x: {what} expects shape ({size}, ...) with one row per rank, got {x.shape}"))
+        return False
+    return x is not None
+
+
+def result_dims(verdict: Verdict, x: Any, extra: int) -> None:
+    """Refuse a result of more dimensions than the array library allows (every rank sees
+    the same shapes, so every rank refuses alike)."""
+    if x is not None and x.ndim + extra > MAX_DIMS:
+        verdict.refuse("input", InvalidArgumentError(
+            f"x: the result would have {x.ndim + extra} dimensions; NumPy allows {MAX_DIMS}"))
+
+
+def vector(verdict: Verdict, x: Any, collective: str) -> None:
+    """Refuse an x without a first dimension for a v-variant."""
+    if x is not None and x.ndim == 0:
+        verdict.refuse("input", InvalidArgumentError(
+            f"x: {collective} needs at least one dimension (the rows this rank gives)"))
+
+
+def out(verdict: Verdict, out: Any, shape: tuple[int, ...], dtype: np.dtype, like: Any) -> Any:
+    """The result buffer (``out`` checked, or a new one), or None with the refusal kept."""
+    try:
+        return result_buffer(out, shape, dtype, like=like)
+    except Exception as exc:  # noqa: BLE001 - the rank takes part, then raises this
+        verdict.refuse("receive", _mpicoll_error(exc, "out"))
+        return None
+
+
+def counts(verdict: Verdict, counts: Any, size: int, name: str,
+           where: str = "params") -> list[int] | None:
+    """``counts`` as ``size`` non-negative ints, or None with the refusal kept."""
+    try:
+        values = list(counts)
+    except TypeError:
+        verdict.refuse(where, InvalidArgumentError(
+            f"{name}: expected a sequence of {size} ints, got {type(counts).__name__}"))
+        return None
+    if len(values) != size:
+        verdict.refuse(where, InvalidArgumentError(
+            f"{name}: expecting {size} items (one per rank), got {len(values)}"))
+        return None
+    for c in values:
+        if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer)) or c < 0:
+            verdict.refuse(where, InvalidArgumentError(
+                f"{name}: expected non-negative ints, got {c!r}"))
+            return None
+    return [int(c) for c in values]
+
+
+def writeable_receive(verdict: Verdict, x: Any) -> None:
+    """Refuse a receive buffer that cannot be written (read-only NumPy memory)."""
+    if x is not None and type(x) is np.ndarray and not x.flags.writeable:
+        verdict.refuse("receive", InvalidArgumentError("x: the receive buffer must be writeable"))
