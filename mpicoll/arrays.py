@@ -7,6 +7,10 @@ tensor, through DLPack again). Algorithms then call the array's own library: the
 are ufuncs (NumPy dispatches ``np.add`` on CuPy arrays to ``cupy.add``) and workspace
 comes from ``empty(..., like=x)``. CuPy is imported only when a CuPy array (or a CUDA
 DLPack tensor) shows up, so nothing here needs CUDA to import.
+
+Nothing here reads a device array as NumPy would (CuPy has no ``__array_interface__``
+and refuses implicit conversion): addresses come from ``address``, copies from the
+array's own library.
 """
 
 from __future__ import annotations
@@ -34,17 +38,62 @@ def is_cupy(x: Any) -> bool:
 
 
 def cupy_module() -> ModuleType:
+    """CuPy, or a clear refusal where it is not installed."""
     try:
         import cupy
-    except ImportError as exc:  # pragma: no cover - exercised where CuPy is missing
+    except ImportError as exc:
         raise InvalidArgumentError(
             "x: a GPU array needs CuPy (pip install mpicoll[cuda12] or [cuda13])") from exc
     return cupy
 
 
+_DEVICE_SEEN: ModuleType | None = None  # the CuPy that found a device once: not asked again
+
+
+def device_cupy() -> ModuleType:
+    """CuPy where it can allocate on a GPU: a clear refusal where there is no CUDA driver
+    or device (CuPy itself would raise cudaErrorInsufficientDriver at the first array)."""
+    global _DEVICE_SEEN
+    cupy = cupy_module()
+    if _DEVICE_SEEN is not cupy:
+        problem = cuda_problem(cupy)
+        if problem:
+            raise InvalidArgumentError(f"x: a GPU array needs a CUDA device: {problem}")
+        _DEVICE_SEEN = cupy
+    return cupy
+
+
+def cuda_problem(cupy: ModuleType) -> str:
+    """Why CuPy cannot reach a GPU on this rank ("" when it can)."""
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - CUDARuntimeError, or a driver library missing
+        return f"no usable CUDA driver ({type(exc).__name__}: {exc})"
+    return "" if count > 0 else "no CUDA device is visible"
+
+
 def module_of(x: Any) -> ModuleType:
     """The array library of ``x``: numpy or cupy."""
     return np if type(x) is np.ndarray or not is_cupy(x) else cupy_module()
+
+
+def address(x: Any) -> int:
+    """Where ``x``'s first element is: a host address for NumPy, a device address for
+    CuPy (its data pointer) or anything with the CUDA array interface."""
+    if type(x) is np.ndarray:
+        return x.__array_interface__["data"][0]
+    data = getattr(x, "data", None)
+    if hasattr(data, "ptr"):
+        return int(data.ptr)
+    return int(x.__cuda_array_interface__["data"][0])
+
+
+def same_memory(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are the same bytes: one library, one start, one size (an
+    in-place call where the input already is its slot of the result)."""
+    if (type(a) is np.ndarray) != (type(b) is np.ndarray):
+        return False  # host and device memory never coincide
+    return a.nbytes == b.nbytes and address(a) == address(b)
 
 
 def _back_to(x: Any) -> Callable[[Any], Any]:
@@ -61,12 +110,45 @@ def _back_to(x: Any) -> Callable[[Any], Any]:
     return same
 
 
+def _from_dlpack(x: Any, name: str) -> Any:
+    """A NumPy (host) or CuPy (CUDA) array over a ``__dlpack__`` tensor's memory.
+
+    Every way the import can fail becomes mpicoll's error, so a root that cannot read its
+    input still tells the other ranks (they catch TypeError and ValueError only).
+    """
+    try:
+        device_type = int(x.__dlpack_device__()[0])
+    except Exception as exc:  # noqa: BLE001 - a producer's own failure
+        raise InvalidArgumentError(
+            f"{name}: __dlpack_device__() failed ({type(exc).__name__}: {exc})") from exc
+    if device_type in (DLPACK_CPU, DLPACK_CUDA_HOST):
+        library, load = "NumPy", np.from_dlpack
+    elif device_type in (DLPACK_CUDA, DLPACK_CUDA_MANAGED):
+        cupy = device_cupy()
+        library, load = f"CuPy {cupy.__version__}", cupy.from_dlpack
+    else:
+        raise InvalidArgumentError(
+            f"{name}: DLPack device type {device_type} is neither the host nor CUDA")
+    try:
+        return load(x)
+    except Exception as exc:  # noqa: BLE001 - NumPy, CuPy and producers raise many kinds
+        text = f"{type(exc).__name__}: {exc}"
+        dtype_problem = isinstance(exc, NotImplementedError) or "dtype" in text.lower() \
+            or "bfloat16" in text
+        hint = ("; bfloat16 on the GPU needs CuPy >= 14 (with NumPy >= 2.1.2 and ml_dtypes)"
+                if "bfloat16" in text else "")
+        error = UnsupportedDtypeError if dtype_problem else InvalidArgumentError
+        raise error(f"{name}: {library} cannot import this DLPack tensor ({text}){hint}") \
+            from exc
+
+
 def as_array(x: Any, name: str) -> tuple[Any, Callable[[Any], Any]]:
     """``x`` as a NumPy or CuPy array (no copy), and how to give a result x's kind back.
 
-    Raises:
-        InvalidArgumentError: x is None or not an array.
-        UnsupportedDtypeError: x holds Python objects, which cannot travel as bytes.
+    Raises (nothing else, so a rooted call can always tell the others):
+        InvalidArgumentError: x is None, not an array, or a tensor that cannot be read.
+        UnsupportedDtypeError: x's dtype cannot be imported (bfloat16 on CuPy <= 13) or
+            holds Python objects, which cannot travel as bytes.
     """
     if type(x) is np.ndarray or is_cupy(x):
         array, back = x, same
@@ -77,15 +159,7 @@ def as_array(x: Any, name: str) -> tuple[Any, Callable[[Any], Any]]:
     elif isinstance(x, np.ndarray):  # a subclass (np.matrix, memmap): its base class
         array, back = x.view(np.ndarray), same
     elif hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
-        device_type = int(x.__dlpack_device__()[0])
-        if device_type in (DLPACK_CPU, DLPACK_CUDA_HOST):
-            array = np.from_dlpack(x)
-        elif device_type in (DLPACK_CUDA, DLPACK_CUDA_MANAGED):
-            array = cupy_module().from_dlpack(x)
-        else:
-            raise InvalidArgumentError(
-                f"{name}: DLPack device type {device_type} is neither the host nor CUDA")
-        back = _back_to(x)
+        array, back = _from_dlpack(x, name), _back_to(x)
     else:
         raise InvalidArgumentError(
             f"{name}: expected a NumPy or CuPy array (or any __dlpack__ tensor), "
@@ -101,6 +175,23 @@ def empty(shape: Any, dtype: Any, like: Any = None) -> Any:
     if like is None or type(like) is np.ndarray or not is_cupy(like):
         return np.empty(shape, dtype)
     return cupy_module().empty(shape, dtype)
+
+
+def copy_into(dst: Any, src: Any) -> None:
+    """``dst[...] = src`` within one array library (a kernel on the GPU), casting as
+    NumPy's "same_kind" allows.
+
+    Raises:
+        InvalidArgumentError: one is on the host and the other on the GPU.
+        UnsupportedDtypeError: src's dtype does not cast to dst's.
+    """
+    if (type(dst) is np.ndarray) != (type(src) is np.ndarray):
+        raise InvalidArgumentError(
+            f"a {module_of(src).__name__} array cannot be copied into a "
+            f"{module_of(dst).__name__} buffer")
+    if not np.can_cast(src.dtype, dst.dtype, casting="same_kind"):
+        raise UnsupportedDtypeError(f"cannot cast {src.dtype} to {dst.dtype}")
+    dst[...] = src
 
 
 def to_host(x: Any) -> np.ndarray:
@@ -127,5 +218,9 @@ def assign_from_host(dst: Any, host: np.ndarray) -> None:
 
 
 def device_like() -> Any:
-    """An empty CuPy array: ``like=`` for allocating on the current GPU."""
-    return cupy_module().empty(0, np.uint8)
+    """An empty CuPy array: ``like=`` for allocating on the current GPU.
+
+    Raises:
+        InvalidArgumentError: CuPy is missing, or there is no CUDA driver or device.
+    """
+    return device_cupy().empty(0, np.uint8)

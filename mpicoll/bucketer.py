@@ -13,6 +13,10 @@ a bucket is filled its all_reduce starts asynchronously (``async_op=True``), whi
 caller goes on computing the next gradients. Buckets start strictly in bucket order, so
 every rank starts them in the same order whatever order ``add`` is called in. ``wait``
 returns views of the buckets shaped as the inputs: valid until the next round of ``add``.
+
+Buckets live where the arrays do: CuPy gradients fill device buckets (copied by a kernel
+on the current stream), NumPy ones host buckets; a bucket's arrays are all on the GPU or
+all on the host.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .arrays import as_array, copy_into, empty
 from .errors import InvalidArgumentError
 
 DEFAULT_CAP_BYTES = 25 * 1024 * 1024  # DDP's bucket_cap_mb default
@@ -34,15 +39,18 @@ class Bucketer:
         if cap_bytes <= 0:
             raise InvalidArgumentError(f"cap_bytes: must be positive, got {cap_bytes}")
         self.comm, self.op, self.algorithm = comm, op, algorithm
-        self.shapes = [tuple(np.shape(a)) for a in arrays]
+        arrays = [as_array(a, f"arrays[{i}]")[0] for i, a in enumerate(arrays)]
+        self.shapes = [tuple(a.shape) for a in arrays]
         dtypes = [np.dtype(a.dtype) for a in arrays]
+        on_host = [type(a) is np.ndarray for a in arrays]
         # bucket b holds arrays members[b]; array i sits at [offset[i], offset[i] + size)
         self.members: list[list[int]] = []
         self.bucket_of, self.offset = [0] * len(arrays), [0] * len(arrays)
         sizes: list[int] = []
         for i, (shape, dtype) in enumerate(zip(self.shapes, dtypes, strict=True)):
             n = math.prod(shape)
-            fits = (self.members and dtypes[self.members[-1][0]] == dtype
+            last = self.members[-1][0] if self.members else None
+            fits = (last is not None and dtypes[last] == dtype and on_host[last] == on_host[i]
                     and (sizes[-1] + n) * dtype.itemsize <= cap_bytes)
             if not fits:
                 self.members.append([])
@@ -50,7 +58,8 @@ class Bucketer:
             self.bucket_of[i], self.offset[i] = len(self.members) - 1, sizes[-1]
             self.members[-1].append(i)
             sizes[-1] += n
-        self.buffers = [np.empty(n, dtypes[m[0]]) for n, m in zip(sizes, self.members, strict=True)]
+        self.buffers = [empty(n, dtypes[m[0]], like=arrays[m[0]])
+                        for n, m in zip(sizes, self.members, strict=True)]
         self.works: list[Any] = [None] * len(self.members)
         self._missing = [len(m) for m in self.members]
         self._filled = [False] * len(arrays)
@@ -60,7 +69,7 @@ class Bucketer:
     def bucket_bytes(self) -> list[int]:
         return [b.nbytes for b in self.buffers]
 
-    def _slot(self, i: int) -> np.ndarray:
+    def _slot(self, i: int) -> Any:
         b = self.bucket_of[i]
         return self.buffers[b][self.offset[i]:self.offset[i] + math.prod(self.shapes[i])]
 
@@ -71,10 +80,11 @@ class Bucketer:
             raise InvalidArgumentError(f"index: {i} is not one of the {len(self.shapes)} arrays")
         if self._filled[i]:
             raise InvalidArgumentError(f"array {i} was already added this round")
-        if tuple(np.shape(array)) != self.shapes[i]:
+        array, _ = as_array(array, f"array {i}")
+        if array.shape != self.shapes[i]:
             raise InvalidArgumentError(
-                f"array {i}: shape {np.shape(array)}, expected {self.shapes[i]}")
-        np.copyto(self._slot(i).reshape(self.shapes[i]), array, casting="same_kind")
+                f"array {i}: shape {array.shape}, expected {self.shapes[i]}")
+        copy_into(self._slot(i).reshape(self.shapes[i]), array)
         self._filled[i] = True
         self._missing[self.bucket_of[i]] -= 1
         while self._next < len(self.members) and self._missing[self._next] == 0:
@@ -83,7 +93,7 @@ class Bucketer:
                 flat, self.op, algorithm=self.algorithm, out=flat, async_op=True)
             self._next += 1
 
-    def wait(self) -> list[np.ndarray]:
+    def wait(self) -> list[Any]:
         """Every array reduced (views of the buckets, in the order given); then a new
         round of ``add`` may begin."""
         missing = [i for i, filled in enumerate(self._filled) if not filled]

@@ -156,17 +156,24 @@ def native_barrier(t: MPITransport) -> None:
     t.comm.Barrier()
 
 
+def _user_op_in(args: tuple) -> bool:
+    """Whether a reduction's op is a user's: MPI runs it as a host callback over NumPy
+    views of MPI's buffers, so device buffers are staged even for a CUDA-aware MPI."""
+    return any(isinstance(a, Op) and not a.builtin for a in args)
+
+
 def _staged(fn: Callable[..., None], reads: tuple[int, ...], writes: tuple[int, ...],
             probe: int = 0) -> Callable[..., None]:
-    """``fn`` for device buffers too: given to a CUDA-aware MPI as they are, or else
-    staged through the transport's pinned host memory (the buffers it reads copied
+    """``fn`` for device buffers too: given to a CUDA-aware MPI as they are (unless a
+    user's op reduces them: its callback reads host memory), or else staged through the
+    transport's pinned host memory (the buffers it reads copied
     there, the MPI library run on the host copies, the buffers it writes copied back).
     ``reads``/``writes``: the argument positions of the buffers it reads and writes;
     ``probe``: a position that is never None (it tells host from device)."""
 
     @functools.wraps(fn)
     def native(t: MPITransport, *args: Any) -> None:
-        if type(args[probe]) is np.ndarray or t.direct():
+        if type(args[probe]) is np.ndarray or (t.direct() and not _user_op_in(args)):
             fn(t, *args)
             return
         host = list(args)

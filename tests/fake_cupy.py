@@ -1,86 +1,567 @@
-"""A stand-in for CuPy made of NumPy, so the GPU code paths run where there is no GPU.
+"""A stand-in for CuPy 14 and its NCCL, so the GPU code paths run where there is no GPU.
 
-Its arrays are NumPy arrays of another type whose module is "cupy": mpicoll takes them
-for device arrays and goes down every GPU path (library-aware allocation, staging through
-"pinned" memory, results given back as "CuPy" arrays), while the memory is host memory
-and the arithmetic NumPy's. It checks mpicoll's logic, not CUDA: the real thing runs in
-tests/test_gpu.py on a GPU.
+It fails where CuPy fails, so a test on it shows what a GPU would:
+
+- Its ``ndarray`` is not a NumPy array: no ``__array_interface__``, no buffer protocol,
+  and NumPy may not convert it (``np.asarray(x)`` raises CuPy's TypeError). NumPy's
+  ufuncs and a few array functions dispatch to it, as they do to CuPy; anything else
+  that would read device memory on the host is refused.
+- Devices and streams are per thread, as in CUDA: a thread starts on device 0 and its
+  null stream; arrays live on the device they were made on, and a kernel on an array of
+  another device raises CuPy's ValueError.
+- Work that completes later does: what NCCL receives or reduces, and copies from pinned
+  host memory, land in device memory only when their stream gets there (a later kernel
+  or copy on that stream, its ``synchronize``, an event recorded after them). A missing
+  synchronize shows as a stale (wrong) result; pinned memory reused too soon shows as
+  the next call's bytes.
+- ``cupy.cuda.nccl`` has CuPy 14's API: ``get_unique_id()`` returns 128 bytes and
+  ``NcclCommunicator(ndev, commId: bytes, rank)`` refuses anything else; it refuses two
+  ranks on one device (``ncclInvalidUsage``, as NCCL's "Duplicate GPU detected"), and
+  knows bfloat16 (type 9). ``make_module(api=13)`` gives CuPy 13's tuple ids instead.
+
+Memory is host memory and arithmetic is NumPy's, moved by MPI: it checks mpicoll's logic,
+not CUDA. The real thing runs in tests/test_gpu.py on a GPU; tests/test_gpu_api.py checks
+that this stand-in's API is the real CuPy's.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import sys
+import threading
 import types
 
+import ml_dtypes
 import numpy as np
+from dlpack_capsule import KDL_CUDA, capsule
+
+DEVICES = 8  # enough for one device per rank in every mpiexec run of the suite
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+api = types.SimpleNamespace(version=14)  # the CuPy major version the stand-in plays
 
 
-class ndarray(np.ndarray):  # noqa: N801  (CuPy's name)
-    """A 'device' array: NumPy memory, CuPy's type name and copy methods."""
+def _check_dtype(dtype) -> np.dtype:
+    """CuPy's dtypes: no long double, no Python objects; bfloat16 from CuPy 14 on."""
+    dtype = np.dtype(dtype)
+    if dtype.hasobject or (dtype.kind in "fc" and dtype.itemsize > (8 if dtype.kind == "f"
+                                                                     else 16)):
+        raise TypeError(f"Unsupported dtype {dtype}")
+    if dtype == BFLOAT16 and api.version < 14:
+        raise TypeError(f"Unsupported dtype {dtype}")
+    return dtype
+_IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to "
+             "construct a NumPy array explicitly.")
 
-    def get(self, stream=None, order="C", out=None, blocking=True):
-        if out is None:
-            return np.array(self.view(np.ndarray))
-        out[...] = self.view(np.ndarray)
-        return out
 
-    def set(self, arr, stream=None):
-        assert isinstance(arr, np.ndarray) and type(arr) is np.ndarray, "set takes host memory"
-        self.view(np.ndarray)[...] = arr
+# ---- per-thread device and stream; streams that complete later -------------------------
+
+
+class _Thread(threading.local):
+    def __init__(self):
+        self.device = 0
+        self.streams: list[Stream] = []  # entered with `with stream:` (innermost last)
+
+
+_thread = _Thread()
+_lock = threading.RLock()  # streams are shared by the threads of a rank
+_ptrs = itertools.count(0x1000, 0x10)
+_streams_by_ptr: dict[int, Stream] = {}
+
+
+def current_device() -> int:
+    return _thread.device
+
+
+class Stream:
+    """A CUDA stream: kernels run in order on it; what completes later waits in
+    ``_pending`` until the stream gets there."""
+
+    null_streams: dict[int, Stream] = {}
+
+    def __init__(self, null=False, non_blocking=False, ptr=None):
+        self.device_id = current_device()
+        self.non_blocking = non_blocking
+        self.ptr = 0 if null else next(_ptrs)
+        self.synchronized = 0
+        self._pending: list = []  # (ticket, work) in order
+        self._tickets = itertools.count(1)
+        self._done = 0  # tickets completed
+        if not null:
+            _streams_by_ptr[self.ptr] = self
+
+    def __repr__(self):
+        return f"<stand-in Stream {self.ptr:#x} device {self.device_id}>"
+
+    # what other work may run first (legacy null-stream semantics)
+    def _neighbours(self) -> list[Stream]:
+        if self.ptr == 0:
+            return [s for s in _streams_by_ptr.values()
+                    if s.device_id == self.device_id and not s.non_blocking]
+        return [] if self.non_blocking else [_null_stream(self.device_id)]
+
+    def enqueue(self, work) -> int:
+        with _lock:
+            ticket = next(self._tickets)
+            self._pending.append((ticket, work))
+            return ticket
+
+    def complete(self, upto: int | None = None) -> None:
+        """Run the pending work (up to ticket ``upto``)."""
+        with _lock:
+            while self._pending and (upto is None or self._pending[0][0] <= upto):
+                ticket, work = self._pending.pop(0)
+                work()
+                self._done = ticket
+
+    def before_kernel(self) -> None:
+        """A kernel (or copy) on this stream runs after everything queued before it."""
+        for other in self._neighbours():
+            other.complete()
+        self.complete()
+
+    def synchronize(self):
+        self.synchronized += 1
+        self.before_kernel()
+
+    def wait_event(self, event):
+        event.synchronize()
+
+    def record(self, event=None):
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def use(self):
+        _thread.streams[-1:] = [self]
+        return self
+
+    def __enter__(self):
+        _thread.streams.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _thread.streams.pop()
+        return False
+
+
+def _null_stream(device: int) -> Stream:
+    if device not in Stream.null_streams:
+        saved, _thread.device = _thread.device, device
+        try:
+            Stream.null_streams[device] = Stream(null=True)
+        finally:
+            _thread.device = saved
+    return Stream.null_streams[device]
+
+
+def get_current_stream(device_id=None) -> Stream:
+    return _thread.streams[-1] if _thread.streams else _null_stream(current_device())
+
+
+def _stream_of(ptr: int) -> Stream:
+    return _null_stream(current_device()) if ptr == 0 else _streams_by_ptr[ptr]
+
+
+class Event:
+    """A CUDA event: done once its stream has run what was queued before ``record``;
+    queried before that, it says not yet, and the work then completes a little later."""
+
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.recorded = 0
+        self._stream: Stream | None = None
+        self._ticket = 0
+
+    def record(self, stream=None):
+        self.recorded += 1
+        self._stream = get_current_stream() if stream is None else stream
+        with _lock:
+            pending = self._stream._pending
+            self._ticket = pending[-1][0] if pending else self._stream._done
+
+    def synchronize(self):
+        if self._stream is not None:
+            for other in self._stream._neighbours():
+                other.complete()
+            self._stream.complete(self._ticket)
 
     @property
-    def data(self):  # CuPy's MemoryPointer: .ptr is the address
-        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+    def done(self):
+        if self._stream is None or self._stream._done >= self._ticket:
+            return True
+        self.synchronize()  # not yet; it will be at the next query
+        return False
+
+
+class Device:
+    """``Device(n)``: a context manager and ``use()`` making device n current for this
+    thread; ``Device()`` is the current one."""
+
+    def __init__(self, device=None):
+        self.id = current_device() if device is None else int(device)
+        if not 0 <= self.id < DEVICES:
+            raise RuntimeError("cudaErrorInvalidDevice: invalid device ordinal")
+        self._saved: list[int] = []
+
+    @property
+    def pci_bus_id(self):
+        return f"0000:{self.id + 0x10:02X}:00.0"
+
+    def use(self):
+        _thread.device = self.id
+
+    def synchronize(self):
+        for stream in [_null_stream(self.id), *_streams_by_ptr.values()]:
+            if stream.device_id == self.id:
+                stream.complete()
+
+    def __enter__(self):
+        self._saved.append(_thread.device)
+        _thread.device = self.id
+        return self
+
+    def __exit__(self, *exc):
+        _thread.device = self._saved.pop()
+        return False
+
+    def __eq__(self, other):
+        return isinstance(other, Device) and other.id == self.id
+
+    def __hash__(self):
+        return self.id
+
+
+# ---- device arrays ----------------------------------------------------------------------
+
+
+class MemoryPointer:
+    def __init__(self, ptr: int, device_id: int):
+        self.ptr, self.device_id = ptr, device_id
+
+
+def _host_of(x):
+    """The device memory behind a stand-in array (after checking it is on this device)."""
+    if x.device_id != current_device():
+        raise ValueError(
+            f"The device where the array resides ({x.device_id}) is different from the "
+            f"current device ({current_device()}). Peer access is unavailable between "
+            "these devices.")
+    return x._memory
+
+
+def _kernel_operand(value):
+    if isinstance(value, ndarray):
+        return _host_of(value)
+    if isinstance(value, np.ndarray):  # CuPy refuses host arrays in a kernel
+        raise TypeError(f"Unsupported type {type(value)}")
+    return value
+
+
+def _launch(fn, *operands):
+    """Run ``fn`` as a kernel on the current stream: after what is queued on it."""
+    get_current_stream().before_kernel()
+    return fn(*operands)
+
+
+def _wrap(result):
+    if isinstance(result, np.ndarray):
+        return ndarray._of(result)
+    if isinstance(result, tuple):
+        return tuple(_wrap(r) for r in result)
+    return ndarray._of(np.asarray(result))  # a 0-d array, as CuPy returns
+
+
+_ARRAY_FUNCTIONS = {np.copyto, np.shape, np.may_share_memory, np.shares_memory, np.ndim,
+                    np.size, np.array_equal, np.concatenate, np.stack}
+
+
+class ndarray:  # noqa: N801  (CuPy's name)
+    """A device array: memory on a device of this process, reached only through CuPy's
+    ways (``get``/``set``, kernels on the current device, DLPack and the CUDA array
+    interface), never through NumPy's."""
+
+    __array_priority__ = 100
+
+    def __init__(self, shape, dtype=float):
+        self._memory = np.empty(shape, _check_dtype(dtype))
+        self.device_id = current_device()
+
+    @classmethod
+    def _of(cls, memory: np.ndarray, device_id: int | None = None) -> ndarray:
+        x = cls.__new__(cls)
+        x._memory = memory
+        x.device_id = current_device() if device_id is None else device_id
+        return x
+
+    # -- what CuPy's array tells about itself --
+    shape = property(lambda self: self._memory.shape)
+    dtype = property(lambda self: self._memory.dtype)
+    size = property(lambda self: self._memory.size)
+    nbytes = property(lambda self: self._memory.nbytes)
+    itemsize = property(lambda self: self._memory.itemsize)
+    ndim = property(lambda self: self._memory.ndim)
+    strides = property(lambda self: self._memory.strides)
+    flags = property(lambda self: types.SimpleNamespace(
+        c_contiguous=self._memory.flags.c_contiguous,
+        f_contiguous=self._memory.flags.f_contiguous, owndata=self._memory.flags.owndata))
+    device = property(lambda self: Device(self.device_id))
+    T = property(lambda self: self._view(self._memory.T))
+
+    @property
+    def data(self):  # CuPy's MemoryPointer: .ptr is the device address
+        return MemoryPointer(self._memory.__array_interface__["data"][0], self.device_id)
 
     @property
     def __cuda_array_interface__(self):
         return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
-                "data": (self.__array_interface__["data"][0], False), "strides": None}
+                "data": (self.data.ptr, False), "strides": None if self.flags.c_contiguous
+                else self.strides, "stream": None}
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        # the consumer (a CUDA-aware MPI) reads the memory as it is now: whoever gives it
+        # must have synchronized the stream that writes it
+        versioned = max_version is not None and max_version[0] >= 1
+        return capsule(self._memory, KDL_CUDA, self.device_id, versioned=versioned)
+
+    def __dlpack_device__(self):
+        return (KDL_CUDA, self.device_id)
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError(_IMPLICIT)
+
+    def __len__(self):
+        return len(self._memory)
+
+    def __repr__(self):
+        return f"stand-in cupy array {self.shape} {self.dtype} on device {self.device_id}"
+
+    # -- views: the same device memory --
+    def _view(self, memory):
+        return ndarray._of(memory, self.device_id)
+
+    def view(self, dtype=None):
+        if dtype is None:
+            return self._view(self._memory.view())
+        return self._view(self._memory.view(_check_dtype(dtype)))
+
+    def reshape(self, *shape, order="C"):
+        return self._view(self._memory.reshape(*shape))
+
+    def ravel(self):
+        return self.reshape(-1)
+
+    def __getitem__(self, key):
+        if isinstance(key, ndarray):
+            key = _host_of(key)
+        result = self._memory[key]
+        if isinstance(result, np.ndarray) and np.may_share_memory(result, self._memory):
+            return self._view(result)
+        return _wrap(_launch(lambda: np.array(result)))  # a gather: a new array
+
+    def __setitem__(self, key, value):
+        if isinstance(value, np.ndarray):  # CuPy refuses host arrays here (cupy#2079)
+            raise TypeError(f"Unsupported type {type(value)}")
+        source = _kernel_operand(value)
+        target = _host_of(self)
+        if isinstance(key, ndarray):
+            key = _host_of(key)
+        _launch(target.__setitem__, key, source)
+
+    # -- copies between host and device (on a stream) --
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        """Device -> host: waits for the stream (``blocking``), then copies."""
+        stream = get_current_stream() if stream is None else stream
+        stream.before_kernel()
+        if out is None:
+            return np.array(self._memory, order=order)
+        if type(out) is not np.ndarray:
+            raise TypeError("out must be a numpy.ndarray")
+        out[...] = self._memory
+        return out
+
+    def set(self, arr, stream=None):
+        """Host -> device on the stream: from pinned memory the copy reads the host memory
+        when the stream gets there (later); from pageable memory it reads it now."""
+        if type(arr) is not np.ndarray:
+            raise TypeError("set takes a numpy.ndarray")
+        if arr.shape != self.shape and arr.size != self.size:
+            raise ValueError("shape mismatch")
+        stream = get_current_stream() if stream is None else stream
+        memory = self._memory
+        if _is_pinned(arr):
+            stream.enqueue(lambda: memory.__setitem__(..., arr.reshape(memory.shape)))
+        else:
+            snapshot = arr.reshape(memory.shape).copy()
+            stream.enqueue(lambda: memory.__setitem__(..., snapshot))
+
+    def copy(self, order="C"):
+        return _wrap(_launch(np.array, _host_of(self)))
+
+    def astype(self, dtype, copy=True):
+        return _wrap(_launch(lambda: _host_of(self).astype(_check_dtype(dtype))))
+
+    def fill(self, value):
+        if isinstance(value, np.ndarray) and value.ndim:
+            raise TypeError(f"Unsupported type {type(value)}")
+        _launch(_host_of(self).fill, value)
+
+    def take(self, indices, axis=None, out=None):
+        source, index = _host_of(self), _kernel_operand(indices)
+        if out is None:
+            return _wrap(_launch(lambda: source.take(index, axis=axis)))
+        _launch(lambda: source.take(index, axis=axis, out=_host_of(out)))
+        return out
+
+    def tobytes(self, order="C"):
+        return self.get().tobytes()
+
+    def tolist(self):
+        return self.get().tolist()
+
+    def item(self):
+        return self.get().item()
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __bool__(self):
+        return bool(self.item())
+
+    def all(self):
+        return _wrap(_launch(np.all, _host_of(self)))
+
+    def any(self):
+        return _wrap(_launch(np.any, _host_of(self)))
+
+    def sum(self, axis=None, dtype=None):
+        return _wrap(_launch(lambda: np.sum(_host_of(self), axis=axis, dtype=dtype)))
+
+    # -- NumPy's dispatch: ufuncs (np.add(a, b, out=a)) run as kernels on the device --
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if method != "__call__":
+            return NotImplemented
+        operands = [_kernel_operand(x) for x in inputs]
+        out = kwargs.get("out")
+        if out is not None:
+            outs = out if isinstance(out, tuple) else (out,)
+            kwargs["out"] = tuple(_kernel_operand(o) for o in outs)
+            _launch(lambda: ufunc(*operands, **kwargs))
+            return out[0] if isinstance(out, tuple) and len(out) == 1 else out
+        return _wrap(_launch(lambda: ufunc(*operands, **kwargs)))
+
+    def __array_function__(self, func, types_, args, kwargs):
+        if func not in _ARRAY_FUNCTIONS:
+            return NotImplemented  # NumPy then raises TypeError, as for a CuPy gap
+
+        def unwrap(v):
+            if isinstance(v, (list, tuple)):
+                return type(v)(_kernel_operand(e) for e in v)
+            return _kernel_operand(v)
+
+        if func in (np.may_share_memory, np.shares_memory):
+            a, b = args[:2]
+            if not (isinstance(a, ndarray) and isinstance(b, ndarray)):
+                return False
+            return func(a._memory, b._memory)
+        if func in (np.shape, np.ndim, np.size):
+            return func(args[0]._memory)
+        result = _launch(lambda: func(*(unwrap(a) for a in args),
+                                      **{k: unwrap(v) for k, v in kwargs.items()}))
+        return None if result is None else _wrap(result)
+
+    def _binary(ufunc, reflected=False):  # noqa: N805
+        if reflected:
+            return lambda self, other: ufunc(other, self)
+        return lambda self, other: ufunc(self, other)
+
+    def _inplace(ufunc):  # noqa: N805
+        def apply(self, other):
+            ufunc(self, other, out=self)
+            return self
+        return apply
+
+    __add__, __radd__, __iadd__ = _binary(np.add), _binary(np.add, True), _inplace(np.add)
+    __sub__, __rsub__, __isub__ = (_binary(np.subtract), _binary(np.subtract, True),
+                                   _inplace(np.subtract))
+    __mul__, __rmul__, __imul__ = (_binary(np.multiply), _binary(np.multiply, True),
+                                   _inplace(np.multiply))
+    __truediv__, __itruediv__ = _binary(np.true_divide), _inplace(np.true_divide)
+    __floordiv__, __mod__ = _binary(np.floor_divide), _binary(np.remainder)
+    __and__, __or__, __xor__ = _binary(np.bitwise_and), _binary(np.bitwise_or), \
+        _binary(np.bitwise_xor)
+    __eq__, __ne__ = _binary(np.equal), _binary(np.not_equal)
+    __lt__, __le__, __gt__, __ge__ = (_binary(np.less), _binary(np.less_equal),
+                                      _binary(np.greater), _binary(np.greater_equal))
+    __neg__ = lambda self: np.negative(self)  # noqa: E731
+    __hash__ = None
+    del _binary, _inplace
 
 
 ndarray.__module__ = "cupy._core.core"
 
 
-class _Stream:
-    ptr = 0
-    synchronized = 0
-
-    def synchronize(self):
-        _Stream.synchronized += 1
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+# ---- pinned host memory -----------------------------------------------------------------
 
 
-class _Event:
-    """A CUDA event: the stand-in's stream has always run what was queued on it."""
-
-    def __init__(self, block=False, disable_timing=False, interprocess=False):
-        self.recorded = 0
-
-    def record(self, stream=None):
-        self.recorded += 1
-
-    def synchronize(self):
-        pass
-
-    @property
-    def done(self):
-        return True
+class PinnedMemoryPointer(bytearray):
+    """Page-locked host memory (here: ordinary memory, marked as pinned)."""
 
 
-def _device(a):
-    return np.asarray(a).view(ndarray)
+def _is_pinned(arr: np.ndarray) -> bool:
+    base = arr
+    while base is not None:
+        if isinstance(base, PinnedMemoryPointer):
+            return True
+        base = getattr(base, "base", None) if not isinstance(base, memoryview) else base.obj
+    return False
+
+
+# ---- array creation -------------------------------------------------------------------
+
+
+def _new(memory: np.ndarray) -> ndarray:
+    """A new device array holding ``memory``'s values (a copy on the current stream)."""
+    get_current_stream().before_kernel()
+    _check_dtype(memory.dtype)
+    return ndarray._of(np.array(memory))
+
+
+def asarray(a, dtype=None, order=None):
+    if isinstance(a, ndarray):
+        return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+    return _new(np.asarray(a, dtype=dtype))
+
+
+def from_dlpack(x, version: int = 14):
+    """A device array sharing a CUDA DLPack tensor's memory (this stand-in's arrays)."""
+    device_type = int(x.__dlpack_device__()[0])
+    if device_type != KDL_CUDA:
+        raise TypeError(f"Unsupported array type: {device_type}")
+    source = getattr(x, "_memory", None)
+    if source is None:
+        raise TypeError("the stand-in imports only its own CUDA tensors")
+    if source.dtype == BFLOAT16 and version < 14:
+        raise NotImplementedError("CuPy does not support bfloat16 yet")  # CuPy <= 13
+    return ndarray._of(source, getattr(x, "device_id", 0))
+
+
+def _cupy_copyto(dst, src, casting="same_kind"):
+    np.copyto(dst, src, casting=casting)
 
 
 # ---- cupy.cuda.nccl over MPI: NCCL's calls by address, run as MPI's ---------------------
 
 _NCCL_DTYPES = {0: np.int8, 1: np.uint8, 2: np.int32, 3: np.uint32, 4: np.int64, 5: np.uint64,
-                6: np.float16, 7: np.float32, 8: np.float64}
+                6: np.float16, 7: np.float32, 8: np.float64, 9: ml_dtypes.bfloat16}
+
+
+class NcclError(RuntimeError):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
 
 
 def _memory(ptr: int, count: int, datatype: int) -> np.ndarray:
@@ -89,6 +570,11 @@ def _memory(ptr: int, count: int, datatype: int) -> np.ndarray:
         return np.empty(0, dtype)
     raw = (ctypes.c_uint8 * (count * dtype.itemsize)).from_address(ptr)
     return np.frombuffer(raw, dtype)
+
+
+def _land(stream: Stream, target: np.ndarray, arrived: np.ndarray) -> None:
+    """What NCCL wrote reaches device memory when the stream gets there."""
+    stream.enqueue(lambda: target.__setitem__(..., arrived))
 
 
 class _Group:
@@ -101,130 +587,222 @@ def groupStart():  # noqa: N802  (NCCL's names)
 
 
 def groupEnd():  # noqa: N802
+    """The group's messages move now (host memory for the wire); what they deliver lands
+    on the stream later."""
     _Group.depth -= 1
     if _Group.depth == 0:
         pending, _Group.pending = _Group.pending, []
-        requests = [call() for call in pending]  # point-to-point: all posted, then waited
+        posted = [call() for call in pending]  # point-to-point: all posted, then waited
         from mpi4py import MPI
 
-        MPI.Request.Waitall([r for r in requests if r is not None])
+        MPI.Request.Waitall([request for request, _ in posted if request is not None])
+        for _, after in posted:
+            if after is not None:
+                after()
 
 
 class NcclCommunicator:
-    """NCCL's communicator for the ranks of MPI.COMM_WORLD, moving bytes with MPI."""
+    """NCCL's communicator for the ranks of MPI.COMM_WORLD, moving bytes with MPI.
 
-    def __init__(self, ndev, commId, rank):  # noqa: N803
+    CuPy 14's signature; with ``api=13`` (``make_module(api=13)``), CuPy 13's tuple id.
+    """
+
+    api = 14
+
+    def __init__(self, ndev, commId, rank, config=None):  # noqa: N803
         from mpi4py import MPI
 
-        assert len(commId) == 128 and ndev == MPI.COMM_WORLD.Get_size()
-        self._comm = MPI.COMM_WORLD.Dup()
-        assert self._comm.Get_rank() == rank
+        if self.api >= 14 and type(commId) is not bytes:
+            raise TypeError(f"Argument 'commId' has incorrect type (expected bytes, got "
+                            f"{type(commId).__name__})")
+        if self.api < 14:
+            if type(commId) is not tuple:
+                raise TypeError(f"Argument 'commId' has incorrect type (expected tuple, got "
+                                f"{type(commId).__name__})")
+            if any(not -128 <= int(c) <= 127 for c in commId):  # x86's signed char
+                raise OverflowError("value too large to convert to char")
+        if len(commId) != 128:
+            raise ValueError(f"commId length {len(commId)} != 128.")
+        world = MPI.COMM_WORLD
+        if ndev != world.Get_size() or rank != world.Get_rank():
+            raise NcclError(4, "NCCL_ERROR_INVALID_ARGUMENT: invalid argument")
+        # NCCL refuses two ranks on one GPU (one host here: the device index tells)
+        devices = world.allgather(current_device())
+        if devices.count(current_device()) > 1:
+            raise NcclError(5, "NCCL_ERROR_INVALID_USAGE: invalid usage (Duplicate GPU "
+                               "detected)")
+        self._comm = world.Dup()
+        self.device = current_device()
+
+    def _check_device(self):
+        if current_device() != self.device:
+            raise NcclError(1, "NCCL_ERROR_UNHANDLED_CUDA_ERROR: the stream is on another "
+                               "device than the communicator")
 
     def _op(self, op):
         from mpi4py import MPI
 
         return {0: MPI.SUM, 1: MPI.PROD, 2: MPI.MAX, 3: MPI.MIN, 4: MPI.SUM}[op]
 
+    def _reduce_in(self, send, op):
+        """MPI cannot reduce bfloat16: reduce it as float32 (exact for the tests)."""
+        return send.astype(np.float32) if send.dtype == ml_dtypes.bfloat16 else send
+
     def _average(self, buf, op):
         if op == 4:
             buf /= self._comm.Get_size()
+        return buf
+
+    def _queue(self, post, after=None):
+        """Post now (or at groupEnd); ``after`` runs once the messages have moved."""
+        if _Group.depth:
+            _Group.pending.append(lambda: (post(), after))
+        else:
+            request = post()
+            if request is not None:
+                request.Wait()
+            if after is not None:
+                after()
 
     def send(self, ptr, count, datatype, peer, stream):
         # synchronous: a send ends only once its receive is posted, as NCCL's kernels
-        call = lambda: self._comm.Issend(_memory(ptr, count, datatype), peer, 7)  # noqa: E731
-        _Group.pending.append(call) if _Group.depth else call().Wait()
+        self._check_device()
+        source = _stream_of(stream)
+        source.before_kernel()  # the send reads what the stream wrote before it
+        data = _memory(ptr, count, datatype).copy()
+        self._queue(lambda: self._comm.Issend(data, peer, 7))
 
     def recv(self, ptr, count, datatype, peer, stream):
-        call = lambda: self._comm.Irecv(_memory(ptr, count, datatype), peer, 7)  # noqa: E731
-        _Group.pending.append(call) if _Group.depth else call().Wait()
+        self._check_device()
+        target = _memory(ptr, count, datatype)
+        arrived = np.empty_like(target)
+        self._queue(lambda: self._comm.Irecv(arrived, peer, 7),
+                    lambda: _land(_stream_of(stream), target, arrived))
 
-    def _now_or_in_group(self, call):
-        if _Group.depth:
-            _Group.pending.append(lambda: call() or None)
-        else:
-            call()
+    def _collective(self, stream, compute, target):
+        """A collective: computed over MPI now, landing in ``target`` later."""
+        self._check_device()
+        _stream_of(stream).before_kernel()
+        result = []
+
+        def post():
+            result.append(compute())
+
+        def land():
+            if target is not None:
+                _land(_stream_of(stream), target, result[0].astype(target.dtype))
+
+        self._queue(lambda: post() or None, land)
 
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):  # noqa: N802
-        from mpi4py import MPI
+        send = _memory(sendbuf, count, datatype).copy()
 
-        def call():
-            recv = _memory(recvbuf, count, datatype)
-            send = MPI.IN_PLACE if sendbuf == recvbuf else _memory(sendbuf, count, datatype)
-            self._comm.Allreduce(send, recv, self._op(op))
-            self._average(recv, op)
+        def compute():
+            total = np.empty_like(self._reduce_in(send, op))
+            self._comm.Allreduce(self._reduce_in(send, op), total, self._op(op))
+            return self._average(total, op)
 
-        self._now_or_in_group(call)
+        self._collective(stream, compute, _memory(recvbuf, count, datatype))
 
     def reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream):
-        from mpi4py import MPI
+        send = _memory(sendbuf, count, datatype).copy()
+        at_root = self._comm.Get_rank() == root
 
-        def call():
-            at_root = self._comm.Get_rank() == root
-            recv = _memory(recvbuf, count, datatype) if at_root else None
-            send = MPI.IN_PLACE if at_root and sendbuf == recvbuf else \
-                _memory(sendbuf, count, datatype)
-            self._comm.Reduce(send, recv, self._op(op), root)
-            if at_root:
-                self._average(recv, op)
+        def compute():
+            total = np.empty_like(self._reduce_in(send, op)) if at_root else None
+            self._comm.Reduce(self._reduce_in(send, op), total, self._op(op), root)
+            return self._average(total, op) if at_root else None
 
-        self._now_or_in_group(call)
+        self._collective(stream, compute, _memory(recvbuf, count, datatype) if at_root else None)
 
-    def broadcast(self, sendbuf, recvbuf, count, datatype, root, stream):
-        assert sendbuf == recvbuf, "mpicoll broadcasts in place"
-        self._now_or_in_group(lambda: self._comm.Bcast(_memory(recvbuf, count, datatype), root))
+    def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
+        data = _memory(sendbuff, count, datatype).copy()
+
+        def compute():
+            self._comm.Bcast(data, root)
+            return data
+
+        self._collective(stream, compute, _memory(recvbuff, count, datatype))
 
     def allGather(self, sendbuf, recvbuf, count, datatype, stream):  # noqa: N802
-        from mpi4py import MPI
+        mine = _memory(sendbuf, count, datatype).copy()
+        p = self._comm.Get_size()
 
-        def call():
-            p, rank = self._comm.Get_size(), self._comm.Get_rank()
-            itemsize = np.dtype(_NCCL_DTYPES[datatype]).itemsize
-            assert sendbuf == recvbuf + rank * count * itemsize, "mpicoll gathers in place"
-            self._comm.Allgather(MPI.IN_PLACE, _memory(recvbuf, p * count, datatype))
+        def compute():
+            rows = np.empty(p * count, mine.dtype)
+            self._comm.Allgather(mine, rows)
+            return rows
 
-        self._now_or_in_group(call)
+        self._collective(stream, compute, _memory(recvbuf, p * count, datatype))
 
     def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):  # noqa: N802
-        def call():
-            p = self._comm.Get_size()
-            recv = _memory(recvbuf, recvcount, datatype)
-            self._comm.Reduce_scatter_block(_memory(sendbuf, p * recvcount, datatype), recv,
-                                            self._op(op))
-            self._average(recv, op)
+        p = self._comm.Get_size()
+        send = _memory(sendbuf, p * recvcount, datatype).copy()
 
-        self._now_or_in_group(call)
+        def compute():
+            mine = np.empty(recvcount, self._reduce_in(send, op).dtype)
+            self._comm.Reduce_scatter_block(self._reduce_in(send, op), mine, self._op(op))
+            return self._average(mine, op)
+
+        self._collective(stream, compute, _memory(recvbuf, recvcount, datatype))
 
     def destroy(self):
-        pass
+        if self._comm is not None:
+            self._comm.Free()
+            self._comm = None
 
 
-def make_module() -> types.ModuleType:
+# ---- the module -------------------------------------------------------------------------
+
+
+def make_module(api: int = 14) -> types.ModuleType:
+    """A fresh ``cupy`` module with ``cupy.cuda`` and ``cupy.cuda.nccl``: CuPy 14's API,
+    or CuPy 13's (``api=13``: tuple NCCL ids, no bfloat16 through DLPack)."""
     cupy = types.ModuleType("cupy")
+    cupy.__version__ = f"{api}.0.0+numpy-stand-in"
     cupy.ndarray = ndarray
-    cupy.empty = lambda shape, dtype=float: np.empty(shape, dtype).view(ndarray)
-    cupy.zeros = lambda shape, dtype=float: np.zeros(shape, dtype).view(ndarray)
-    cupy.asarray = lambda a, dtype=None: np.array(a, dtype=dtype).view(ndarray)
-    cupy.ascontiguousarray = lambda a: np.ascontiguousarray(a.view(np.ndarray)).view(ndarray)
-    cupy.may_share_memory = np.may_share_memory
-    cupy.asnumpy = lambda a: np.array(a.view(np.ndarray))
-    stream = _Stream()
+    cupy.empty = lambda shape, dtype=float: _launch(lambda: ndarray(shape, dtype))
+    cupy.zeros = lambda shape, dtype=float: _new(np.zeros(shape, dtype))
+    cupy.ones = lambda shape, dtype=float: _new(np.ones(shape, dtype))
+    cupy.full = lambda shape, value, dtype=None: _new(np.full(shape, value, dtype))
+    cupy.arange = lambda *args, dtype=None: _new(np.arange(*args, dtype=dtype))
+    cupy.empty_like = lambda a, dtype=None: cupy.empty(a.shape, dtype or a.dtype)
+    cupy.zeros_like = lambda a, dtype=None: cupy.zeros(a.shape, dtype or a.dtype)
+    cupy.asarray = asarray
+    cupy.array = lambda a, dtype=None: _new(np.asarray(a, dtype=dtype)) \
+        if not isinstance(a, ndarray) else a.copy()
+    cupy.ascontiguousarray = lambda a: a if a.flags.c_contiguous else a.copy()
+    cupy.may_share_memory = lambda a, b: np.may_share_memory(a._memory, b._memory)
+    cupy.shares_memory = lambda a, b: np.shares_memory(a._memory, b._memory)
+    cupy.asnumpy = lambda a, stream=None: a.get(stream=stream)
+    cupy.copyto = _cupy_copyto
+    cupy.from_dlpack = lambda x: from_dlpack(x, api)
+    cupy.float32, cupy.float64, cupy.int32 = np.float32, np.float64, np.int32
+
     cuda = types.ModuleType("cupy.cuda")
-    cuda.get_current_stream = lambda: stream
-    cuda.alloc_pinned_memory = lambda nbytes: bytearray(nbytes)
-    cuda.Stream = _Stream
-    cuda.Event = _Event
-    cupy.__version__ = "0.0-numpy-stand-in"
+    cuda.get_current_stream = get_current_stream
+    cuda.alloc_pinned_memory = lambda nbytes: PinnedMemoryPointer(nbytes)
+    cuda.Stream = Stream
+    cuda.Event = Event
+    cuda.Device = Device
     cuda.runtime = types.SimpleNamespace(
-        getDeviceCount=lambda: 1, getDevice=lambda: 0, runtimeGetVersion=lambda: 0,
-        getDeviceProperties=lambda n: {"name": b"NumPy stand-in"})
-    cuda.driver = types.SimpleNamespace(ctxGetCurrent=lambda: 0)
-    cuda.Device = lambda n=0: types.SimpleNamespace(use=lambda: None, id=n)
+        getDeviceCount=lambda: DEVICES, getDevice=current_device, runtimeGetVersion=lambda: 0,
+        getDeviceProperties=lambda n: {"name": b"NumPy stand-in"},
+        CUDARuntimeError=RuntimeError)
     nccl = types.ModuleType("cupy.cuda.nccl")
     nccl.available = True
-    nccl.get_version = lambda: 0
-    nccl.get_unique_id = lambda: tuple(range(-64, 64))
+    nccl.get_version = lambda: 23203
+    nccl.NcclError = NcclError
+    if api >= 14:
+        nccl.get_unique_id = lambda: bytes(range(128, 256))  # bytes above 127 too
+    else:
+        nccl.get_unique_id = lambda: tuple(range(-64, 64))
     nccl.groupStart, nccl.groupEnd = groupStart, groupEnd
-    nccl.NcclCommunicator = NcclCommunicator
+    nccl.NcclCommunicator = type("NcclCommunicator", (NcclCommunicator,), {"api": api})
+    for name, value in (("NCCL_SUM", 0), ("NCCL_PROD", 1), ("NCCL_MAX", 2), ("NCCL_MIN", 3),
+                        ("NCCL_AVG", 4), ("NCCL_UINT8", 1), ("NCCL_FLOAT32", 7),
+                        ("NCCL_BFLOAT16", 9)):
+        setattr(nccl, name, value)
     cuda.nccl = nccl
     cupy.cuda = cuda
     return cupy
@@ -234,16 +812,22 @@ _NAMES = ("cupy", "cupy.cuda", "cupy.cuda.nccl")
 
 
 class installed:
-    """``with installed():`` makes ``import cupy`` (and cupy.cuda.nccl) give the stand-in."""
+    """``with installed():`` makes ``import cupy`` (and cupy.cuda.nccl) give the stand-in
+    (``installed(api=13)``: CuPy 13's API)."""
+
+    def __init__(self, api: int = 14):
+        self.api = api
 
     def __enter__(self):
         self._saved = {name: sys.modules.get(name) for name in _NAMES}
-        cupy = make_module()
+        self._saved_api, api.version = api.version, self.api
+        cupy = make_module(self.api)
         sys.modules.update({"cupy": cupy, "cupy.cuda": cupy.cuda,
                             "cupy.cuda.nccl": cupy.cuda.nccl})
         return cupy
 
     def __exit__(self, *exc):
+        api.version = self._saved_api
         for name, module in self._saved.items():
             if module is None:
                 sys.modules.pop(name, None)

@@ -17,42 +17,105 @@ Bytes go as ncclUint8; every algorithm of mpicoll runs over this transport uncha
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ..arrays import cupy_module
+from ..errors import InvalidArgumentError
 from . import ScratchPool
 
 NCCL_UINT8 = 1  # ncclDataType_t ncclUint8
+UNIQUE_ID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
+# where GCC's plain `char` is unsigned: CuPy <= 13's tuple ids hold 0..255 there
+_UNSIGNED_CHAR_MACHINES = ("aarch64", "arm64", "armv7l", "armv8l", "ppc64le", "ppc64",
+                           "s390x", "riscv64")
 
 
-def unique_id_over_mpi(comm: Any) -> tuple[int, ...]:
-    """Rank 0 makes NCCL's unique id; MPI broadcasts its 128 bytes (no pickle)."""
-    from cupy.cuda import nccl
+def cupy_major() -> int:
+    """CuPy's major version (13, 14, ...)."""
+    return int(cupy_module().__version__.split(".")[0])
 
-    raw = np.zeros(128, np.int8)
+
+def unique_id_bytes(unique_id: bytes | Sequence[int]) -> bytes:
+    """What ``nccl.get_unique_id()`` returned, as NCCL's 128 raw bytes: CuPy >= 14 gives
+    bytes; CuPy <= 13 a tuple of C ``char`` values (-128..127 on x86, 0..255 on ARM)."""
+    raw = unique_id if isinstance(unique_id, bytes) else bytes(int(c) & 0xFF for c in unique_id)
+    if len(raw) != UNIQUE_ID_BYTES:
+        raise InvalidArgumentError(f"NCCL unique id: {len(raw)} bytes, expected {UNIQUE_ID_BYTES}")
+    return raw
+
+
+def unique_id_for_cupy(raw: bytes, major: int, machine: str | None = None) -> bytes | tuple:
+    """NCCL's 128 raw bytes as this rank's ``NcclCommunicator`` takes its ``commId``:
+    bytes (CuPy >= 14), or a tuple of this machine's C ``char`` values (CuPy <= 13)."""
+    if major >= 14:
+        return bytes(raw)
+    machine = (platform.machine() if machine is None else machine).lower()
+    if machine in _UNSIGNED_CHAR_MACHINES:
+        return tuple(raw)
+    return tuple(b - 256 if b > 127 else b for b in raw)
+
+
+def unique_id_over_mpi(comm: Any) -> bytes:
+    """Collective: rank 0 makes NCCL's unique id; MPI broadcasts it (128 raw bytes after
+    a status word, no pickle), so a failure at rank 0 reaches every rank.
+
+    Returns:
+        The 128 raw bytes (``unique_id_for_cupy`` turns them into CuPy's form).
+    Raises:
+        InvalidArgumentError: on every rank, when rank 0 could not make the id.
+    """
+    packet = np.zeros(8 + UNIQUE_ID_BYTES, np.uint8)
+    problem = ""
     if comm.Get_rank() == 0:
-        raw[:] = nccl.get_unique_id()
-    comm.Bcast(raw, 0)
-    return tuple(int(b) for b in raw)
+        try:
+            from cupy.cuda import nccl
+
+            packet[8:] = np.frombuffer(unique_id_bytes(nccl.get_unique_id()), np.uint8)
+        except Exception as exc:  # noqa: BLE001 - NcclError, ImportError, a CUDA error
+            problem = f"{type(exc).__name__}: {exc}"
+            packet[:8].view(np.int64)[0] = 1
+    comm.Bcast(packet, 0)
+    if packet[:8].view(np.int64)[0] != 0:
+        raise InvalidArgumentError(
+            "backend 'nccl' cannot start: rank 0 could not create NCCL's unique id"
+            + (f" ({problem})" if problem else ""))
+    return packet[8:].tobytes()
 
 
 class NCCLTransport(ScratchPool):
-    """Point-to-point over one ``NcclCommunicator``, bootstrapped over an MPI communicator."""
+    """Point-to-point over one ``NcclCommunicator``, bootstrapped over an MPI communicator.
+
+    Collective, and safe to fail: the ranks first agree that each has its own GPU
+    (``check_one_gpu_per_rank``), then share rank 0's unique id with its status, so a
+    rank that cannot start makes every rank raise instead of leaving them in NCCL's
+    bootstrap.
+    """
 
     def __init__(self, comm: Any) -> None:
         super().__init__()
+        from ..cuda import check_one_gpu_per_rank
+
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        check_one_gpu_per_rank(comm)
         from cupy.cuda import nccl
 
         self._nccl = nccl
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.nccl = nccl.NcclCommunicator(self.size, unique_id_over_mpi(comm), self.rank)
+        commid = unique_id_for_cupy(unique_id_over_mpi(comm), cupy_major())
+        try:
+            self.nccl = nccl.NcclCommunicator(self.size, commid, self.rank)
+        except Exception as exc:  # noqa: BLE001 - NcclError, or the argument types
+            raise InvalidArgumentError(
+                f"backend 'nccl': ncclCommInitRank failed on rank {self.rank} "
+                f"({type(exc).__name__}: {exc})") from exc
         self._queue: list[tuple[bool, Any, int]] = []  # (is_send, device buffer, peer)
         self._queued = self._issued = 0  # messages ever queued / ever issued: the tickets
-        self._device_like = cupy_module().empty(0, np.uint8)
-        self._tokens = cupy_module().zeros(2, np.uint8)[:1], cupy_module().zeros(2, np.uint8)[1:]
+        cupy = cupy_module()
+        self._device_like = cupy.empty(0, np.uint8)
+        self._tokens = cupy.zeros(2, np.uint8)[:1], cupy.zeros(2, np.uint8)[1:]
 
     def begin(self, like: Any = None) -> None:
         self.use(self._device_like)  # workspace is always on the device
@@ -121,4 +184,7 @@ class NCCLTransport(ScratchPool):
             self.issue()
 
     def free(self) -> None:
-        self.nccl.destroy()
+        """Destroy the NCCL communicator (once; later calls do nothing)."""
+        if getattr(self, "nccl", None) is not None:
+            self.nccl.destroy()
+            self.nccl = None
