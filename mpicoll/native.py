@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .arrays import same_memory
 from .errors import UnsupportedDtypeError
 from .ops import Op
 from .transport.mpi import MPITransport
@@ -97,10 +98,13 @@ def _even(bounds: tuple[int, ...]) -> bool:
 
 def native_scatter(t: MPITransport, src: np.ndarray | None, dst: np.ndarray,
                    bounds: tuple[int, ...], root: int) -> None:
+    recv = _bytes(dst)
+    if t.rank == root and same_memory(dst, src[bounds[root]:bounds[root + 1]]):
+        recv = MPI.IN_PLACE  # the root's out is its own block of x: MPI's in-place scatter
     if _even(bounds):
-        t.comm.Scatter(_bytes(src) if t.rank == root else None, _bytes(dst), root)
+        t.comm.Scatter(_bytes(src) if t.rank == root else None, recv, root)
     else:
-        t.comm.Scatterv(_bytes_v(src, bounds) if t.rank == root else None, _bytes(dst), root)
+        t.comm.Scatterv(_bytes_v(src, bounds) if t.rank == root else None, recv, root)
 
 
 def native_gather(t: MPITransport, src: np.ndarray, dst: np.ndarray | None,

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 import mpicoll
-from mpicoll.transport.local import run_local
+from mpicoll.local import run_local
 
 
 def _run(comm: Any, collective: str, algorithm: str, per_chunk: int) -> list[dict[str, Any]]:

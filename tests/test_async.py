@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import mpicoll
-from mpicoll.transport.local import run_local
+from mpicoll.local import run_local
 
 
 def _calls(comm):

@@ -18,7 +18,7 @@ from reference import (
 
 import mpicoll
 from mpicoll.algorithms import REGISTRY
-from mpicoll.transport.local import run_local
+from mpicoll.local import run_local
 
 SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 11, 16)
 SHAPES = ((0,), (1,), (5,), (37,), (2, 3))

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import mpicoll
-from mpicoll.transport.local import LocalWorld, run_local
+from mpicoll.local import run_local
+from mpicoll.transport.local import LocalWorld
 
 
 def _raises_everywhere(size, body, exc, match):

@@ -13,7 +13,7 @@ import pytest
 
 import mpicoll
 from mpicoll import tracing, viz
-from mpicoll.transport.local import run_local
+from mpicoll.local import run_local
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -189,9 +189,11 @@ def scatter(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
         if validate.rows(v, x, t.size, "scatter"):
             agree.header_of(x.dtype, x.shape[1:], header=header, device=type(x) is not np.ndarray)
             result = validate.out(v, out, x.shape[1:], x.dtype, like=x)
+    theirs = out if not is_root else None  # a non-root's out, compared in check mode
     agree.settle(c, call, v, algorithm, root=root,
-                 dtype=x.dtype if is_root and x is not None else getattr(out, "dtype", None),
-                 shape=x.shape[1:] if is_root and x is not None and x.ndim else None,
+                 dtype=x.dtype if is_root and x is not None else getattr(theirs, "dtype", None),
+                 shape=x.shape[1:] if is_root and x is not None and x.ndim
+                 else getattr(theirs, "shape", None),
                  input_travels=True)
     code, itemsize, shape, device = _root_header(c, call, v, is_root, header, root)
     fn = c._chooser.function("scatter", algorithm, math.prod(shape) * itemsize * t.size,

@@ -6,7 +6,7 @@ pair, checks that its tag and size match what the algorithm expects, and copies 
 A receive that waits too long, or whose world was aborted because another rank raised,
 raises instead of hanging.
 
-    results = run_local(4, lambda comm: comm.all_reduce(np.arange(3) * comm.rank))
+    (``mpicoll.local.run_local`` runs a function on N thread-ranks with Communicators.)
 """
 
 from __future__ import annotations
@@ -133,36 +133,3 @@ class LocalTransport(ScratchPool):
         for request in requests:
             if request is not None:
                 self.recv(request.buf, request.source)
-
-
-def run_local(size: int, fn: Callable[..., Any], *args: Any, timeout: float = 60.0,
-              **communicator_kwargs: Any) -> list[Any]:
-    """Run ``fn(comm, *args)`` on ``size`` thread-ranks and return each rank's result.
-
-    ``comm`` is an ``mpicoll.Communicator`` on the local backend. If any rank raises, the
-    others stop waiting and the first exception (by rank) is raised here.
-    """
-    from ..communicator import Communicator
-
-    world = LocalWorld(size, timeout)
-    results: list[Any] = [None] * size
-    errors: list[BaseException | None] = [None] * size
-
-    def body(rank: int) -> None:
-        try:
-            comm = Communicator(world.endpoint(rank), backend="local", **communicator_kwargs)
-            results[rank] = fn(comm, *args)
-        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
-            errors[rank] = exc
-            world.aborted.set()
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    first = next((e for e in errors if e is not None and not isinstance(e, AbortedError)),
-                 next((e for e in errors if e is not None), None))
-    if first is not None:
-        raise first
-    return results

@@ -1,0 +1,46 @@
+"""Run a function on N ranks that are threads of this process: tests, teaching, dry runs.
+
+    from mpicoll.local import run_local
+    results = run_local(4, lambda comm: comm.all_reduce(np.arange(3) * comm.rank))
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .communicator import Communicator
+from .errors import AbortedError
+from .transport.local import LocalWorld
+
+
+def run_local(size: int, fn: Callable[..., Any], *args: Any, timeout: float = 60.0,
+              **communicator_kwargs: Any) -> list[Any]:
+    """Run ``fn(comm, *args)`` on ``size`` thread-ranks and return each rank's result.
+
+    ``comm`` is an ``mpicoll.Communicator`` on the local backend. If any rank raises, the
+    others stop waiting and the first exception (by rank) is raised here.
+    """
+    world = LocalWorld(size, timeout)
+    results: list[Any] = [None] * size
+    errors: list[BaseException | None] = [None] * size
+
+    def body(rank: int) -> None:
+        try:
+            comm = Communicator(world.endpoint(rank), backend="local", **communicator_kwargs)
+            results[rank] = fn(comm, *args)
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+            errors[rank] = exc
+            world.aborted.set()
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    first = next((e for e in errors if e is not None and not isinstance(e, AbortedError)),
+                 next((e for e in errors if e is not None), None))
+    if first is not None:
+        raise first
+    return results
