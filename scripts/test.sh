@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, pytest in one process (local transport, units, MPI at 1 rank),
-# then the MPI tests under mpiexec at 2, 3, 4, 5 and 8 ranks, each under a timeout. The
-# one-process run includes tests/test_slurm.py: the jobs/ scripts on a two-node SLURM
-# cluster that it starts on this host (scripts/slurm-cluster.sh).
+# The whole test suite: lint, pytest in one process (local transport, units, MPI at 1 rank,
+# the real CuPy/NCCL APIs), then the MPI tests under mpiexec at 2, 3, 4, 5 and 8 ranks, each
+# under a timeout. The one-process run includes tests/test_slurm.py: the jobs/ scripts on a
+# two-node SLURM cluster that it starts on this host (scripts/slurm-cluster.sh).
 # A failing rank aborts its job (python -m mpi4py), so nothing hangs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PY=.venv/bin/python
+
+# The real CuPy and NCCL wheels (about 490 MB, no GPU needed) for tests/test_gpu_api.py,
+# which checks mpicoll against their Python APIs; once installed its tests must run, not
+# skip. MPICOLL_GPU_API=0 leaves them out (they then skip, with the reason).
+if [ "${MPICOLL_GPU_API:-1}" != 0 ]; then
+    echo "== pip install -e .[gpu_api] (CuPy and NCCL wheels)"
+    $PY -m pip install -q --disable-pip-version-check -e ".[gpu_api]" 2>&1 \
+        | grep -v "^WARNING: Location" || true
+    export MPICOLL_REQUIRE_GPU_API=${MPICOLL_REQUIRE_GPU_API:-1}
+fi
 MPIEXEC=.venv/bin/mpiexec
 RANKS=${MPICOLL_TEST_RANKS:-"2 3 4 5 8"}
 TIMEOUT=${MPICOLL_TEST_TIMEOUT:-600}

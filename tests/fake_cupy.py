@@ -198,10 +198,14 @@ class Device:
     thread; ``Device()`` is the current one."""
 
     def __init__(self, device=None):
-        self.id = current_device() if device is None else int(device)
-        if not 0 <= self.id < DEVICES:
+        self._id = current_device() if device is None else int(device)
+        if not 0 <= self._id < DEVICES:
             raise RuntimeError("cudaErrorInvalidDevice: invalid device ordinal")
         self._saved: list[int] = []
+
+    @property
+    def id(self):
+        return self._id
 
     @property
     def pci_bus_id(self):

@@ -15,6 +15,7 @@ import pytest
 
 import mpicoll
 from mpicoll import arrays, cuda
+from mpicoll.local import run_local
 from mpicoll.native_nccl import (
     NCCL_AVG,
     NCCL_MAX,
@@ -24,7 +25,6 @@ from mpicoll.native_nccl import (
     nccl_op,
 )
 from mpicoll.ops import resolve_op
-from mpicoll.transport.local import run_local
 from mpicoll.transport.nccl import NCCLTransport
 
 # ---- NCCL's tables -------------------------------------------------------------------
@@ -100,6 +100,20 @@ def test_one_gpu_per_local_rank(ranks_per_node, devices):
     assert max(loads) - min(loads) <= 1
 
 
+def test_select_device_takes_device_0_for_no_choice():
+    """Every thread starts on device 0 and any allocation makes a context there: only
+    another current device is the user's choice."""
+    from fake_cupy import installed
+    from mpi4py import MPI
+
+    with installed() as cupy:
+        cupy.cuda.Device(0).use()
+        assert cuda.select_device(MPI.COMM_SELF) == 0  # local rank 0 of COMM_SELF
+        cupy.cuda.Device(5).use()
+        assert cuda.select_device(MPI.COMM_SELF) == 5  # the user's choice is kept
+        cupy.cuda.Device(0).use()
+
+
 def test_device_choice_respects_the_user_and_the_environment():
     assert cuda.choose_device(3, 4, current=1, environ={}) == 1  # the user chose
     assert cuda.choose_device(3, 4, current=1, environ={"MPICOLL_DEVICE": "2"}) == 2
@@ -137,10 +151,25 @@ def test_cuda_awareness_from_the_mpi_library():
 
 
 def test_this_mpi_library_answers():
-    """The MPICH wheel here is not CUDA-aware; the query must run and say so (or not know)."""
-    from mpi4py import MPI  # noqa: F401  (loads the MPI library into the process)
+    """The library mpi4py loaded is asked (its symbols are not in the process's global
+    namespace): it answers yes or no, and the MPICH wheel says no."""
+    from mpi4py import MPI
 
-    assert cuda.query_mpi_cuda_support(ctypes.CDLL(None)) in (None, False)
+    answer = cuda.query_mpi_cuda_support()
+    assert answer is True or answer is False, f"the MPI library did not answer: {answer!r}"
+    if "MPICH" in MPI.Get_library_version() and _mpich_wheel():
+        assert answer is False  # the PyPI wheel is built without CUDA
+    assert cuda.query_mpi_cuda_support(ctypes.CDLL(None)) is None  # why a handle is needed
+
+
+def _mpich_wheel() -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.version("mpich")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 class _HostStaging(cuda.PinnedStaging):
@@ -334,3 +363,168 @@ def test_stream_keyword_is_checked():
 
     for out in run_local(2, body):
         assert out.tolist() == [2, 2]
+
+
+# ---- NCCL's unique id: CuPy 14 bytes, CuPy 13 tuples of C chars ---------------------------
+
+from mpicoll.transport import nccl as nccl_transport  # noqa: E402
+
+RAW = bytes(range(256))[::2]  # 128 bytes, half of them above 127
+
+
+def test_unique_id_as_cupy_14_takes_it():
+    assert nccl_transport.unique_id_for_cupy(RAW, 14) == RAW
+    assert nccl_transport.unique_id_bytes(RAW) == RAW
+
+
+@pytest.mark.parametrize("machine,signed", [("x86_64", True), ("aarch64", False),
+                                            ("ppc64le", False), ("AMD64", True)])
+def test_unique_id_as_cupy_13_takes_it(machine, signed):
+    """CuPy <= 13: a tuple of C chars, signed on x86 (-128..127), unsigned on ARM and
+    POWER (0..255); the raw bytes come back from either."""
+    commid = nccl_transport.unique_id_for_cupy(RAW, 13, machine)
+    assert type(commid) is tuple and len(commid) == 128
+    low, high = (-128, 127) if signed else (0, 255)
+    assert all(low <= c <= high for c in commid) and min(commid) < 0 if signed else True
+    assert nccl_transport.unique_id_bytes(commid) == RAW
+
+
+def test_unique_id_of_the_wrong_length_is_refused():
+    with pytest.raises(mpicoll.InvalidArgumentError, match="127 bytes, expected 128"):
+        nccl_transport.unique_id_bytes(RAW[:-1])
+
+
+def test_pci_bus_numbers_tell_gpus_apart():
+    assert cuda.pci_bus_number("0000:3B:00.0") != cuda.pci_bus_number("0000:3C:00.0")
+    assert cuda.pci_bus_number("0001:3b:00.0") != cuda.pci_bus_number("0000:3b:00.0")
+    assert cuda.pci_bus_number("0000:3b:00.1") == cuda.pci_bus_number("0000:3B:00.1")
+
+
+def test_agreement_names_every_failing_rank():
+    """``agree`` over a stand-in communicator of three ranks, as rank 1 sees it."""
+
+    class Three:
+        def Get_size(self):  # noqa: N802
+            return 3
+
+        def Get_rank(self):  # noqa: N802
+            return 1
+
+        def Allgather(self, mine, codes):  # noqa: N802
+            codes[:] = [cuda.OK, cuda.NO_DRIVER, cuda.SHARED_GPU]
+            assert mine.tolist() == [cuda.NO_DRIVER]
+
+    with pytest.raises(mpicoll.InvalidArgumentError) as error:
+        cuda.agree(Three(), cuda.NO_DRIVER, "cudaErrorInsufficientDriver", "backend 'nccl'")
+    text = str(error.value)
+    assert "rank 1: no usable CUDA driver" in text and "rank 2: shares its GPU" in text
+    assert "[rank 1: cudaErrorInsufficientDriver]" in text and "rank 0" not in text
+
+
+# ---- arrays: one memory test for every library; every import failure is mpicoll's --------
+
+
+def test_same_memory_without_the_array_interface():
+    from fake_cupy import installed
+
+    host = np.zeros(8)
+    assert arrays.same_memory(host[2:4], host[2:4]) and not arrays.same_memory(host[2:4], host[2:5])
+    with installed() as cupy:
+        device = cupy.zeros(8)
+        assert not hasattr(device, "__array_interface__")
+        assert arrays.same_memory(device[2:4], device[2:4])
+        assert not arrays.same_memory(device[2:4], device[3:5])
+        assert not arrays.same_memory(device[:0], host[:0])  # host and device never
+
+
+def test_copy_into_stays_in_one_library():
+    from fake_cupy import installed
+
+    with installed() as cupy:
+        dst = cupy.zeros(3)
+        arrays.copy_into(dst, cupy.asarray(np.arange(3.0)))
+        assert dst.get().tolist() == [0, 1, 2]
+        with pytest.raises(mpicoll.InvalidArgumentError, match="numpy array cannot be copied"):
+            arrays.copy_into(dst, np.arange(3.0))
+        with pytest.raises(TypeError):
+            np.copyto(np.zeros(3), dst)  # what the Bucketer did: CuPy refuses it
+        with pytest.raises(TypeError, match="Implicit conversion"):
+            np.asarray(dst)
+    with pytest.raises(mpicoll.UnsupportedDtypeError, match="cannot cast complex128"):
+        arrays.copy_into(np.zeros(2), np.zeros(2, complex))
+
+
+def test_bucketer_keeps_device_gradients_on_the_device():
+    from fake_cupy import installed
+
+    with installed() as cupy:
+        def body(comm):
+            grads = [cupy.asarray(np.full(3, comm.rank + 1.0)), cupy.zeros((2, 2), np.float32)]
+            buckets = mpicoll.Bucketer(comm, grads, cap_bytes=16)
+            assert all(isinstance(b, cupy.ndarray) for b in buckets.buffers)
+            for i, g in enumerate(grads):
+                buckets.add(i, g)
+            return [r.get() for r in buckets.wait()]
+
+        for first, second in run_local(2, body):
+            assert first.tolist() == [3.0] * 3 and second.shape == (2, 2)
+
+
+def test_cupy_13_bfloat16_is_an_mpicoll_error():
+    """CuPy <= 13 raises NotImplementedError for a bfloat16 CUDA tensor."""
+    from dlpack_capsule import KDL_CUDA, Tensor
+    from fake_cupy import installed
+
+    with installed(api=13), pytest.raises(mpicoll.UnsupportedDtypeError, match="CuPy >= 14"):
+        arrays.as_array(Tensor(np.zeros(3, ml_dtypes.bfloat16), KDL_CUDA), "x")
+    with installed(api=14):
+        array, _ = arrays.as_array(Tensor(np.zeros(3, ml_dtypes.bfloat16), KDL_CUDA), "x")
+        assert array.dtype == ml_dtypes.bfloat16
+
+
+def test_a_producer_that_fails_is_an_mpicoll_error():
+    class Broken:
+        def __dlpack__(self, **kwargs):
+            raise BufferError("cannot export")
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    class NoDevice(Broken):
+        def __dlpack_device__(self):
+            raise RuntimeError("no device")
+
+    with pytest.raises(mpicoll.InvalidArgumentError, match="cannot import this DLPack tensor"):
+        arrays.as_array(Broken(), "x")
+    with pytest.raises(mpicoll.InvalidArgumentError, match="__dlpack_device__"):
+        arrays.as_array(NoDevice(), "x")
+
+
+# ---- DLPack from a producer that is not NumPy (a ctypes one), and back -------------------
+
+
+def test_dlpack_of_another_producer_is_read_in_place():
+    from dlpack_capsule import Tensor
+
+    memory = np.arange(6, dtype=np.float32)
+    array, back = arrays.as_array(Tensor(memory), "x")
+    assert type(array) is np.ndarray and np.shares_memory(array, memory)
+    assert back(array) is array  # an unknown package: NumPy comes back
+
+
+def test_dlpack_of_another_producer_round_trip():
+    """Its tensors in, results out, and out= a tensor of it: the result lands in the
+    producer's own memory."""
+    from dlpack_capsule import Tensor
+
+    def body(comm):
+        memory = np.zeros(4, np.int32)
+        total = comm.all_reduce(Tensor(np.full(4, comm.rank + 1, np.int32)), algorithm="ring")
+        out = Tensor(memory)
+        assert comm.all_reduce(Tensor(np.full(4, comm.rank + 1, np.int32)), out=out) is out
+        rows = comm.all_gather(Tensor(np.array([comm.rank], np.int64)), algorithm="bruck")
+        return total, memory, rows
+
+    for total, memory, rows in run_local(3, body):
+        assert total.tolist() == memory.tolist() == [6] * 4
+        assert rows.tolist() == [[0], [1], [2]]
