@@ -57,16 +57,13 @@ class Backend:
         self.control = transport if control is None else control
         self.control_native = native if control_native is None else control_native
         self.separate_control = control is not None  # host messages apart from data (NCCL)
+        self.has_native = bool(native)
         self.like, self.packed_bytes = like, packed_bytes
         self.queues_on_stream = queues_on_stream
         self.auto_prefers_native = auto_prefers_native
         self.traceable = traceable
         self.averages_itself = averages_itself  # native functions that divide avg themselves
         self._make_duplicate = make_duplicate
-
-    @property
-    def has_native(self) -> bool:
-        return bool(self.native)
 
 
     def duplicate(self) -> Backend:
@@ -112,10 +109,14 @@ def nccl_backend(comm: Any = None) -> Backend:
     from .transport.mpi import MPITransport
     from .transport.nccl import NCCLTransport
 
-    require_nccl()
+    require_nccl(comm)  # collective: a rank without CuPy or NCCL fails everywhere
     device = select_device(comm)
     control = MPITransport(comm)
-    transport = NCCLTransport(control.comm)
+    try:
+        transport = NCCLTransport(control.comm)
+    except Exception:
+        control.free()
+        raise
     backend = Backend("nccl", transport, NATIVE, nccl_op, control=control,
                       control_native=MPI_NATIVE, like=transport._device_like,
                       packed_bytes=-1,  # data always goes over NCCL, never in the host packet

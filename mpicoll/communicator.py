@@ -9,11 +9,11 @@ collective is, in ``mpicoll.spec``.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import threading
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ from .pipeline.choose import Chooser, check_collective
 from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
 from .tracing import Tracer, TracingTransport, chrome_trace, gather_events
+from .watchdog import PARAMETERS, Watch, timeout_setting, watchdog
 from .work import ProgressThread, Work
 
 __all__ = ["BACKENDS", "Communicator", "algorithms"]
@@ -74,6 +75,9 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
     (see ``mpicoll.work`` for how it progresses). The input must not change until then.
     """
     name = method.__name__
+    PARAMETERS[name] = tuple(  # the positional parameters after self, call and x
+        n for n, p in list(inspect.signature(method).parameters.items())[3:]
+        if p.kind is p.POSITIONAL_OR_KEYWORD)
 
     @functools.wraps(method)
     def collective(self: Communicator, *args: Any, stream: Any = None, async_op: bool = False,
@@ -85,10 +89,11 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
                 f"{name}: this Communicator is in {self._call.name()} from another thread "
                 f"(at {self._call.site}); one Communicator serves one thread at a time: "
                 "give each thread its own with comm.dup()")
-        b, tracer = self._backend, self._tracer
+        b, tracer, watch = self._backend, self._tracer, self._watch
         try:
             self._seq += 1
             call = self._call = Call(self._seq, name, 2)
+            watch.enter(call, args, kwargs)  # the watchdog's clock and the flight recorder
             b.transport.begin()  # the call's tag: every rank advances it, refused or not
             if b.separate_control:
                 b.control.begin()
@@ -99,18 +104,24 @@ def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
             if stream is not None and (not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
                 raise InvalidArgumentError(
                     f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
-            with nullcontext() if stream is None else stream:
+            if stream is None:
                 return method(self, call, *args, **kwargs)
-        except (OpError, CollectiveError):
+            with stream:
+                return method(self, call, *args, **kwargs)
+        except (OpError, CollectiveError) as exc:
             self._refused_alone = call.seq  # failed mid-call here: the others may wait in it
+            watch.failed(exc)
             raise
-        except MpicollError:
+        except MpicollError as exc:
+            watch.failed(exc, refused=True)
             raise
         except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
             self._refused_alone = call.seq
+            watch.failed(exc)
             raise CollectiveError(f"{call.name()} failed on rank {self.rank}: "
                                   f"{type(exc).__name__}: {exc}") from exc
         finally:
+            watch.leave()
             if tracer is not None:
                 tracer.end_call()
             self._call = None
@@ -135,6 +146,11 @@ class Communicator:
             disagree (default: ``MPICOLL_CHECK``; it must be the same on every rank).
         trace: record every message (True), or also write them to a Chrome trace file
             at exit (a path; default ``MPICOLL_TRACE``).
+        timeout: seconds any call (and ``Work.wait()``) may take before this rank reports
+            what it waits for and aborts the job (default ``MPICOLL_TIMEOUT``, else
+            1800; 0: never). On the local backend the waiting receive raises
+            ``CollectiveTimeoutError`` instead (default: the LocalWorld's timeout).
+            See ``mpicoll.watchdog``.
 
     Making one is collective: the ranks agree on check mode and on the tuning and model
     files (read by rank 0; see ``mpicoll.selection``). One Communicator serves one thread
@@ -143,8 +159,10 @@ class Communicator:
     """
 
     def __init__(self, comm: Any = None, backend: str | Backend = "mpi", *,
-                 check: bool | None = None, trace: bool | str | None = None) -> None:
+                 check: bool | None = None, trace: bool | str | None = None,
+                 timeout: float | None = None) -> None:
         self._backend = backend if isinstance(backend, Backend) else make_backend(backend, comm)
+        self.timeout = self._watch_calls(timeout)
         check, check_error = check_setting(check)
         self.check = check
         self._seq = 0  # calls so far: the same on every rank that makes the same calls
@@ -152,8 +170,13 @@ class Communicator:
         self._entry = threading.Lock()
         self._call: Call | None = None
         self._progress: ProgressThread | None = None  # runs the async_op=True calls
-        agree.settings(self, check, check_error)
-        self._chooser = Chooser(self._backend, self.size, agree.tables(self))
+        self._watch.enter(Call(0, "Communicator", 2), (), {"algorithm": None})  # making it is collective too
+        try:
+            agree.settings(self, check, check_error)
+            self._chooser = Chooser(self._backend, self.size, agree.tables(self))
+        finally:
+            self._watch.leave()
+        self._chooser.watch = self._watch  # it records the algorithm and bytes of each call
         self._tracer: Tracer | None = None
         trace = os.environ.get("MPICOLL_TRACE") or None if trace is None else trace
         if trace:
@@ -161,6 +184,20 @@ class Communicator:
         # broadcast's first message: the header, and the data when it fits
         self._packet = np.zeros(agree.HEADER_BYTES + max(self._backend.packed_bytes, 0), np.uint8)
         self._packet_header = self._packet[:agree.HEADER_BYTES].view(np.int64)
+
+    def _watch_calls(self, timeout: float | None) -> float:
+        """Register with the process's watchdog; the timeout in seconds (0: none)."""
+        transport = self._backend.transport
+        local = self._backend.name == "local"
+        if local and timeout is None:
+            seconds = transport.timeout
+        else:
+            seconds = timeout_setting(timeout)
+        if local:
+            transport.timeout = seconds
+        self._watch = Watch(self, seconds, aborts=not local)
+        watchdog().register(self._watch)
+        return seconds
 
     def _trace(self, trace: bool | str) -> None:
         b = self._backend
@@ -241,7 +278,8 @@ class Communicator:
     def dup(self) -> Communicator:
         """A Communicator of the same ranks and backend whose messages never match this
         one's: give each thread its own (collective: every rank calls it alike)."""
-        return Communicator(backend=self._backend.duplicate(), check=self.check, trace=False)
+        return Communicator(backend=self._backend.duplicate(), check=self.check, trace=False,
+                            timeout=self.timeout)
 
     def _submit(self, name: str, args: tuple, kwargs: dict, stream: Any) -> Work:
         if self._backend.queues_on_stream:  # NCCL is asynchronous already: queue it
@@ -267,8 +305,15 @@ class Communicator:
                         "mpi4py.rc.thread_level was set lower)")
             self._progress = ProgressThread(self.dup())
 
+        # the progress thread runs on the caller's GPU and after the caller's stream
+        # (nothing to do where no stream or CuPy buffer is in play)
+        from .cuda import capture_device_and_stream
+
+        on_callers_gpu = capture_device_and_stream(stream, (*args, *kwargs.values()))
+
         def call(duplicate: Communicator) -> Any:
-            return getattr(duplicate, name)(*args, stream=stream, **kwargs)
+            with on_callers_gpu():
+                return getattr(duplicate, name)(*args, stream=stream, **kwargs)
 
         return self._progress.submit(name, call)
 
@@ -297,6 +342,7 @@ class Communicator:
         if self._progress is not None:
             self._progress.close()
             self._progress = None
+        watchdog().unregister(self._watch)
         self._backend.free()
 
     # -- collectives: each a pass through the pipeline (mpicoll.pipeline.run) ------------
@@ -523,6 +569,23 @@ class Communicator:
             **options: the algorithm's tuning options (``radix=`` for knomial).
         """
         return run.barrier(self, call, algorithm, options)
+
+    @_collective
+    def monitored_barrier(self, call: Call, timeout: float | None = None,
+                          wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not arrive in time (as torch's).
+
+        Rank 0 collects the others' arrivals; every rank that arrived (late ones too)
+        raises ``CollectiveTimeoutError`` naming the ranks that did not come within
+        ``timeout``. Slower than ``barrier()``: for debugging hangs.
+
+        Args:
+            timeout: seconds rank 0 waits for the others (default: the Communicator's).
+            wait_all_ranks: name every rank that did not arrive, not only the first.
+        """
+        from .monitored import monitored_barrier
+
+        monitored_barrier(self, call, timeout, wait_all_ranks)
 
 
 assert set(COLLECTIVES) <= set(dir(Communicator))

@@ -451,8 +451,6 @@ def test_a_progress_thread_runs_on_the_callers_device_and_stream(fake_cupy):
 
 
 @pytest.mark.mpi
-@pytest.mark.xfail(strict=True, reason="until Communicator._submit enters "
-                   "cuda.capture_device_and_stream around the progress thread's call")
 def test_async_op_on_a_device_other_than_0(fake_cupy):
     comm = _communicator("0")
     with fake_cupy.cuda.Device(2):

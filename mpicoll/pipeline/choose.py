@@ -32,6 +32,7 @@ class Chooser:
     def __init__(self, backend: Any, size: int, tables: selection.Tables) -> None:
         self.backend, self.size, self.tables = backend, size, tables
         self.tracer: Any = None
+        self.watch: Any = None  # mpicoll.watchdog.Watch: the flight recorder's algorithm, bytes
         self._functions: dict[tuple[str, Any], tuple[Callable[..., None], Any]] = {}
         self._auto: dict[tuple, str] = {}  # what "auto" picked, by call
         self._native_ok: dict[tuple[Op, np.dtype], bool] = {}
@@ -68,6 +69,9 @@ class Chooser:
         fn, registered = entry
         if self.tracer is not None:
             self.tracer.chose(algorithm, nbytes)
+        watch = self.watch
+        if watch is not None:
+            watch.current.algorithm, watch.current.nbytes = algorithm, nbytes
         if registered is None:  # native
             if op is not None and not self.native_serves(op, dtype):
                 self.backend.op_check(op, dtype)  # the library must know dtype and op

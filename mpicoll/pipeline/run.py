@@ -379,20 +379,37 @@ def reduce(c: Any, call: Call, x: Any, op: Any, root: Any, algorithm: Any, out: 
 
 def all_reduce(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
                options: dict[str, Any]) -> Any:
+    # the most frequent call of all: the pipeline's stages written out without helpers
     t = c._backend.transport
-    v, x, back, opd, fn = _reduction(c, call, "all_reduce", x, op, algorithm, options)
-    result = validate.out(v, out, x.shape, x.dtype, like=x) if not v else None
-    if c.check or v:
+    v = Verdict()
+    x, back = validate.array(v, x, nccl=c._backend.like is not None)
+    opd = _op(v, op, x)
+    fn = result = None
+    if opd is not None:
+        fn = c._chooser.pick(v, "all_reduce", algorithm, x.nbytes, opd, options, dtype=x.dtype)
+        if c._tracer is not None:
+            opd = _traced(c, opd)
+        if fn is not None:
+            result = validate.out(v, out, x.shape, x.dtype, like=x)
+    if v.refused or c.check:
         agree.settle(c, call, v, algorithm, op=op, dtype=getattr(x, "dtype", None),
                      shape=getattr(x, "shape", None))
     if result is None:
         result = _stand_in(t, x.size, x.dtype, x)
     dst = result.reshape(-1)
-    src = dst if result is x else _input(t, flat(x), dst if out is not None else None)
+    if result is x:
+        src = dst  # in place: every all_reduce algorithm allows src is dst
+    elif out is None and x.flags.c_contiguous and (type(x) is not np.ndarray or x.flags.writeable):
+        src = x.reshape(-1)
+    else:
+        src = _input(t, flat(x), dst if out is not None else None)
     t.use(x)
     fn(t, src, dst, opd)
-    average(result, opd, fn, t.size, c._backend.averages_itself)
-    return give(v, result, out, back)
+    if opd.average:
+        average(result, opd, fn, t.size, c._backend.averages_itself)
+    if v.receive is not None:
+        raise v.receive
+    return out if out is not None else result if back is same else back(result)
 
 
 def reduce_scatter(c: Any, call: Call, x: Any, op: Any, counts: Any, algorithm: Any,

@@ -26,23 +26,25 @@ MAX_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32  # NumPy's limit
 class Verdict:
     """What this rank refuses in one call, by where the fault lies (first one kept)."""
 
-    __slots__ = ("params", "input", "receive")
+    __slots__ = ("params", "input", "receive", "refused")
 
     def __init__(self) -> None:
         self.params: MpicollError | None = None
         self.input: MpicollError | None = None
         self.receive: MpicollError | None = None
+        self.refused = False  # any of the three (an attribute: read on every call)
 
     def refuse(self, where: str, error: MpicollError) -> None:
         if getattr(self, where) is None:
             setattr(self, where, error)
+        self.refused = True
 
     @property
     def first(self) -> MpicollError | None:
         return self.params or self.input or self.receive
 
     def __bool__(self) -> bool:
-        return self.params is not None or self.input is not None or self.receive is not None
+        return self.refused
 
 
 def _mpicoll_error(exc: BaseException, name: str) -> MpicollError:
@@ -56,6 +58,8 @@ def _mpicoll_error(exc: BaseException, name: str) -> MpicollError:
 def array(verdict: Verdict, x: Any, where: str = "input", name: str = "x",
           nccl: bool = False) -> tuple[Any, Any]:
     """(x as an array, how to give a result back), or (None, same) with the refusal kept."""
+    if type(x) is np.ndarray and not nccl and not x.dtype.hasobject:
+        return x, same  # the common case, without a call
     try:
         x, back = as_array(x, name)
     except Exception as exc:  # noqa: BLE001 - any failure becomes this rank's verdict
@@ -108,6 +112,8 @@ def vector(verdict: Verdict, x: Any, collective: str) -> None:
 
 def out(verdict: Verdict, out: Any, shape: tuple[int, ...], dtype: np.dtype, like: Any) -> Any:
     """The result buffer (``out`` checked, or a new one), or None with the refusal kept."""
+    if out is None and type(like) is np.ndarray:
+        return np.empty(shape, dtype)  # the common case, without a call
     try:
         return result_buffer(out, shape, dtype, like=like)
     except Exception as exc:  # noqa: BLE001 - the rank takes part, then raises this

@@ -11,26 +11,31 @@ raises instead of hanging.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ..arrays import assign_from_host
-from ..errors import AbortedError, MismatchError
+from ..errors import AbortedError, CollectiveTimeoutError, MismatchError
 from . import ScratchPool
 
 
 class LocalWorld:
     """The shared state of N thread-ranks: one mailbox per (source, dest) pair."""
 
-    def __init__(self, size: int, timeout: float = 60.0) -> None:
+    def __init__(self, size: int, timeout: float | None = None) -> None:
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         self.size = size
+        if timeout is None:  # MPICOLL_TIMEOUT when set, else a minute (0: no limit)
+            from ..watchdog import timeout_setting
+
+            timeout = timeout_setting(None) if os.environ.get("MPICOLL_TIMEOUT") else 60.0
         self.timeout = timeout
         self.aborted = threading.Event()
         self.mailboxes = [[queue.SimpleQueue() for _ in range(size)] for _ in range(size)]
@@ -67,6 +72,8 @@ class LocalTransport(ScratchPool):
         super().__init__()
         self.world, self.rank, self.size = world, rank, world.size
         self.tag = 0
+        self.timeout = world.timeout  # seconds a receive waits (0: no limit); Communicator(timeout=)
+        self.step, self.wait_kind, self.wait_peer = 0, None, -1  # for the watchdog's reports
         self.side_tags = 1 << 40  # the pipeline's resync tags: above every call's
         self._duplicates = 0
 
@@ -78,6 +85,7 @@ class LocalTransport(ScratchPool):
 
     def begin(self, like: Any = None) -> None:
         self.tag += 1
+        self.step, self.wait_kind = 0, None
         self.use(like)
 
     def synchronize(self) -> None:
@@ -90,8 +98,27 @@ class LocalTransport(ScratchPool):
         self.world.mailboxes[self.rank][dest].put((self.tag, buf.tobytes()))
 
     def recv(self, buf: np.ndarray, source: int) -> None:
+        self.step += 1
+        self.wait_kind, self.wait_peer = "recv", source
+        if not self._take(buf, source, self.timeout or float("inf")):
+            self.world.aborted.set()
+            raise CollectiveTimeoutError(
+                f"mpicoll: timeout: rank {self.rank}: no message from rank {source} "
+                f"in {self.timeout:g} s (receive, tag {self.tag}, step {self.step})")
+
+    def try_recv(self, buf: np.ndarray, source: int, seconds: float) -> bool:
+        """Receive into ``buf`` if the message comes within ``seconds``; whether it came."""
+        self.step += 1
+        self.wait_kind, self.wait_peer = "recv", source
+        return self._take(buf, source, max(seconds, 0.0))
+
+    def post(self, buf: np.ndarray, dest: int) -> None:
+        """Send without waiting (every local send is buffered)."""
+        self.send(buf, dest)
+
+    def _take(self, buf: np.ndarray, source: int, seconds: float) -> bool:
         box = self.world.mailboxes[source][self.rank]
-        deadline = time.monotonic() + self.world.timeout
+        deadline = time.monotonic() + seconds
         while True:
             if self.world.aborted.is_set():
                 raise AbortedError(f"rank {self.rank}: another rank failed; giving up")
@@ -99,11 +126,7 @@ class LocalTransport(ScratchPool):
                 tag, data = box.get(timeout=0.05)
             except queue.Empty:
                 if time.monotonic() > deadline:
-                    self.world.aborted.set()
-                    raise AbortedError(
-                        f"rank {self.rank}: no message from rank {source} "
-                        f"in {self.world.timeout} s"
-                    ) from None
+                    return False
                 continue
             if tag >= self.tag:
                 break
@@ -117,6 +140,7 @@ class LocalTransport(ScratchPool):
                 "(the ranks are not in the same call)"
             )
         assign_from_host(buf.view(np.uint8), np.frombuffer(data, np.uint8))
+        return True
 
     def sendrecv(self, sendbuf: np.ndarray, dest: int, recvbuf: np.ndarray, source: int) -> None:
         self.send(sendbuf, dest)
