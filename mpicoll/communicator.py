@@ -8,8 +8,6 @@ collective is, in ``mpicoll.spec``.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import os
 import threading
@@ -21,26 +19,20 @@ import numpy as np
 from .algorithms import COLLECTIVES
 from .backends import BACKENDS, Backend, make_backend
 from .errors import (
-    CollectiveError,
-    ConcurrentCallError,
-    ConfigError,
     InvalidArgumentError,
-    MpicollError,
-    OpError,
 )
 from .ops import Op, ReduceOp, resolve_op
 from .pipeline import agree, run
 from .pipeline.choose import Chooser, check_collective
 from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
-from .tracing import Tracer, TracingTransport, chrome_trace, gather_events
-from .watchdog import PARAMETERS, Watch, timeout_setting, watchdog
+from .pipeline.entry import entry
+from .tracing import Tracer, attach, chrome_trace, gather_events, trace_path
+from .watchdog import Watch, timeout_setting, watchdog
 from .work import ProgressThread, Work
 
 __all__ = ["BACKENDS", "Communicator", "algorithms"]
 
-_TRACED = 0  # communicators traced to MPICOLL_TRACE's file so far
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 
 def algorithms(collective: str, backend: str = "mpi") -> list[str]:
@@ -49,85 +41,6 @@ def algorithms(collective: str, backend: str = "mpi") -> list[str]:
     if backend not in BACKENDS:
         raise InvalidArgumentError(f"backend: unknown backend {backend!r}; expected one of {BACKENDS}")
     return _names(collective, backend != "local")
-
-
-def check_setting(value: Any) -> tuple[bool, MpicollError | None]:
-    """``check=`` (None: ``MPICOLL_CHECK``, which takes 1/true/yes/on or 0/false/no/off in
-    any case) as a bool, or the refusal of a malformed value."""
-    if value is None:
-        text = os.environ.get("MPICOLL_CHECK", "").strip().lower()
-        if text in _TRUE or text in _FALSE:
-            return text in _TRUE, None
-        return False, ConfigError(f"MPICOLL_CHECK: expected 1/true/yes/on or 0/false/no/off, "
-                                  f"got {os.environ['MPICOLL_CHECK']!r}")
-    if not isinstance(value, (bool, np.bool_)):
-        return False, InvalidArgumentError(f"check: expected True or False, got {value!r}")
-    return bool(value), None
-
-
-def _collective(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Give a collective its entry: the call's number, one thread at a time, and its
-    common keywords.
-
-    ``stream=``: run it with that CUDA stream current (its messages, copies and reductions
-    are queued on it). Default: the current stream.
-    ``async_op=True``: return a ``mpicoll.Work`` at once; its ``wait()`` returns the result
-    (see ``mpicoll.work`` for how it progresses). The input must not change until then.
-    """
-    name = method.__name__
-    PARAMETERS[name] = tuple(  # the positional parameters after self, call and x
-        n for n, p in list(inspect.signature(method).parameters.items())[3:]
-        if p.kind is p.POSITIONAL_OR_KEYWORD)
-
-    @functools.wraps(method)
-    def collective(self: Communicator, *args: Any, stream: Any = None, async_op: bool = False,
-                   **kwargs: Any) -> Any:
-        if async_op:
-            return self._submit(name, args, kwargs, stream)
-        if not self._entry.acquire(blocking=False):
-            raise ConcurrentCallError(
-                f"{name}: this Communicator is in {self._call.name()} from another thread "
-                f"(at {self._call.site}); one Communicator serves one thread at a time: "
-                "give each thread its own with comm.dup()")
-        b, tracer, watch = self._backend, self._tracer, self._watch
-        try:
-            self._seq += 1
-            call = self._call = Call(self._seq, name, 2)
-            watch.enter(call, args, kwargs)  # the watchdog's clock and the flight recorder
-            b.transport.begin()  # the call's tag: every rank advances it, refused or not
-            if b.separate_control:
-                b.control.begin()
-            if tracer is not None:
-                tracer.begin_call(name)
-            if self._refused_alone:
-                agree.resync(self, call)
-            if stream is not None and (not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
-                raise InvalidArgumentError(
-                    f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
-            if stream is None:
-                return method(self, call, *args, **kwargs)
-            with stream:
-                return method(self, call, *args, **kwargs)
-        except (OpError, CollectiveError) as exc:
-            self._refused_alone = call.seq  # failed mid-call here: the others may wait in it
-            watch.failed(exc)
-            raise
-        except MpicollError as exc:
-            watch.failed(exc, refused=True)
-            raise
-        except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
-            self._refused_alone = call.seq
-            watch.failed(exc)
-            raise CollectiveError(f"{call.name()} failed on rank {self.rank}: "
-                                  f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            watch.leave()
-            if tracer is not None:
-                tracer.end_call()
-            self._call = None
-            self._entry.release()
-
-    return collective
 
 
 class Communicator:
@@ -163,7 +76,7 @@ class Communicator:
                  timeout: float | None = None) -> None:
         self._backend = backend if isinstance(backend, Backend) else make_backend(backend, comm)
         self.timeout = self._watch_calls(timeout)
-        check, check_error = check_setting(check)
+        check, check_error = agree.check_setting(check)
         self.check = check
         self._seq = 0  # calls so far: the same on every rank that makes the same calls
         self._refused_alone = 0  # a call this rank refused alone; the next one resyncs
@@ -200,20 +113,13 @@ class Communicator:
         return seconds
 
     def _trace(self, trace: bool | str) -> None:
-        b = self._backend
-        if not b.traceable:
+        if not self._backend.traceable:
             raise InvalidArgumentError("trace: tracing runs on the mpi and local backends")
-        self._tracer = self._chooser.tracer = Tracer(self.rank, self.size)
-        b.transport = b.control = TracingTransport(b.transport, self._tracer)
+        self._tracer = self._chooser.tracer = attach(self._backend, self.rank, self.size)
         if isinstance(trace, str):  # MPICOLL_TRACE=path: written when Python exits
             import atexit
 
-            global _TRACED
-            _TRACED += 1  # the second traced communicator writes path.2.json, ...
-            if _TRACED > 1:
-                root, ext = os.path.splitext(trace)
-                trace = f"{root}.{_TRACED}{ext or '.json'}"
-            atexit.register(self.write_trace, trace)
+            atexit.register(self.write_trace, trace_path(trace))
 
     @property
     def rank(self) -> int:
@@ -278,8 +184,9 @@ class Communicator:
     def dup(self) -> Communicator:
         """A Communicator of the same ranks and backend whose messages never match this
         one's: give each thread its own (collective: every rank calls it alike)."""
-        return Communicator(backend=self._backend.duplicate(), check=self.check, trace=False,
-                            timeout=self.timeout)
+        with self._watch.aside(Call(self._seq, "dup", 2)):  # collective: it may wait
+            return Communicator(backend=self._backend.duplicate(), check=self.check,
+                                trace=False, timeout=self.timeout)
 
     def _submit(self, name: str, args: tuple, kwargs: dict, stream: Any) -> Work:
         if self._backend.queues_on_stream:  # NCCL is asynchronous already: queue it
@@ -347,7 +254,7 @@ class Communicator:
 
     # -- collectives: each a pass through the pipeline (mpicoll.pipeline.run) ------------
 
-    @_collective
+    @entry
     def broadcast(self, call: Call, x: Any, root: int = 0, *, algorithm: str = "auto",
                   **options: int) -> Any:
         """Send the root's ``x`` to every rank.
@@ -365,7 +272,7 @@ class Communicator:
         """
         return run.broadcast(self, call, x, root, algorithm, options)
 
-    @_collective
+    @entry
     def scatter(self, call: Call, x: Any, root: int = 0, *, algorithm: str = "auto",
                 out: Any = None, **options: int) -> Any:
         """Send row j of the root's ``x`` to rank j.
@@ -383,7 +290,7 @@ class Communicator:
         """
         return run.scatter(self, call, x, root, algorithm, out, options)
 
-    @_collective
+    @entry
     def gather(self, call: Call, x: Any, root: int = 0, *, algorithm: str = "auto",
                out: Any = None, **options: int) -> Any:
         """Collect every rank's ``x`` on the root, stacked in rank order.
@@ -400,7 +307,7 @@ class Communicator:
         """
         return run.gather(self, call, x, root, algorithm, out, options)
 
-    @_collective
+    @entry
     def all_gather(self, call: Call, x: Any, *, algorithm: str = "auto", out: Any = None,
                    **options: int) -> Any:
         """Collect every rank's ``x`` on every rank, stacked in rank order.
@@ -417,7 +324,7 @@ class Communicator:
         """
         return run.all_gather(self, call, x, algorithm, out, options)
 
-    @_collective
+    @entry
     def all_gather_v(self, call: Call, x: Any, *, algorithm: str = "auto",
                      **options: int) -> tuple[Any, list[int]]:
         """Collect every rank's rows on every rank, concatenated in rank order.
@@ -433,7 +340,7 @@ class Communicator:
         """
         return run.all_gather_v(self, call, x, algorithm, options)
 
-    @_collective
+    @entry
     def gather_v(self, call: Call, x: Any, root: int = 0, *, algorithm: str = "auto",
                  **options: int) -> tuple[Any, list[int]]:
         """Collect every rank's rows on the root, concatenated in rank order.
@@ -449,7 +356,7 @@ class Communicator:
         """
         return run.gather_v(self, call, x, root, algorithm, options)
 
-    @_collective
+    @entry
     def scatter_v(self, call: Call, x: Any, counts: Sequence[int] | None = None,
                   root: int = 0, *, algorithm: str = "auto", **options: int) -> Any:
         """Send ``counts[j]`` rows of the root's ``x`` to rank j, in rank order.
@@ -466,7 +373,7 @@ class Communicator:
         """
         return run.scatter_v(self, call, x, counts, root, algorithm, options)
 
-    @_collective
+    @entry
     def all_to_all_v(self, call: Call, x: Any, send_counts: Sequence[int], *,
                      algorithm: str = "auto", **options: int) -> tuple[Any, list[int]]:
         """Send ``send_counts[j]`` rows of ``x`` to rank j, in rank order; receive in turn.
@@ -484,7 +391,7 @@ class Communicator:
         """
         return run.all_to_all_v(self, call, x, send_counts, algorithm, options)
 
-    @_collective
+    @entry
     def reduce(self, call: Call, x: Any, op: str | ReduceOp | Op = "sum", root: int = 0, *,
                algorithm: str = "auto", out: Any = None, **options: int) -> Any:
         """Combine every rank's ``x`` elementwise with ``op``; the result goes to the root.
@@ -503,7 +410,7 @@ class Communicator:
         """
         return run.reduce(self, call, x, op, root, algorithm, out, options)
 
-    @_collective
+    @entry
     def all_reduce(self, call: Call, x: Any, op: str | ReduceOp | Op = "sum", *,
                    algorithm: str = "auto", out: Any = None, **options: int) -> Any:
         """Combine every rank's ``x`` elementwise with ``op``; every rank gets the result.
@@ -522,7 +429,7 @@ class Communicator:
         """
         return run.all_reduce(self, call, x, op, algorithm, out, options)
 
-    @_collective
+    @entry
     def reduce_scatter(self, call: Call, x: Any, op: str | ReduceOp | Op = "sum", *,
                        counts: Sequence[int] | None = None, algorithm: str = "auto",
                        out: Any = None, **options: int) -> Any:
@@ -544,7 +451,7 @@ class Communicator:
         """
         return run.reduce_scatter(self, call, x, op, counts, algorithm, out, options)
 
-    @_collective
+    @entry
     def all_to_all(self, call: Call, x: Any, *, algorithm: str = "auto", out: Any = None,
                    **options: int) -> Any:
         """Send row j of ``x`` to rank j; row i of the result came from rank i.
@@ -560,7 +467,7 @@ class Communicator:
         """
         return run.all_to_all(self, call, x, algorithm, out, options)
 
-    @_collective
+    @entry
     def barrier(self, call: Call, *, algorithm: str = "auto", **options: int) -> None:
         """Return only once every rank has entered the barrier.
 
@@ -570,7 +477,7 @@ class Communicator:
         """
         return run.barrier(self, call, algorithm, options)
 
-    @_collective
+    @entry
     def monitored_barrier(self, call: Call, timeout: float | None = None,
                           wait_all_ranks: bool = False) -> None:
         """A barrier that names the ranks that did not arrive in time (as torch's).

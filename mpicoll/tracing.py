@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import functools
 import json
+import os
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -183,6 +184,26 @@ class TracingTransport:
         for r in requests:
             if isinstance(r, _Posted):
                 r.record[5] = end  # a nonblocking message ends when its wait returns
+
+
+_TRACED = [0]  # communicators traced to MPICOLL_TRACE's file so far
+
+
+def attach(backend: Any, rank: int, size: int) -> Tracer:
+    """Record every message of ``backend`` from now on: its transport (and the control
+    messages that share it) wrapped in a TracingTransport."""
+    tracer = Tracer(rank, size)
+    backend.transport = backend.control = TracingTransport(backend.transport, tracer)
+    return tracer
+
+
+def trace_path(path: str) -> str:
+    """MPICOLL_TRACE's file for the next traced communicator: path, path.2.json, ..."""
+    _TRACED[0] += 1
+    if _TRACED[0] == 1:
+        return path
+    root, ext = os.path.splitext(path)
+    return f"{root}.{_TRACED[0]}{ext or '.json'}"
 
 
 def timed_op(op: Any, tracer: Tracer) -> Any:

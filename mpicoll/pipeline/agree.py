@@ -20,6 +20,7 @@ Host messages are small int64 arrays (no pickle), on the backend's control trans
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from typing import Any
 
@@ -28,7 +29,7 @@ import numpy as np
 from .. import selection
 from ..algorithms import REGISTRY
 from ..buffers import dtype_code, even_bounds
-from ..errors import ConfigError, MismatchError, MpicollError, RemoteError
+from ..errors import ConfigError, InvalidArgumentError, MismatchError, MpicollError, RemoteError
 from ..ops import Op, op_name
 from .describe import Call
 from .validate import Verdict
@@ -263,6 +264,23 @@ def check_table(call: Call, signatures: np.ndarray, refusals: np.ndarray,
 
 
 # -- when a Communicator is made --------------------------------------------------------
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def check_setting(value: Any) -> tuple[bool, MpicollError | None]:
+    """``check=`` (None: ``MPICOLL_CHECK``, which takes 1/true/yes/on or 0/false/no/off in
+    any case) as a bool, or the refusal of a malformed value."""
+    if value is None:
+        text = os.environ.get("MPICOLL_CHECK", "").strip().lower()
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE, None
+        return False, ConfigError(f"MPICOLL_CHECK: expected 1/true/yes/on or 0/false/no/off, "
+                                  f"got {os.environ['MPICOLL_CHECK']!r}")
+    if not isinstance(value, (bool, np.bool_)):
+        return False, InvalidArgumentError(f"check: expected True or False, got {value!r}")
+    return bool(value), None
 
 
 def settings(c: Any, check: bool | None, check_error: MpicollError | None) -> None:

@@ -1,0 +1,90 @@
+"""The entry of every collective call: describe it, one thread at a time.
+
+The wrapper numbers the call (the number advances on every rank for every call, refused
+or not, and the transport's tag follows it), makes its record (``describe.Call``), starts
+the watchdog's clock, runs the resync a lone refusal left owed, and lets nothing but
+mpicoll's errors leave the call.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import (
+    CollectiveError,
+    ConcurrentCallError,
+    InvalidArgumentError,
+    MpicollError,
+    OpError,
+)
+from ..watchdog import PARAMETERS
+from . import agree
+from .describe import Call
+
+
+def entry(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a collective its entry: the call's number, one thread at a time, and its
+    common keywords.
+
+    ``stream=``: run it with that CUDA stream current (its messages, copies and reductions
+    are queued on it). Default: the current stream.
+    ``async_op=True``: return a ``mpicoll.Work`` at once; its ``wait()`` returns the result
+    (see ``mpicoll.work`` for how it progresses). The input must not change until then.
+    """
+    name = method.__name__
+    PARAMETERS[name] = tuple(  # the positional parameters after self, call and x
+        n for n, p in list(inspect.signature(method).parameters.items())[3:]
+        if p.kind is p.POSITIONAL_OR_KEYWORD)
+
+    @functools.wraps(method)
+    def collective(self: Any, *args: Any, stream: Any = None, async_op: bool = False,
+                   **kwargs: Any) -> Any:
+        if async_op:
+            return self._submit(name, args, kwargs, stream)
+        if not self._entry.acquire(blocking=False):
+            raise ConcurrentCallError(
+                f"{name}: this Communicator is in {self._call.name()} from another thread "
+                f"(at {self._call.site}); one Communicator serves one thread at a time: "
+                "give each thread its own with comm.dup()")
+        b, tracer, watch = self._backend, self._tracer, self._watch
+        try:
+            self._seq += 1
+            call = self._call = Call(self._seq, name, 2)
+            watch.enter(call, args, kwargs)  # the watchdog's clock and the flight recorder
+            b.transport.begin()  # the call's tag: every rank advances it, refused or not
+            if b.separate_control:
+                b.control.begin()
+            if tracer is not None:
+                tracer.begin_call(name)
+            if self._refused_alone:
+                agree.resync(self, call)
+            if stream is not None and (not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
+                raise InvalidArgumentError(
+                    f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
+            if stream is None:
+                return method(self, call, *args, **kwargs)
+            with stream:
+                return method(self, call, *args, **kwargs)
+        except (OpError, CollectiveError) as exc:
+            self._refused_alone = call.seq  # failed mid-call here: the others may wait in it
+            watch.failed(exc)
+            raise
+        except MpicollError as exc:
+            watch.failed(exc, refused=True)
+            raise
+        except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
+            self._refused_alone = call.seq
+            watch.failed(exc)
+            raise CollectiveError(f"{call.name()} failed on rank {self.rank}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            watch.leave()
+            if tracer is not None:
+                tracer.end_call()
+            self._call = None
+            self._entry.release()
+
+    return collective

@@ -1,0 +1,114 @@
+"""The package's imports go one way: API -> pipeline -> backends and choice -> algorithms
+-> transport -> buffers and base; tools sit above the runtime, and the runtime never
+imports a tool. Read from the source (every import, also inside functions), not from
+what happens to be loaded."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import mpicoll
+
+ROOT = pathlib.Path(mpicoll.__file__).parent
+
+# lowest first; a module may import from its own layer and the ones below
+LAYERS = [
+    ("base", ["errors", "spec", "config", "ops", "arrays", "buffers", "cuda", "watchdog",
+              "abort", "monitored"]),
+    ("transport", ["transport"]),
+    ("algorithms", ["algorithms"]),
+    ("backends and choice", ["native", "native_nccl", "backends", "tuning", "mpich_selection",
+                             "model", "selection", "tracing"]),
+    ("pipeline", ["pipeline"]),
+    ("api", ["communicator", "work", "bucketer", "local", ""]),
+    ("tools", ["bench", "trace", "hang", "viz", "examples", "model.__main__", "model.fit"]),
+]
+
+
+def _layer(module: str) -> int:
+    """The layer of ``mpicoll.<module>``: the longest listed prefix decides."""
+    best, found = -1, None
+    for index, (_, names) in enumerate(LAYERS):
+        for name in names:
+            if module == name or (name and module.startswith(name + ".")):
+                if len(name) > best:
+                    best, found = len(name), index
+    assert found is not None, f"mpicoll.{module} is in no layer: add it to LAYERS"
+    return found
+
+
+def _modules() -> dict[str, set[str]]:
+    """Every module of the package (dotted, without 'mpicoll.') and what it imports."""
+    graph: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if is_package else parts)
+        package = module if is_package else ".".join(parts[:-1])
+        imports: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".") if package else []
+                    base = base[:len(base) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                elif (node.module or "").startswith("mpicoll"):
+                    target = node.module[len("mpicoll."):] if node.module != "mpicoll" else ""
+                else:
+                    continue
+                for alias in node.names:  # `from . import selection` names a module
+                    name = f"{target}.{alias.name}" if target else alias.name
+                    if (ROOT / (name.replace(".", "/") + ".py")).exists() or \
+                            (ROOT / name.replace(".", "/") / "__init__.py").exists():
+                        imports.add(name)
+                    else:
+                        imports.add(target)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("mpicoll."):
+                        imports.add(alias.name[len("mpicoll."):])
+        imports.discard(module)
+        graph[module] = imports
+    return graph
+
+
+def test_no_import_goes_up_a_layer():
+    upward = []
+    for module, imports in _modules().items():
+        for target in imports:
+            if _layer(target) > _layer(module):
+                upward.append(f"mpicoll.{module} ({LAYERS[_layer(module)][0]}) imports "
+                              f"mpicoll.{target} ({LAYERS[_layer(target)][0]})")
+    assert not upward, "\n".join(sorted(upward))
+
+
+def test_no_import_cycle():
+    """No cycle between modules (a package's __init__ importing its own submodules to
+    fill a registry is the one way down a package that is allowed back up)."""
+    graph = _modules()
+
+    def edges(module: str) -> set[str]:
+        own = {t for t in graph[module] if t in graph}
+        return {t for t in own if not t.startswith(module + ".")}
+
+    visiting, done, cycles = set(), set(), []
+
+    def visit(module: str, path: list[str]) -> None:
+        visiting.add(module)
+        for target in edges(module):
+            if target in visiting:
+                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in done:
+                visit(target, path + [target])
+        visiting.discard(module)
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_communicator_stays_a_thin_shell():
+    assert len((ROOT / "communicator.py").read_text().splitlines()) < 500
