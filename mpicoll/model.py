@@ -190,7 +190,7 @@ def fit(comm=None, sizes: tuple[int, ...] = tuple(1 << s for s in range(0, 25, 2
     from .communicator import Communicator
 
     comm = comm or Communicator()
-    t = comm._transport
+    t = comm.transport
     p, rank = t.size, t.rank
     right, left = (rank + 1) % p, (rank - 1) % p
     big = max(sizes)

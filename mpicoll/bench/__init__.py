@@ -114,8 +114,8 @@ def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
                  root: int) -> Callable[[], None]:
     """The MPI library's own collective on ready flat buffers: no mpicoll validation,
     no allocation; the baseline of ``vs_native``."""
-    t, p, record = comm._transport, comm.size, RECORDS[collective]
-    fn, src, is_root = comm._native[collective], x.reshape(-1), comm.rank == root
+    t, p, record = comm.transport, comm.size, RECORDS[collective]
+    fn, src, is_root = comm.native_collective(collective), x.reshape(-1), comm.rank == root
     opd = resolve_op(op, x.dtype) if record.reduces else None
     dst = empty(math.prod(result_shape(collective, x, p)), x.dtype, like=x)
     if comm.backend == "nccl" and collective == "all_reduce":
@@ -257,7 +257,7 @@ def time_interleaved(comm: Communicator, calls: dict[str, Callable[[], object]],
                 times[name][i] = time.perf_counter() - start
     mine = np.stack(list(times.values())) if times else np.empty((0, iters))
     slowest = np.empty_like(mine)
-    comm._control.comm.Allreduce(mine, slowest, op=MPI.MAX)
+    comm.control_comm.Allreduce(mine, slowest, op=MPI.MAX)
     return {name: slowest[k].tolist() for k, name in enumerate(times)}
 
 
@@ -271,7 +271,7 @@ def count_wrong(comm: Communicator, got: np.ndarray | None, reference: np.ndarra
         wrong = 1
     elif got is not None:
         wrong = int(np.count_nonzero(got != reference)) if got.shape == reference.shape else got.size
-    return comm._control.comm.allreduce(wrong, op=MPI.SUM)
+    return comm.control_comm.allreduce(wrong, op=MPI.SUM)
 
 
 @dataclass
@@ -329,7 +329,7 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
     names = _algorithm_names(collective, args.algo, args.backend)
     library_name = report.library_row(args.backend)
     checker = "native"
-    if record.reduces and not comm._native_serves(resolve_op(args.op, dtype), dtype):
+    if record.reduces and not comm.native_serves(resolve_op(args.op, dtype), dtype):
         # the library cannot reduce this dtype (bfloat16): no library rows, and
         # results are checked against an algorithm that combines in rank order
         names = [n for n in names if n not in (library_name, "native")]

@@ -49,9 +49,9 @@ def header(comm: Any, args: Any, dtype: Any, params: Any) -> dict[str, Any]:
 
     import mpicoll
 
-    hosts = sorted(set(comm._control.comm.allgather(MPI.Get_processor_name())))
+    hosts = sorted(set(comm.control_comm.allgather(MPI.Get_processor_name())))
     # SLURM's node names: several slurmd on one host are distinct nodes with one host name
-    slurm_nodes = sorted({n for n in comm._control.comm.allgather(
+    slurm_nodes = sorted({n for n in comm.control_comm.allgather(
         os.environ.get("SLURMD_NODENAME")) if n})
     return {
         "mpicoll": mpicoll.__version__,

@@ -83,6 +83,6 @@ def _candidates(comm: Communicator, collective: str, dtype: np.dtype, op: str) -
     from mpicoll.selection import serves
 
     opd = resolve_op(op, dtype) if RECORDS[collective].reduces else None
-    native_ok = comm._native_serves(opd, dtype)
+    native_ok = comm.native_serves(opd, dtype)
     return [n for n in mpicoll.algorithms(collective)
             if serves(collective, n, opd is None or opd.commutative, native_ok, False)]
