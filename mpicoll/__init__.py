@@ -7,12 +7,14 @@
 See ``mpicoll.algorithms`` for the algorithms and their costs.
 """
 
+from .abort import abort_on_exception
 from .algorithms import COLLECTIVES
 from .bucketer import Bucketer
 from .communicator import BACKENDS, Communicator, algorithms
 from .errors import (
     AbortedError,
     CollectiveError,
+    CollectiveTimeoutError,
     ConcurrentCallError,
     ConfigError,
     InvalidArgumentError,
@@ -34,6 +36,7 @@ __all__ = [
     "COLLECTIVES",
     "AbortedError",
     "CollectiveError",
+    "CollectiveTimeoutError",
     "ConcurrentCallError",
     "ConfigError",
     "Communicator",
@@ -48,5 +51,6 @@ __all__ = [
     "UnsupportedOpError",
     "Work",
     "__version__",
+    "abort_on_exception",
     "algorithms",
 ]

@@ -54,3 +54,8 @@ class OpError(MpicollError, RuntimeError):
 class CollectiveError(MpicollError, RuntimeError):
     """A failure inside a collective that is not one of the refusals above (the message
     names the call; the original exception is its ``__cause__``)."""
+
+
+class CollectiveTimeoutError(AbortedError, TimeoutError):
+    """A call, a wait or a monitored barrier did not finish within its timeout (the
+    message names the rank, the call and what it waited for)."""

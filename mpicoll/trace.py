@@ -2,6 +2,7 @@
 
     python -m mpicoll.trace summary trace.json          # per call: steps, bytes, time
     python -m mpicoll.trace draw trace.json -o out.png  # a per-rank timeline
+    python -m mpicoll.trace hang DIR                    # why a job timed out (see mpicoll.hang)
 
 The summary gives, per collective call: the ranks, the most messages one rank sent
 (the algorithm's steps), the bytes sent in all, the critical path (first start to last
@@ -27,7 +28,14 @@ def main(argv: list[str] | None = None) -> int:
     drawing = sub.add_parser("draw", help="a per-rank timeline PNG")
     drawing.add_argument("path")
     drawing.add_argument("-o", "--output", required=True)
+    hang = sub.add_parser("hang", help="read MPICOLL_DUMP_DIR's flight recorders: what hung")
+    hang.add_argument("path", help="the job's MPICOLL_DUMP_DIR")
     args = parser.parse_args(argv)
+    if args.command == "hang":
+        from mpicoll.hang import explain, load_dumps
+
+        print("\n".join(explain(load_dumps(args.path))))
+        return 0
     events = load(args.path)
     if not events:
         print(f"{parser.prog}: {args.path} has no events", file=sys.stderr)

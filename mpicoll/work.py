@@ -24,6 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .errors import CollectiveTimeoutError
+from .watchdog import timeout_setting
+
 _UNSET = object()
 
 
@@ -32,11 +35,16 @@ class Work:
 
     ``wait()`` blocks until the collective has finished on this rank and returns its result
     (what the blocking call returns), or raises what the blocking call would have raised.
-    ``test()`` and ``done`` tell, without blocking, whether it has finished.
+    ``test()`` and ``done`` tell, without blocking, whether it has finished. ``wait`` is
+    bounded by the Communicator's timeout (``timeout``; 0: unbounded) plus ``GRACE``
+    seconds, so that the watchdog, which times the call itself, reports it first.
     """
 
-    def __init__(self, what: str) -> None:
+    GRACE = 5.0
+
+    def __init__(self, what: str, timeout: float | None = None) -> None:
         self.what = what
+        self.timeout = timeout_setting(timeout)
         self._finished = threading.Event()
         self._result: Any = _UNSET
         self._error: BaseException | None = None
@@ -61,14 +69,24 @@ class Work:
     is_completed = test  # torch.distributed's name
 
     def wait(self, timeout: float | None = None) -> Any:
-        """The collective's result, once it has finished; ``timeout`` in seconds raises
-        TimeoutError when it has not finished by then."""
-        if not self._finished.wait(timeout):
-            raise TimeoutError(f"{self.what}: not finished after {timeout} s")
+        """The collective's result, once it has finished.
+
+        Raises:
+            CollectiveTimeoutError (a TimeoutError): not finished within ``timeout``
+                seconds (default: the Communicator's timeout, plus ``GRACE``).
+        """
+        seconds = (self.timeout and self.timeout + self.GRACE) if timeout is None else timeout
+        deadline = time.monotonic() + seconds if seconds else float("inf")
+        if not self._finished.wait(None if deadline == float("inf") else seconds):
+            raise CollectiveTimeoutError(f"{self.what}: not finished after {seconds:g} s")
         if self._error is not None:
             raise self._error
-        if self._event is not None:
-            self._event.synchronize()
+        if self._event is not None:  # NCCL: the call is queued on a stream
+            while not self._event.done:
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeoutError(
+                        f"{self.what}: the GPU has not finished it after {seconds:g} s")
+                time.sleep(0.0001)
         return self._result
 
     def __repr__(self) -> str:
@@ -86,7 +104,7 @@ class ProgressThread:
         self._thread.start()
 
     def submit(self, name: str, call: Callable[[Any], Any]) -> Work:
-        work = Work(name)
+        work = Work(name, self.comm.timeout)
         self._calls.put((work, call))
         return work
 

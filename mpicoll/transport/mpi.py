@@ -19,6 +19,7 @@ GPU buffers (CuPy arrays) take one of two paths, decided once per communicator b
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -64,9 +65,16 @@ class MPITransport(ScratchPool):
         self.cuda_aware: bool | None = None  # decided at the first device buffer
         self._staging: Any = None  # PinnedStaging, when staging
         self._copies: list[tuple[MPI.Request, np.ndarray, Any]] = []  # staged irecvs
+        # what the last blocking call waits for, read by the watchdog when a call is
+        # overdue: plain attribute writes before each wait, no allocation
+        self.step = 0  # blocking calls so far in this collective call
+        self.wait_kind: str | None = None  # "send", "recv", "sendrecv", "waitall"
+        self.wait_peer = self.wait_dest = self.wait_count = -1
+        self._notes: list[tuple[MPI.Request, np.ndarray]] = []  # post()'s sends in flight
 
     def begin(self, like: Any = None) -> None:
         self.tag = self.tag + 1 if self.tag + 1 < self._tag_limit else 1
+        self.step, self.wait_kind = 0, None
         self.use(like)
         if self._staging is not None and self._staging.capacity:
             self._staging.reset()  # once the last call's copies from it have run
@@ -74,6 +82,8 @@ class MPITransport(ScratchPool):
     # -- host buffers: straight to MPI; device buffers: _device_* below -------------------
 
     def send(self, buf: Any, dest: int) -> None:
+        self.step += 1
+        self.wait_kind, self.wait_peer = "send", dest
         if type(buf) is np.ndarray:
             self.comm.Send([buf, MPI.BYTE], dest, self.tag)
         else:
@@ -82,6 +92,8 @@ class MPITransport(ScratchPool):
             self._release(mark)
 
     def recv(self, buf: Any, source: int) -> None:
+        self.step += 1
+        self.wait_kind, self.wait_peer = "recv", source
         if type(buf) is np.ndarray:
             self.comm.Recv([buf, MPI.BYTE], source, self.tag)
         else:
@@ -90,6 +102,8 @@ class MPITransport(ScratchPool):
             self._arrived(landing, buf)
 
     def sendrecv(self, sendbuf: Any, dest: int, recvbuf: Any, source: int) -> None:
+        self.step += 1
+        self.wait_kind, self.wait_peer, self.wait_dest = "sendrecv", source, dest
         if type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray:
             self.comm.Sendrecv([sendbuf, MPI.BYTE], dest, self.tag,
                                [recvbuf, MPI.BYTE], source, self.tag)
@@ -102,11 +116,13 @@ class MPITransport(ScratchPool):
             self._arrived(landing, recvbuf)
 
     def isend(self, buf: Any, dest: int) -> MPI.Request:
+        self.wait_peer = dest
         if type(buf) is not np.ndarray:
             buf = self._outgoing(buf)  # staged: the pinned copy stays until the next call
         return self.comm.Isend([buf, MPI.BYTE], dest, self.tag)
 
     def irecv(self, buf: Any, source: int) -> MPI.Request:
+        self.wait_peer = source
         if type(buf) is np.ndarray:
             return self.comm.Irecv([buf, MPI.BYTE], source, self.tag)
         landing = self._incoming(buf)
@@ -117,6 +133,8 @@ class MPITransport(ScratchPool):
 
     def waitall(self, requests: Sequence[MPI.Request]) -> None:
         requests = list(requests)
+        self.step += 1
+        self.wait_kind, self.wait_count = "waitall", len(requests)
         MPI.Request.Waitall(requests)
         if self._copies:  # staged receives among them: now copy them to the device
             waited = {id(r) for r in requests}
@@ -127,6 +145,29 @@ class MPITransport(ScratchPool):
                 else:
                     pending.append((request, landing, buf))
             self._copies = pending
+
+    def try_recv(self, buf: np.ndarray, source: int, seconds: float) -> bool:
+        """Receive into host ``buf`` if the message comes within ``seconds``; whether it
+        came (the receive is cancelled if not)."""
+        self.step += 1
+        self.wait_kind, self.wait_peer = "recv", source
+        request = self.comm.Irecv([buf, MPI.BYTE], source, self.tag)
+        deadline = time.monotonic() + max(seconds, 0.0)
+        while not request.Test():
+            if time.monotonic() > deadline:
+                request.Cancel()
+                status = MPI.Status()
+                request.Wait(status)
+                return not status.Is_cancelled()
+            time.sleep(0.001)
+        return True
+
+    def post(self, buf: np.ndarray, dest: int) -> None:
+        """Send host ``buf`` to ``dest`` without waiting for it to be received (a note
+        a rank may never read: the buffer is kept until the send completes)."""
+        self._notes = [(r, b) for r, b in self._notes if not r.Test()]
+        buf = buf.copy()
+        self._notes.append((self.comm.Isend([buf, MPI.BYTE], dest, self.tag), buf))
 
     def duplicate(self) -> MPITransport:
         """A transport of the same ranks whose messages never match this one's

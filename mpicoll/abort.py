@@ -1,0 +1,81 @@
+"""End the whole job at once: when a call times out, or when one rank raises.
+
+``abort_on_exception()`` makes an uncaught exception on any rank, in any thread, end the
+job (as ``python -m mpi4py script.py`` does) instead of leaving the other ranks waiting
+for the rank that left. Use it in scripts and jobs; leave it out where a rank should
+survive an exception (an interactive session, a test runner that reports failures).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from .watchdog import EXIT_UNCAUGHT, dump_dir, mark, report, watchdog, world_rank, write_dump
+
+_INSTALLED = False
+
+
+def abort_nccl() -> None:
+    """ncclCommAbort every NCCL communicator of this process, so no GPU kernel waits on."""
+    dog = watchdog()
+    with dog.lock:
+        watches = list(dog.watches)
+    for watch in watches:
+        nccl = getattr(watch.backend.transport, "nccl", None)
+        abort = getattr(nccl, "abort", None)
+        if abort is not None:
+            try:
+                abort()
+            except Exception:  # noqa: BLE001, S110 - ending the job matters more
+                pass
+
+
+def abort_job(code: int, grace: float = 0.0) -> None:
+    """End every rank of the job with exit ``code``: NCCL's communicators first, then
+    ``MPI_Abort`` on MPI_COMM_WORLD (``os._exit`` when MPI is not running)."""
+    time.sleep(grace)
+    abort_nccl()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.COMM_WORLD.Abort(code)
+    os._exit(code)
+
+
+def _abort_after(print_exception: Any) -> Any:
+    def hook(*args: Any) -> None:
+        print_exception(*args)  # the traceback first, as Python prints it
+        lines = [f"mpicoll: uncaught exception on rank {world_rank(0)}; aborting the job "
+                 f"(exit code {EXIT_UNCAUGHT})"]
+        if dump_dir():
+            path = write_dump(watchdog(), "uncaught exception")
+            mark(world_rank(0))
+            lines.append(f"mpicoll: flight recorder written to {path}")
+        report("\n".join(lines))
+        abort_job(EXIT_UNCAUGHT, grace=0.5 if dump_dir() else 0.0)
+
+    return hook
+
+
+def abort_on_exception() -> None:
+    """Install ``sys.excepthook`` and ``threading.excepthook`` so that an uncaught
+    exception on this rank prints its traceback and then aborts the whole job with exit
+    code ``EXIT_UNCAUGHT`` (70). Calling it again changes nothing."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    _INSTALLED = True
+    sys.excepthook = _abort_after(sys.excepthook)
+    thread_hook = _abort_after(threading.excepthook)
+
+    def in_thread(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:  # a thread's sys.exit() ends only the thread
+            return
+        thread_hook(args)
+
+    threading.excepthook = in_thread

@@ -1,0 +1,132 @@
+"""Read the flight-recorder dumps of a job that timed out, and say what went wrong.
+
+    python -m mpicoll.trace hang DIR      # DIR: the job's MPICOLL_DUMP_DIR
+
+Each rank wrote ``DIR/rank-<r>.json`` (``mpicoll.watchdog``) when its call timed out,
+when another rank's timeout told it to, or when it exited. This groups the ranks by the
+call they are in, finds the call the stuck ranks wait in, and names what differs: a rank
+in another collective at that call number (a mismatch), a rank that never reached it
+(it left, died or is busy elsewhere), a rank whose call failed, a rank with no dump.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from collections import Counter
+from typing import Any
+
+
+def load_dumps(directory: str) -> dict[int, dict[str, Any]]:
+    """Every rank's dump in ``directory``, by rank."""
+    dumps = {}
+    for path in glob.glob(os.path.join(directory, "rank-*.json")):
+        if re.fullmatch(r"rank-\d+\.json", os.path.basename(path)):
+            with open(path) as f:
+                data = json.load(f)
+            dumps[int(data["rank"])] = data
+    return dumps
+
+
+def _communicator(dump: dict[str, Any], index: int) -> dict[str, Any] | None:
+    return next((c for c in dump["communicators"] if c["index"] == index), None)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, sorted(ranks)))
+
+
+def _short(site: str) -> str:
+    file, _, line = site.rpartition(":")
+    return f"{os.path.basename(file)}:{line}"
+
+
+def _call(record: dict[str, Any]) -> str:
+    return f"call #{record['seq']} {record['collective']} ({_short(record['site'])})"
+
+
+def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
+    """What went wrong, as lines of text (one screen)."""
+    if not dumps:
+        return ["no dumps (rank-<r>.json) found: was MPICOLL_DUMP_DIR set on every rank?"]
+    # the communicator the job hangs in: the one most ranks' overdue calls are on
+    stuck_on = [d["overdue"] for d in dumps.values() if d.get("overdue") is not None]
+    index = Counter(stuck_on).most_common(1)[0][0] if stuck_on else 0
+    states: dict[int, dict[str, Any]] = {}
+    size = 0
+    for rank, dump in dumps.items():
+        comm = _communicator(dump, index)
+        if comm is None:
+            continue
+        size = max(size, comm["size"])
+        states[rank] = comm
+    lines = [f"{len(dumps)} dump(s) of {size} rank(s); communicator {index}"]
+
+    # the call number the stuck ranks wait in
+    waiting = {r: c for r, c in states.items() if "in_call" in c}
+    target = (Counter(c["in_call"]["seq"] for c in waiting.values()).most_common(1)[0][0]
+              if waiting else max((c["calls"][-1]["seq"] for c in states.values() if c["calls"]),
+                                  default=0))
+
+    def at(rank: int, seq: int) -> dict[str, Any] | None:
+        return next((r for r in states[rank]["calls"] if r["seq"] == seq), None)
+
+    # group the ranks by what they are doing
+    groups: dict[str, list[int]] = {}
+    waits: dict[str, list[str]] = {}
+    for rank in sorted(states):
+        comm, calls = states[rank], states[rank]["calls"]
+        last = calls[-1] if calls else None
+        if "in_call" in comm:
+            now = comm["in_call"]
+            record = at(rank, now["seq"]) or last
+            key = (f"in {_call(record)}, algorithm {record.get('algorithm')}, stuck "
+                   f"{now['running_s']:.1f} s")
+            peer = (f"rank {rank} step {now['step']} waits for rank {now['peer']} ({now['kind']})"
+                    if now.get("peer", -1) >= 0 else f"rank {rank}: {now['waiting']}")
+            waits.setdefault(key, []).append(peer)
+        elif last is None:
+            key = "made no call"
+        else:
+            key = f"not in a call; last call {_call(last)}: {last['state']}"
+            if dumps[rank]["reason"].startswith("exit"):
+                key += f" -- then it left ({dumps[rank]['reason']})"
+        groups.setdefault(key, []).append(rank)
+    for key, ranks in groups.items():
+        lines.append(f"{_ranks(ranks)}: {key}")
+        lines += [f"    {w}" for w in waits.get(key, [])]
+    missing = [r for r in range(size) if r not in dumps]
+    if missing:
+        lines.append(f"{_ranks(missing)}: no dump (killed, or gone before the others timed out)")
+
+    # the verdict: what differs at the call the others wait in
+    lines.append("")
+    verdict = []
+    kinds: dict[str, list[int]] = {}
+    for rank in sorted(states):
+        record = at(rank, target)
+        if record is not None:
+            kinds.setdefault(_call(record), []).append(rank)
+    if len({k.split(" (")[0] for k in kinds}) > 1:
+        verdict.append(f"mismatch at call #{target}: " + "; ".join(
+            f"{_ranks(r)} called {k.split(' ', 2)[2]}" for k, r in kinds.items()))
+    behind: dict[str, list[int]] = {}
+    for rank in sorted(states):
+        record = at(rank, target)
+        if record is None:
+            last = states[rank]["calls"][-1] if states[rank]["calls"] else None
+            behind.setdefault(f"last call {_call(last)}" if last else "no call", []).append(rank)
+        elif record["state"].startswith(("failed", "refused")):
+            verdict.append(f"rank {rank} failed {_call(record)}: {record['state']}")
+    verdict += [f"{_ranks(r)} never reached call #{target} ({b})" for b, r in behind.items()]
+    if missing:
+        verdict.append(f"{_ranks(missing)} left no dump: look there first")
+    if not verdict and waiting:
+        peers = sorted({c["in_call"]["peer"] for c in waiting.values()
+                        if c["in_call"].get("peer", -1) >= 0})
+        verdict.append(f"every rank with a dump is in call #{target}; they wait for "
+                       + (_ranks(peers) if peers else "the library's own collective"))
+    lines += ["what went wrong: " + v for v in verdict] or ["what went wrong: nothing found"]
+    return lines

@@ -1,0 +1,54 @@
+"""``Communicator.monitored_barrier``: a barrier that names the ranks that did not come.
+
+As torch.distributed's: every rank tells rank 0 it arrived; rank 0 waits for them until
+the timeout (for all of them with ``wait_all_ranks=True``, else until the first one
+missing), then tells every rank which ranks did not arrive in time, and every rank that
+gets the answer raises ``CollectiveTimeoutError`` naming them. A rank that arrives late
+gets the same answer (it names that rank) and raises too. Messages are one int64 per
+rank on the control transport, with the call's own tag; none is left for a later call
+to match.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from .errors import CollectiveTimeoutError, InvalidArgumentError
+
+
+def monitored_barrier(c: Any, call: Any, timeout: float | None, wait_all_ranks: bool) -> None:
+    """The body of ``Communicator.monitored_barrier`` (see the module's docstring)."""
+    if timeout is None:
+        timeout = c.timeout or float("inf")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise InvalidArgumentError(f"timeout: expected seconds > 0, got {timeout!r}")
+    t = c._backend.control
+    missing = np.full(t.size, -1, np.int64)  # the ranks that did not arrive, then -1s
+    if t.rank == 0:
+        deadline = time.monotonic() + timeout
+        arrived = np.zeros(1, np.int64)
+        late = []
+        for r in range(1, t.size):
+            if not t.try_recv(arrived, r, deadline - time.monotonic()):
+                late.append(r)
+                if not wait_all_ranks:
+                    break
+        missing[:len(late)] = late
+        for r in range(1, t.size):
+            t.post(missing, r)
+    else:
+        t.post(np.ones(1, np.int64), 0)
+        if not t.try_recv(missing, 0, 2 * timeout + 1):  # rank 0 waits up to timeout
+            raise CollectiveTimeoutError(
+                f"{call.name()}: rank 0 did not arrive within {2 * timeout + 1:g} s "
+                f"(rank {t.rank} waited for its answer)")
+    late = missing[missing >= 0].tolist()
+    if late:
+        which = "rank " + str(late[0]) if len(late) == 1 else "ranks " + ", ".join(map(str, late))
+        raise CollectiveTimeoutError(
+            f"{call.name()}: {which} did not arrive within {timeout:g} s"
+            + ("" if wait_all_ranks else " (the first one missing; wait_all_ranks=True "
+               "names all)"))

@@ -1,0 +1,68 @@
+"""A job that goes wrong on purpose, for tests/test_hangs.py (run under mpiexec).
+
+    mpiexec -n 4 python tests/hang_job.py SCENARIO [--abort]
+
+Every rank makes calls #1 and #2 (all_reduce), then rank 1 (the culprit) goes wrong in
+or before call #3; the others make call #3 as usual. ``--abort`` installs
+``mpicoll.abort_on_exception()``. The job must end through mpicoll's timeout
+(MPICOLL_TIMEOUT, a few seconds) or its abort, never hang.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import mpicoll
+
+CULPRIT = 1
+
+
+def failing_op(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    raise ValueError("failing_op cannot combine these")
+
+
+def main(scenario: str) -> None:
+    comm = mpicoll.Communicator()
+    x = np.ones(1000)
+    for _ in range(2):  # calls #1 and #2
+        comm.all_reduce(x, algorithm="ring")
+    culprit = comm.rank == CULPRIT
+    timeout = comm.timeout
+    if scenario == "monitored_barrier":
+        if comm.rank == 2:
+            time.sleep(2 * timeout)
+        comm.monitored_barrier(timeout=timeout / 2, wait_all_ranks=True)
+    elif scenario == "async":
+        comm.all_reduce(x, algorithm="ring", async_op=True).wait()  # call #1 of the progress thread
+        if comm.rank == 0:  # its call #2 never completes: nobody else makes it
+            comm.all_reduce(x, algorithm="ring", async_op=True).wait()
+        else:
+            time.sleep(3 * timeout)
+        return
+    elif culprit and scenario == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif culprit and scenario == "raise":
+        raise RuntimeError("rank 1 fails between calls")
+    elif culprit and scenario == "exit0":
+        sys.exit(0)
+    elif culprit and scenario == "sleep":
+        time.sleep(3 * timeout)
+    elif culprit and scenario == "mismatch":
+        comm.all_gather(x, algorithm="ring")
+    elif scenario == "user_op":
+        op = mpicoll.Op(failing_op if culprit else np.add, commutative=True, name="failing_op")
+        comm.all_reduce(x, op, algorithm="ring")
+    else:
+        comm.all_reduce(x, algorithm="ring")  # call #3 of the others
+    comm.all_reduce(x, algorithm="ring")  # call #4: the culprit never gets here in time
+
+
+if __name__ == "__main__":
+    if "--abort" in sys.argv:
+        mpicoll.abort_on_exception()
+    main(sys.argv[1])

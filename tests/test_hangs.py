@@ -1,0 +1,209 @@
+"""Never hang silently: each broken job ends within its timeout with a report naming the
+rank, the call and the collective (tests/hang_job.py, under mpiexec, MPICOLL_TIMEOUT=3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import mpicoll
+from mpicoll.errors import CollectiveTimeoutError
+from mpicoll.local import run_local
+from mpicoll.watchdog import EXIT_TIMEOUT, EXIT_UNCAUGHT, PARAMETERS
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec next to Python or on PATH")
+TIMEOUT = 3  # MPICOLL_TIMEOUT of the jobs
+RANKS = 4
+
+
+def job(scenario: str, dump_dir: str, *extra: str) -> tuple[subprocess.CompletedProcess, float]:
+    env = dict(os.environ, MPICOLL_TIMEOUT=str(TIMEOUT), MPICOLL_DUMP_DIR=dump_dir)
+    start = time.monotonic()
+    done = subprocess.run(["timeout", "-k", "5", "60", MPIEXEC, "-n", str(RANKS), sys.executable,
+                           os.path.join(HERE, "hang_job.py"), scenario, *extra],
+                          capture_output=True, text=True, env=env)
+    return done, time.monotonic() - start
+
+
+def reports(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("mpicoll: timeout")]
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("scenario", ["raise", "exit0", "sleep", "user_op"])
+def test_a_rank_that_leaves_or_lags_ends_the_job_with_a_report(scenario, tmp_path):
+    """Rank 1 raises in plain python, exits with 0, sleeps or fails in its op: the others
+    wait in call #3 all_reduce for it, report that, and abort the job."""
+    done, elapsed = job(scenario, str(tmp_path))
+    assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
+    assert elapsed < TIMEOUT + 10
+    found = reports(done.stderr)
+    assert found, done.stderr[-3000:]
+    assert all("call #3 all_reduce (algorithm ring, 8000 B" in r for r in found), found
+    # rank 2 receives from rank 1 in the ring: it names the culprit
+    assert any(r.startswith("mpicoll: timeout: rank 2 ") and "receive from rank 1" in r
+               for r in found), found
+    if scenario == "user_op":
+        assert "op 'failing_op' raised ValueError" in done.stderr
+    summary = hang_summary(tmp_path)
+    assert "rank 1" in summary
+
+
+@needs_mpiexec
+def test_a_killed_rank_ends_the_job(tmp_path):
+    done, elapsed = job("kill", str(tmp_path))
+    assert done.returncode != 0 and done.returncode != 124
+    assert elapsed < TIMEOUT + 10
+
+
+@needs_mpiexec
+def test_mismatched_collectives_end_the_job_and_trace_hang_names_both(tmp_path):
+    done, elapsed = job("mismatch", str(tmp_path))
+    assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
+    assert elapsed < TIMEOUT + 10
+    assert any("call #3 all_reduce" in r for r in reports(done.stderr))
+    summary = hang_summary(tmp_path)
+    assert "mismatch at call #3" in summary, summary
+    assert "rank 1 called all_gather" in summary and "called all_reduce" in summary, summary
+
+
+@needs_mpiexec
+def test_an_async_call_that_never_completes_ends_the_job(tmp_path):
+    done, elapsed = job("async", str(tmp_path))
+    assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
+    assert elapsed < TIMEOUT + 10
+    found = reports(done.stderr)
+    assert found and found[0].startswith("mpicoll: timeout: rank 0 "), found
+    assert "communicator 1" in found[0] and "call #2 all_reduce" in found[0]
+
+
+@needs_mpiexec
+def test_monitored_barrier_names_the_late_rank(tmp_path):
+    done, elapsed = job("monitored_barrier", str(tmp_path), "--abort")
+    assert done.returncode == EXIT_UNCAUGHT, done.stderr[-3000:]
+    assert elapsed < 2 * TIMEOUT + 10
+    assert "CollectiveTimeoutError: monitored_barrier (call #3): rank 2 did not arrive" \
+        in done.stderr
+
+
+@needs_mpiexec
+def test_abort_on_exception_ends_the_job_at_once(tmp_path):
+    done, elapsed = job("raise", str(tmp_path), "--abort")
+    assert done.returncode == EXIT_UNCAUGHT, done.stderr[-3000:]
+    assert elapsed < TIMEOUT  # at once, not through the timeout
+    assert "RuntimeError: rank 1 fails between calls" in done.stderr
+    assert not reports(done.stderr)
+    dump = json.loads((tmp_path / "rank-1.json").read_text())
+    assert dump["reason"] == "uncaught exception"
+
+
+def hang_summary(directory) -> str:
+    done = subprocess.run([sys.executable, "-m", "mpicoll.trace", "hang", str(directory)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+# ---- the local backend: a timeout raises in the waiting thread ----------------------------
+
+def test_local_timeout_raises_in_the_waiting_rank():
+    def body(comm):
+        if comm.rank != 1:
+            comm.all_reduce(np.ones(2), algorithm="ring")
+        return comm.timeout
+
+    start = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError, match="mpicoll: timeout: rank .* no message from rank"):
+        run_local(3, body, timeout=0.5)
+    assert time.monotonic() - start < 60
+
+
+def test_communicator_timeout_governs_the_local_receives():
+    world = mpicoll.transport.local.LocalWorld(2, timeout=60)
+    errors = []
+
+    def rank(r):
+        comm = mpicoll.Communicator(world.endpoint(r), backend="local", timeout=0.5)
+        try:
+            if r == 0:
+                comm.all_reduce(np.ones(1), algorithm="ring")
+        except mpicoll.MpicollError as exc:
+            errors.append(exc)
+
+    import threading
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert time.monotonic() - start < 10
+    assert len(errors) == 1 and isinstance(errors[0], CollectiveTimeoutError)
+    assert isinstance(errors[0], TimeoutError) and isinstance(errors[0], mpicoll.AbortedError)
+
+
+def test_local_monitored_barrier_names_every_late_rank():
+    def body(comm):
+        if comm.rank in (1, 3):
+            time.sleep(1.0)
+        with pytest.raises(CollectiveTimeoutError, match=r"ranks 1, 3 did not arrive within 0.3 s"):
+            comm.monitored_barrier(timeout=0.3, wait_all_ranks=True)
+        return True
+
+    assert run_local(4, body, timeout=10) == [True] * 4
+
+
+def test_local_monitored_barrier_passes_when_all_arrive_and_the_next_call_works():
+    def body(comm):
+        comm.monitored_barrier(timeout=5)
+        return comm.all_reduce(np.ones(1)).tolist()
+
+    assert run_local(3, body, timeout=10) == [[3.0]] * 3
+
+
+def test_work_wait_is_bounded():
+    work = mpicoll.Work("all_reduce", timeout=0.2)
+    start = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError, match="all_reduce: not finished after"):
+        work.wait()
+    assert time.monotonic() - start < work.GRACE + 2
+    with pytest.raises(TimeoutError):
+        work.wait(timeout=0.01)
+
+
+def test_flight_recorder_keeps_the_last_calls(monkeypatch):
+    monkeypatch.setenv("MPICOLL_FLIGHT_RECORDER", "4")
+
+    def body(comm):
+        for _ in range(6):
+            comm.all_reduce(np.ones(3, np.float32), "max", algorithm="ring")
+        with pytest.raises(mpicoll.InvalidArgumentError):
+            comm.reduce(np.ones(3), root=99)
+        return comm._watch.records(PARAMETERS, 0.0)
+
+    calls = run_local(2, body, timeout=10)[0]
+    assert [c["seq"] for c in calls] == [4, 5, 6, 7]
+    assert calls[0]["collective"] == "all_reduce" and calls[0]["algorithm"] == "ring"
+    assert calls[0]["shape"] == [3] and calls[0]["dtype"] == "float32" and calls[0]["op"] == "max"
+    assert calls[0]["nbytes"] == 12 and calls[0]["state"] == "done"
+    assert calls[-1]["root"] == 99 and calls[-1]["state"].startswith("refused: InvalidArgumentError")
+    assert calls[-1]["site"].startswith(__file__)
+
+
+@pytest.mark.parametrize("value", ["-1", "soon"])
+def test_malformed_timeout_is_refused(monkeypatch, value):
+    monkeypatch.setenv("MPICOLL_TIMEOUT", value)
+    from mpicoll.watchdog import timeout_setting
+
+    with pytest.raises(mpicoll.errors.ConfigError, match="MPICOLL_TIMEOUT|timeout"):
+        timeout_setting(None)
