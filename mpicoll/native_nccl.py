@@ -171,7 +171,7 @@ def native_all_to_all(t: NCCLTransport, src: Any, send_bounds: tuple[int, ...], 
 
 
 def native_barrier(t: NCCLTransport) -> None:
-    token = t.scratch(1, np.float32, slot=1, like=t._device_like)
+    token = t.take(1, np.float32, like=t._device_like)
     t.nccl.allReduce(_ptr(token), _ptr(token), 1, NCCL_DTYPES[np.dtype(np.float32)], NCCL_SUM,
                      t.stream_ptr())
     t.synchronize()  # a barrier returns on the host only once every rank has entered

@@ -331,3 +331,26 @@ def test_a_corrupt_model_file_is_refused_and_a_missing_one_falls_back(tmp_path, 
         run_local(2, lambda comm: comm.size)
     monkeypatch.setenv("MPICOLL_MODEL", str(tmp_path / "missing.json"))
     assert run_local(2, lambda comm: comm.auto_algorithm("all_reduce", 8)) == ["recursive_doubling"] * 2
+
+
+def test_workspace_scopes_never_overlap_and_are_reused():
+    from mpicoll.transport.local import LocalWorld
+
+    t = LocalWorld(1).endpoint(0)
+    t.begin()
+    call_level = t.take(10, np.float64)  # the pipeline's: valid for the whole call
+    call_level[...] = 7
+    with t.workspace() as ws:
+        a = ws.take(100, np.float64)
+        with t.workspace() as inner:  # an algorithm called by another
+            b = inner.take(50, np.int32)
+            assert not np.shares_memory(a, b) and not np.shares_memory(b, call_level)
+        with t.workspace() as inner:  # the next scope reuses the memory b had
+            c = inner.take(50, np.int32)
+            assert np.shares_memory(b, c) and not np.shares_memory(a, c)
+    np.testing.assert_array_equal(call_level, 7)
+    arena = t._arenas[False]
+    t.begin()  # a new call: all free, and the same memory again (no allocation once warm)
+    with t.workspace() as ws:
+        again = ws.take(10, np.float64)
+    assert t._arenas[False] is arena and np.shares_memory(again, call_level)

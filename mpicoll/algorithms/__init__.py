@@ -26,8 +26,9 @@ Costs use the alpha-beta-gamma model: alpha per message, beta per byte, gamma pe
 reduced; n is the message size in bytes, p the number of ranks, p2 the largest power of
 two <= p, k a tree's radix and S the number of segments of a pipelined algorithm.
 
-Workspace: algorithms take ``t.scratch`` slots 1 and 2 (and 4 where they call another
-algorithm that uses 1 and 2); the Communicator uses slot 3.
+Workspace: an algorithm that needs memory opens a scope, ``with t.workspace() as ws:``,
+and takes from it (``ws.take(count, dtype)``): memory kept between calls, given back when
+the scope ends, never shared with an algorithm it calls.
 """
 
 from __future__ import annotations

@@ -80,19 +80,20 @@ def bruck_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ...]) -> 
     Cost: ceil(lg p)*alpha + (p-1)/p*n*beta
     """
     p, rank = t.size, t.rank
-    if p == 1:
-        return
-    total = bounds[p]
-    mine = rotated_bounds(bounds, rank)  # position j: block (rank + j) mod p
-    work = t.scratch(total, buf.dtype, slot=1)
-    work[:mine[1]] = buf[bounds[rank]:bounds[rank + 1]]
-    held = 1
-    while held < p:
-        count = min(held, p - held)
-        # the sender's first `count` blocks are exactly the ones after my first `held`
-        t.sendrecv(work[:mine[count]], (rank - held) % p,
-                   work[mine[held]:mine[held + count]], (rank + held) % p)
-        held += count
-    split = total - bounds[rank]  # positions 0.. hold blocks rank..p-1, then 0..rank-1
-    buf[bounds[rank]:] = work[:split]
-    buf[:bounds[rank]] = work[split:]
+    with t.workspace() as ws:
+        if p == 1:
+            return
+        total = bounds[p]
+        mine = rotated_bounds(bounds, rank)  # position j: block (rank + j) mod p
+        work = ws.take(total, buf.dtype)
+        work[:mine[1]] = buf[bounds[rank]:bounds[rank + 1]]
+        held = 1
+        while held < p:
+            count = min(held, p - held)
+            # the sender's first `count` blocks are exactly the ones after my first `held`
+            t.sendrecv(work[:mine[count]], (rank - held) % p,
+                       work[mine[held]:mine[held + count]], (rank + held) % p)
+            held += count
+        split = total - bounds[rank]  # positions 0.. hold blocks rank..p-1, then 0..rank-1
+        buf[bounds[rank]:] = work[:split]
+        buf[:bounds[rank]] = work[split:]

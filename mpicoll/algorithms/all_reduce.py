@@ -49,31 +49,32 @@ def recursive_doubling_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray
     """
     p, rank = t.size, t.rank
     fold = Fold(p)
-    incoming = t.scratch(src.size, src.dtype, slot=1)
-    cur = src
-    if rank < 2 * fold.rem:
-        if fold.sits_out(rank):
-            t.send(src, rank + 1)
-            t.recv(dst, rank + 1)
-            return
-        t.recv(incoming, rank - 1)
-        op(incoming, src, out=dst)
-        cur = dst
-    new = fold.new_rank(rank)
-    mask = 1
-    while mask < fold.p2:
-        partner = fold.old_rank(new ^ mask)
-        t.sendrecv(cur, partner, incoming, partner)
-        if partner < rank:
-            op(incoming, cur, out=dst)
-        else:
-            op(cur, incoming, out=dst)
-        cur = dst
-        mask <<= 1
-    if cur is not dst:  # one rank: nothing was exchanged
-        dst[...] = src
-    if rank < 2 * fold.rem:
-        t.send(dst, rank - 1)
+    with t.workspace() as ws:
+        incoming = ws.take(src.size, src.dtype)
+        cur = src
+        if rank < 2 * fold.rem:
+            if fold.sits_out(rank):
+                t.send(src, rank + 1)
+                t.recv(dst, rank + 1)
+                return
+            t.recv(incoming, rank - 1)
+            op(incoming, src, out=dst)
+            cur = dst
+        new = fold.new_rank(rank)
+        mask = 1
+        while mask < fold.p2:
+            partner = fold.old_rank(new ^ mask)
+            t.sendrecv(cur, partner, incoming, partner)
+            if partner < rank:
+                op(incoming, cur, out=dst)
+            else:
+                op(cur, incoming, out=dst)
+            cur = dst
+            mask <<= 1
+        if cur is not dst:  # one rank: nothing was exchanged
+            dst[...] = src
+        if rank < 2 * fold.rem:
+            t.send(dst, rank - 1)
 
 
 @register("all_reduce", "reduce_broadcast")
@@ -118,46 +119,47 @@ def ring_pipelined_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op
     Cost: 2*(p-1)*S*alpha + 2*(p-1)/p*n*beta + (p-1)/p*n*gamma/S
     """
     p, rank = t.size, t.rank
-    if p == 1:
-        if dst is not src:
-            dst[...] = src
-        return
-    bounds = chunk_bounds(src.size, p)
-    segment = max(1, segment_bytes // src.itemsize)
-    right, left = (rank + 1) % p, (rank - 1) % p
-    # partial sums arrive straight in the result, or in workspace when it is the input
-    arrive = dst if dst is not src else None
-    staging = t.scratch(bounds[1] - bounds[0], src.dtype, slot=1)  # chunk 0 is the widest
+    with t.workspace() as ws:
+        if p == 1:
+            if dst is not src:
+                dst[...] = src
+            return
+        bounds = chunk_bounds(src.size, p)
+        segment = max(1, segment_bytes // src.itemsize)
+        right, left = (rank + 1) % p, (rank - 1) % p
+        # partial sums arrive straight in the result, or in workspace when it is the input
+        arrive = dst if dst is not src else None
+        staging = ws.take(bounds[1] - bounds[0], src.dtype)  # chunk 0 is the widest
 
-    def segments(block: int) -> list[tuple[int, int]]:
-        return segment_bounds(bounds[block], bounds[block + 1], segment)
+        def segments(block: int) -> list[tuple[int, int]]:
+            return segment_bounds(bounds[block], bounds[block + 1], segment)
 
-    # reduce_scatter: at step k receive block (rank - k - 2) mod p, add my input to it,
-    # and send each summed segment on; my own input block (rank - 1) starts the ring
-    sends = [t.isend(src[lo:hi], right) for lo, hi in segments((rank - 1) % p)]
-    for step in range(p - 1):
-        block = (rank - step - 2) % p
-        base = bounds[block]
-        pending = sends
-        partials = [arrive[lo:hi] if arrive is not None else staging[lo - base:hi - base]
-                    for lo, hi in segments(block)]
-        receives = [t.irecv(partial, left) for partial in partials]
-        sends = []
-        for (lo, hi), partial, request in zip(segments(block), partials, receives, strict=True):
-            t.waitall([request])
-            op(partial, src[lo:hi], out=dst[lo:hi])
-            sends.append(t.isend(dst[lo:hi], right))  # the next step's (or the gather's) message
-        t.waitall(pending)  # before the gather overwrites blocks they read
-    # all_gather: my block (rank) is on its way; pass each block received on to the
-    # right until it has gone round
-    for step in range(p - 1):
-        block = (rank - step - 1) % p
-        receives = [t.irecv(dst[lo:hi], left) for lo, hi in segments(block)]
-        for (lo, hi), request in zip(segments(block), receives, strict=True):
-            t.waitall([request])
-            if step < p - 2:
-                sends.append(t.isend(dst[lo:hi], right))
-    t.waitall(sends)
+        # reduce_scatter: at step k receive block (rank - k - 2) mod p, add my input to it,
+        # and send each summed segment on; my own input block (rank - 1) starts the ring
+        sends = [t.isend(src[lo:hi], right) for lo, hi in segments((rank - 1) % p)]
+        for step in range(p - 1):
+            block = (rank - step - 2) % p
+            base = bounds[block]
+            pending = sends
+            partials = [arrive[lo:hi] if arrive is not None else staging[lo - base:hi - base]
+                        for lo, hi in segments(block)]
+            receives = [t.irecv(partial, left) for partial in partials]
+            sends = []
+            for (lo, hi), partial, request in zip(segments(block), partials, receives, strict=True):
+                t.waitall([request])
+                op(partial, src[lo:hi], out=dst[lo:hi])
+                sends.append(t.isend(dst[lo:hi], right))  # the next step's (or the gather's) message
+            t.waitall(pending)  # before the gather overwrites blocks they read
+        # all_gather: my block (rank) is on its way; pass each block received on to the
+        # right until it has gone round
+        for step in range(p - 1):
+            block = (rank - step - 1) % p
+            receives = [t.irecv(dst[lo:hi], left) for lo, hi in segments(block)]
+            for (lo, hi), request in zip(segments(block), receives, strict=True):
+                t.waitall([request])
+                if step < p - 2:
+                    sends.append(t.isend(dst[lo:hi], right))
+        t.waitall(sends)
 
 
 @register("all_reduce", "allgather_reduce")
@@ -169,12 +171,13 @@ def allgather_reduce_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, 
     Cost: (lg p2 + 2*[p != p2])*alpha + (p-1)*n*beta + (p-1)*n*gamma
     """
     p, rank, m = t.size, t.rank, src.size
-    everyone = t.scratch(p * m, src.dtype, slot=1)
-    everyone[rank * m:(rank + 1) * m] = src
-    recursive_doubling_all_gather(t, everyone, even_bounds(m, p))
-    if p == 1:
-        dst[...] = src
-        return
-    op(everyone[:m], everyone[m:2 * m], out=dst)
-    for r in range(2, p):
-        op(dst, everyone[r * m:(r + 1) * m], out=dst)
+    with t.workspace() as ws:
+        everyone = ws.take(p * m, src.dtype)
+        everyone[rank * m:(rank + 1) * m] = src
+        recursive_doubling_all_gather(t, everyone, even_bounds(m, p))
+        if p == 1:
+            dst[...] = src
+            return
+        op(everyone[:m], everyone[m:2 * m], out=dst)
+        for r in range(2, p):
+            op(dst, everyone[r * m:(r + 1) * m], out=dst)

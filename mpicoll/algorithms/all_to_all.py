@@ -66,27 +66,28 @@ def bruck_all_to_all(t: Transport, src: np.ndarray, send_bounds: tuple[int, ...]
     """
     p, rank = t.size, t.rank
     m = send_bounds[1] - send_bounds[0]
-    if p == 1:
-        dst[...] = src
-        return
-    # phase 1: work[i] = the block for rank (rank + i) mod p, at distance i
-    work = t.scratch(p * m, src.dtype, slot=1).reshape(p, m)
-    blocks = src.reshape(p, m)
-    work[:p - rank] = blocks[rank:]
-    work[p - rank:] = blocks[:rank]
-    packs = t.scratch(2 * p * m, src.dtype, slot=2)
-    outgoing, incoming = packs[:p * m].reshape(p, m), packs[p * m:].reshape(p, m)
-    # phase 2: a block keeps its index (distance) as it hops; it has arrived when the
-    # bits of its distance are all used up
-    steps, arrived = _bruck_plan(p, rank, type(work) is not np.ndarray)
-    for bit, moving in steps:
-        count = moving.size
-        work.take(moving, axis=0, out=outgoing[:count])
-        t.sendrecv(outgoing[:count].reshape(-1), (rank + bit) % p,
-                   incoming[:count].reshape(-1), (rank - bit) % p)
-        work[moving] = incoming[:count]
-    # phase 3: index i now holds the block from rank (rank - i) mod p
-    work.take(arrived, axis=0, out=dst.reshape(p, m))
+    with t.workspace() as ws:
+        if p == 1:
+            dst[...] = src
+            return
+        # phase 1: work[i] = the block for rank (rank + i) mod p, at distance i
+        work = ws.take(p * m, src.dtype).reshape(p, m)
+        blocks = src.reshape(p, m)
+        work[:p - rank] = blocks[rank:]
+        work[p - rank:] = blocks[:rank]
+        packs = ws.take(2 * p * m, src.dtype)
+        outgoing, incoming = packs[:p * m].reshape(p, m), packs[p * m:].reshape(p, m)
+        # phase 2: a block keeps its index (distance) as it hops; it has arrived when the
+        # bits of its distance are all used up
+        steps, arrived = _bruck_plan(p, rank, type(work) is not np.ndarray)
+        for bit, moving in steps:
+            count = moving.size
+            work.take(moving, axis=0, out=outgoing[:count])
+            t.sendrecv(outgoing[:count].reshape(-1), (rank + bit) % p,
+                       incoming[:count].reshape(-1), (rank - bit) % p)
+            work[moving] = incoming[:count]
+        # phase 3: index i now holds the block from rank (rank - i) mod p
+        work.take(arrived, axis=0, out=dst.reshape(p, m))
 
 
 @lru_cache(maxsize=64)

@@ -43,27 +43,28 @@ def _tree_gather(t: Transport, src: np.ndarray, dst: np.ndarray | None,
     rel = (rank - root) % p
     rel_bounds = rotated_bounds(bounds, root)
     base = rel_bounds[rel]
-    if parent is not None and not children:  # a leaf
-        if src.size:
-            t.send(src, (parent + root) % p)
-        return
-    work = dst if rel == 0 and root == 0 else t.scratch(rel_bounds[end] - base, src.dtype, slot=1)
-    assert work is not None
-    work[:src.size] = src
-    requests = []
-    for child, child_end in children:
-        lo, hi = rel_bounds[child] - base, rel_bounds[child_end] - base
-        if hi > lo:  # an empty subtree sends nothing
-            requests.append(t.irecv(work[lo:hi], (child + root) % p))
-    t.waitall(requests)
-    if parent is not None:
-        if rel_bounds[end] > base:
-            t.send(work[:rel_bounds[end] - base], (parent + root) % p)
-    elif work is not dst:  # the root, root != 0: relative order back to rank order
-        assert dst is not None
-        split = bounds[p] - bounds[root]
-        dst[bounds[root]:] = work[:split]
-        dst[:bounds[root]] = work[split:]
+    with t.workspace() as ws:
+        if parent is not None and not children:  # a leaf
+            if src.size:
+                t.send(src, (parent + root) % p)
+            return
+        work = dst if rel == 0 and root == 0 else ws.take(rel_bounds[end] - base, src.dtype)
+        assert work is not None
+        work[:src.size] = src
+        requests = []
+        for child, child_end in children:
+            lo, hi = rel_bounds[child] - base, rel_bounds[child_end] - base
+            if hi > lo:  # an empty subtree sends nothing
+                requests.append(t.irecv(work[lo:hi], (child + root) % p))
+        t.waitall(requests)
+        if parent is not None:
+            if rel_bounds[end] > base:
+                t.send(work[:rel_bounds[end] - base], (parent + root) % p)
+        elif work is not dst:  # the root, root != 0: relative order back to rank order
+            assert dst is not None
+            split = bounds[p] - bounds[root]
+            dst[bounds[root]:] = work[:split]
+            dst[:bounds[root]] = work[split:]
 
 
 @register("gather", "binomial")

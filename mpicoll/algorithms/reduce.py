@@ -27,23 +27,24 @@ def linear_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, op: Op,
     Cost: (p-1)*(alpha + n*beta + n*gamma)
     """
     p, rank = t.size, t.rank
-    if rank != root:
-        t.send(src, root)
-        return
-    assert dst is not None
-    incoming = t.scratch(src.size, src.dtype, slot=1)
-    for r in range(p):
-        if r == 0:
-            if root == 0:
-                if dst is not src:
-                    dst[...] = src
+    with t.workspace() as ws:
+        if rank != root:
+            t.send(src, root)
+            return
+        assert dst is not None
+        incoming = ws.take(src.size, src.dtype)
+        for r in range(p):
+            if r == 0:
+                if root == 0:
+                    if dst is not src:
+                        dst[...] = src
+                else:
+                    t.recv(dst, 0)
             else:
-                t.recv(dst, 0)
-        else:
-            operand = src if r == root else incoming
-            if r != root:
-                t.recv(incoming, r)
-            op(dst, operand, out=dst)
+                operand = src if r == root else incoming
+                if r != root:
+                    t.recv(incoming, r)
+                op(dst, operand, out=dst)
 
 
 def _deliver(t: Transport, cur: np.ndarray, src: np.ndarray, dst: np.ndarray | None, root: int,
@@ -72,20 +73,21 @@ def binomial_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, op: O
     p, rank = t.size, t.rank
     tree_root = root if op.commutative else 0
     rel = (rank - tree_root) % p
-    incoming = t.scratch(src.size, src.dtype, slot=1)
-    acc = dst if dst is not None else t.scratch(src.size, src.dtype, slot=2)
-    cur = src
-    mask = 1
-    while mask < p:
-        if rel & mask:
-            t.send(cur, (rank - mask) % p)  # to the parent
-            break
-        if rel + mask < p:  # a child, whose subtree holds higher relative ranks
-            t.recv(incoming, (rank + mask) % p)
-            op(cur, incoming, out=acc)
-            cur = acc
-        mask <<= 1
-    _deliver(t, cur, src, dst, root, tree_root)
+    with t.workspace() as ws:
+        incoming = ws.take(src.size, src.dtype)
+        acc = dst if dst is not None else ws.take(src.size, src.dtype)
+        cur = src
+        mask = 1
+        while mask < p:
+            if rel & mask:
+                t.send(cur, (rank - mask) % p)  # to the parent
+                break
+            if rel + mask < p:  # a child, whose subtree holds higher relative ranks
+                t.recv(incoming, (rank + mask) % p)
+                op(cur, incoming, out=acc)
+                cur = acc
+            mask <<= 1
+        _deliver(t, cur, src, dst, root, tree_root)
 
 
 @register("reduce", "knomial")
@@ -103,19 +105,20 @@ def knomial_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, op: Op
     tree_root = root if op.commutative else 0
     rel = (rank - tree_root) % p
     children = knomial_children(rel, p, radix)
-    incoming = t.scratch(len(children) * m, src.dtype, slot=1)
-    requests = [t.irecv(incoming[i * m:(i + 1) * m], (child + tree_root) % p)
-                for i, (child, _) in enumerate(children)]
-    acc = dst if dst is not None else t.scratch(m, src.dtype, slot=2)
-    cur = src
-    for i, request in enumerate(requests):  # children hold increasing ranks
-        t.waitall([request])
-        op(cur, incoming[i * m:(i + 1) * m], out=acc)
-        cur = acc
-    parent = knomial_parent(rel, radix)
-    if parent is not None:
-        t.send(cur, (parent + tree_root) % p)
-    _deliver(t, cur, src, dst, root, tree_root)
+    with t.workspace() as ws:
+        incoming = ws.take(len(children) * m, src.dtype)
+        requests = [t.irecv(incoming[i * m:(i + 1) * m], (child + tree_root) % p)
+                    for i, (child, _) in enumerate(children)]
+        acc = dst if dst is not None else ws.take(m, src.dtype)
+        cur = src
+        for i, request in enumerate(requests):  # children hold increasing ranks
+            t.waitall([request])
+            op(cur, incoming[i * m:(i + 1) * m], out=acc)
+            cur = acc
+        parent = knomial_parent(rel, radix)
+        if parent is not None:
+            t.send(cur, (parent + tree_root) % p)
+        _deliver(t, cur, src, dst, root, tree_root)
 
 
 @register("reduce", "rabenseifner", commutative_only=True)
@@ -130,8 +133,8 @@ def rabenseifner_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, o
     p, rank = t.size, t.rank
     bounds = chunk_bounds(src.size, p)
     lo, hi = bounds[rank], bounds[rank + 1]
-    # my reduced chunk goes where the gather reads it: the root's result, or workspace
-    # (slot 4: the reduce_scatter takes 1 and 2, the gather 1)
-    chunk = dst[lo:hi] if dst is not None else t.scratch(hi - lo, src.dtype, slot=4)
-    recursive_halving_reduce_scatter(t, src, bounds, op, chunk)
-    binomial_gather(t, chunk, dst if rank == root else None, bounds, root)
+    with t.workspace() as ws:
+        # my reduced chunk goes where the gather reads it: the root's result, or workspace
+        chunk = dst[lo:hi] if dst is not None else ws.take(hi - lo, src.dtype)
+        recursive_halving_reduce_scatter(t, src, bounds, op, chunk)
+        binomial_gather(t, chunk, dst if rank == root else None, bounds, root)

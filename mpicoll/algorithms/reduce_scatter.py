@@ -32,18 +32,19 @@ def ring_reduce_scatter_steps(t: Transport, src: np.ndarray, bounds: tuple[int, 
     p, rank = t.size, t.rank
     right, left = (rank + 1) % p, (rank - 1) % p
     staging = None
-    if src_may_alias:
-        staging = t.scratch(max(bounds[i + 1] - bounds[i] for i in range(p)), src.dtype, slot=1)
-    b = (rank - 1) % p
-    outgoing = src[bounds[b]:bounds[b + 1]]
-    for step in range(p - 1):
-        b = (rank - step - 2) % p
-        lo, hi = bounds[b], bounds[b + 1]
-        acc = accumulator(step, b)
-        partial = acc if staging is None else staging[: hi - lo]
-        t.sendrecv(outgoing, right, partial, left)
-        op(partial, src[lo:hi], out=acc)
-        outgoing = acc
+    with t.workspace() as ws:
+        if src_may_alias:
+            staging = ws.take(max(bounds[i + 1] - bounds[i] for i in range(p)), src.dtype)
+        b = (rank - 1) % p
+        outgoing = src[bounds[b]:bounds[b + 1]]
+        for step in range(p - 1):
+            b = (rank - step - 2) % p
+            lo, hi = bounds[b], bounds[b + 1]
+            acc = accumulator(step, b)
+            partial = acc if staging is None else staging[: hi - lo]
+            t.sendrecv(outgoing, right, partial, left)
+            op(partial, src[lo:hi], out=acc)
+            outgoing = acc
 
 
 @register("reduce_scatter", "ring", commutative_only=True)
@@ -56,19 +57,20 @@ def ring_reduce_scatter(t: Transport, src: np.ndarray, bounds: tuple[int, ...], 
     """
     p = t.size
     widest = max(bounds[i + 1] - bounds[i] for i in range(p))
-    pair = t.scratch(2 * widest, src.dtype, slot=2)  # partial sums alternate between halves
+    with t.workspace() as ws:
+        pair = ws.take(2 * widest, src.dtype)  # partial sums alternate between halves
 
-    def accumulator(step: int, block: int) -> np.ndarray:
-        if step == p - 2:
-            return dst
-        size = bounds[block + 1] - bounds[block]
-        half = (step % 2) * widest
-        return pair[half: half + size]
+        def accumulator(step: int, block: int) -> np.ndarray:
+            if step == p - 2:
+                return dst
+            size = bounds[block + 1] - bounds[block]
+            half = (step % 2) * widest
+            return pair[half: half + size]
 
-    if p == 1:
-        dst[...] = src
-        return
-    ring_reduce_scatter_steps(t, src, bounds, op, accumulator)
+        if p == 1:
+            dst[...] = src
+            return
+        ring_reduce_scatter_steps(t, src, bounds, op, accumulator)
 
 
 @register("reduce_scatter", "recursive_halving", commutative_only=True)
@@ -84,45 +86,46 @@ def recursive_halving_reduce_scatter(t: Transport, src: np.ndarray, bounds: tupl
     p, rank = t.size, t.rank
     fold = Fold(p)
     total = bounds[p]
-    incoming = t.scratch(total, src.dtype, slot=1)
-    cur = src  # the partial sums so far; becomes work after the first reduction
-    if rank < 2 * fold.rem:
-        if fold.sits_out(rank):
-            t.send(src, rank + 1)
-            t.recv(dst, rank + 1)
-            return
-        work = t.scratch(total, src.dtype, slot=2)
-        t.recv(incoming, rank - 1)
-        op(incoming, src, out=work)  # the lower rank's data is the left operand
-        cur = work
-    new = fold.new_rank(rank)
-    lo_new, hi_new = 0, fold.p2  # the window of new ranks whose blocks are still summed
-    mask = fold.p2 >> 1
-    while mask:
-        mid = lo_new + mask
-        if new < mid:  # keep the lower half, send the upper
-            keep, give = (lo_new, mid), (mid, hi_new)
-        else:
-            keep, give = (mid, hi_new), (lo_new, mid)
-        klo, khi = bounds[fold.first_block(keep[0])], bounds[fold.end_block(keep[1] - 1)]
-        glo, ghi = bounds[fold.first_block(give[0])], bounds[fold.end_block(give[1] - 1)]
-        partner = fold.old_rank(new ^ mask)
-        partial = incoming[: khi - klo]
-        t.sendrecv(cur[glo:ghi], partner, partial, partner)
-        before = cur[klo:khi]
-        if cur is src:  # the first reduction reads the input and writes the workspace
-            cur = t.scratch(total, src.dtype, slot=2)
-        if partner < rank:
-            op(partial, before, out=cur[klo:khi])
-        else:
-            op(before, partial, out=cur[klo:khi])
-        lo_new, hi_new = keep
-        mask >>= 1
-    # the window is now this new rank alone: old blocks first_block..end_block
-    mine = slice(bounds[rank], bounds[rank + 1])
-    if rank < 2 * fold.rem:
-        t.send(cur[bounds[rank - 1]:bounds[rank]], rank - 1)
-    dst[...] = cur[mine]
+    with t.workspace() as ws:
+        incoming = ws.take(total, src.dtype)
+        cur = src  # the partial sums so far; becomes work after the first reduction
+        if rank < 2 * fold.rem:
+            if fold.sits_out(rank):
+                t.send(src, rank + 1)
+                t.recv(dst, rank + 1)
+                return
+            work = ws.take(total, src.dtype)
+            t.recv(incoming, rank - 1)
+            op(incoming, src, out=work)  # the lower rank's data is the left operand
+            cur = work
+        new = fold.new_rank(rank)
+        lo_new, hi_new = 0, fold.p2  # the window of new ranks whose blocks are still summed
+        mask = fold.p2 >> 1
+        while mask:
+            mid = lo_new + mask
+            if new < mid:  # keep the lower half, send the upper
+                keep, give = (lo_new, mid), (mid, hi_new)
+            else:
+                keep, give = (mid, hi_new), (lo_new, mid)
+            klo, khi = bounds[fold.first_block(keep[0])], bounds[fold.end_block(keep[1] - 1)]
+            glo, ghi = bounds[fold.first_block(give[0])], bounds[fold.end_block(give[1] - 1)]
+            partner = fold.old_rank(new ^ mask)
+            partial = incoming[: khi - klo]
+            t.sendrecv(cur[glo:ghi], partner, partial, partner)
+            before = cur[klo:khi]
+            if cur is src:  # the first reduction reads the input and writes the workspace
+                cur = ws.take(total, src.dtype)
+            if partner < rank:
+                op(partial, before, out=cur[klo:khi])
+            else:
+                op(before, partial, out=cur[klo:khi])
+            lo_new, hi_new = keep
+            mask >>= 1
+        # the window is now this new rank alone: old blocks first_block..end_block
+        mine = slice(bounds[rank], bounds[rank + 1])
+        if rank < 2 * fold.rem:
+            t.send(cur[bounds[rank - 1]:bounds[rank]], rank - 1)
+        dst[...] = cur[mine]
 
 
 @register("reduce_scatter", "pairwise", commutative_only=True)
@@ -136,12 +139,13 @@ def pairwise_reduce_scatter(t: Transport, src: np.ndarray, bounds: tuple[int, ..
     """
     p, rank = t.size, t.rank
     lo, hi = bounds[rank], bounds[rank + 1]
-    incoming = t.scratch(hi - lo, src.dtype, slot=1)
-    dst[...] = src[lo:hi]
-    for k in range(1, p):
-        to, frm = (rank + k) % p, (rank - k) % p
-        t.sendrecv(src[bounds[to]:bounds[to + 1]], to, incoming, frm)
-        op(dst, incoming, out=dst)  # operands from ranks in any order: commutative only
+    with t.workspace() as ws:
+        incoming = ws.take(hi - lo, src.dtype)
+        dst[...] = src[lo:hi]
+        for k in range(1, p):
+            to, frm = (rank + k) % p, (rank - k) % p
+            t.sendrecv(src[bounds[to]:bounds[to + 1]], to, incoming, frm)
+            op(dst, incoming, out=dst)  # operands from ranks in any order: commutative only
 
 
 def _bit_reversed(value: int, bits: int) -> int:
@@ -166,46 +170,47 @@ def recursive_doubling_reduce_scatter(t: Transport, src: np.ndarray, bounds: tup
     fold = Fold(p)
     bits = fold.p2.bit_length() - 1
     total = bounds[p]
-    incoming = t.scratch(total, src.dtype, slot=1)
-    if fold.sits_out(rank):
-        t.send(src, rank + 1)
-        t.recv(dst, rank + 1)
-        return
-    # position q of work holds the blocks of new rank bit_reversed(q)
-    order = [_bit_reversed(q, bits) for q in range(fold.p2)]
-    spans = [(bounds[fold.first_block(i)], bounds[fold.end_block(i)]) for i in order]
-    position = [0]
-    for lo, hi in spans:
-        position.append(position[-1] + hi - lo)
-    work = t.scratch(total, src.dtype, slot=2)
-    if rank < 2 * fold.rem:  # fold: the even rank below's input comes first
-        t.recv(incoming, rank - 1)
-        for q, (lo, hi) in enumerate(spans):
-            op(incoming[lo:hi], src[lo:hi], out=work[position[q]:position[q + 1]])
-    else:
-        for q, (lo, hi) in enumerate(spans):
-            work[position[q]:position[q + 1]] = src[lo:hi]
-    new = fold.new_rank(rank)
-    first, last = 0, fold.p2  # the window of positions this rank still holds
-    for k in range(bits):
-        middle = (first + last) // 2
-        keep, give = ((first, middle), (middle, last)) if not new >> k & 1 else \
-            ((middle, last), (first, middle))
-        klo, khi = position[keep[0]], position[keep[1]]
-        partner = new ^ (1 << k)
-        partial = incoming[: khi - klo]
-        t.sendrecv(work[position[give[0]]:position[give[1]]], fold.old_rank(partner),
-                   partial, fold.old_rank(partner))
-        kept = work[klo:khi]
-        if partner < new:  # the partner's ranks come before mine
-            op(partial, kept, out=kept)
+    with t.workspace() as ws:
+        incoming = ws.take(total, src.dtype)
+        if fold.sits_out(rank):
+            t.send(src, rank + 1)
+            t.recv(dst, rank + 1)
+            return
+        # position q of work holds the blocks of new rank bit_reversed(q)
+        order = [_bit_reversed(q, bits) for q in range(fold.p2)]
+        spans = [(bounds[fold.first_block(i)], bounds[fold.end_block(i)]) for i in order]
+        position = [0]
+        for lo, hi in spans:
+            position.append(position[-1] + hi - lo)
+        work = ws.take(total, src.dtype)
+        if rank < 2 * fold.rem:  # fold: the even rank below's input comes first
+            t.recv(incoming, rank - 1)
+            for q, (lo, hi) in enumerate(spans):
+                op(incoming[lo:hi], src[lo:hi], out=work[position[q]:position[q + 1]])
         else:
-            op(kept, partial, out=kept)
-        first, last = keep
-    # the window is position bit_reversed(new): the blocks of new rank `new`
-    lo, hi = position[first], position[first + 1]
-    if rank < 2 * fold.rem:  # hand the even rank below its block
-        below = bounds[rank] - bounds[rank - 1]
-        t.send(work[lo:lo + below], rank - 1)
-        lo += below
-    dst[...] = work[lo:hi]
+            for q, (lo, hi) in enumerate(spans):
+                work[position[q]:position[q + 1]] = src[lo:hi]
+        new = fold.new_rank(rank)
+        first, last = 0, fold.p2  # the window of positions this rank still holds
+        for k in range(bits):
+            middle = (first + last) // 2
+            keep, give = ((first, middle), (middle, last)) if not new >> k & 1 else \
+                ((middle, last), (first, middle))
+            klo, khi = position[keep[0]], position[keep[1]]
+            partner = new ^ (1 << k)
+            partial = incoming[: khi - klo]
+            t.sendrecv(work[position[give[0]]:position[give[1]]], fold.old_rank(partner),
+                       partial, fold.old_rank(partner))
+            kept = work[klo:khi]
+            if partner < new:  # the partner's ranks come before mine
+                op(partial, kept, out=kept)
+            else:
+                op(kept, partial, out=kept)
+            first, last = keep
+        # the window is position bit_reversed(new): the blocks of new rank `new`
+        lo, hi = position[first], position[first + 1]
+        if rank < 2 * fold.rem:  # hand the even rank below its block
+            below = bounds[rank] - bounds[rank - 1]
+            t.send(work[lo:lo + below], rank - 1)
+            lo += below
+        dst[...] = work[lo:hi]

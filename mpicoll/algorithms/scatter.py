@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..buffers import rotated_bounds
-from ..transport import Transport
+from ..transport import Transport, Workspace
 from . import register
 from .broadcast import binomial_scatter
 from .trees import knomial_children, knomial_parent, knomial_subtree_end
@@ -36,12 +36,12 @@ def linear_scatter(t: Transport, src: np.ndarray | None, dst: np.ndarray,
     t.waitall(requests)
 
 
-def _relative_order(t: Transport, src: np.ndarray, bounds: tuple[int, ...], root: int,
-                    slot: int) -> np.ndarray:
+def _relative_order(ws: Workspace, src: np.ndarray, bounds: tuple[int, ...],
+                    root: int) -> np.ndarray:
     """The root's blocks rotated into relative-rank order (a copy unless root is 0)."""
     if root == 0:
         return src
-    work = t.scratch(bounds[-1], src.dtype, slot=slot)
+    work = ws.take(bounds[-1], src.dtype)
     split = bounds[-1] - bounds[root]
     work[:split] = src[bounds[root]:]
     work[split:] = src[:bounds[root]]
@@ -60,14 +60,15 @@ def binomial_scatter_scatter(t: Transport, src: np.ndarray | None, dst: np.ndarr
     p, rank = t.size, t.rank
     rel = (rank - root) % p
     rel_bounds = rotated_bounds(bounds, root)
-    if rank == root:
-        assert src is not None
-        work = _relative_order(t, src, bounds, root, slot=1)
-    else:
-        end = min(rel + (rel & -rel), p)
-        work = t.scratch(rel_bounds[end] - rel_bounds[rel], dst.dtype, slot=1)
-    binomial_scatter(t, work, rel_bounds, root)
-    dst[...] = work[:dst.size]
+    with t.workspace() as ws:
+        if rank == root:
+            assert src is not None
+            work = _relative_order(ws, src, bounds, root)
+        else:
+            end = min(rel + (rel & -rel), p)
+            work = ws.take(rel_bounds[end] - rel_bounds[rel], dst.dtype)
+        binomial_scatter(t, work, rel_bounds, root)
+        dst[...] = work[:dst.size]
 
 
 @register("scatter", "knomial")
@@ -83,17 +84,18 @@ def knomial_scatter(t: Transport, src: np.ndarray | None, dst: np.ndarray,
     rel_bounds = rotated_bounds(bounds, root)
     base = rel_bounds[rel]
     end = knomial_subtree_end(rel, p, radix)
-    if rank == root:
-        assert src is not None
-        work = _relative_order(t, src, bounds, root, slot=1)
-    else:
-        work = t.scratch(rel_bounds[end] - base, dst.dtype, slot=1)
-        if work.size:
-            t.recv(work, (knomial_parent(rel, radix) + root) % p)
-    sends = []
-    for child, child_end in reversed(knomial_children(rel, p, radix)):  # farthest first
-        lo, hi = rel_bounds[child] - base, rel_bounds[child_end] - base
-        if hi > lo:  # an empty subtree gets no message (its ranks know from bounds)
-            sends.append(t.isend(work[lo:hi], (child + root) % p))
-    dst[...] = work[:dst.size]
-    t.waitall(sends)
+    with t.workspace() as ws:
+        if rank == root:
+            assert src is not None
+            work = _relative_order(ws, src, bounds, root)
+        else:
+            work = ws.take(rel_bounds[end] - base, dst.dtype)
+            if work.size:
+                t.recv(work, (knomial_parent(rel, radix) + root) % p)
+        sends = []
+        for child, child_end in reversed(knomial_children(rel, p, radix)):  # farthest first
+            lo, hi = rel_bounds[child] - base, rel_bounds[child_end] - base
+            if hi > lo:  # an empty subtree gets no message (its ranks know from bounds)
+                sends.append(t.isend(work[lo:hi], (child + root) % p))
+        dst[...] = work[:dst.size]
+        t.waitall(sends)

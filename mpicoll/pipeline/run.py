@@ -30,13 +30,10 @@ from .deliver import average, give
 from .describe import Call
 from .validate import Verdict
 
-# workspace slots of the pipeline (the algorithms use 1, 2 and 4)
-COPY_SLOT, STAND_IN_SLOT = 3, 5
-
-
 def _stand_in(t: Any, count: int, dtype: np.dtype, like: Any) -> Any:
-    """Workspace a rank that refuses where it receives takes part with."""
-    return t.scratch(count, dtype, slot=STAND_IN_SLOT, like=like)
+    """Workspace a rank that refuses where it receives takes part with (the call's own:
+    free again at the next call)."""
+    return t.take(count, dtype, like=like)
 
 
 def _input(t: Any, src: Any, dst: Any = None) -> Any:
@@ -44,7 +41,7 @@ def _input(t: Any, src: Any, dst: Any = None) -> Any:
     result buffer ``dst`` or cannot be written (some algorithms stage blocks in it)."""
     if (dst is not None and may_share_memory(src, dst)) or \
             (type(src) is np.ndarray and not src.flags.writeable):
-        copy = t.scratch(src.size, src.dtype, slot=COPY_SLOT, like=src)
+        copy = t.take(src.size, src.dtype, like=src)
         copy[...] = src
         return copy
     return src

@@ -4,8 +4,9 @@ A transport has a ``rank`` and a ``size`` and moves flat contiguous arrays as ra
 ``send``, ``recv``, ``sendrecv`` (a combined exchange that never deadlocks), and the
 nonblocking ``isend``/``irecv`` completed together by ``waitall``. Every collective call
 starts with ``begin()``, which gives the call a tag of its own so that messages of two
-calls can never match. ``scratch`` hands out workspace that is kept between calls, so
-hot paths do not allocate per step or per call.
+calls can never match, and frees the workspace: ``with t.workspace() as ws:
+ws.take(n, dtype)`` hands out memory kept between calls, so hot paths do not allocate
+per step or per call. ``synchronize`` waits for queued work (NCCL); ``free`` releases.
 """
 
 from __future__ import annotations
@@ -30,34 +31,65 @@ class Transport(Protocol):
     def isend(self, buf: np.ndarray, dest: int) -> Any: ...
     def irecv(self, buf: np.ndarray, source: int) -> Any: ...
     def waitall(self, requests: Sequence[Any]) -> None: ...
-    def scratch(self, count: int, dtype: np.dtype, slot: int = 0, like: Any = None) -> Any: ...
+    def workspace(self) -> Workspace: ...
+    def take(self, count: int, dtype: np.dtype, like: Any = None) -> Any: ...
+    def synchronize(self) -> None: ...
+    def free(self) -> None: ...
 
 
-class ScratchPool:
-    """Workspace buffers kept between calls, one per slot, grown when a call needs more.
+class Workspace:
+    """Scratch memory kept between calls and handed out by scope, so hot paths allocate
+    nothing once warm and no two users of it ever overlap.
 
-    A caller owns a slot for the length of one algorithm; algorithms document the slots
-    they use so that an algorithm calling another never shares one. Workspace lives
-    where the call's data lives: ``begin(like)`` (or ``use(like)``) says which array
-    library the collective's buffers belong to (NumPy by default, CuPy on a GPU).
+    Every collective call starts with all of it free (``begin()``); ``take`` hands out
+    the next piece (aligned, grown geometrically when a call needs more); and a scope
+    (``with t.workspace() as ws:``) gives back, on leaving, everything taken inside it,
+    so an algorithm that calls another shares nothing with it and the memory is reused
+    by the next scope. A view taken inside a scope must not be used after it. Memory
+    lives where the call's data lives: ``begin(like)`` (or ``use(like)``) says which
+    array library (NumPy by default, CuPy on a GPU).
     """
 
+    _ALIGN = 64
+
     def __init__(self) -> None:
-        self._slots: dict[tuple[bool, int], Any] = {}
+        self._arenas: dict[bool, Any] = {}  # host / device: one raw buffer each
+        self._tops = [0, 0]  # bytes taken so far, host and device
+        self._scopes: list[tuple[int, int]] = []
         self._device = False
 
     def use(self, like: Any) -> None:
         """Take workspace from ``like``'s array library from now on."""
         self._device = like is not None and type(like) is not np.ndarray and is_cupy(like)
 
-    def scratch(self, count: int, dtype: np.dtype, slot: int = 0, like: Any = None) -> Any:
+    def _free_all(self) -> None:
+        """A new call: everything is free again."""
+        self._tops[0] = self._tops[1] = 0
+        self._scopes.clear()
+
+    def workspace(self) -> Workspace:
+        """A scope: ``with t.workspace() as ws: a = ws.take(n, dtype)``."""
+        return self
+
+    def __enter__(self) -> Workspace:
+        self._scopes.append((self._tops[0], self._tops[1]))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._tops[0], self._tops[1] = self._scopes.pop()
+
+    def take(self, count: int, dtype: Any, like: Any = None) -> Any:
+        """``count`` elements of ``dtype`` of workspace (in ``like``'s library if given)."""
         dtype = np.dtype(dtype)
         device = self._device if like is None else (type(like) is not np.ndarray and is_cupy(like))
         nbytes = count * dtype.itemsize
-        raw = self._slots.get((device, slot))
-        if raw is None or raw.nbytes < nbytes:
-            # grow geometrically so a slowly growing sweep does not reallocate each call
-            size = max(nbytes, 0 if raw is None else 2 * raw.nbytes, 64)
-            raw = self._slots[(device, slot)] = (cupy_module().empty(size, np.uint8) if device
-                                                 else np.empty(size, np.uint8))
-        return raw[:nbytes].view(dtype)
+        start = self._tops[device]
+        end = start + nbytes
+        raw = self._arenas.get(device)
+        if raw is None or raw.nbytes < end:
+            # a bigger arena; views already taken keep the old one alive until they go
+            size = max(end, 0 if raw is None else 2 * raw.nbytes, 4096)
+            raw = self._arenas[device] = (cupy_module().empty(size, np.uint8) if device
+                                          else np.empty(size, np.uint8))
+        self._tops[device] = -(-end // self._ALIGN) * self._ALIGN
+        return raw[start:end].view(dtype)

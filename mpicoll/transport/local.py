@@ -22,7 +22,7 @@ import numpy as np
 
 from ..arrays import assign_from_host
 from ..errors import AbortedError, CollectiveTimeoutError, MismatchError
-from . import ScratchPool
+from . import Workspace
 
 
 class LocalWorld:
@@ -65,7 +65,7 @@ class _Recv:
         self.buf, self.source = buf, source
 
 
-class LocalTransport(ScratchPool):
+class LocalTransport(Workspace):
     """One thread-rank's end of a LocalWorld."""
 
     def __init__(self, world: LocalWorld, rank: int) -> None:
@@ -87,6 +87,7 @@ class LocalTransport(ScratchPool):
         self.tag += 1
         self.step, self.wait_kind = 0, None
         self.use(like)
+        self._free_all()
 
     def synchronize(self) -> None:
         """Nothing to wait for: a local call has finished when it returns."""

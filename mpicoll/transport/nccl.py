@@ -25,7 +25,7 @@ import numpy as np
 
 from ..arrays import cupy_module
 from ..errors import InvalidArgumentError
-from . import ScratchPool
+from . import Workspace
 
 NCCL_UINT8 = 1  # ncclDataType_t ncclUint8
 UNIQUE_ID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
@@ -86,7 +86,7 @@ def unique_id_over_mpi(comm: Any) -> bytes:
     return packet[8:].tobytes()
 
 
-class NCCLTransport(ScratchPool):
+class NCCLTransport(Workspace):
     """Point-to-point over one ``NcclCommunicator``, bootstrapped over an MPI communicator.
 
     Collective, and safe to fail: the ranks first agree that each has its own GPU
@@ -119,6 +119,7 @@ class NCCLTransport(ScratchPool):
 
     def begin(self, like: Any = None) -> None:
         self.use(self._device_like)  # workspace is always on the device
+        self._free_all()
 
     def stream_ptr(self) -> int:
         return cupy_module().cuda.get_current_stream().ptr
