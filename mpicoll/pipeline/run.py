@@ -30,6 +30,7 @@ from .deliver import average, give
 from .describe import Call
 from .validate import Verdict
 
+
 def _stand_in(t: Any, count: int, dtype: np.dtype, like: Any) -> Any:
     """Workspace a rank that refuses where it receives takes part with (the call's own:
     free again at the next call)."""
