@@ -460,3 +460,13 @@ def test_async_op_on_a_device_other_than_0(fake_cupy):
         got = work.wait()
         assert got.device.id == 2
         assert got.get(stream=stream).tolist() == [comm.size * (comm.size + 1) / 2] * 5
+
+
+def test_bruck_index_arrays_live_on_the_blocks_device(fake_cupy):
+    """Bruck's cached plan is per device: blocks on GPU 2 never get GPU 1's indices."""
+    for device in (1, 2, 1):
+        with fake_cupy.cuda.Device(device):
+            x = fake_cupy.asarray(np.arange(8.0))
+        steps, arrived = all_to_all._bruck_plan(4, 1, x.device.id)
+        assert arrived.device.id == device
+        assert all(moving.device.id == device for _, moving in steps)

@@ -79,7 +79,9 @@ def bruck_all_to_all(t: Transport, src: np.ndarray, send_bounds: tuple[int, ...]
         outgoing, incoming = packs[:p * m].reshape(p, m), packs[p * m:].reshape(p, m)
         # phase 2: a block keeps its index (distance) as it hops; it has arrived when the
         # bits of its distance are all used up
-        steps, arrived = _bruck_plan(p, rank, type(work) is not np.ndarray)
+        # index arrays live on the GPU the blocks are on: one plan per device
+        device = None if type(work) is np.ndarray else work.device.id
+        steps, arrived = _bruck_plan(p, rank, device)
         for bit, moving in steps:
             count = moving.size
             work.take(moving, axis=0, out=outgoing[:count])
@@ -91,10 +93,10 @@ def bruck_all_to_all(t: Transport, src: np.ndarray, send_bounds: tuple[int, ...]
 
 
 @lru_cache(maxsize=64)
-def _bruck_plan(p: int, rank: int, on_device: bool = False) -> tuple[list[tuple[int, Any]], Any]:
-    """Bruck's index arrays, made once per (p, rank): per step (2^k, the indices with
-    bit k set), and the index that holds rank i's block at the end; on the GPU (CuPy)
-    when the blocks are there."""
+def _bruck_plan(p: int, rank: int, device: int | None = None) -> tuple[list[tuple[int, Any]], Any]:
+    """Bruck's index arrays, made once per (p, rank, device): per step (2^k, the indices
+    with bit k set), and the index that holds rank i's block at the end; on GPU
+    ``device`` (CuPy, that device current) when the blocks are there."""
     indices = np.arange(p)
     steps = []
     bit = 1
@@ -102,8 +104,9 @@ def _bruck_plan(p: int, rank: int, on_device: bool = False) -> tuple[list[tuple[
         steps.append((bit, np.flatnonzero(indices & bit)))
         bit <<= 1
     arrived = (rank - indices) % p
-    if on_device:
+    if device is not None:
         xp = cupy_module()
-        steps = [(bit, xp.asarray(moving)) for bit, moving in steps]
-        arrived = xp.asarray(arrived)
+        with xp.cuda.Device(device):
+            steps = [(bit, xp.asarray(moving)) for bit, moving in steps]
+            arrived = xp.asarray(arrived)
     return steps, arrived
