@@ -8,43 +8,22 @@ survive an exception (an interactive session, a test runner that reports failure
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
-import time
 from typing import Any
 
-from .watchdog import EXIT_UNCAUGHT, dump_dir, mark, report, watchdog, world_rank, write_dump
+from .watchdog import (
+    EXIT_UNCAUGHT,
+    abort_job,
+    dump_dir,
+    mark,
+    report,
+    watchdog,
+    world_rank,
+    write_dump,
+)
 
 _INSTALLED = False
-
-
-def abort_nccl() -> None:
-    """ncclCommAbort every NCCL communicator of this process, so no GPU kernel waits on."""
-    dog = watchdog()
-    with dog.lock:
-        watches = list(dog.watches)
-    for watch in watches:
-        nccl = getattr(watch.backend.transport, "nccl", None)
-        abort = getattr(nccl, "abort", None)
-        if abort is not None:
-            try:
-                abort()
-            except Exception:  # noqa: BLE001, S110 - ending the job matters more
-                pass
-
-
-def abort_job(code: int, grace: float = 0.0) -> None:
-    """End every rank of the job with exit ``code``: NCCL's communicators first, then
-    ``MPI_Abort`` on MPI_COMM_WORLD (``os._exit`` when MPI is not running)."""
-    time.sleep(grace)
-    abort_nccl()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.COMM_WORLD.Abort(code)
-    os._exit(code)
 
 
 def _abort_after(print_exception: Any) -> Any:

@@ -327,13 +327,39 @@ class Watchdog:
                          f"with: python -m mpicoll.trace hang {dump_dir()}")
         lines.append(f"mpicoll: aborting the job (exit code {EXIT_TIMEOUT})")
         report("\n".join(lines))
-        from .abort import abort_job
-
         # a moment for the other ranks to report and dump too, then end the job
         abort_job(EXIT_TIMEOUT, grace=1.5 if path else 0.3)
 
 
 _WATCHDOG = Watchdog()
+
+
+def abort_nccl() -> None:
+    """ncclCommAbort every NCCL communicator of this process, so no GPU kernel waits on."""
+    dog = _WATCHDOG
+    with dog.lock:
+        watches = list(dog.watches)
+    for watch in watches:
+        nccl = getattr(watch.backend.transport, "nccl", None)
+        abort = getattr(nccl, "abort", None)
+        if abort is not None:
+            try:
+                abort()
+            except Exception:  # noqa: BLE001, S110 - ending the job matters more
+                pass
+
+
+def abort_job(code: int, grace: float = 0.0) -> None:
+    """End every rank of the job with exit ``code``: NCCL's communicators first, then
+    ``MPI_Abort`` on MPI_COMM_WORLD (``os._exit`` when MPI is not running)."""
+    time.sleep(grace)
+    abort_nccl()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.COMM_WORLD.Abort(code)
+    os._exit(code)
 
 
 def watchdog() -> Watchdog:

@@ -36,6 +36,7 @@ class Chooser:
         self._functions: dict[tuple[str, Any], tuple[Callable[..., None], Any]] = {}
         self._auto: dict[tuple, str] = {}  # what "auto" picked, by call
         self._native_ok: dict[tuple[Op, np.dtype], bool] = {}
+        self._resolved: dict[tuple, Callable[..., None]] = {}  # function() by its arguments
 
     def pick(self, verdict: Verdict, collective: str, algorithm: Any, nbytes: int,
              op: Op | None = None, options: dict[str, Any] | None = None, *,
@@ -58,6 +59,21 @@ class Chooser:
         the algorithm does not take; "native" where the library cannot reduce the
         dtype. "auto" never picks a refused one.
         """
+        if options or self.tracer is not None:
+            return self._resolve(collective, algorithm, nbytes, op, options, dtype, uneven)
+        # every call asks this: what was resolved once is looked up (auto by its size)
+        key = (collective, algorithm, nbytes if algorithm == "auto" else -1, op, dtype, uneven)
+        fn = self._resolved.get(key)
+        if fn is None:
+            fn = self._resolve(collective, algorithm, nbytes, op, options, dtype, uneven)
+            if len(self._resolved) > 4096:
+                self._resolved.clear()
+            self._resolved[key] = fn
+        return fn
+
+    def _resolve(self, collective: str, algorithm: Any, nbytes: int, op: Op | None,
+                 options: dict[str, Any] | None, dtype: np.dtype | None,
+                 uneven: bool) -> Callable[..., None]:
         if algorithm == "auto":
             if options:
                 raise InvalidArgumentError(

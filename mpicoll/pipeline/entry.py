@@ -44,7 +44,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                    **kwargs: Any) -> Any:
         if async_op:
             return self._submit(name, args, kwargs, stream)
-        if not self._entry.acquire(blocking=False):
+        if not self._entry.acquire(False):
             raise ConcurrentCallError(
                 f"{name}: this Communicator is in {self._call.name()} from another thread "
                 f"(at {self._call.site}); one Communicator serves one thread at a time: "

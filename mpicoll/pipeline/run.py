@@ -380,15 +380,23 @@ def all_reduce(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
     # the most frequent call of all: the pipeline's stages written out without helpers
     t = c._backend.transport
     v = Verdict()
-    x, back = validate.array(v, x, nccl=c._backend.like is not None)
+    if type(x) is np.ndarray and c._backend.like is None and not x.dtype.hasobject:
+        back = same
+    else:
+        x, back = validate.array(v, x, nccl=c._backend.like is not None)
     opd = _op(v, op, x)
     fn = result = None
     if opd is not None:
-        fn = c._chooser.pick(v, "all_reduce", algorithm, x.nbytes, opd, options, dtype=x.dtype)
+        try:
+            fn = c._chooser.function("all_reduce", algorithm, x.nbytes, opd, options,
+                                     dtype=x.dtype)
+        except MpicollError as exc:
+            v.refuse("params", exc)
         if c._tracer is not None:
             opd = _traced(c, opd)
         if fn is not None:
-            result = validate.out(v, out, x.shape, x.dtype, like=x)
+            result = np.empty(x.shape, x.dtype) if out is None and type(x) is np.ndarray \
+                else validate.out(v, out, x.shape, x.dtype, like=x)
     if v.refused or c.check:
         agree.settle(c, call, v, algorithm, op=op, dtype=getattr(x, "dtype", None),
                      shape=getattr(x, "shape", None))

@@ -63,9 +63,10 @@ class Workspace:
         self._device = like is not None and type(like) is not np.ndarray and is_cupy(like)
 
     def _free_all(self) -> None:
-        """A new call: everything is free again."""
-        self._tops[0] = self._tops[1] = 0
-        self._scopes.clear()
+        """A new call: everything is free again (scopes always close: ``with``)."""
+        tops = self._tops
+        if tops[0] or tops[1]:
+            tops[0] = tops[1] = 0
 
     def workspace(self) -> Workspace:
         """A scope: ``with t.workspace() as ws: a = ws.take(n, dtype)``."""

@@ -86,7 +86,10 @@ class LocalTransport(Workspace):
     def begin(self, like: Any = None) -> None:
         self.tag += 1
         self.step, self.wait_kind = 0, None
-        self.use(like)
+        if like is None:
+            self._device = False
+        else:
+            self.use(like)
         self._free_all()
 
     def synchronize(self) -> None:

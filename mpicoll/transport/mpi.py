@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import ScratchPool
+from . import Workspace
 
 # Tags of this process's transports so far: a new transport starts above all of them, so
 # that a message an erroneous call left behind on a freed communicator (whose context id
@@ -40,7 +40,7 @@ def _highest_tag() -> int:
     return max([_RETIRED[0], *(t.tag for t in _LIVE)])
 
 
-class MPITransport(ScratchPool):
+class MPITransport(Workspace):
     """Point-to-point transport over a private duplicate of an mpi4py intracommunicator.
 
     Tags: one per collective call (``begin``), counting up from a start the ranks agree
@@ -75,7 +75,11 @@ class MPITransport(ScratchPool):
     def begin(self, like: Any = None) -> None:
         self.tag = self.tag + 1 if self.tag + 1 < self._tag_limit else 1
         self.step, self.wait_kind = 0, None
-        self.use(like)
+        if like is None:
+            self._device = False
+        else:
+            self.use(like)
+        self._free_all()
         if self._staging is not None and self._staging.capacity:
             self._staging.reset()  # once the last call's copies from it have run
 
