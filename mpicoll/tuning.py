@@ -18,6 +18,7 @@ mpicoll learned.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,110 +96,212 @@ def ranges_from_winners(winners: list[tuple[int, str]]) -> list[dict[str, Any]]:
 
 
 # -- export to the MPI libraries --------------------------------------------------------
+#
+# MPICH reads its JSON selection file *instead of* its own tree, so the export starts from
+# MPICH's default tree (mpicoll.mpich_selection) and replaces, per tuned collective, the
+# intra-communicator branch. Each tuned range names an MPICH algorithm only where MPICH
+# has the same one and only under that algorithm's preconditions (MPICH asserts them:
+# allreduce's reduce_scatter_allgather needs count >= pof2 and a built-in op, ring a
+# commutative op, recursive-doubling allgather a power-of-two size, Bruck's alltoall a
+# separate send buffer); everywhere else, MPICH's own choice runs.
 
-# mpicoll's algorithm -> MPICH's (None: MPICH's default choice serves)
-_MPICH = {
-    "broadcast": ("bcast", "avg_msg_size", {
-        "binomial": "MPIR_Bcast_intra_binomial",
-        "scatter_allgather": "MPIR_Bcast_intra_scatter_ring_allgather",
-        "pipelined_chain": "MPIR_Bcast_intra_pipelined_tree",
-        "knomial": "MPIR_Bcast_intra_tree"}),
-    "all_reduce": ("allreduce", "avg_msg_size", {
-        "recursive_doubling": "MPIR_Allreduce_intra_recursive_doubling",
-        "rabenseifner": "MPIR_Allreduce_intra_reduce_scatter_allgather",
-        "ring": "MPIR_Allreduce_intra_ring",
-        "ring_pipelined": "MPIR_Allreduce_intra_ring"}),
-    "all_gather": ("allgather", "total_msg_size", {
-        "ring": "MPIR_Allgather_intra_ring",
-        "recursive_doubling": "MPIR_Allgather_intra_recursive_doubling",
-        "bruck": "MPIR_Allgather_intra_brucks"}),
-    "reduce": ("reduce", "avg_msg_size", {
-        "binomial": "MPIR_Reduce_intra_binomial",
-        "rabenseifner": "MPIR_Reduce_intra_reduce_scatter_gather"}),
-    "reduce_scatter": ("reduce_scatter", "total_msg_size", {
-        "recursive_halving": "MPIR_Reduce_scatter_intra_recursive_halving",
-        "pairwise": "MPIR_Reduce_scatter_intra_pairwise",
-        "ring": "MPIR_Reduce_scatter_intra_pairwise",
-        "recursive_doubling": "MPIR_Reduce_scatter_intra_recursive_doubling"}),
-    "all_to_all": ("alltoall", "total_msg_size", {
-        "linear": "MPIR_Alltoall_intra_scattered",
-        "pairwise": "MPIR_Alltoall_intra_pairwise",
-        "bruck": "MPIR_Alltoall_intra_brucks"}),
-    "gather": ("gather", "total_msg_size", {"binomial": "MPIR_Gather_intra_binomial"}),
-    "scatter": ("scatter", "total_msg_size", {"binomial": "MPIR_Scatter_intra_binomial"}),
+
+@dataclass(frozen=True)
+class MpichAlgorithm:
+    """An MPICH algorithm: its name, the parameters its container needs (MPICH leaves
+    unnamed ones uninitialised), and the precondition it asserts."""
+
+    name: str
+    params: tuple[str, ...] = ()
+    needs: str | None = None  # a key of _MPICH_GUARDS
+
+
+@dataclass(frozen=True)
+class MpichCollective:
+    names: tuple[str, ...]  # MPICH's collectives it is called as (reduce_scatter: both)
+    size_key: str           # the MPICH size whose bytes are the tuning table's bytes
+    algorithms: dict[str, dict[str, MpichAlgorithm]]  # per MPICH name: ours -> MPICH's
+
+
+def _same(mapping: dict[str, MpichAlgorithm]) -> dict[str, dict[str, MpichAlgorithm]]:
+    return {"": mapping}
+
+
+_MPICH: dict[str, MpichCollective] = {
+    "broadcast": MpichCollective(("bcast",), "avg_msg_size", _same({
+        "binomial": MpichAlgorithm("MPIR_Bcast_intra_binomial"),
+        "scatter_allgather": MpichAlgorithm("MPIR_Bcast_intra_scatter_ring_allgather"),
+        "knomial": MpichAlgorithm("MPIR_Bcast_intra_tree", (
+            "tree_type=knomial_1", "k=4", "is_non_blocking=0", "topo_overhead=0",
+            "topo_diff_groups=0", "topo_diff_switches=0", "topo_same_switches=0")),
+        "pipelined_chain": MpichAlgorithm("MPIR_Bcast_intra_pipelined_tree", (
+            "tree_type=kary", "k=1", "is_non_blocking=0", "chunk_size=65536",
+            "recv_pre_posted=0")),
+    })),
+    "all_reduce": MpichCollective(("allreduce",), "avg_msg_size", _same({
+        "recursive_doubling": MpichAlgorithm("MPIR_Allreduce_intra_recursive_doubling"),
+        "rabenseifner": MpichAlgorithm("MPIR_Allreduce_intra_reduce_scatter_allgather",
+                                       needs="builtin_op_count_ge_pof2"),
+        "ring": MpichAlgorithm("MPIR_Allreduce_intra_ring", needs="commutative"),
+        "ring_pipelined": MpichAlgorithm("MPIR_Allreduce_intra_ring", needs="commutative"),
+    })),
+    "all_gather": MpichCollective(("allgather",), "total_msg_size", _same({
+        "ring": MpichAlgorithm("MPIR_Allgather_intra_ring"),
+        "recursive_doubling": MpichAlgorithm("MPIR_Allgather_intra_recursive_doubling",
+                                             needs="pow2_ranks"),
+        "bruck": MpichAlgorithm("MPIR_Allgather_intra_brucks"),
+    })),
+    "reduce": MpichCollective(("reduce",), "avg_msg_size", _same({
+        "binomial": MpichAlgorithm("MPIR_Reduce_intra_binomial"),
+        "rabenseifner": MpichAlgorithm("MPIR_Reduce_intra_reduce_scatter_gather",
+                                       needs="builtin_op_count_ge_pof2"),
+    })),
+    "reduce_scatter": MpichCollective(("reduce_scatter", "reduce_scatter_block"),
+                                      "total_msg_size", {
+        "reduce_scatter": {
+            "recursive_halving": MpichAlgorithm(
+                "MPIR_Reduce_scatter_intra_recursive_halving", needs="commutative"),
+            "pairwise": MpichAlgorithm("MPIR_Reduce_scatter_intra_pairwise",
+                                       needs="commutative"),
+            "recursive_doubling": MpichAlgorithm(
+                "MPIR_Reduce_scatter_intra_recursive_doubling"),
+        },
+        "reduce_scatter_block": {
+            "recursive_halving": MpichAlgorithm(
+                "MPIR_Reduce_scatter_block_intra_recursive_halving", needs="commutative"),
+            "pairwise": MpichAlgorithm("MPIR_Reduce_scatter_block_intra_pairwise",
+                                       needs="commutative"),
+            "recursive_doubling": MpichAlgorithm(
+                "MPIR_Reduce_scatter_block_intra_recursive_doubling"),
+        },
+    }),
+    "all_to_all": MpichCollective(("alltoall",), "total_msg_size", _same({
+        "linear": MpichAlgorithm("MPIR_Alltoall_intra_scattered", needs="not_in_place"),
+        "pairwise": MpichAlgorithm("MPIR_Alltoall_intra_pairwise", needs="not_in_place"),
+        "bruck": MpichAlgorithm("MPIR_Alltoall_intra_brucks", needs="not_in_place"),
+    })),
+    # gather and scatter: MPICH's total_msg_size counts elements there, not bytes
+    # (csel.c), so a table in bytes cannot be expressed; MPICH's choice stays.
 }
 
-# mpicoll's algorithm -> Open MPI tuned's algorithm id, per collective id (0: fixed rules)
-_OMPI = {
-    "all_gather": (0, {"bruck": 2, "recursive_doubling": 3, "ring": 4}),
-    "all_reduce": (2, {"reduce_broadcast": 2, "recursive_doubling": 3, "ring": 4,
-                       "ring_pipelined": 5, "rabenseifner": 6, "allgather_reduce": 7}),
-    "all_to_all": (3, {"linear": 1, "pairwise": 2, "bruck": 3}),
-    "barrier": (6, {"linear": 1, "recursive_doubling": 3, "dissemination": 4, "knomial": 6}),
-    "broadcast": (7, {"linear": 1, "pipelined_chain": 2, "binomial": 6, "knomial": 7,
-                      "scatter_allgather": 9}),
-    "gather": (9, {"linear": 1, "binomial": 2}),
-    "reduce": (11, {"linear": 1, "binomial": 5, "rabenseifner": 7, "knomial": 8}),
-    "reduce_scatter": (12, {"recursive_halving": 2, "ring": 3}),
-    "scatter": (15, {"linear": 1, "binomial": 2}),
-}
+
+def _guard(needs: str | None, leaf: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+    """``leaf`` where the precondition ``needs`` holds, MPICH's ``default`` elsewhere."""
+    if needs is None:
+        return leaf
+    if needs == "builtin_op_count_ge_pof2":
+        return {"is_op_built_in=yes": {"count<pow2": default, "count=any": leaf},
+                "is_op_built_in=any": default}
+    key = {"commutative": "is_commutative=yes", "pow2_ranks": "comm_size=pow2",
+           "not_in_place": "is_sendbuf_inplace=no"}[needs]
+    return {key: leaf, key.split("=")[0] + "=any": default}
 
 
-def _mpich_choice(collective: str, name: str, nbytes: int, p: int) -> str:
-    from .model import native_stand_in
-
-    names = _MPICH[collective][2]
-    if name in names:
-        return names[name]
-    fallback = native_stand_in(collective, nbytes, p)  # MPICH's default for that call
-    return names.get(fallback) or next(iter(names.values()))
+def _mpich_branch(ranges: list[dict[str, Any]], size_key: str,
+                  algorithms: dict[str, MpichAlgorithm], default: dict[str, Any]
+                  ) -> dict[str, Any]:
+    """One comm size's ranges as MPICH size branches (``<`` tests, the last one ``any``)."""
+    branch: dict[str, Any] = {}
+    for entry in ranges:
+        mine = algorithms.get(entry["algorithm"])
+        if mine is None:  # native, or an algorithm MPICH lacks: MPICH's own choice
+            target = default
+        else:
+            leaf = {f"algorithm={mine.name}": {param: {} for param in mine.params}}
+            target = _guard(mine.needs, leaf, default)
+        below = entry["below"]
+        key = f"{size_key}=any" if below is None else f"{size_key}<{min(below, 2**31 - 1)}"
+        branch[key] = target
+    if f"{size_key}=any" not in branch:
+        branch[f"{size_key}=any"] = default
+    return branch
 
 
 def to_mpich(table: TuningTable) -> dict[str, Any]:
-    """MPICH's JSON selection tree: per collective, ``comm_size<=p`` branches (ascending,
-    first match), then size ranges. Algorithms MPICH lacks (and ``native``) become the
-    algorithm MPICH's own default runs there."""
-    out: dict[str, Any] = {}
-    for collective, (mpich_name, size_key, _) in _MPICH.items():
-        sizes = sorted(int(p) for p, t in table.tables.items() if collective in t)
-        if not sizes:
+    """MPICH's JSON selection tree with this table's choices (for
+    ``MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE``).
+
+    MPICH's default tree, with the intra-communicator branch of each tuned collective
+    replaced: ``comm_size<=`` branches (the table of p ranks serves p up to the next
+    table's p - 1, the last one any larger size; below the first, MPICH's own rules),
+    then the size ranges. ``native``, algorithms MPICH lacks, and calls outside an
+    algorithm's preconditions keep MPICH's own choice.
+    """
+    from .mpich_selection import default_tree
+
+    tree = default_tree()
+    for collective, export in _MPICH.items():
+        ranks = sorted(int(p) for p, t in table.tables.items() if collective in t)
+        if not ranks:
             continue
-        intra: dict[str, Any] = {}
-        for i, p in enumerate(sizes):
-            branch: dict[str, Any] = {}
-            lower = 0
-            for entry in table.tables[str(p)][collective]:
-                below = entry["below"]
-                probe = lower if below is None else max(below - 1, 0)
-                algorithm = {f"algorithm={_mpich_choice(collective, entry['algorithm'], probe, p)}": {}}
-                key = f"{size_key}=any" if below is None else f"{size_key}<{below}"
-                branch[key] = algorithm
-                lower = below or lower
-            intra["comm_size=any" if i == len(sizes) - 1 else f"comm_size<={p}"] = branch
-        out[f"collective={mpich_name}"] = {"comm_type=intra": intra}
-    return out
+        for mpich_name in export.names:
+            node = tree[f"collective={mpich_name}"]
+            default = node["comm_type=intra"]
+            algorithms = export.algorithms.get(mpich_name, export.algorithms.get(""))
+            intra: dict[str, Any] = {}
+            if ranks[0] > 1:
+                intra[f"comm_size<={ranks[0] - 1}"] = default
+            for p, following in zip(ranks, [*ranks[1:], None], strict=True):
+                key = "comm_size=any" if following is None else f"comm_size<={following - 1}"
+                intra[key] = _mpich_branch(table.tables[str(p)][collective], export.size_key,
+                                           algorithms, default)
+            node["comm_type=intra"] = intra
+    return tree
+
+
+# mpicoll's algorithm -> Open MPI tuned's algorithm id, per collective id, for Open MPI 4.1
+# and 5.0 (coll_tuned_<collective>_decision.c). Tuned runs a rule's algorithm for every
+# op and buffer (coll_tuned_decision_dynamic.c), and its rules cannot name a condition,
+# so only algorithms right for every call are exported; the others are 0 (tuned's fixed
+# rules decide): allreduce ring and segmented ring (4, 5), reduce's binomial (5) and
+# reduce_scatter's recursive halving and ring (2, 3) assume a commutative op (measured:
+# wrong results with one); allgather_reduce (7) and reduce's knomial (8) came after 5.0. reduce_scatter is also MPI_Reduce_scatter_block (13) for
+# equal blocks, whose recursive halving falls back by itself.
+_OMPI: dict[str, tuple[tuple[int, dict[str, int]], ...]] = {
+    "all_gather": ((0, {"bruck": 2, "recursive_doubling": 3, "ring": 4}),),
+    "all_reduce": ((2, {"reduce_broadcast": 2, "recursive_doubling": 3, "rabenseifner": 6}),),
+    "all_to_all": ((3, {"linear": 1, "pairwise": 2, "bruck": 3}),),
+    "barrier": ((6, {"linear": 1, "recursive_doubling": 3, "dissemination": 4}),),
+    "broadcast": ((7, {"linear": 1, "pipelined_chain": 2, "binomial": 6, "knomial": 7,
+                       "scatter_allgather": 9}),),
+    "gather": ((9, {"linear": 1, "binomial": 2}),),
+    "reduce": ((11, {"linear": 1, "rabenseifner": 7}),),
+    "reduce_scatter": ((12, {}), (13, {"recursive_doubling": 2, "recursive_halving": 3})),
+    "scatter": ((15, {"linear": 1, "binomial": 2}),),
+}
+_OMPI_SEGMENTED = ("ring_pipelined", "pipelined_chain")  # given a 64 KiB segment size
 
 
 def to_ompi_rules(table: TuningTable) -> str:
-    """Open MPI tuned's classic dynamic rules file (version 1: bytes alg topo segsize).
+    """Open MPI tuned's classic dynamic rules file (coll_tuned_dynamic_file.c, format 1:
+    per message size ``bytes algorithm faninout segsize``).
 
-    Message sizes are lower bounds, ascending, the first one 0. Algorithms tuned lacks
-    (and ``native``) become 0: tuned's fixed rules decide there.
+    Open MPI 4.1/5.0 read a comm-size rule as applying from that size up (the first one
+    also below it), and message sizes as lower bounds, the first one 0. So a table of p
+    ranks is a rule at p; below the smallest table a rule at 1 with algorithm 0 (tuned's
+    fixed rules). Its message sizes are the same bytes as the table's (count times type
+    size, times the ranks for the gathers, scatters and all_to_all). ``native`` and
+    algorithms tuned lacks are 0: the fixed rules decide there.
     """
     blocks = []
-    for collective, (cid, ids) in _OMPI.items():
-        sizes = sorted(int(p) for p, t in table.tables.items() if collective in t)
-        if not sizes:
+    for collective, exports in _OMPI.items():
+        ranks = sorted(int(p) for p, t in table.tables.items() if collective in t)
+        if not ranks:
             continue
-        lines = [f"{cid}  # collective id: {collective}", f"{len(sizes)}  # number of comm sizes"]
-        for p in sizes:
-            ranges = table.tables[str(p)][collective]
-            lines += [f"{p}  # comm size", f"{len(ranges)}  # number of message sizes"]
-            lower = 0
-            for entry in ranges:
-                segment = 65536 if entry["algorithm"] in ("ring_pipelined", "pipelined_chain") else 0
-                lines.append(f"{lower} {ids.get(entry['algorithm'], 0)} 0 {segment}"
-                             f"  # {entry['algorithm']}")
-                lower = entry["below"] or lower
-        blocks.append("\n".join(lines))
+        for cid, ids in exports:
+            rules = [(1, [(0, 0, "fixed rules below the smallest table")])] if ranks[0] > 1 else []
+            for p in ranks:
+                lower, sizes = 0, []
+                for entry in table.tables[str(p)][collective]:
+                    sizes.append((lower, ids.get(entry["algorithm"], 0), entry["algorithm"]))
+                    lower = entry["below"] or lower
+                rules.append((p, sizes))
+            lines = [f"{cid}  # collective id: {collective}",
+                     f"{len(rules)}  # number of comm sizes"]
+            for p, sizes in rules:
+                lines += [f"{p}  # comm size", f"{len(sizes)}  # number of message sizes"]
+                for lower, algorithm, name in sizes:
+                    segment = 65536 if name in _OMPI_SEGMENTED else 0
+                    lines.append(f"{lower} {algorithm} 0 {segment}  # {name}")
+            blocks.append("\n".join(lines))
     return f"{len(blocks)}  # number of collectives\n" + "\n".join(blocks) + "\n"

@@ -10,27 +10,28 @@ This module only evaluates them. Their notation: n bytes, p ranks, p2 the larges
 of two <= p, ``lg`` the base-2 logarithm, ``log_k`` base k, ``[cond]`` 1 when cond holds,
 k a tree's radix and S a pipeline's number of segments (both from the algorithm's
 options or their defaults). ``native`` is predicted with the formula of the algorithm
-MPICH's default selection (``coll_selection.json``) runs for that call.
+MPICH's default selection runs for that call (``selection.mpich_default``, the thresholds
+``auto`` falls back to).
 
-    python -m mpicoll.model fit [-o model.json]     # under mpiexec: measure, save, print
+This package is the runtime part (``auto`` reads it); the fit and the command line are
+tools beside it (``mpicoll.model.fit``, ``python -m mpicoll.model``):
+
+    mpiexec -n 4 python -m mpicoll.model fit [-o model.json]   # measure, save, print
     python -m mpicoll.model table [--params model.json] [-p 8]
 """
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import math
 import re
-import sys
-import time
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 
-from .algorithms import COLLECTIVES, REGISTRY
-from .config import config_file
+from ..algorithms import COLLECTIVES, REGISTRY
+from ..config import config_file
 
 
 @dataclass(frozen=True)
@@ -113,30 +114,11 @@ def option_defaults(collective: str, algorithm: str) -> dict[str, int]:
 
 
 def native_stand_in(collective: str, nbytes: int, p: int) -> str:
-    """The algorithm MPICH's default selection runs (src/mpi/coll/coll_selection.json)."""
-    pow2 = p & (p - 1) == 0
-    if collective == "broadcast":
-        if p < 8 or nbytes <= 12288:
-            return "binomial"
-        return "scatter_allgather"
-    if collective == "all_reduce":
-        return "recursive_doubling" if nbytes <= 8 else "rabenseifner"
-    if collective == "all_gather":
-        if pow2:
-            return "recursive_doubling" if nbytes < 524288 else "ring"
-        return "bruck" if nbytes < 81920 else "ring"
-    if collective == "reduce":
-        return "binomial" if nbytes <= 2048 else "rabenseifner"
-    if collective == "reduce_scatter":
-        return "recursive_halving" if nbytes < 524288 else "pairwise"
-    if collective == "all_to_all":
-        block = nbytes // max(p, 1)
-        if p >= 8 and block <= 256:
-            return "bruck"
-        return "linear" if block <= 32768 else "pairwise"
-    if collective == "barrier":
-        return "dissemination"
-    return "binomial"  # gather, scatter
+    """The algorithm MPICH's default selection runs for this call: the thresholds of
+    ``selection.mpich_default`` (where ``auto`` falls back to), without its ``native``."""
+    from ..selection import mpich_default  # selection imports this module
+
+    return mpich_default(collective, nbytes, p, None, has_native=False)
 
 
 def predict(collective: str, algorithm: str, nbytes: int, p: int,
@@ -163,67 +145,6 @@ def best(collective: str, nbytes: int, p: int, params: Params, candidates: list[
     return min(candidates, key=lambda name: predict(collective, name, nbytes, p, params))
 
 
-# -- fitting ---------------------------------------------------------------------------
-
-
-def _alpha_beta(sizes: list[int], times: list[float]) -> tuple[float, float]:
-    """alpha: the time of the smallest messages; beta: the median time per byte beyond
-    alpha of the large ones (a straight least-squares line lets the large sizes swamp
-    the intercept)."""
-    small = [t for s, t in zip(sizes, times, strict=True) if s <= 256] or [min(times)]
-    alpha = sorted(small)[len(small) // 2]
-    large = sorted((t - alpha) / s for s, t in zip(sizes, times, strict=True) if s >= 1 << 16)
-    beta = large[len(large) // 2] if large else 0.0
-    return alpha, beta
-
-
-def fit(comm=None, sizes: tuple[int, ...] = tuple(1 << s for s in range(0, 25, 2)),
-        iters: int = 20) -> Params:
-    """Measure alpha and beta with a ring exchange of every size over mpicoll's transport
-    (all ranks at once, as the algorithms move data), and gamma with NumPy additions.
-
-    Every rank returns the same numbers (the slowest rank's times are used).
-    """
-    import numpy as np
-    from mpi4py import MPI
-
-    from .communicator import Communicator
-
-    comm = comm or Communicator()
-    t = comm.transport
-    p, rank = t.size, t.rank
-    right, left = (rank + 1) % p, (rank - 1) % p
-    big = max(sizes)
-    send, recv = np.ones(big, np.uint8), np.empty(big, np.uint8)
-    per_message = []
-    for size in sizes:
-        for _ in range(3):
-            t.begin()
-            t.sendrecv(send[:size], right, recv[:size], left)
-        t.comm.Barrier()
-        start = time.perf_counter()
-        for _ in range(iters):
-            t.begin()
-            t.sendrecv(send[:size], right, recv[:size], left)
-        per_message.append(t.comm.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX))
-    alpha, beta = _alpha_beta(list(sizes), per_message)
-    # gamma: per byte reduced, float32 sums on arrays as large as the transfers
-    x = np.ones(big // 4, np.float32)
-    y = np.ones_like(x)
-    reduce_sizes = [s // 4 for s in sizes if s >= 4096]
-    reduce_times = []
-    for count in reduce_sizes:
-        np.add(x[:count], y[:count], out=y[:count])
-        start = time.perf_counter()
-        for _ in range(iters):
-            np.add(x[:count], y[:count], out=y[:count])
-        reduce_times.append(t.comm.allreduce((time.perf_counter() - start) / iters, op=MPI.MAX))
-    per_byte = sorted(t / (4.0 * c) for c, t in zip(reduce_sizes, reduce_times, strict=True))
-    gamma = per_byte[len(per_byte) // 2]
-    return Params(alpha=max(alpha, 1e-8), beta=max(beta, 1e-13), gamma=max(gamma, 1e-13),
-                  ranks=p, source="fit")
-
-
 def table(params: Params, p: int, sizes: tuple[int, ...] = (8, 1 << 12, 1 << 16, 1 << 20, 1 << 24),
           collectives: tuple[str, ...] = COLLECTIVES) -> str:
     """Predicted microseconds of every algorithm at a few sizes, as text."""
@@ -243,32 +164,3 @@ def _size(nbytes: int) -> str:
         if nbytes >= scale and nbytes % scale == 0:
             return f"{nbytes // scale}{unit}"
     return f"{nbytes}B"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mpicoll.model",
-                                     description="Fit and print mpicoll's cost model.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    fit_cmd = sub.add_parser("fit", help="measure alpha, beta, gamma here (run under mpiexec)")
-    fit_cmd.add_argument("-o", "--output", default=None, help=f"JSON file (default {default_path()})")
-    fit_cmd.add_argument("-n", "--iters", type=int, default=20)
-    show = sub.add_parser("table", help="print predicted times")
-    show.add_argument("--params", default=None, help="a fitted JSON file (default: the default path)")
-    show.add_argument("-p", "--ranks", type=int, default=8)
-    args = parser.parse_args(argv)
-    if args.command == "fit":
-        from mpi4py import MPI
-
-        params = fit(iters=args.iters)
-        if MPI.COMM_WORLD.Get_rank() == 0:
-            path = save_params(params, args.output)
-            print(f"# wrote {path}")
-            print(table(params, params.ranks))
-        return 0
-    params = load_params(args.params) or Params()
-    print(table(params, args.ranks))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
