@@ -60,20 +60,27 @@ class Chooser:
         dtype. "auto" never picks a refused one.
         """
         if options or self.tracer is not None:
-            return self._resolve(collective, algorithm, nbytes, op, options, dtype, uneven)
-        # every call asks this: what was resolved once is looked up (auto by its size)
-        key = (collective, algorithm, nbytes if algorithm == "auto" else -1, op, dtype, uneven)
-        fn = self._resolved.get(key)
-        if fn is None:
-            fn = self._resolve(collective, algorithm, nbytes, op, options, dtype, uneven)
-            if len(self._resolved) > 4096:
-                self._resolved.clear()
-            self._resolved[key] = fn
+            fn, name = self._resolve(collective, algorithm, nbytes, op, options, dtype, uneven)
+        else:  # every call asks this: what was resolved once is looked up (auto by size)
+            key = (collective, algorithm, nbytes if algorithm == "auto" else -1, op, dtype,
+                   uneven)
+            resolved = self._resolved.get(key)
+            if resolved is None:
+                resolved = self._resolve(collective, algorithm, nbytes, op, options, dtype,
+                                         uneven)
+                if len(self._resolved) > 4096:
+                    self._resolved.clear()
+                self._resolved[key] = resolved
+            fn, name = resolved
+        watch = self.watch
+        if watch is not None:  # the flight recorder's algorithm and bytes of this call
+            watch.current.algorithm, watch.current.nbytes = name, nbytes
         return fn
 
     def _resolve(self, collective: str, algorithm: Any, nbytes: int, op: Op | None,
                  options: dict[str, Any] | None, dtype: np.dtype | None,
-                 uneven: bool) -> Callable[..., None]:
+                 uneven: bool) -> tuple[Callable[..., None], str]:
+        """(the function, the algorithm's name) for ``function``."""
         if algorithm == "auto":
             if options:
                 raise InvalidArgumentError(
@@ -85,15 +92,12 @@ class Chooser:
         fn, registered = entry
         if self.tracer is not None:
             self.tracer.chose(algorithm, nbytes)
-        watch = self.watch
-        if watch is not None:
-            watch.current.algorithm, watch.current.nbytes = algorithm, nbytes
         if registered is None:  # native
             if op is not None and not self.native_serves(op, dtype):
                 self.backend.op_check(op, dtype)  # the library must know dtype and op
             if options:
                 raise InvalidArgumentError(f"{', '.join(options)}: 'native' takes no tuning options")
-            return fn
+            return fn, algorithm
         if op is not None and registered.commutative_only and not op.commutative:
             able = [a.name for a in REGISTRY[collective].values() if not a.commutative_only]
             raise UnsupportedOpError(
@@ -106,8 +110,9 @@ class Chooser:
                 f"algorithm: {collective} {algorithm!r} needs equal blocks; for uneven "
                 f"counts use one of {', '.join(able + (['native'] if self.backend.has_native else []))}")
         if options:
-            return functools.partial(fn, **self._options(collective, algorithm, registered, options))
-        return fn
+            options = self._options(collective, algorithm, registered, options)
+            return functools.partial(fn, **options), algorithm
+        return fn, algorithm
 
     def auto(self, collective: str, nbytes: int, op: Op | None, dtype: np.dtype | None,
              uneven: bool) -> str:
