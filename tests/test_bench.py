@@ -10,7 +10,9 @@ import csv
 import json
 import math
 import os
+import shutil
 import tempfile
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ import pytest
 import mpicoll
 from mpicoll import selection, tuning
 from mpicoll.algorithms import REGISTRY, register
-from mpicoll.bench import RECORDS, main
+from mpicoll.bench import RECORDS, main, parse_dtype, report
 
 pytestmark = pytest.mark.mpi
 
@@ -35,6 +37,8 @@ def shared_dir():
     path = comm.bcast(path, root=0)
     yield path
     comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(path)
 
 
 def test_sweep_writes_json_and_csv_with_nccl_tests_busbw(world, shared_dir):
@@ -60,7 +64,74 @@ def test_sweep_writes_json_and_csv_with_nccl_tests_busbw(world, shared_dir):
         table = list(csv.DictReader(f))
     assert len(table) == len(rows)
     assert {"size", "algorithm", "time_us", "p99_us", "busbw", "predicted_us",
-            "measured_over_predicted", "vs_native"} <= set(table[0])
+            "measured_over_predicted", "vs_native", "mean_us"} <= set(table[0])
+    # the run's metadata travels with every CSV row
+    for row in table:
+        assert int(row["ranks"]) == world.size and int(row["hosts"]) >= 1
+        assert row["dtype"] == "float32" and row["op"] == "sum"
+        assert row["mpi_library"] == head["mpi_library"] and row["mpicoll"] == head["mpicoll"]
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("float", "float32"), ("half", "float16"), ("double", "float64"), ("int", "int32"),
+    ("int8", "int8"), ("uint8", "uint8"), ("int64", "int64"), ("uint64", "uint64"),
+    ("bfloat16", "bfloat16"), ("float64", "float64"), ("i2", "int16")])
+def test_dtype_names_are_nccl_tests(name, expected):
+    assert parse_dtype(name).name == expected
+
+
+def test_float_means_float32_in_the_output(world, shared_dir):
+    out_json = os.path.join(shared_dir, "float.json")
+    assert main(["all_reduce", *SMALL, "--algo", "ring", "-d", "float", "--json", out_json]) == 0
+    world.barrier()
+    data = json.load(open(out_json))
+    assert data["header"]["dtype"] == "float32"
+    assert {r["type"] for r in data["rows"]} == {"float32"}
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--algo", "rnig"], "--algo: unknown algorithm rnig"),
+    (["-e", "64X"], "'64X' is not a size"),
+    (["-n", "0"], "-n 0: at least 1"),
+    (["-o", "avg", "-d", "int32"], "-o avg:"),
+    (["-b", "1K", "-e", "8"], "-b 1K is larger than -e 8"),
+    (["-d", "floaty"], "'floaty' is not a dtype"),
+    (["-f", "1"], "-f 1: the step factor must be above 1"),
+    (["-c", "2"], "argument -c/--check"),
+])
+def test_bad_flags_are_one_line_and_exit_2(world, capsys, flags, message):
+    with pytest.raises(SystemExit) as stop:
+        main(["all_reduce", *flags])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    if world.rank == 0:
+        assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
+    else:
+        assert err == ""
+
+
+def test_fastest_summary_includes_native_marked():
+    def row(algorithm, size, time_us):
+        return SimpleNamespace(collective="all_reduce", algorithm=algorithm, size=size,
+                               time_us=time_us)
+
+    rows = [row("mpi_library", 64, 1.0), row("native", 64, 2.0), row("ring", 64, 3.0),
+            row("auto", 64, 0.5), row("native", 1 << 20, 9.0), row("ring", 1 << 20, 5.0)]
+    (line,) = report.fastest_lines(rows)
+    assert line.startswith("# fastest algorithm, all_reduce: native* below 1M, then ring")
+    assert "*: the library's collective through mpicoll" in line
+
+
+@pytest.mark.parametrize("layout", ["nccl", "osu"])
+def test_nccl_and_osu_layouts(world, capsys, layout):
+    assert main(["all_reduce", *SMALL, "--algo", "ring", "--format", layout]) == 0
+    out = capsys.readouterr().out
+    if world.rank == 0:
+        if layout == "nccl":
+            assert "out-of-place" in out and "in-place" in out
+            assert out.count("# Avg bus bandwidth    : ") == 2  # mpi_library and ring
+        else:
+            assert "Avg Latency(us)" in out and "Min Latency(us)" in out
 
 
 def test_busbw_factors_are_nccl_tests():

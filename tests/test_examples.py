@@ -103,3 +103,13 @@ def test_benchmark_runs_every_collective_and_checks_results():
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("  ")]
     assert {row[5] for row in rows} >= {"mpi_library", "native", "auto", "ring"}
     assert all(row[9] == "0" for row in rows)  # #wrong
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("flags", [["--algo", "rnig"], ["-e", "64X"], ["-o", "avg", "-d", "int"]])
+def test_benchmark_refuses_bad_flags_in_one_line(flags):
+    done = mpiexec(2, "-m", "mpi4py", "-m", "mpicoll.bench", "all_reduce", *flags, timeout=60)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
+        done.stderr
+    assert done.stderr.startswith("python -m mpicoll.bench: error: ")

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -62,11 +62,50 @@ RECORDS = {
 
 
 def parse_size(text: str) -> int:
-    """'64M' -> 67108864; K, M, G are powers of 1024."""
-    text = text.strip().upper().removesuffix("B")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    number = text[:-1] if text[-1:] in "KMG" else text
-    return int(float(number) * scale)
+    """'64M' -> 67108864; K, M, G are powers of 1024.
+
+    Raises:
+        ValueError: not a number of bytes (with an optional K, M or G).
+    """
+    cleaned = text.strip().upper().removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(cleaned[-1:], 1)
+    number = cleaned[:-1] if cleaned[-1:] in ("K", "M", "G") else cleaned
+    try:
+        size = int(float(number) * scale)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size (bytes, with K, M or G)") from None
+    if size < 0:
+        raise ValueError(f"{text!r}: a size cannot be negative")
+    return size
+
+
+# nccl-tests' -d names, with nccl-tests' meanings (float is float32, not NumPy's float64)
+NCCL_TESTS_DTYPES = {
+    "int8": "int8", "char": "int8", "uint8": "uint8", "int32": "int32", "int": "int32",
+    "uint32": "uint32", "int64": "int64", "uint64": "uint64", "half": "float16",
+    "float16": "float16", "float": "float32", "float32": "float32", "double": "float64",
+    "float64": "float64", "bfloat16": "bfloat16",
+}
+
+
+def parse_dtype(name: str) -> np.dtype:
+    """A dtype from nccl-tests' names (``float`` is float32, ``half`` float16, ``int``
+    int32), or any other NumPy dtype name.
+
+    Raises:
+        ValueError: not a dtype.
+    """
+    if name in NCCL_TESTS_DTYPES:
+        name = NCCL_TESTS_DTYPES[name]
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise ValueError(f"{name!r} is not a dtype; nccl-tests' names: "
+                         f"{', '.join(NCCL_TESTS_DTYPES)}, or a NumPy name") from None
 
 
 def sizes(begin: int, end: int, factor: float) -> list[int]:
@@ -296,6 +335,8 @@ class Row:
     wrong: int
     predicted_us: float
     vs_native: float = math.nan
+    mean_us: float = math.nan
+    inplace: bool = False
 
     @property
     def measured_over_predicted(self) -> float:
@@ -303,10 +344,11 @@ class Row:
 
 
 def _algorithm_names(collective: str, chosen: str, backend: str = "mpi") -> list[str]:
+    """The rows of ``collective``: the library's, then the chosen algorithms it has."""
     library = report.library_row(backend)
     names = [library, *mpicoll.algorithms(collective, backend), "auto"]
     if chosen != "all":  # the library's row stays: it is what vs_native divides
-        names = [library, *(n for n in chosen.split(",") if n != library)]
+        names = [library, *(n for n in chosen.split(",") if n != library and n in names)]
     return names
 
 
@@ -323,8 +365,9 @@ def _synchronized(call: Callable[[], object], stream: Any) -> Callable[[], None]
 
 def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse.Namespace,
           params: model.Params, progress: report.Progress, say: Callable[..., None],
-          ) -> tuple[list[Row], int]:
-    """Time every algorithm of ``collective`` at every size; returns the rows and #wrong."""
+          inplace: bool = False) -> tuple[list[Row], int]:
+    """Time every algorithm of ``collective`` at every size (the result over the input
+    with ``inplace``); returns the rows and #wrong."""
     dtype, record = np.dtype(args.datatype), RECORDS[collective]
     names = _algorithm_names(collective, args.algo, args.backend)
     library_name = report.library_row(args.backend)
@@ -336,14 +379,14 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
         checker = next(a.name for a in REGISTRY[collective].values() if not a.commutative_only)
         say(f"# the library cannot reduce {dtype}: no {library_name}/native rows; "
             f"results checked against {checker}")
-    if args.inplace and collective not in INPLACE:
+    if inplace and collective not in INPLACE:
         say(f"# {collective} has no in-place form: run out of place")
     rows, wrong_total = [], 0
     for nbytes in sizes_:
         x = on_buffer(make_input(comm, collective, nbytes, dtype, args.op), args.buffer)
         count = x.size * comm.size if record.per_rank else x.size
         size = count * dtype.itemsize
-        call = Call(comm, collective, x, args.op, args.root, args.inplace)
+        call = Call(comm, collective, x, args.op, args.root, inplace)
         library = library_call(comm, collective, x, args.op, args.root)
         reference = None
         if args.check:
@@ -382,7 +425,9 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
                 name, seconds * 1e6, min(times) * 1e6, max(times) * 1e6,
                 float(np.percentile(times, 99)) * 1e6, algbw,
                 algbw * record.busbw_factor(comm.size), wrong,
-                model.predict(collective, stand_in, size, comm.size, params) * 1e6))
+                model.predict(collective, stand_in, size, comm.size, params) * 1e6,
+                mean_us=statistics.fmean(times) * 1e6,
+                inplace=inplace and collective in INPLACE))
         baseline = measured.get(library_name, measured.get("native", ([math.nan], 0)))[0]
         for row in rows[-len(measured):]:
             row.vs_native = statistics.median(baseline) * 1e6 / row.time_us
@@ -406,8 +451,35 @@ def _gpu_problem() -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+def _launched(variables: tuple[str, ...], default: int) -> int:
+    """A number the launcher gave this process (read before MPI starts), else ``default``."""
+    import os
+
+    for variable in variables:
+        if os.environ.get(variable, "").isdigit():
+            return int(os.environ[variable])
+    return default
+
+
+def _launched_rank() -> int:
+    return _launched(("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"), 0)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line, on rank 0 only, and exits 2 on
+    every rank (each rank parses the same arguments, so all of them stop)."""
+
+    def error(self, message: str) -> NoReturn:
+        if _launched_rank() == 0:
+            sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+FORMATS = ("table", "nccl", "osu")
+
+
+def _parser() -> _Parser:
+    parser = _Parser(
         prog="python -m mpicoll.bench",
         description="Time every algorithm of a collective against the MPI library's own.")
     parser.add_argument("collective", nargs="?", default="all_reduce",
@@ -418,8 +490,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-f", "--stepfactor", type=float, default=8.0, help="size factor")
     parser.add_argument("-n", "--iters", type=int, default=20, help="timed iterations")
     parser.add_argument("-w", "--warmup_iters", type=int, default=3, help="untimed iterations")
-    parser.add_argument("-c", "--check", type=int, default=1, help="check results (0/1)")
-    parser.add_argument("-d", "--datatype", default="float32", help="NumPy dtype name")
+    parser.add_argument("-c", "--check", type=int, default=1, choices=(0, 1),
+                        help="check results (0/1)")
+    parser.add_argument("-d", "--datatype", default="float32",
+                        help="dtype: nccl-tests' names (float is float32, half, double, int, "
+                             "int8, uint8, int64, uint64, bfloat16) or a NumPy name")
     parser.add_argument("-o", "--op", default="sum", help="reduction op")
     parser.add_argument("-r", "--root", type=int, default=0, help="root rank")
     parser.add_argument("--algo", default="all",
@@ -429,6 +504,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inplace", action="store_true", help="result over the input")
     parser.add_argument("--timing", default="barrier", choices=TIMINGS,
                         help="a barrier before each iteration (default), or back-to-back")
+    parser.add_argument("--format", default="table", choices=FORMATS,
+                        help="table (every algorithm side by side, default), nccl (nccl-tests' "
+                             "out-of-place and in-place columns, avg bus bandwidth), or osu "
+                             "(OSU's per-size avg/min/max latency)")
     parser.add_argument("--json", default=None, help="write every row (min/max/p99 too)")
     parser.add_argument("--csv", default=None, help="write every row as CSV")
     parser.add_argument("--plot", default=None,
@@ -441,26 +520,72 @@ def main(argv: list[str] | None = None) -> int:
                         help="tune: the collectives to tune, comma-separated, or all")
     parser.add_argument("--output", default=None,
                         help="tune: the tuning file (default: mpicoll.tuning.default_path())")
-    args = parser.parse_args(argv)
-    if args.collective not in ("all", "tune"):
-        unknown = [c for c in args.collective.split(",") if c not in RECORDS]
+    return parser
+
+
+def _collectives(names: str) -> list[str]:
+    return list(RECORDS) if names == "all" else names.split(",")
+
+
+def _check_arguments(parser: _Parser, args: argparse.Namespace) -> None:
+    """Every refusal the arguments alone decide, as one line (the same on every rank)."""
+    tuning = args.collective == "tune"
+    chosen = _collectives(args.collectives if tuning else args.collective)
+    unknown = [c for c in chosen if c not in RECORDS]
+    if unknown:
+        parser.error(f"{'--collectives: ' if tuning else ''}unknown collective "
+                     f"{', '.join(unknown)}; choose from {', '.join(RECORDS)}, all"
+                     + ("" if tuning else ", tune"))
+    try:
+        args.dtype = parse_dtype(args.datatype)
+    except ValueError as exc:
+        parser.error(f"-d: {exc}")
+    args.datatype = args.dtype.name
+    try:
+        begin, end = parse_size(args.minbytes), parse_size(args.maxbytes)
+    except ValueError as exc:
+        parser.error(f"-b/-e: {exc}")
+    if begin > end:
+        parser.error(f"-b {args.minbytes} is larger than -e {args.maxbytes}")
+    if args.stepfactor <= 1:
+        parser.error(f"-f {args.stepfactor:g}: the step factor must be above 1")
+    args.size_list = sizes(begin, end, args.stepfactor)
+    if args.iters < 1:
+        parser.error(f"-n {args.iters}: at least 1 timed iteration")
+    if args.warmup_iters < 0:
+        parser.error(f"-w {args.warmup_iters}: warm-up iterations cannot be negative")
+    ranks = _launched(("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"), 0)
+    if args.root < 0 or (ranks and args.root >= ranks):
+        parser.error(f"-r {args.root}: a root is a rank, 0 to the number of ranks - 1"
+                     + (f" ({ranks - 1})" if ranks else ""))
+    if any(RECORDS[c].reduces for c in chosen):
+        try:
+            resolve_op(args.op, args.dtype)
+        except (TypeError, ValueError) as exc:
+            parser.error(f"-o {args.op}: {exc}")
+    if args.algo != "all":
+        known = {report.library_row(args.backend), "auto"}
+        for collective in chosen:
+            known.update(mpicoll.algorithms(collective, args.backend))
+        unknown = [n for n in args.algo.split(",") if n not in known]
         if unknown:
-            parser.exit(2, f"python -m mpicoll.bench: unknown collective {', '.join(unknown)}; "
-                           f"choose from {', '.join(RECORDS)}, all, tune\n")
+            parser.error(f"--algo: unknown algorithm {', '.join(unknown)} for "
+                         f"{', '.join(chosen)}; choose from {', '.join(sorted(known))}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_arguments(parser, args)
     if args.backend == "nccl" and args.buffer != "cupy":
         args.buffer = "cupy"  # NCCL moves GPU memory only
     if args.buffer == "cupy":
         problem = _gpu_problem()
         if problem:
-            parser.exit(2, f"python -m mpicoll.bench: --buffer cupy / --backend nccl: {problem}\n")
+            parser.error(f"--buffer cupy / --backend nccl: {problem}")
         if args.collective == "tune":
-            parser.exit(2, "python -m mpicoll.bench tune: tunes the mpi backend on NumPy "
-                           "buffers; NCCL's own collectives are auto's choice on GPUs\n")
-    try:
-        dtype = np.dtype(args.datatype)
-    except TypeError:
-        parser.exit(2, f"python -m mpicoll.bench: -d {args.datatype}: not a NumPy dtype\n")
-
+            parser.error("tune: tunes the mpi backend on NumPy buffers; NCCL's own "
+                         "collectives are auto's choice on GPUs")
     if args.buffer == "cupy" and args.backend == "mpi":
         from mpi4py import MPI
 
@@ -468,28 +593,40 @@ def main(argv: list[str] | None = None) -> int:
 
         select_device(MPI.COMM_WORLD)  # the NCCL backend selects its own
     comm = Communicator(backend=args.backend)
+    if args.root >= comm.size:
+        parser.error(f"-r {args.root}: there are {comm.size} ranks (0..{comm.size - 1})")
     say = print if comm.rank == 0 else (lambda *a, **k: None)
     params = model.load_params(args.model) or model.Params()
-    header = report.header(comm, args, dtype, params)
+    header = report.header(comm, args, args.dtype, params)
     for line in report.header_lines(header):
         say(line)
-    size_list = sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
     if args.collective == "tune":
         from .tune import tune
 
-        return tune(comm, args, size_list, params, say)
-    collectives = list(RECORDS) if args.collective == "all" else args.collective.split(",")
+        return tune(comm, args, args.size_list, params, say)
+    collectives = _collectives(args.collective)
+    layouts = (False, True) if args.format == "nccl" else (args.inplace,)
     progress = report.Progress(
-        comm.rank == 0,
-        len(size_list) * sum(len(_algorithm_names(c, args.algo, args.backend)) for c in collectives))
-    rows, wrong_total = [], 0
+        comm.rank == 0, len(layouts) * len(args.size_list)
+        * sum(len(_algorithm_names(c, args.algo, args.backend)) for c in collectives))
+    rows, in_place_rows, wrong_total = [], [], 0
     for collective in collectives:
-        say(f"\n# {collective}")
-        say(report.TABLE_HEADER)
-        got, wrong = sweep(comm, collective, size_list, args, params, progress, say)
-        rows += got
-        wrong_total += wrong
+        if args.format == "table":
+            say(f"\n# {collective}")
+            say(report.TABLE_HEADER)
+        for inplace in layouts:
+            got, wrong = sweep(comm, collective, args.size_list, args, params, progress,
+                               say if args.format == "table" else (lambda *a, **k: None),
+                               inplace=inplace)
+            (in_place_rows if inplace and args.format == "nccl" else rows).extend(got)
+            wrong_total += wrong
     progress.done()
+    if args.format == "nccl":
+        for line in report.nccl_lines(rows, in_place_rows, header):
+            say(line)
+    elif args.format == "osu":
+        for line in report.osu_lines(rows, header):
+            say(line)
     for line in report.fastest_lines(rows) + report.auto_lines(rows):
         say(line)
     say(f"\n# Out of bounds values : {wrong_total} {'OK' if wrong_total == 0 else 'FAILED'}")
@@ -501,5 +638,5 @@ def main(argv: list[str] | None = None) -> int:
                     f"{args.min_busbw:.2f}")
                 status = 1
     if comm.rank == 0:
-        report.write(rows, header, args.json, args.csv, args.plot)
+        report.write(rows + in_place_rows, header, args.json, args.csv, args.plot)
     return status

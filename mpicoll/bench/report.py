@@ -152,11 +152,12 @@ class Progress:
 
 
 def fastest_lines(rows: list[Any]) -> list[str]:
-    """One line per collective naming the fastest of mpicoll's own algorithms per size range."""
+    """One line per collective naming the fastest algorithm per size range: mpicoll's own
+    and ``native`` (the library's collective through mpicoll, marked with a *)."""
     lines = []
     for collective in dict.fromkeys(r.collective for r in rows):
         mine = [r for r in rows if r.collective == collective
-                and r.algorithm not in (*LIBRARY_ROWS, "native", "auto")]
+                and r.algorithm not in (*LIBRARY_ROWS, "auto")]
         winners = []
         for size in sorted({r.size for r in mine}):
             at = [r for r in mine if r.size == size]
@@ -164,10 +165,77 @@ def fastest_lines(rows: list[Any]) -> list[str]:
         if not winners:
             continue
         ranges = ranges_from_winners(winners)
-        text = ", ".join(f"{r['algorithm']} below {human(r['below'])}" if r["below"] is not None
-                         else (f"then {r['algorithm']}" if len(ranges) > 1 else r["algorithm"])
+
+        def name(algorithm: str) -> str:
+            return "native*" if algorithm == "native" else algorithm
+
+        text = ", ".join(f"{name(r['algorithm'])} below {human(r['below'])}"
+                         if r["below"] is not None
+                         else (f"then {name(r['algorithm'])}" if len(ranges) > 1
+                               else name(r["algorithm"]))
                          for r in ranges)
-        lines.append(f"# fastest algorithm, {collective}: {text}")
+        note = (" (*: the library's collective through mpicoll)"
+                if any(r["algorithm"] == "native" for r in ranges) else "")
+        lines.append(f"# fastest algorithm, {collective}: {text}{note}")
+    return lines
+
+
+NCCL_HEADER = [
+    f"# {'':>54}{'out-of-place':>24}{'in-place':>33}",
+    f"# {'size':>10} {'count':>12} {'type':>8} {'redop':>6} {'root':>5} "
+    f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} "
+    f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}",
+    f"# {'(B)':>10} {'(elements)':>12} {'':>8} {'':>6} {'':>5} "
+    f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} "
+    f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}",
+]
+
+
+def _blocks(rows: list[Any]) -> list[tuple[str, str, list[Any]]]:
+    """(collective, algorithm, rows by size) in the order they were measured."""
+    keys = dict.fromkeys((r.collective, r.algorithm) for r in rows)
+    return [(c, a, sorted((r for r in rows if (r.collective, r.algorithm) == (c, a)),
+                          key=lambda r: r.size)) for c, a in keys]
+
+
+def average_busbw(rows: list[Any]) -> float:
+    return sum(r.busbw for r in rows) / len(rows) if rows else 0.0
+
+
+def nccl_lines(out_of_place: list[Any], in_place: list[Any], head: dict[str, Any]) -> list[str]:
+    """nccl-tests' layout: per collective and algorithm, out-of-place and in-place columns
+    in one table, then its average bus bandwidth (over both, as nccl-tests averages)."""
+    lines = []
+    placed = {(r.collective, r.algorithm, r.size): r for r in in_place}
+    for collective, algorithm, mine in _blocks(out_of_place):
+        lines += ["", f"# {collective}, algorithm {algorithm} ({head['ranks']} ranks)"
+                  + ("" if collective in ("all_reduce", "reduce", "all_gather", "all_to_all",
+                                          "broadcast") else "; no in-place form: run twice "
+                     "out of place"), *NCCL_HEADER]
+        both = []
+        for r in mine:
+            other = placed.get((collective, algorithm, r.size))
+            both += [r] + ([other] if other else [])
+            cells = (f"{other.time_us:>9.2f} {other.algbw:>7.2f} {other.busbw:>7.2f} "
+                     f"{other.wrong:>6}" if other else f"{'n/a':>9} {'':>7} {'':>7} {'':>6}")
+            lines.append(f"  {r.size:>10} {r.count:>12} {r.type:>8} {r.redop:>6} {r.root:>5} "
+                         f"{r.time_us:>9.2f} {r.algbw:>7.2f} {r.busbw:>7.2f} {r.wrong:>6} "
+                         + cells)
+        lines.append(f"# Avg bus bandwidth    : {average_busbw(both):.6g} ")
+    return lines
+
+
+def osu_lines(rows: list[Any], head: dict[str, Any]) -> list[str]:
+    """OSU micro-benchmarks' layout: per collective and algorithm, the average, minimum
+    and maximum latency at each size (each iteration's time is the slowest rank's)."""
+    lines = []
+    for collective, algorithm, mine in _blocks(rows):
+        lines += ["", f"# OSU-style {collective} latency test, algorithm {algorithm}, "
+                  f"{head['ranks']} ranks (size: nccl-tests' bytes)",
+                  f"# {'Size':<10} {'Avg Latency(us)':>17} {'Min Latency(us)':>17} "
+                  f"{'Max Latency(us)':>17} {'Iterations':>11}"]
+        lines += [f"{r.size:<12} {r.mean_us:>17.2f} {r.min_us:>17.2f} {r.max_us:>17.2f} "
+                  f"{head['iterations']:>11}" for r in mine]
     return lines
 
 
@@ -207,6 +275,11 @@ def _row_dict(row: Any) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
 
 
+# the run's header, repeated on every CSV row (the JSON keeps it once, as "header")
+CSV_RUN_COLUMNS = ("ranks", "hosts", "host_names", "dtype", "op", "timing", "iterations",
+                   "warmup", "mpicoll", "mpi_library", "mpi4py", "numpy", "slurm_job_id")
+
+
 def write(rows: list[Any], head: dict[str, Any], json_path: str | None, csv_path: str | None,
           plot_path: str | None) -> None:
     records = [_row_dict(r) for r in rows]
@@ -215,10 +288,14 @@ def write(rows: list[Any], head: dict[str, Any], json_path: str | None, csv_path
             json.dump({"header": head, "rows": records}, f, indent=1)
             f.write("\n")
     if csv_path:
+        run = {name: head[name] for name in CSV_RUN_COLUMNS}
+        run["host_names"] = " ".join(head["host_names"])
+        rows_with_run = [{**record, **run} for record in records]
         with open(csv_path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(records[0]) if records else ["collective"])
+            writer = csv.DictWriter(f, fieldnames=list(rows_with_run[0]) if rows_with_run
+                                    else ["collective", *run])
             writer.writeheader()
-            writer.writerows(records)
+            writer.writerows(rows_with_run)
     if plot_path:
         plot(rows, head, plot_path)
 
@@ -242,15 +319,18 @@ def plot(rows: list[Any], head: dict[str, Any], path: str) -> None:
     for ax, collective in zip(axes.flat, collectives, strict=False):
         mine = [r for r in rows if r.collective == collective]
         for name in dict.fromkeys(r.algorithm for r in mine):
-            points = sorted((r.size, r.busbw) for r in mine if r.algorithm == name)
+            points = sorted((r.size, r.busbw) for r in mine if r.algorithm == name
+                            and r.busbw > 0)  # 0 B: nothing moved, nothing to draw
             style = ({"linewidth": 2.5, "color": "black", "linestyle": "-" if name in LIBRARY_ROWS else "--"}
                      if name in (*LIBRARY_ROWS, "native") else {})
             ax.plot([x for x, _ in points], [y for _, y in points], marker="o",
                     markersize=3, label=name, **style)
         ax.set_xscale("log", base=2)
+        if any(r.busbw > 0 for r in mine):  # log: the small sizes' busbw is readable too
+            ax.set_yscale("log")
         ax.set_title(f"{collective}, {head['ranks']} ranks, {head['dtype']}")
         ax.set_xlabel("size (bytes)")
-        ax.set_ylabel("busbw (GB/s)")
+        ax.set_ylabel("busbw (GB/s, log scale)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(collectives):]:
