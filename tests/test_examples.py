@@ -29,6 +29,24 @@ def test_quickstart(n, algorithm):
     assert f"all collectives agree with NumPy on {n} rank(s)" in done.stdout
 
 
+@needs_mpiexec
+@pytest.mark.parametrize("name", ["quickstart", "cheatsheet"])
+def test_an_unknown_algorithm_is_refused_in_one_line(name):
+    done = mpiexec(2, "-m", f"mpicoll.examples.{name}", "--algorithm", "rnig")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [line for line in done.stderr.strip().splitlines()
+                                                if "--algorithm 'rnig': no collective has it"
+                                                in line] and done.stderr.strip(), done.stderr
+
+
+@needs_mpiexec
+def test_quickstart_names_the_algorithms_and_keeps_whole_rows():
+    done = mpiexec(4, "-m", "mpicoll.examples.quickstart", "--algorithm", "ring")
+    assert done.returncode == 0, done.stderr
+    assert "all_reduce max (ring)" in done.stdout and "broadcast from rank 0 (auto: " in done.stdout
+    assert "-> [[6, 7], [106, 107], [206, 207], [306, 307]]" in done.stdout  # not cut
+
+
 # every example, its own check included, at 1, 2, 3 and 4 ranks
 EXAMPLES = {
     "cheatsheet": ("every collective agrees with NumPy", "--algorithm", "ring"),

@@ -18,7 +18,8 @@ def launch(main: Callable[[], object]) -> None:
     try:
         main()
     except SystemExit as exc:
-        if exc.code not in (None, 0):
+        # 2: a bad command line, which every rank parsed alike and left the same way
+        if exc.code not in (None, 0, 2):
             MPI.COMM_WORLD.Abort(exc.code if isinstance(exc.code, int) else 1)
         raise
     except BaseException:
@@ -43,7 +44,8 @@ def print_in_rank_order(comm: object, title: str, text: str, width: int = 96) ->
 
 def algorithm_option(description: str) -> Callable[[str], str]:
     """Parse ``--algorithm NAME`` (default auto); return collective -> the algorithm to run:
-    NAME where the collective has an algorithm of that name, else "auto"."""
+    NAME where the collective has an algorithm of that name, else "auto". A name no
+    collective has is refused: one line on rank 0, and the job ends with status 2."""
     import argparse
 
     import mpicoll
@@ -52,4 +54,20 @@ def algorithm_option(description: str) -> Callable[[str], str]:
     parser.add_argument("--algorithm", default="auto",
                         help="run every collective that has an algorithm of this name with it")
     chosen = parser.parse_args().algorithm
+    known = {"auto"} | {name for c in mpicoll.COLLECTIVES for name in mpicoll.algorithms(c)}
+    if chosen not in known:
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            sys.stderr.write(f"{parser.prog}: error: --algorithm {chosen!r}: no collective has "
+                             f"it; choose from {', '.join(sorted(known))}\n")
+        sys.exit(2)
     return lambda collective: chosen if chosen in mpicoll.algorithms(collective) else "auto"
+
+
+def algorithm_ran(comm: object, collective: str, algorithm: str, nbytes: int,
+                  op: str | None = None, dtype: object = None) -> str:
+    """The algorithm a call ran, for a title: the name, or what "auto" picked."""
+    if algorithm != "auto":
+        return algorithm
+    return f"auto: {comm.auto_algorithm(collective, nbytes, op, dtype)}"
