@@ -17,8 +17,15 @@ if [ ! -x .venv/bin/python ]; then
         "$PYTHON" -m venv .venv
     fi
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[${MPICOLL_EXTRAS:-mpich,test}]" 2>&1 \
-    | grep -v "^WARNING: Location" || true
+# pip's and setuptools' chatter ("Editable installation ..." warnings) goes to a log, so
+# a job's output starts with its own lines; a failed install says where its log is (the
+# import check below decides whether the environment still serves, e.g. offline)
+log=.venv/setup.log
+quiet_pip() {
+    .venv/bin/python -m pip install -q --disable-pip-version-check "$@" >"$log" 2>&1 \
+        || echo "setup: pip install $* failed; its output: $log" >&2
+}
+quiet_pip --upgrade pip
+quiet_pip -e ".[${MPICOLL_EXTRAS:-mpich,test}]"
 .venv/bin/python -c "import mpicoll, mpi4py; from mpi4py import MPI" \
     || { echo "setup: mpicoll or mpi4py does not import" >&2; exit 1; }
