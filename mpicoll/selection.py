@@ -6,7 +6,7 @@ uneven blocks, a dtype the MPI library cannot reduce):
 1. the tuning file that ``python -m mpicoll.bench tune`` wrote (``mpicoll.tuning``);
 2. the cost model with parameters fitted on this machine (``python -m mpicoll.model
    fit``), when there are some;
-3. MPICH's default thresholds (its ``coll_selection.json``), with ``native`` for small
+3. MPICH's default thresholds (``mpicoll.mpich_rules``), with ``native`` for small
    messages, where the Python cost of each of our steps outweighs the wire.
 """
 
@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from . import model, tuning
 from .algorithms import REGISTRY
 from .errors import ConfigError
+from .mpich_rules import mpich_default
 from .ops import Op
 
 
@@ -127,28 +128,6 @@ def serves(collective: str, name: str, commutative: bool, has_native: bool,
         return False
     return (commutative or not spec.commutative_only) and not (uneven and spec.even_only)
 
-# Below these sizes (bytes) the MPI library's collective wins: its steps cost a few
-# microseconds of C, ours a few microseconds of Python each.
-NATIVE_BELOW = {
-    "broadcast": 1 << 16,
-    "scatter": 1 << 16,
-    "gather": 1 << 16,
-    "all_gather": 1 << 16,
-    "reduce": 1 << 16,
-    "all_reduce": 1 << 12,
-    "reduce_scatter": 1 << 16,
-    "all_to_all": 1 << 16,
-}
-
-
-# reduce: Rabenseifner's reduce_scatter + gather beats the binomial tree from here (bytes)
-RABENSEIFNER_REDUCE_FROM = 1 << 22  # measured at 2 and 4 ranks: binomial wins at 1 MiB
-
-
-def _power_of_two(p: int) -> bool:
-    return p & (p - 1) == 0
-
-
 def select(collective: str, nbytes: int, size: int, op: Op | None, has_native: bool,
            uneven: bool = False, tables: Tables | None = None) -> str:
     """The algorithm name ``auto`` runs for this call: a function of its arguments and
@@ -172,44 +151,3 @@ def select(collective: str, nbytes: int, size: int, op: Op | None, has_native: b
                       if serves(collective, n, commutative, has_native, uneven)]
         return model.best(collective, nbytes, size, params, candidates)
     return mpich_default(collective, nbytes, size, op, has_native, uneven)
-
-
-def mpich_default(collective: str, nbytes: int, size: int, op: Op | None, has_native: bool,
-                  uneven: bool = False) -> str:
-    """MPICH's default thresholds, with ``native`` for small messages."""
-    if collective == "barrier":
-        return "native" if has_native else "dissemination"
-    if has_native and nbytes < NATIVE_BELOW[collective]:
-        return "native"
-    commutative = op is None or op.commutative
-    if collective == "broadcast":  # MPICH: binomial below 12 KiB or 8 ranks
-        return "binomial" if nbytes < 12288 or size < 8 else "scatter_allgather"
-    if collective in ("scatter", "gather"):
-        return "binomial"
-    if collective == "all_gather":
-        # MPICH: recursive doubling below 80 KiB at powers of two, Bruck below 80 KiB
-        # otherwise, ring above
-        if nbytes < 81920:
-            return "recursive_doubling" if _power_of_two(size) else "bruck"
-        return "ring"
-    if collective == "reduce":  # MPICH: binomial below 2 KiB, Rabenseifner above
-        return "rabenseifner" if commutative and nbytes >= RABENSEIFNER_REDUCE_FROM else "binomial"
-    if collective == "all_reduce":
-        # MPICH: recursive doubling below 2 KiB, Rabenseifner above. Measured here (one
-        # node): recursive doubling up to about 1 MiB, where the ring's halved
-        # reduction work starts to win.
-        if not commutative:
-            return "recursive_doubling"
-        return "recursive_doubling" if nbytes < (1 << 20) else "ring"
-    if collective == "reduce_scatter":  # MPICH: recursive halving below 512 KiB
-        if not commutative:
-            return "recursive_doubling"
-        return "recursive_halving" if nbytes < 524288 else "ring"
-    if collective == "all_to_all":
-        # MPICH: Bruck for blocks up to 256 B at 8+ ranks, isend/irecv below 32 KiB
-        # blocks, pairwise above
-        block = nbytes // max(size, 1)
-        if not uneven and block <= 256 and size >= 8:
-            return "bruck"
-        return "linear" if block < 32768 else "pairwise"
-    raise ValueError(f"no selection rule for {collective!r}")

@@ -19,7 +19,7 @@ LAYERS = [
     ("transport", ["transport"]),
     ("algorithms", ["algorithms"]),
     ("backends and choice", ["native", "native_nccl", "backends", "tuning", "mpich_selection",
-                             "model", "selection", "tracing"]),
+                             "mpich_rules", "model", "selection", "tracing"]),
     ("pipeline", ["pipeline"]),
     ("api", ["communicator", "work", "bucketer", "local", ""]),
     ("tools", ["bench", "trace", "hang", "viz", "examples", "model.__main__", "model.fit"]),

@@ -10,7 +10,7 @@ This module only evaluates them. Their notation: n bytes, p ranks, p2 the larges
 of two <= p, ``lg`` the base-2 logarithm, ``log_k`` base k, ``[cond]`` 1 when cond holds,
 k a tree's radix and S a pipeline's number of segments (both from the algorithm's
 options or their defaults). ``native`` is predicted with the formula of the algorithm
-MPICH's default selection runs for that call (``selection.mpich_default``, the thresholds
+MPICH's default selection runs for that call (``mpich_rules.mpich_default``, the thresholds
 ``auto`` falls back to).
 
 This package is the runtime part (``auto`` reads it); the fit and the command line are
@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ..algorithms import COLLECTIVES, REGISTRY
 from ..config import config_file
+from ..mpich_rules import mpich_default
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,7 @@ def option_defaults(collective: str, algorithm: str) -> dict[str, int]:
 
 def native_stand_in(collective: str, nbytes: int, p: int) -> str:
     """The algorithm MPICH's default selection runs for this call: the thresholds of
-    ``selection.mpich_default`` (where ``auto`` falls back to), without its ``native``."""
-    from ..selection import mpich_default  # selection imports this module
+    ``mpich_rules.mpich_default`` (where ``auto`` falls back to), without its ``native``."""
 
     return mpich_default(collective, nbytes, p, None, has_native=False)
 

@@ -1,0 +1,72 @@
+"""MPICH's default choices, as thresholds: what ``auto`` falls back to without a tuning
+table or a fitted model, and what the cost model takes ``native`` to run.
+
+From MPICH's ``coll_selection.json`` (the intra-node defaults of MPICH 4/5), with
+``native`` below the sizes where the Python cost of each of our steps outweighs the wire.
+"""
+
+from __future__ import annotations
+
+from .ops import Op
+
+# Below these sizes (bytes) the MPI library's collective wins: its steps cost a few
+# microseconds of C, ours a few microseconds of Python each.
+NATIVE_BELOW = {
+    "broadcast": 1 << 16,
+    "scatter": 1 << 16,
+    "gather": 1 << 16,
+    "all_gather": 1 << 16,
+    "reduce": 1 << 16,
+    "all_reduce": 1 << 12,
+    "reduce_scatter": 1 << 16,
+    "all_to_all": 1 << 16,
+}
+
+
+# reduce: Rabenseifner's reduce_scatter + gather beats the binomial tree from here (bytes)
+RABENSEIFNER_REDUCE_FROM = 1 << 22  # measured at 2 and 4 ranks: binomial wins at 1 MiB
+
+
+def _power_of_two(p: int) -> bool:
+    return p & (p - 1) == 0
+
+
+def mpich_default(collective: str, nbytes: int, size: int, op: Op | None, has_native: bool,
+                  uneven: bool = False) -> str:
+    """MPICH's default thresholds, with ``native`` for small messages."""
+    if collective == "barrier":
+        return "native" if has_native else "dissemination"
+    if has_native and nbytes < NATIVE_BELOW[collective]:
+        return "native"
+    commutative = op is None or op.commutative
+    if collective == "broadcast":  # MPICH: binomial below 12 KiB or 8 ranks
+        return "binomial" if nbytes < 12288 or size < 8 else "scatter_allgather"
+    if collective in ("scatter", "gather"):
+        return "binomial"
+    if collective == "all_gather":
+        # MPICH: recursive doubling below 80 KiB at powers of two, Bruck below 80 KiB
+        # otherwise, ring above
+        if nbytes < 81920:
+            return "recursive_doubling" if _power_of_two(size) else "bruck"
+        return "ring"
+    if collective == "reduce":  # MPICH: binomial below 2 KiB, Rabenseifner above
+        return "rabenseifner" if commutative and nbytes >= RABENSEIFNER_REDUCE_FROM else "binomial"
+    if collective == "all_reduce":
+        # MPICH: recursive doubling below 2 KiB, Rabenseifner above. Measured here (one
+        # node): recursive doubling up to about 1 MiB, where the ring's halved
+        # reduction work starts to win.
+        if not commutative:
+            return "recursive_doubling"
+        return "recursive_doubling" if nbytes < (1 << 20) else "ring"
+    if collective == "reduce_scatter":  # MPICH: recursive halving below 512 KiB
+        if not commutative:
+            return "recursive_doubling"
+        return "recursive_halving" if nbytes < 524288 else "ring"
+    if collective == "all_to_all":
+        # MPICH: Bruck for blocks up to 256 B at 8+ ranks, isend/irecv below 32 KiB
+        # blocks, pairwise above
+        block = nbytes // max(size, 1)
+        if not uneven and block <= 256 and size >= 8:
+            return "bruck"
+        return "linear" if block < 32768 else "pairwise"
+    raise ValueError(f"no selection rule for {collective!r}")
