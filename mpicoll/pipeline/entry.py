@@ -62,6 +62,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             if self._refused_alone:
                 agree.resync(self, call)
             if stream is not None and (not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
+                self._refused_alone = call.seq  # raised before any message, maybe alone
                 raise InvalidArgumentError(
                     f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
             if stream is None:
