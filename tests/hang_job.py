@@ -54,6 +54,18 @@ def main(scenario: str) -> None:
         time.sleep(3 * timeout)
     elif culprit and scenario == "mismatch":
         comm.all_gather(x, algorithm="ring")
+    elif scenario == "refuse_native":
+        # call #3 with the MPI library's own all_reduce; rank 1 refuses its input alone
+        # (it raises at once), then makes call #4: it must never be matched with the
+        # others' call #3, which MPI would do for two native collectives
+        if culprit:
+            try:
+                comm.all_reduce("not an array", algorithm="native")
+            except mpicoll.InvalidArgumentError:
+                pass
+        got = comm.all_reduce(np.full(4, comm.rank + 1.0), algorithm="native")
+        print(f"RESULT rank {comm.rank}: {got[0]}", flush=True)  # must never print
+        return
     elif scenario == "user_op":
         op = mpicoll.Op(failing_op if culprit else np.add, commutative=True, name="failing_op")
         comm.all_reduce(x, op, algorithm="ring")

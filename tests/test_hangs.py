@@ -77,6 +77,19 @@ def test_mismatched_collectives_end_the_job_and_trace_hang_names_both(tmp_path):
 
 
 @needs_mpiexec
+def test_a_lone_refusal_never_lets_the_next_call_match_the_others_native_call(tmp_path):
+    """Rank 1 refuses its input to a native all_reduce alone; its next call first checks
+    that the others refused too (they did not: they wait in MPI_Allreduce), so the job
+    ends through the timeout; no rank ever gets a result of mismatched calls."""
+    done, elapsed = job("refuse_native", str(tmp_path))
+    assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
+    assert elapsed < TIMEOUT + 10
+    assert "RESULT" not in done.stdout, done.stdout
+    found = reports(done.stderr)
+    assert any("rank 1" in r and "call #4" in r for r in found), found
+
+
+@needs_mpiexec
 def test_an_async_call_that_never_completes_ends_the_job(tmp_path):
     done, elapsed = job("async", str(tmp_path))
     assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]

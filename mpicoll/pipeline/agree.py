@@ -172,8 +172,9 @@ def resync(c: Any, call: Call) -> None:
     table[t.rank] = refused
     saved = t.tag
     t.tag = saved + t.side_tags
-    try:
-        all_gather(c, table, 1)
+    try:  # point-to-point messages on those tags: never the library's own collective,
+        # which MPI would match with a collective the others still wait in
+        REGISTRY["all_gather"]["recursive_doubling"].fn(t, table, even_bounds(1, t.size))
     finally:
         t.tag = saved
     if (table != refused).any():
