@@ -354,3 +354,14 @@ def test_workspace_scopes_never_overlap_and_are_reused():
     with t.workspace() as ws:
         again = ws.take(10, np.float64)
     assert t._arenas[False] is arena and np.shares_memory(again, call_level)
+
+
+def test_check_mode_compares_tuning_options_too():
+    def body(comm):
+        with pytest.raises(mpicoll.MismatchError, match="rank 1 differs in algorithm"):
+            comm.broadcast(np.ones(4) if comm.rank == 0 else None, 0, algorithm="knomial",
+                           radix=3 if comm.rank == 1 else 2)
+        _next_call_is_right(comm)
+        return True
+
+    assert run_local(3, body, timeout=10, check=True) == [True] * 3

@@ -91,6 +91,7 @@ def settle(c: Any, call: Call, verdict: Verdict, algorithm: Any, *, op: Any = No
            input_travels: bool = False) -> None:
     """Raise what must be raised before any data moves (see the module's docstring).
 
+    ``algorithm``: the name, or (name, tuning options): ranks must agree on both.
     ``input_travels``: this rank's input refusal reaches the others in a message the
     call sends anyway (a root's header, the v-variants' tables), so it is not raised here.
     """
@@ -103,6 +104,14 @@ def settle(c: Any, call: Call, verdict: Verdict, algorithm: Any, *, op: Any = No
         raise refusal
 
 
+def _algorithm_text(algorithm: Any) -> str:
+    """The algorithm field of a fingerprint: its name, and its tuning options if any."""
+    if isinstance(algorithm, tuple):
+        name, options = algorithm
+        return f"{name} {sorted(options.items())}" if options else str(name)
+    return str(algorithm)
+
+
 def fingerprint(c: Any, call: Call, verdict: Verdict, algorithm: Any, op: Any, root: Any,
                 dtype: Any, shape: Any) -> None:
     """Check mode: compare the call across ranks; raise on every rank on any refusal or
@@ -113,7 +122,7 @@ def fingerprint(c: Any, call: Call, verdict: Verdict, algorithm: Any, op: Any, r
     except MpicollError:
         op_field = crc(repr(op))
     mine[:len(_FIELDS) + 1] = (
-        crc(call.collective), crc(str(algorithm)), op_field,
+        crc(call.collective), crc(_algorithm_text(algorithm)), op_field,
         root if isinstance(root, (int, np.integer)) and not isinstance(root, bool) else ANY,
         ANY if dtype is None else dtype_crc(np.dtype(dtype)),
         ANY if shape is None else crc(repr(tuple(shape))),

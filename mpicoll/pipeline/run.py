@@ -88,7 +88,7 @@ def broadcast(c: Any, call: Call, x: Any, root: Any, algorithm: Any,
     elif x is not None:
         x, back = validate.array(v, x, "receive", nccl=b.like is not None)
         validate.writeable_receive(v, x)
-    agree.settle(c, call, v, algorithm, root=root, dtype=None if x is None else x.dtype,
+    agree.settle(c, call, v, (algorithm, options), root=root, dtype=None if x is None else x.dtype,
                  shape=None if x is None else x.shape, input_travels=True)
     packet, header, limit = c._packet, c._packet_header, b.packed_bytes
 
@@ -188,7 +188,7 @@ def scatter(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
             agree.header_of(x.dtype, x.shape[1:], header=header, device=type(x) is not np.ndarray)
             result = validate.out(v, out, x.shape[1:], x.dtype, like=x)
     theirs = out if not is_root else None  # a non-root's out, compared in check mode
-    agree.settle(c, call, v, algorithm, root=root,
+    agree.settle(c, call, v, (algorithm, options), root=root,
                  dtype=x.dtype if is_root and x is not None else getattr(theirs, "dtype", None),
                  shape=x.shape[1:] if is_root and x is not None and x.ndim
                  else getattr(theirs, "shape", None),
@@ -264,7 +264,7 @@ def scatter_v(c: Any, call: Call, x: Any, counts: Any, root: Any, algorithm: Any
                     f"x: dtype {x.dtype} has no header code, so the other ranks cannot "
                     "allocate their result; use scatter with out= on every rank"))
             header[agree.HEADER_LEN:] = mine
-    agree.settle(c, call, v, algorithm, root=root,
+    agree.settle(c, call, v, (algorithm, options), root=root,
                  dtype=x.dtype if is_root and x is not None else None,
                  shape=x.shape[1:] if is_root and x is not None and x.ndim else None,
                  input_travels=True)
@@ -304,7 +304,7 @@ def gather(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
     is_root = t.rank == root
     result = validate.out(v, out, (t.size, *x.shape), x.dtype, like=x) \
         if is_root and x is not None and not v else None
-    agree.settle(c, call, v, algorithm, root=root, dtype=getattr(x, "dtype", None),
+    agree.settle(c, call, v, (algorithm, options), root=root, dtype=getattr(x, "dtype", None),
                  shape=getattr(x, "shape", None))
     src = flat(x)
     dst = None
@@ -326,7 +326,7 @@ def all_gather(c: Any, call: Call, x: Any, algorithm: Any, out: Any,
     fn = c._chooser.pick(v, "all_gather", algorithm, 0 if x is None else x.nbytes * t.size,
                          options=options)
     result = validate.out(v, out, (t.size, *x.shape), x.dtype, like=x) if x is not None else None
-    agree.settle(c, call, v, algorithm, dtype=getattr(x, "dtype", None),
+    agree.settle(c, call, v, (algorithm, options), dtype=getattr(x, "dtype", None),
                  shape=getattr(x, "shape", None))
     src = flat(x)
     buf = result.reshape(-1) if result is not None else _stand_in(t, src.size * t.size, x.dtype, x)
@@ -361,7 +361,7 @@ def reduce(c: Any, call: Call, x: Any, op: Any, root: Any, algorithm: Any, out: 
     root = validate.root(v, root, t.size)
     is_root = t.rank == root
     result = validate.out(v, out, x.shape, x.dtype, like=x) if is_root and not v else None
-    agree.settle(c, call, v, algorithm, op=op, root=root, dtype=getattr(x, "dtype", None),
+    agree.settle(c, call, v, (algorithm, options), op=op, root=root, dtype=getattr(x, "dtype", None),
                  shape=getattr(x, "shape", None))
     src = flat(x)
     dst = None
@@ -398,7 +398,7 @@ def all_reduce(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
             result = np.empty(x.shape, x.dtype) if out is None and type(x) is np.ndarray \
                 else validate.out(v, out, x.shape, x.dtype, like=x)
     if v.refused or c.check:
-        agree.settle(c, call, v, algorithm, op=op, dtype=getattr(x, "dtype", None),
+        agree.settle(c, call, v, (algorithm, options), op=op, dtype=getattr(x, "dtype", None),
                      shape=getattr(x, "shape", None))
     if result is None:
         result = _stand_in(t, x.size, x.dtype, x)
@@ -436,7 +436,7 @@ def reduce_scatter(c: Any, call: Call, x: Any, op: Any, counts: Any, algorithm: 
         if not v:
             result = validate.out(v, out, (counts[t.rank],), x.dtype, like=x)
             bounds = counts_bounds(counts)
-    agree.settle(c, call, v, algorithm, op=op, dtype=getattr(x, "dtype", None),
+    agree.settle(c, call, v, (algorithm, options), op=op, dtype=getattr(x, "dtype", None),
                  shape=getattr(x, "shape", None) if counts is None else tuple(counts or ()))
     if result is None:  # out refused: take part with workspace
         bounds = even_bounds(math.prod(x.shape[1:]), t.size) if counts is None \
@@ -461,7 +461,7 @@ def all_to_all(c: Any, call: Call, x: Any, algorithm: Any, out: Any,
     fn = c._chooser.pick(v, "all_to_all", algorithm, 0 if x is None else x.nbytes,
                          options=options)
     result = validate.out(v, out, x.shape, x.dtype, like=x) if not v else None
-    agree.settle(c, call, v, algorithm, dtype=getattr(x, "dtype", None),
+    agree.settle(c, call, v, (algorithm, options), dtype=getattr(x, "dtype", None),
                  shape=getattr(x, "shape", None))
     dst = result.reshape(-1) if result is not None else _stand_in(t, x.size, x.dtype, x)
     src = _input(t, flat(x), dst if out is not None else None)
@@ -475,7 +475,7 @@ def barrier(c: Any, call: Call, algorithm: Any, options: dict[str, Any]) -> None
     b = c._backend
     v = Verdict()
     fn = c._chooser.pick(v, "barrier", algorithm, 0, options=options)
-    agree.settle(c, call, v, algorithm)
+    agree.settle(c, call, v, (algorithm, options))
     b.transport.use(None)
     fn(b.transport)
     if b.separate_control:  # NCCL: wait until the stream has run it
@@ -491,7 +491,7 @@ def all_gather_v(c: Any, call: Call, x: Any, algorithm: Any, options: dict[str, 
     x, back = validate.array(v, x, nccl=b.like is not None)
     validate.vector(v, x, "all_gather_v")
     c._chooser.pick(v, "all_gather", algorithm, 0, options=options, uneven=True)
-    agree.settle(c, call, v, algorithm, dtype=getattr(x, "dtype", None),
+    agree.settle(c, call, v, (algorithm, options), dtype=getattr(x, "dtype", None),
                  shape=x.shape[1:] if x is not None and x.ndim else None, input_travels=True)
     b.control.use(None)
     rows = agree.row_table(c, call, x, v.input)
@@ -515,7 +515,7 @@ def gather_v(c: Any, call: Call, x: Any, root: Any, algorithm: Any,
     x, back = validate.array(v, x, nccl=b.like is not None)
     validate.vector(v, x, "gather_v")
     c._chooser.pick(v, "gather", algorithm, 0, options=options, uneven=True)
-    agree.settle(c, call, v, algorithm, root=root, dtype=getattr(x, "dtype", None),
+    agree.settle(c, call, v, (algorithm, options), root=root, dtype=getattr(x, "dtype", None),
                  shape=x.shape[1:] if x is not None and x.ndim else None, input_travels=True)
     b.control.use(None)
     rows = agree.row_table(c, call, x, v.input)  # trees need every subtree's size
@@ -540,7 +540,7 @@ def all_to_all_v(c: Any, call: Call, x: Any, send_counts: Any, algorithm: Any,
         v.refuse("input", InvalidArgumentError(
             f"send_counts: they add up to {sum(send)}, but x has {x.shape[0]} rows"))
     c._chooser.pick(v, "all_to_all", algorithm, 0, options=options, uneven=True)
-    agree.settle(c, call, v, algorithm, dtype=getattr(x, "dtype", None),
+    agree.settle(c, call, v, (algorithm, options), dtype=getattr(x, "dtype", None),
                  shape=x.shape[1:] if x is not None and x.ndim else None, input_travels=True)
     # every rank tells every rank how many rows come, with its dtype/shape signature, its
     # refusal and its whole input's size: so "auto" decides from the global total
