@@ -3,7 +3,6 @@
 import numpy as np
 
 import mpicoll
-from mpicoll.examples._launch import launch
 
 
 def main() -> None:
@@ -20,4 +19,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    launch(main)
+    # an uncaught exception on any rank ends the whole job (exit code 70), so no rank is
+    # left waiting in a collective the failed one will never join
+    mpicoll.abort_on_exception()
+    main()

@@ -87,27 +87,69 @@ def test_library_use_example():
     done = mpiexec(3, "examples/library_use.py")
     assert done.returncode == 0, done.stderr
     assert "3 ranks: sum = 3" in done.stdout
+    with open(os.path.join(ROOT, "examples", "library_use.py")) as f:
+        assert "mpicoll.abort_on_exception()" in f.read()  # as a user's script should
+
+
+UNCAUGHT = "mpicoll: uncaught exception on rank 1; aborting the job (exit code 70)"
+
+
+def _one_clear_message(stderr: str, cause: str) -> None:
+    """The failing rank's traceback and abort_on_exception's line, each once."""
+    assert stderr.count(cause) == 1 and stderr.count(UNCAUGHT) == 1, stderr
+    assert stderr.count("Traceback (most recent call last)") == 1, stderr
 
 
 @needs_mpiexec
-def test_one_failing_rank_aborts_the_job(tmp_path):
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_one_failing_rank_aborts_the_job(tmp_path, where):
+    """_launch installs mpicoll.abort_on_exception(): an exception on one rank, in its
+    main thread or another, ends every rank at once with exit code 70."""
     script = tmp_path / "fails.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(textwrap.dedent(f"""
+        import threading
         import numpy as np
         import mpicoll
         from mpicoll.examples._launch import launch
 
+        def give_up():
+            raise RuntimeError("rank 1 gives up")
+
         def main():
             comm = mpicoll.Communicator()
             if comm.rank == 1:
-                raise RuntimeError("rank 1 gives up")
+                if {where!r} == "thread":
+                    threading.Thread(target=give_up).start()
+                    threading.Event().wait()  # the thread's exception must end this too
+                give_up()
             comm.all_reduce(np.ones(4))  # the others would wait here forever
 
         launch(main)
     """))
     done = mpiexec(3, str(script), timeout=60)
-    assert done.returncode != 0
-    assert "rank 1 gives up" in done.stderr
+    assert done.returncode == 70, done.stderr
+    _one_clear_message(done.stderr, "RuntimeError: rank 1 gives up")
+
+
+@needs_mpiexec
+def test_a_failing_rank_ends_the_benchmark_at_once(tmp_path):
+    """``python -m mpicoll.bench`` (the SLURM jobs' entry point) installs
+    abort_on_exception: one rank raising mid-sweep ends the job, exit 70."""
+    script = tmp_path / "bench_fails.py"
+    script.write_text(textwrap.dedent("""
+        import runpy
+        from mpi4py import MPI
+        import mpicoll.bench as bench
+
+        if MPI.COMM_WORLD.Get_rank() == 1:
+            def make_input(*args, **kwargs):
+                raise RuntimeError("rank 1 cannot make its input")
+            bench.make_input = make_input
+        runpy.run_module("mpicoll.bench", run_name="__main__", alter_sys=True)
+    """))
+    done = mpiexec(3, str(script), "all_reduce", "-e", "64", "-n", "1", "-w", "1", timeout=60)
+    assert done.returncode == 70, done.stderr
+    _one_clear_message(done.stderr, "RuntimeError: rank 1 cannot make its input")
 
 
 @needs_mpiexec

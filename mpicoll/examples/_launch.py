@@ -1,32 +1,32 @@
 """Run an example's main so that one failing rank aborts the whole job.
 
-Like ``python -m mpi4py``: an exception on any rank prints its traceback and calls
-``MPI.COMM_WORLD.Abort(1)``, instead of leaving the other ranks waiting forever in a
-collective that rank will never join.
+``launch`` installs ``mpicoll.abort_on_exception()``: an uncaught exception on any rank,
+in any thread, prints its traceback and one line (``mpicoll: uncaught exception on rank
+R; aborting the job (exit code 70)``) and calls ``MPI_Abort``, as ``python -m mpi4py``
+does, instead of leaving the other ranks waiting forever in a collective that rank will
+never join.
 """
 
 from __future__ import annotations
 
 import sys
-import traceback
 from collections.abc import Callable
 
 
 def launch(main: Callable[[], object]) -> None:
-    from mpi4py import MPI
+    import mpicoll
 
+    mpicoll.abort_on_exception()
     try:
         main()
     except SystemExit as exc:
         # 2: a bad command line, which every rank parsed alike and left the same way
         if exc.code not in (None, 0, 2):
-            MPI.COMM_WORLD.Abort(exc.code if isinstance(exc.code, int) else 1)
+            from mpicoll.watchdog import abort_job
+
+            abort_job(exc.code if isinstance(exc.code, int) else 1)
         raise
-    except BaseException:
-        rank = MPI.COMM_WORLD.Get_rank()
-        sys.stderr.write(f"[rank {rank}] failed; aborting the job\n{traceback.format_exc()}")
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+    # any other exception leaves here, to sys.excepthook: abort_on_exception's
 
 
 def print_in_rank_order(comm: object, title: str, text: str, width: int = 96) -> None:
