@@ -29,6 +29,7 @@ from mpicoll.algorithms import REGISTRY
 from mpicoll.arrays import empty, to_host
 from mpicoll.buffers import even_bounds
 from mpicoll.ops import resolve_op
+from mpicoll.spec import SPECS
 
 from . import report
 
@@ -49,16 +50,12 @@ class Record:
     busbw_factor: Callable[[int], float]
 
 
-RECORDS = {
-    "broadcast": Record(False, False, True, False, lambda p: 1.0),
-    "reduce": Record(False, False, True, True, lambda p: 1.0),
-    "all_reduce": Record(False, False, False, True, lambda p: 2 * (p - 1) / p),
-    "all_gather": Record(False, True, False, False, lambda p: (p - 1) / p),
-    "gather": Record(False, True, True, False, lambda p: (p - 1) / p),
-    "reduce_scatter": Record(True, False, False, True, lambda p: (p - 1) / p),
-    "scatter": Record(True, False, True, False, lambda p: (p - 1) / p),
-    "all_to_all": Record(True, False, False, False, lambda p: (p - 1) / p),
-}
+# every collective but barrier, in nccl-tests' order, from its description in mpicoll.spec
+RECORDS = {name: Record(s.input_rows, s.result_rows and not s.input_rows, s.rooted, s.reduces,
+                        s.busbw_factor)
+           for name, s in ((n, SPECS[n]) for n in (
+               "broadcast", "reduce", "all_reduce", "all_gather", "gather", "reduce_scatter",
+               "scatter", "all_to_all"))}
 
 
 def parse_size(text: str) -> int:
