@@ -10,12 +10,20 @@ sender had sent or received in before it: ring's steps, a tree's levels),
 coloured by the chunk of the buffer it carries, with an arrow to the receiver's row:
 ranks as rows, one column per step, as the tutorials draw ring and tree algorithms.
 ``--ascii`` prints the same, step by step, for the terminal.
+
+Chunks are numbered as the textbook figures of the ring number them: chunk c is the c-th
+of p equal parts of a rank's buffer, counted from 0, and a ring's reduce-scatter leaves
+rank r holding chunk r reduced (the block ``reduce_scatter`` gives rank r), so at step 1
+rank r sends chunk r - 1. Algorithms made of two phases (ring all_reduce: reduce-scatter,
+then all-gather) have their phases labelled above the steps: the first phase is the steps
+whose messages the receiver reduces, the second the steps that only pass results on.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -75,39 +83,122 @@ def rounds(per_rank: list[list[dict[str, Any]]]) -> dict[int, int]:
     return sends
 
 
-def flow(collective: str, algorithm: str, ranks: int, per_chunk: int = 4
-         ) -> list[list[tuple[int, int, int | None, int]]]:
-    """The messages of one call, by round: steps[k] = [(sender, receiver, chunk, bytes)]."""
+Steps = list[list[tuple[int, int, int | None, int]]]
+
+# algorithms made of two phases, named as the tutorials name them
+PHASES: dict[tuple[str, str], tuple[str, str]] = {
+    ("all_reduce", "ring"): ("reduce-scatter", "all-gather"),
+    ("all_reduce", "ring_pipelined"): ("reduce-scatter", "all-gather"),
+    ("all_reduce", "rabenseifner"): ("reduce-scatter", "all-gather"),
+    ("all_reduce", "reduce_broadcast"): ("reduce", "broadcast"),
+}
+
+
+@dataclass
+class Flow:
+    """The messages of one call, by round, and what the trace says about each round."""
+
+    steps: Steps  # steps[k] = [(sender, receiver, chunk, bytes)], sorted
+    reduces: list[bool]  # steps[k]: some receiver reduces what it got in this round
+    holds: dict[int, int | None]  # rank -> the chunk of its last reduced receive
+
+    def phases(self, collective: str, algorithm: str) -> list[tuple[str, int, int]]:
+        """(name, first step, last step), steps from 1, of a two-phase algorithm: the
+        steps up to the last that reduces, then the rest; [] for any other."""
+        names = PHASES.get((collective, algorithm))
+        if not names or not any(self.reduces):
+            return []
+        last = max(k for k, reduces in enumerate(self.reduces) if reduces) + 1
+        found = [(names[0], 1, last)]
+        if last < len(self.steps):
+            found.append((names[1], last + 1, len(self.steps)))
+        return found
+
+    def owner_note(self) -> str:
+        """'rank r holds chunk r reduced', when the first phase leaves every rank so."""
+        if self.holds and all(chunk == rank for rank, chunk in self.holds.items()):
+            return "then rank r holds chunk r reduced"
+        return ""
+
+
+def trace_flow(collective: str, algorithm: str, ranks: int, per_chunk: int = 4) -> Flow:
+    """Run the call once, traced, on the local transport; its messages by round."""
     if collective not in mpicoll.COLLECTIVES:
         raise mpicoll.InvalidArgumentError(f"collective: unknown collective {collective!r}")
     if algorithm not in mpicoll.algorithms(collective, "local"):
         raise mpicoll.InvalidArgumentError(
             f"algorithm: {collective} has no algorithm {algorithm!r} to draw; choose from "
             f"{', '.join(mpicoll.algorithms(collective, 'local'))}")
-    per_rank = run_local(ranks, _run, collective, algorithm, per_chunk, timeout=30, trace=True)
-    per_rank = [[e for e in events if e["kind"] in ("send", "recv")] for events in per_rank]
+    traced = run_local(ranks, _run, collective, algorithm, per_chunk, timeout=30, trace=True)
+    # a receive is reduced when the rank's next event after it is a reduction
+    reduced: set[int] = set()
+    holds: dict[int, int | None] = {}
+    for rank, events in enumerate(traced):
+        events = [e for e in events if e["kind"] in ("send", "recv", "reduce")]
+        for e, after in zip(events, events[1:], strict=False):
+            if e["kind"] == "recv" and after["kind"] == "reduce":
+                reduced.add(id(e))
+                holds[rank] = e["chunk"]
+    per_rank = [[e for e in events if e["kind"] in ("send", "recv")] for events in traced]
     round_of = rounds(per_rank)
-    steps: list[list[tuple[int, int, int | None, int]]] = [
-        [] for _ in range(max(round_of.values(), default=0))]
+    count = max(round_of.values(), default=0)
+    steps: Steps = [[] for _ in range(count)]
+    reduces = [False] * count
+    # the k-th message from s to d is the k-th that d receives from s
+    received: dict[tuple[int, int], list[dict]] = {}
     for events in per_rank:
         for e in events:
-            if e["kind"] == "send":
-                steps[round_of[id(e)] - 1].append((e["rank"], e["peer"], e["chunk"], e["bytes"]))
-    return [sorted(messages) for messages in steps]
+            if e["kind"] == "recv":
+                received.setdefault((e["peer"], e["rank"]), []).append(e)
+    sent: dict[tuple[int, int], int] = {}
+    for events in per_rank:
+        for e in events:
+            if e["kind"] != "send":
+                continue
+            k = round_of[id(e)] - 1
+            steps[k].append((e["rank"], e["peer"], e["chunk"], e["bytes"]))
+            pair = (e["rank"], e["peer"])
+            index = sent[pair] = sent.get(pair, -1) + 1
+            matches = received.get(pair, [])
+            if index < len(matches) and id(matches[index]) in reduced:
+                reduces[k] = True
+    return Flow([sorted(messages) for messages in steps], reduces, holds)
 
 
-def ascii_diagram(collective: str, algorithm: str, ranks: int,
-                  steps: list[list[tuple[int, int, int | None, int]]]) -> str:
+def flow(collective: str, algorithm: str, ranks: int, per_chunk: int = 4) -> Steps:
+    """The messages of one call, by round: steps[k] = [(sender, receiver, chunk, bytes)]."""
+    return trace_flow(collective, algorithm, ranks, per_chunk).steps
+
+
+CHUNKS = "chunk c = the c-th of p equal parts of a rank's buffer, from 0"
+
+
+def _phase_title(name: str, first: int, last: int, note: str, sep: str = ", ") -> str:
+    steps = f"step {first}" if first == last else f"steps {first}-{last}"
+    return f"{name}, {steps}{sep + note if note else ''}"
+
+
+def ascii_diagram(collective: str, algorithm: str, ranks: int, steps: Steps,
+                  phases: list[tuple[str, int, int]] = (), note: str = "") -> str:
+    """The steps as text; ``phases`` (name, first, last step) head their steps, and
+    ``note`` follows the first phase's name."""
     lines = [f"{collective} {algorithm}, {ranks} rank(s), {len(steps)} step(s): "
-             "sender->receiver [chunk] bytes"]
+             f"sender->receiver [chunk] bytes; {CHUNKS}"]
+    starts = {first: (name, first, last) for name, first, last in phases}
     for k, messages in enumerate(steps):
+        if k + 1 in starts:
+            name, first, last = starts[k + 1]
+            lines.append(_phase_title(name, first, last, note if first == 1 else ""))
         cells = "  ".join(f"{s}->{d} [{'-' if c is None else c}] {b}" for s, d, c, b in messages)
         lines.append(f"step {k + 1:>2}: {cells}")
     return "\n".join(lines)
 
 
-def draw(collective: str, algorithm: str, ranks: int,
-         steps: list[list[tuple[int, int, int | None, int]]], path: str) -> None:
+def diagram(collective: str, algorithm: str, ranks: int, steps: Steps,
+            phases: list[tuple[str, int, int]] = (), note: str = "") -> Any:
+    """The diagram as a matplotlib Figure: ranks as rows, one column per step, a block per
+    message coloured by its chunk with an arrow to the receiver; ``phases`` bracketed and
+    named above their steps, ``note`` under the first phase's name."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,7 +206,9 @@ def draw(collective: str, algorithm: str, ranks: int,
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
     colors = plt.get_cmap("tab10")
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * max(len(steps), 1), 0.8 + 0.7 * ranks))
+    top = -1.3 if phases else -0.5  # room above rank 0 for the phases' brackets
+    fig, ax = plt.subplots(figsize=(1.6 + max(1.3 * len(steps), 5.2),
+                                    1.2 + 0.7 * ranks + (0.6 if phases else 0)))
     for k, messages in enumerate(steps):
         for sender, receiver, chunk, _nbytes in messages:
             color = colors((chunk or 0) % 10)
@@ -126,14 +219,34 @@ def draw(collective: str, algorithm: str, ranks: int,
                                          arrowstyle="-|>", mutation_scale=10, color=color,
                                          linewidth=1.2))
     ax.set_xlim(0, max(len(steps), 1))
-    ax.set_ylim(ranks - 0.5, -0.5)
+    ax.set_ylim(ranks - 0.5, top)
     ax.set_xticks([k + 0.5 for k in range(len(steps))], [f"step {k + 1}" for k in range(len(steps))])
     ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
+    bounds = {first - 1 for _, first, _ in phases[1:]}
     for k in range(1, len(steps)):
-        ax.axvline(k, color="0.85", linewidth=0.8)
+        if k in bounds:  # between phases: a firm line
+            ax.axvline(k, color="0.3", linewidth=1.2, linestyle="--")
+        else:  # between steps: a light one, below the brackets
+            ax.vlines(k, ranks - 0.5, -0.5, color="0.85", linewidth=0.8)
+    for name, first, last in phases:
+        left, right = first - 1 + 0.08, last - 0.08
+        ax.plot([left, left, right, right], [-0.55, -0.65, -0.65, -0.55], color="0.25",
+                linewidth=1)
+        ax.text((left + right) / 2, -0.72, _phase_title(name, first, last,
+                                                        note if first == 1 else "", "\n"),
+                ha="center", va="bottom", fontsize=8, linespacing=1.1)
     ax.set_title(f"{collective} {algorithm}, {ranks} ranks: a block is a message, its number "
-                 "the chunk it carries", fontsize=9)
+                 f"the chunk it carries\n({CHUNKS})", fontsize=9)
     fig.tight_layout()
+    return fig
+
+
+def draw(collective: str, algorithm: str, ranks: int, steps: Steps, path: str,
+         phases: list[tuple[str, int, int]] = (), note: str = "") -> None:
+    """The diagram (see ``diagram``) as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = diagram(collective, algorithm, ranks, steps, phases, note)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -153,13 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.ascii and not args.output:
         parser.error("give -o FILE.png, or --ascii")
     try:
-        steps = flow(args.collective, args.algorithm, args.ranks, args.chunks)
+        traced = trace_flow(args.collective, args.algorithm, args.ranks, args.chunks)
     except mpicoll.InvalidArgumentError as exc:
         parser.error(str(exc))
+    steps, phases = traced.steps, traced.phases(args.collective, args.algorithm)
+    note = traced.owner_note()
     if args.ascii:
-        print(ascii_diagram(args.collective, args.algorithm, args.ranks, steps))
+        print(ascii_diagram(args.collective, args.algorithm, args.ranks, steps, phases, note))
     if args.output:
-        draw(args.collective, args.algorithm, args.ranks, steps, args.output)
+        draw(args.collective, args.algorithm, args.ranks, steps, args.output, phases, note)
         print(f"wrote {args.output} ({len(steps)} steps)")
     return 0
 

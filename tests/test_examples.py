@@ -71,6 +71,36 @@ def test_example(name, n):
     assert expected in done.stdout, done.stdout
 
 
+@needs_mpiexec
+@pytest.mark.parametrize("n", [3, 4])
+def test_ring_example_numbers_chunks_as_viz_draws_them(n):
+    """Step k of the example sends what python -m mpicoll.viz draws in column k: the same
+    chunk numbers, rank r ending the reduce-scatter with chunk r, both saying so."""
+    import re
+
+    from mpicoll import viz
+
+    done = mpiexec(n, "-m", "mpicoll.examples.ring_all_reduce", "-n", str(3 * n))
+    assert done.returncode == 0, done.stderr
+    assert "after the reduce-scatter rank r holds chunk r reduced" in done.stdout
+    example: dict[int, set] = {}
+    step = 0
+    for line in done.stdout.splitlines():
+        title = re.match(r"(reduce-scatter|all-gather) step (\d+)$", line)
+        if title:
+            step = int(title.group(2))
+        sent = re.match(r"  rank (\d+): sent chunk (\d+) to rank (\d+)", line)
+        if sent and step:
+            r, chunk, to = map(int, sent.groups())
+            example.setdefault(step, set()).add((r, to, chunk))
+    drawn = viz.trace_flow("all_reduce", "ring", n)
+    assert example == {k + 1: {(s, d, c) for s, d, c, _ in messages}
+                       for k, messages in enumerate(drawn.steps)}
+    assert drawn.owner_note() == "then rank r holds chunk r reduced"
+    assert drawn.phases("all_reduce", "ring") == [("reduce-scatter", 1, n - 1),
+                                                   ("all-gather", n, 2 * n - 2)]
+
+
 def test_every_example_is_indexed_and_tested():
     import mpicoll.examples as package
 
