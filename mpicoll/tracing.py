@@ -349,33 +349,72 @@ def summarize(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def draw(events: list[dict[str, Any]], path: str) -> None:
-    """A per-rank timeline: calls as light spans, sends, receives and reductions as bars."""
+# the timeline's lanes inside a rank's row (y grows downward): the call's label on top,
+# then sends, receives and reductions
+_LANES = {"label": -0.34, "send": -0.12, "recv": 0.1, "reduce": 0.32}
+_BAR = 0.19
+_COLORS = {"send": "tab:blue", "recv": "tab:orange", "reduce": "tab:green"}
+
+
+def _label_that_fits(text: Any, choices: list[str], room: float, renderer: Any) -> bool:
+    """Give ``text`` the first of ``choices`` narrower than ``room`` pixels; False (and
+    no text) when none is."""
+    for choice in choices:
+        text.set_text(choice)
+        if text.get_window_extent(renderer).width <= room:
+            return True
+    text.set_text("")
+    return False
+
+
+def timeline(events: list[dict[str, Any]]) -> Any:
+    """The per-rank timeline as a matplotlib Figure: each call a light span with its name
+    on top (``collective algorithm``, or only the algorithm, where that fits in the span;
+    none where neither does), its sends, receives and reductions as bars in three lanes
+    below; the legend outside the axes, right of them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     ranks = sorted({e["rank"] for e in events})
     origin = min(e["start"] for e in events)
-    colors = {"send": "tab:blue", "recv": "tab:orange", "reduce": "tab:green"}
-    fig, ax = plt.subplots(figsize=(12, 1 + 0.6 * len(ranks)))
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.75 * len(ranks)), layout="constrained")
+    labels = []
     for e in events:
         x, width = (e["start"] - origin) * 1e6, max(e["end"] - e["start"], 1e-7) * 1e6
         y = e["rank"]
         if e["kind"] == "call":
-            ax.broken_barh([(x, width)], (y - 0.45, 0.9), color="0.9", zorder=0)
-            ax.text(x, y + 0.3, f"{e['collective']} {e['algorithm']}", fontsize=6)
+            ax.broken_barh([(x, width)], (y - 0.47, 0.94), color="0.9", zorder=0)
+            text = ax.text(x + width / 2, y + _LANES["label"], "", ha="center", va="center",
+                           fontsize=6.5, clip_on=True)
+            labels.append((text, x, width, [f"{e['collective']} {e['algorithm']}",
+                                            str(e["algorithm"])]))
         else:
-            lane = {"send": -0.3, "recv": 0.0, "reduce": 0.3}[e["kind"]]
-            ax.broken_barh([(x, width)], (y + lane - 0.12, 0.24), color=colors[e["kind"]])
+            ax.broken_barh([(x, width)], (y + _LANES[e["kind"]] - _BAR / 2, _BAR),
+                           color=_COLORS[e["kind"]])
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
-    ax.invert_yaxis()
+    ax.set_ylim(max(ranks) + 0.5, min(ranks) - 0.5)
+    end = max((e["end"] - origin) * 1e6 for e in events)
+    ax.set_xlim(-0.01 * end, 1.01 * end)
     ax.set_xlabel("time (us, rank 0's clock)")
-    ax.legend(handles=[matplotlib.patches.Patch(color=c, label=k) for k, c in colors.items()],
-              loc="upper right", fontsize=7)
-    fig.tight_layout()
+    handles = [Patch(color="0.9", label="call (name on top\nwhere it fits)")]
+    handles += [Patch(color=c, label=k) for k, c in _COLORS.items()]
+    fig.legend(handles=handles, loc="outside right upper", fontsize=7)
+    # the layout is fixed now: keep each call's label only where it fits in its span
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for text, x, width, choices in labels:
+        left, right = ax.transData.transform([(x, 0), (x + width, 0)])[:, 0]
+        _label_that_fits(text, choices, (right - left) - 4, renderer)
+    return fig
+
+
+def draw(events: list[dict[str, Any]], path: str) -> None:
+    """A per-rank timeline PNG (see ``timeline``)."""
+    import matplotlib.pyplot as plt
+
+    fig = timeline(events)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-

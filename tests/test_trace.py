@@ -61,6 +61,70 @@ def test_tree_rounds_and_ascii():
     assert "3 step(s)" in text and text.count("\nstep") == 3
 
 
+def test_viz_labels_the_ring_phases_and_says_how_chunks_are_numbered(capsys):
+    traced = viz.trace_flow("all_reduce", "ring", 4)
+    assert traced.reduces == [True] * 3 + [False] * 3
+    phases = traced.phases("all_reduce", "ring")
+    assert phases == [("reduce-scatter", 1, 3), ("all-gather", 4, 6)]
+    assert viz.main(["all_reduce", "--algorithm", "ring", "-n", "4", "--ascii"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert "chunk c = the c-th of p equal parts of a rank's buffer, from 0" in text[0]
+    assert text[1] == "reduce-scatter, steps 1-3, then rank r holds chunk r reduced"
+    assert text[5] == "all-gather, steps 4-6" and text[6].startswith("step  4:")
+    fig = viz.diagram("all_reduce", "ring", 4, traced.steps, phases, traced.owner_note())
+    shown = [t.get_text() for t in fig.axes[0].texts]
+    assert "reduce-scatter, steps 1-3\nthen rank r holds chunk r reduced" in shown
+    assert "all-gather, steps 4-6" in shown
+    assert "from 0" in fig.axes[0].get_title()
+    # one-phase algorithms get no labels
+    assert viz.trace_flow("broadcast", "binomial", 4).phases("broadcast", "binomial") == []
+
+
+def _extent(artist, renderer):
+    box = artist.get_window_extent(renderer)
+    return box.x0, box.x1, box.y0, box.y1
+
+
+def _overlap(a, b) -> bool:
+    return a[0] < b[1] and b[0] < a[1] and a[2] < b[3] and b[2] < a[3]
+
+
+def test_timeline_labels_fit_and_the_legend_is_outside(tmp_path):
+    """Each call's label lies inside its own span (shortened or left out where it would
+    not fit), no two labels overlap, and the legend sits outside the axes' bars."""
+    def body(comm):
+        x = np.ones(3000)
+        for algorithm in ("ring", "recursive_doubling", "rabenseifner"):
+            comm.all_reduce(x, algorithm=algorithm)
+        comm.all_gather(np.ones(3), algorithm="ring")
+        comm.barrier()
+        return comm.trace_events()
+
+    events = [e for rank in run_local(4, body, trace=True) for e in rank]
+    fig = tracing.timeline(events)
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    labels = [t for t in ax.texts if t.get_text()]
+    assert labels, "no call is labelled"
+    boxes = [_extent(t, renderer) for t in labels]
+    assert not any(_overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    origin = min(e["start"] for e in events)
+    for text, box in zip(labels, boxes, strict=True):
+        x, y = text.get_position()
+        span = [e for e in events if e["kind"] == "call" and e["rank"] == round(y)
+                and abs((e["start"] + e["end"]) / 2 - origin - x / 1e6) < 1e-9]
+        assert len(span) == 1, text.get_text()
+        left, right = ax.transData.transform([((span[0]["start"] - origin) * 1e6, 0),
+                                              ((span[0]["end"] - origin) * 1e6, 0)])[:, 0]
+        assert left <= box[0] and box[1] <= right, text.get_text()
+        assert span[0]["algorithm"] in text.get_text()
+    legend = fig.legends[0]
+    assert not _overlap(_extent(legend, renderer), _extent(ax, renderer))
+    path = tmp_path / "timeline.png"
+    tracing.draw(events, str(path))
+    assert path.read_bytes().startswith(PNG)
+
+
 def test_viz_cli_png_and_refusals(tmp_path):
     out = tmp_path / "ring.png"
     assert viz.main(["all_reduce", "--algorithm", "ring", "-n", "3", "-o", str(out)]) == 0
