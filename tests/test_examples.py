@@ -101,6 +101,21 @@ def test_ring_example_numbers_chunks_as_viz_draws_them(n):
                                                    ("all-gather", n, 2 * n - 2)]
 
 
+@needs_mpiexec
+def test_cheatsheet_draws_reduce_scatter_apart_from_all_reduce():
+    """reduce_scatter as the tutorials draw it: rank j ends with chunk j of the sum only."""
+    done = mpiexec(4, "-m", "mpicoll.examples.cheatsheet")
+    assert done.returncode == 0, done.stderr
+    blocks = {block.splitlines()[0]: block.splitlines()[1:]
+              for block in done.stdout.split("\n\n") if block.strip()}
+    [title] = [t for t in blocks if t.startswith("reduce_scatter")]
+    rows = [line.split(":", 1)[1].split() for line in blocks[title]]
+    assert rows == [[f"[{a}0", f"{a}1", f"{a}2", f"{a}3]", "->", f"[A{j}+B{j}+C{j}+D{j}]"]
+                    for j, a in enumerate("ABCD")]
+    [all_reduce] = [t for t in blocks if t.startswith("all_reduce")]
+    assert len({line.split("->")[1] for line in blocks[all_reduce]}) == 1  # the same everywhere
+
+
 def test_every_example_is_indexed_and_tested():
     import mpicoll.examples as package
 

@@ -5,8 +5,11 @@ as the tutorials draw them (rank r's data is the letter of r; a number is its ch
 
     broadcast from rank 0          [A0]  [  ]  [  ]  [  ]  ->  [A0]  [A0]  [A0]  [A0]
     all_to_all (a transpose)       [A0 A1 ..] [B0 B1 ..]   ->  [A0 B0 ..] [A1 B1 ..]
+    reduce_scatter (sum)           [A0 A1 ..] [B0 B1 ..]   ->  [A0+B0+..] [A1+B1+..]
 
-Reductions show numbers: rank r holds r + 1, and "1+2+3+4" is their sum. With
+reduce and all_reduce show numbers: rank r holds r + 1, and "1+2+3+4" is their sum;
+reduce_scatter shows chunks, as the tutorials draw it: rank j ends with only chunk j of
+the sum, "Aj+Bj+Cj+Dj", not the whole sum that all_reduce leaves everywhere. With
 --algorithm, every collective that has an algorithm of that name runs it (the others run
 "auto"). Each result is checked against NumPy; the example fails on any difference.
 """
@@ -86,9 +89,13 @@ def main() -> None:
     assert got[0] == total
     show("all_reduce (sum): the sum on every rank", sums(value[:1]), sums(got))
 
-    got = comm.reduce_scatter(value.reshape(p, 1), "sum", algorithm=algo("reduce_scatter"))
-    assert np.array_equal(got, [total])
-    show("reduce_scatter (sum): chunk j of the sum on rank j", sums(value), sums(got))
+    # reduce_scatter: rank r holds chunks 100 r + j (A0 A1 .. on rank A); rank j gets
+    # only chunk j summed over the ranks
+    got = comm.reduce_scatter(chunks.reshape(p, 1), "sum", algorithm=algo("reduce_scatter"))
+    assert np.array_equal(got, [100 * p * (p - 1) // 2 + p * r])
+    column = [label(100 * k + r) for k in range(p)]
+    show("reduce_scatter (sum): chunk j of every rank, summed, on rank j only",
+         cells(chunks), "[" + ("+".join(column) if p <= 6 else f"{column[0]}+..+{column[-1]}") + "]")
 
     comm.barrier(algorithm=algo("barrier"))
     if r == 0:
