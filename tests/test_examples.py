@@ -116,6 +116,23 @@ def test_cheatsheet_draws_reduce_scatter_apart_from_all_reduce():
     assert len({line.split("->")[1] for line in blocks[all_reduce]}) == 1  # the same everywhere
 
 
+@needs_mpiexec
+def test_data_parallel_default_cap_makes_buckets_that_overlap():
+    """The default bucket cap splits this model's gradients into several buckets (one
+    bucket would start only after backward, overlapping nothing), and says so."""
+    import re
+
+    done = mpiexec(2, "-m", "mpicoll.examples.data_parallel", "--steps", "3")
+    assert done.returncode == 0, done.stderr
+    buckets = int(re.search(r"(\d+) bucket\(s\) of", done.stdout).group(1))
+    assert buckets > 1, done.stdout
+    assert "bucket cap 0.25 MB (DDP's bucket_cap_mb)" in done.stdout
+    assert "starts as soon as backward has filled it" in done.stdout
+    one = mpiexec(1, "-m", "mpicoll.examples.data_parallel", "--steps", "1", "--bucket-mb", "25")
+    assert one.returncode == 0, one.stderr
+    assert "1 bucket(s)" in one.stdout and "nothing overlaps; lower --bucket-mb" in one.stdout
+
+
 def test_every_example_is_indexed_and_tested():
     import mpicoll.examples as package
 

@@ -1,12 +1,17 @@
 """Data-parallel training of a small NumPy MLP, with DDP's gradient bucketing and overlap.
 
-    mpiexec -n 4 python -m mpicoll.examples.data_parallel [--steps 20] [--bucket-mb 25]
+    mpiexec -n 4 python -m mpicoll.examples.data_parallel [--steps 20] [--bucket-mb 0.25]
 
 Every rank holds the same model and a different slice of each global batch. Backward runs
 from the last layer to the first; as soon as a layer's gradients exist they go into a
 ``mpicoll.Bucketer``, which starts the all_reduce of a bucket (``async_op=True``) the
 moment it is full, while the earlier layers' gradients are still being computed; the
-optimizer step waits for all of them. Each rank's loss is its share of the mean over the
+optimizer step waits for all of them. The bucket cap is DDP's ``bucket_cap_mb``: DDP's
+default, 25 MB, suits models of hundreds of MB; this model's gradients are 0.6 MB, so at
+25 MB they would make one bucket, whose all_reduce can start only once backward has ended,
+and nothing would overlap. The default here, 0.25 MB, makes three buckets (the last
+layers', the big hidden layer's, the first layer's), so the first two are all_reduced
+while backward goes on. Each rank's loss is its share of the mean over the
 *global* batch, so the summed gradients are exactly the full batch's, and the weights
 equal, to float rounding, those of one process training on the whole batch, which rank 0
 checks at the end. Printed: how long the all_reduces ran, and how much of that the
@@ -67,7 +72,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=512, help="global batch size")
     parser.add_argument("--sizes", default="32,256,256,8", help="layer widths")
-    parser.add_argument("--bucket-mb", type=float, default=25.0)
+    parser.add_argument("--bucket-mb", type=float, default=0.25,
+                        help="bucket cap in MB, DDP's bucket_cap_mb (DDP's default 25 would "
+                             "hold this model's 0.6 MB of gradients in one bucket: no overlap)")
     parser.add_argument("--lr", type=float, default=0.05)
     args = parser.parse_args()
     comm = mpicoll.Communicator()
@@ -107,6 +114,13 @@ def main() -> None:
         blocked_max, running_max, elapsed_max = times.max(axis=0)
         print(f"{comm.size} rank(s), {args.steps} steps, global batch {args.batch}, "
               f"{len(buckets.buffers)} bucket(s) of {buckets.bucket_bytes} bytes")
+        gradients = sum(p_.nbytes for p_ in params) / 2**20
+        print(f"bucket cap {args.bucket_mb:g} MB (DDP's bucket_cap_mb) for {gradients:.2f} MB "
+              "of gradients: " + (
+                  "one bucket, whose all_reduce can start only once backward has ended, so "
+                  "nothing overlaps; lower --bucket-mb to see overlap" if len(buckets.buffers) == 1
+                  else "each bucket's all_reduce starts as soon as backward has filled it, "
+                       "the last one's once backward has ended"))
         print(f"final loss {loss:.5f}; weights equal single-process training "
               f"(max difference {worst:.1e})")
         print(f"all_reduce ran {running_max * 1e3:.1f} ms in all; ranks blocked in wait "
