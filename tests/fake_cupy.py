@@ -630,8 +630,11 @@ class NcclCommunicator:
         world = MPI.COMM_WORLD
         if ndev != world.Get_size() or rank != world.Get_rank():
             raise NcclError(4, "NCCL_ERROR_INVALID_ARGUMENT: invalid argument")
-        # NCCL refuses two ranks on one GPU (one host here: the device index tells)
-        devices = world.allgather(current_device())
+        # NCCL refuses two ranks on one GPU of a node (the device index tells, among the
+        # ranks MPI puts on this node: under the two-node SLURM stand-in, per node)
+        node = world.Split_type(MPI.COMM_TYPE_SHARED, world.Get_rank())
+        devices = node.allgather(current_device())
+        node.Free()
         if devices.count(current_device()) > 1:
             raise NcclError(5, "NCCL_ERROR_INVALID_USAGE: invalid usage (Duplicate GPU "
                                "detected)")
