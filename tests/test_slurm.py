@@ -48,6 +48,15 @@ def test_job_scripts_parse():
         subprocess.run(["bash", "-n", str(script)], check=True)
 
 
+def test_job_logs_go_to_results_which_every_checkout_has():
+    """sbatch does not make --output's folder: results/ is kept in the checkout by its
+    own .gitignore, which ignores everything else in it."""
+    for job in JOBS:
+        assert "#SBATCH --output=results/%x-%j.out\n" in job.read_text(), job.name
+    placeholder = (ROOT / "results" / ".gitignore").read_text().splitlines()
+    assert placeholder[-2:] == ["*", "!.gitignore"]
+
+
 def test_a_job_outside_slurm_fails_at_once():
     done = subprocess.run(["bash", str(ROOT / "jobs" / "compare_cpu.sbatch")], cwd=ROOT,
                           env=_plain_env(), capture_output=True, text=True, timeout=30)
@@ -111,21 +120,27 @@ def cluster(tmp_path_factory):
 
 def _submit(cluster, tmp_path, script: str, *args: str, sbatch: tuple[str, ...] = (),
             timeout: int = 300, **variables: str) -> tuple[int, str, Path]:
-    """``sbatch --wait`` a job of jobs/; its exit status, its output, its results folder."""
-    env = {**cluster, "MPICOLL_RESULTS": str(tmp_path / "results"), **variables}
-    out = tmp_path / "job-%j.out"
+    """``sbatch --wait`` a job of jobs/, submitted from ``tmp_path`` as from a checkout
+    (a results/ folder there; MPICOLL_ROOT names the real one) with the job's own
+    ``--output``; its exit status, its log (results/<jobname>-<jobid>.out) and stderr,
+    and its results folder."""
+    submit_dir = tmp_path / "submit"
+    (submit_dir / "results").mkdir(parents=True, exist_ok=True)
+    env = {**cluster, "MPICOLL_ROOT": str(ROOT), "MPICOLL_RESULTS": str(tmp_path / "results"),
+           **variables}
     try:
         done = subprocess.run(
-            ["sbatch", "--parsable", "--wait", "-t", "5", "-o", str(out), *sbatch,
+            ["sbatch", "--parsable", "--wait", "-t", "5", *sbatch,
              str(ROOT / "jobs" / script), *args],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+            cwd=submit_dir, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         subprocess.run(["scancel", "--user", "root"], env=env)
         raise
     job_id = done.stdout.strip().split(";")[0]
-    output_file = tmp_path / f"job-{job_id}.out"
-    output = output_file.read_text() if output_file.exists() else ""
+    logs = list((submit_dir / "results").glob(f"*-{job_id}.out")) if job_id else []
+    output = logs[0].read_text() if logs else ""
     output += done.stderr
+    assert not list(submit_dir.glob("*.out")), "a log outside results/"
     folders = list((tmp_path / "results").glob(f"*-{job_id}")) if job_id else []
     return done.returncode, output, folders[0] if folders else tmp_path / "missing"
 
@@ -196,22 +211,77 @@ def test_a_failing_test_fails_the_tests_job(cluster, tmp_path):
     assert status != 0  # pytest collects nothing: exit 5 on every rank
 
 
+def _fake_nvidia_smi(tmp_path, gpus: int) -> dict[str, str]:
+    """PATH with an nvidia-smi that lists ``gpus`` GPUs (none: "No devices were found")."""
+    folder = tmp_path / f"nvidia-smi-{gpus}"
+    folder.mkdir()
+    listing = "".join(f"echo 'GPU {i}: Fake GPU (UUID: GPU-{i})'\n" for i in range(gpus))
+    tool = folder / "nvidia-smi"
+    tool.write_text("#!/bin/sh\n" + (listing or "echo 'No devices were found'; exit 6\n"))
+    tool.chmod(0o755)
+    return {"PATH": f"{folder}:{os.environ['PATH']}"}
+
+
 def test_compare_gpu_submission_and_refusals(cluster, tmp_path):
+    """Each refusal comes before anything is installed; CuPy is installed only on a node
+    with a GPU, and then into the job's own virtualenv, never the shared .venv."""
     script = str(ROOT / "jobs" / "compare_gpu.sbatch")
     test_only = subprocess.run(["sbatch", "--test-only", script], cwd=ROOT, env=cluster,
                                capture_output=True, text=True, timeout=30)
     assert test_only.returncode == 0 and "to start at" in test_only.stderr, test_only.stderr
-    python = {"MPICOLL_PYTHON": sys.executable}  # never install CuPy here
+    own_venv = tmp_path / "gpu-venv"
+    python = {"MPICOLL_PYTHON": sys.executable}
+    no_python = {"MPICOLL_PYTHON": os.path.join(sys.base_prefix, "bin", "python3")}
+    try:
+        import cupy  # noqa: F401
+
+        cupy_here = "CuPy sees no GPU on c1"
+    except ImportError:
+        cupy_here = "cannot import mpicoll, mpi4py, cupy"
+    four_gpus = _fake_nvidia_smi(tmp_path, 4)
     cases = [
         (("--gpus-per-node=0",), {}, "no GPUs in this allocation"),
         (("--ntasks-per-node=8", "--gpus-per-node=4"), {}, "one rank per GPU"),
         ((), {"MPICOLL_BACKENDS": "nccl gloo"}, "'gloo' is not nccl or mpi"),
-        ((), python, "cannot import mpicoll, mpi4py, cupy"),
+        ((), _fake_nvidia_smi(tmp_path, 0), "nvidia-smi lists 0 GPU(s) on c1 for 4 rank(s)"),
+        ((), {**_fake_nvidia_smi(tmp_path, 2)}, "nvidia-smi lists 2 GPU(s) on c1"),
+        ((), {**four_gpus, **no_python}, "cannot import mpicoll, mpi4py, cupy"),
+        ((), {**four_gpus, **python}, cupy_here),
     ]
+    if shutil.which("nvidia-smi", path=_plain_env()["PATH"]) is None:
+        cases.append(((), {}, "no nvidia-smi on c1: no NVIDIA driver there"))
     for sbatch, variables, message in cases:
         status, output, _ = _submit(cluster, tmp_path, "compare_gpu.sbatch", sbatch=sbatch,
-                                    **{**python, **variables})
+                                    MPICOLL_VENV=str(own_venv), **variables)
         assert status == 2 and message in output, (sbatch, variables, output)
+        assert not own_venv.exists(), "installed before every check had passed"
+    # a GPU listed and no Python given: the job's own virtualenv is built, not the shared
+    # .venv (offline here, so pip fails and the job says where pip's output is)
+    shared = sorted(p.name for p in (ROOT / ".venv").glob("lib/python*/site-packages/*"))
+    status, output, _ = _submit(cluster, tmp_path, "compare_gpu.sbatch",
+                                MPICOLL_VENV=str(own_venv), PIP_NO_INDEX="1", **four_gpus)
+    assert status == 2, output
+    assert f"building {own_venv} with .[mpich,test,cuda12]" in output
+    assert f"could not build {own_venv} with .[mpich,test,cuda12]" in output
+    assert (own_venv / "setup.log").exists() and (own_venv / "bin" / "python").exists()
+    assert sorted(p.name for p in (ROOT / ".venv").glob("lib/python*/site-packages/*")) == shared
+
+
+def test_a_job_submitted_from_the_checkout_logs_into_its_results(cluster):
+    """The user's way: sbatch from the checkout's root, nothing set; the log is
+    results/<jobname>-<jobid>.out there, none in the root."""
+    before = set(ROOT.glob("*.out"))
+    done = subprocess.run(["sbatch", "--parsable", "--wait", "-t", "5", "--gpus-per-node=0",
+                           "jobs/compare_gpu.sbatch"], cwd=ROOT, env=cluster,
+                          capture_output=True, text=True, timeout=120)
+    job_id = done.stdout.strip().split(";")[0]
+    log = ROOT / "results" / f"mpicoll-compare-gpu-{job_id}.out"
+    try:
+        assert done.returncode == 2, done.stderr
+        assert "no GPUs in this allocation" in log.read_text()
+        assert set(ROOT.glob("*.out")) == before
+    finally:
+        log.unlink(missing_ok=True)
 
 
 def test_an_impossible_request_fails_at_once(cluster):
