@@ -5,8 +5,12 @@
 #   MPICOLL_ROOT      the mpicoll checkout (default: $SLURM_SUBMIT_DIR, so submit from it)
 #   MPICOLL_MODULES   site modules to `module load` first (e.g. "python/3.11 openmpi/4.1")
 #   MPICOLL_PYTHON    a Python that already has mpicoll (built against the site's MPI);
-#                     default: the checkout's .venv, made by scripts/setup.sh with
-#                     .[$MPICOLL_EXTRAS] (default mpich,test: the MPICH wheel) when missing
+#                     default: the Python of MPICOLL_VENV
+#   MPICOLL_VENV      the virtualenv to use (default: the checkout's .venv; a relative path
+#                     is taken from the checkout), made with .[$MPICOLL_EXTRAS] (default
+#                     mpich,test: the MPICH wheel) when it cannot import what the job needs:
+#                     the .venv by scripts/setup.sh, any other here (the GPU job's own,
+#                     .venv-gpu, so CuPy never goes into the shared .venv)
 #   MPICOLL_LAUNCHER  pmi2 (default: srun --mpi=pmi2, what the MPICH wheel speaks),
 #                     pmix (srun --mpi=pmix, for an MPI built with PMIx), or mpiexec
 #                     (the MPI library's own launcher, for a site MPI that wants it)
@@ -29,13 +33,39 @@ if [ -n "${MPICOLL_MODULES:-}" ]; then
 fi
 
 mpicoll_imports() { "$1" -c "import mpicoll, mpi4py.MPI${MPICOLL_NEEDS:+, $MPICOLL_NEEDS}" 2>/dev/null; }
+
+# mpicoll_build_venv DIR EXTRAS: a virtualenv of its own at DIR with the checkout's
+# .[EXTRAS] (pip's output in DIR/setup.log); two jobs building the same DIR take turns
+mpicoll_build_venv() {
+    local venv=$1 extras=$2
+    mkdir -p "$(dirname "$venv")" || return 1
+    (
+        if command -v flock >/dev/null; then flock 9; fi
+        mpicoll_imports "$venv/bin/python" && exit 0  # the job before this one made it
+        echo "# mpicoll job: building $venv with .[$extras] (a few minutes, once)"
+        "${MPICOLL_BASE_PYTHON:-python3}" -m venv "$venv" || exit 1
+        echo "*" > "$venv/.gitignore"  # never committed, wherever it lies
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip \
+            >"$venv/setup.log" 2>&1
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+            -e "$MPICOLL_ROOT[$extras]" >>"$venv/setup.log" 2>&1
+    ) 9>"$venv.lock"
+}
+
 if [ -n "${MPICOLL_PYTHON:-}" ]; then
     PYTHON=$MPICOLL_PYTHON
 else
-    PYTHON=$MPICOLL_ROOT/.venv/bin/python
+    MPICOLL_VENV=${MPICOLL_VENV:-.venv}
+    [[ "$MPICOLL_VENV" == /* ]] || MPICOLL_VENV=$MPICOLL_ROOT/$MPICOLL_VENV
+    PYTHON=$MPICOLL_VENV/bin/python
     if ! mpicoll_imports "$PYTHON"; then
-        MPICOLL_EXTRAS=${MPICOLL_EXTRAS:-mpich,test} bash "$MPICOLL_ROOT/scripts/setup.sh" \
-            || mpicoll_fail "scripts/setup.sh could not build $MPICOLL_ROOT/.venv"
+        if [ "$MPICOLL_VENV" = "$MPICOLL_ROOT/.venv" ]; then
+            MPICOLL_EXTRAS=${MPICOLL_EXTRAS:-mpich,test} bash "$MPICOLL_ROOT/scripts/setup.sh" \
+                || mpicoll_fail "scripts/setup.sh could not build $MPICOLL_ROOT/.venv"
+        else
+            mpicoll_build_venv "$MPICOLL_VENV" "${MPICOLL_EXTRAS:-mpich,test}" \
+                || mpicoll_fail "could not build $MPICOLL_VENV with .[${MPICOLL_EXTRAS:-mpich,test}] (pip's output: $MPICOLL_VENV/setup.log)"
+        fi
     fi
 fi
 mpicoll_imports "$PYTHON" || mpicoll_fail "$PYTHON cannot import mpicoll, mpi4py${MPICOLL_NEEDS:+, $MPICOLL_NEEDS}"
