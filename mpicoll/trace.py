@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mpicoll.tracing import draw, load, summarize
+from mpicoll.tracefile import draw, load, summarize
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@
     comm.write_trace("trace.json")                 # collective: merged on rank 0
 
     python -m mpicoll.trace summary trace.json     # per call: steps, bytes, comm vs reduce
-    python -m mpicoll.trace draw trace.json -o timeline.png
+    python -m mpicoll.trace draw trace.json -o timeline.png   (mpicoll.tracefile reads it)
 
 Every point-to-point message of every collective call is recorded on every rank
 (collective, algorithm, call, step, peer, bytes, chunk, start, end), and every reduction
@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import bisect
 import functools
-import json
 import os
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -282,139 +280,3 @@ def gather_events(tracer: Tracer, comm: Any) -> list[dict[str, Any]] | None:
     mine = [{**e, "start": e["start"] + offset, "end": e["end"] + offset} for e in tracer.events]
     everything = comm.gather(mine, 0)
     return None if everything is None else [e for rank in everything for e in rank]
-
-
-def load(path: str) -> list[dict[str, Any]]:
-    """The message, reduction and call events of a trace file, times in seconds."""
-    with open(path) as f:
-        trace = json.load(f)
-    events = []
-    for e in trace["traceEvents"]:
-        if e.get("ph") != "X":
-            continue
-        events.append({**e["args"], "rank": e["pid"], "track": e["tid"],
-                       "start": e["ts"] / 1e6, "end": (e["ts"] + e["dur"]) / 1e6})
-    return events
-
-
-# ---- reading a trace: the summary and the timeline ----------------------------------------
-
-
-def _covered(spans: list[tuple[float, float]]) -> float:
-    """The time covered by some span (overlapping messages counted once)."""
-    total, reach = 0.0, -np.inf
-    for start, end in sorted(spans):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total
-
-
-def summarize(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per collective call: ranks, most messages sent by one rank, bytes sent in all,
-    the critical path (first start to last end over the ranks), and on the slowest rank
-    the time in messages and in reductions; with the cost model's prediction."""
-    from . import model
-
-    calls: dict[int, list[dict]] = defaultdict(list)
-    for e in events:
-        calls[e["call"]].append(e)
-    rows = []
-    for call, mine in sorted(calls.items()):
-        spans = [e for e in mine if e["kind"] == "call"]
-        ranks = sorted({e["rank"] for e in spans})
-        sends = [e for e in mine if e["kind"] == "send"]
-        per_rank_sends = defaultdict(int)
-        for e in sends:
-            per_rank_sends[e["rank"]] += 1
-        slowest = max(spans, key=lambda e: e["end"] - e["start"])
-        reduce_time = sum(e["end"] - e["start"] for e in mine
-                          if e["kind"] == "reduce" and e["rank"] == slowest["rank"])
-        message_time = _covered([(e["start"], e["end"]) for e in mine
-                                 if e["kind"] in ("send", "recv") and e["rank"] == slowest["rank"]])
-        p = len(ranks)
-        try:
-            predicted = model.predict(slowest["collective"], slowest["algorithm"],
-                                      int(slowest.get("nbytes", 0)), p) * 1e6
-        except Exception:  # noqa: BLE001 - an algorithm the model has no line for
-            predicted = float("nan")
-        rows.append({
-            "call": call, "collective": slowest["collective"], "algorithm": slowest["algorithm"],
-            "ranks": p, "steps": max(per_rank_sends.values(), default=0),
-            "bytes_sent": sum(e["bytes"] for e in sends),
-            "critical_us": (max(e["end"] for e in spans) - min(e["start"] for e in spans)) * 1e6,
-            "messages_us": message_time * 1e6, "reduce_us": reduce_time * 1e6,
-            "model_us": predicted,
-        })
-    return rows
-
-
-# the timeline's lanes inside a rank's row (y grows downward): the call's label on top,
-# then sends, receives and reductions
-_LANES = {"label": -0.34, "send": -0.12, "recv": 0.1, "reduce": 0.32}
-_BAR = 0.19
-_COLORS = {"send": "tab:blue", "recv": "tab:orange", "reduce": "tab:green"}
-
-
-def _label_that_fits(text: Any, choices: list[str], room: float, renderer: Any) -> bool:
-    """Give ``text`` the first of ``choices`` narrower than ``room`` pixels; False (and
-    no text) when none is."""
-    for choice in choices:
-        text.set_text(choice)
-        if text.get_window_extent(renderer).width <= room:
-            return True
-    text.set_text("")
-    return False
-
-
-def timeline(events: list[dict[str, Any]]) -> Any:
-    """The per-rank timeline as a matplotlib Figure: each call a light span with its name
-    on top (``collective algorithm``, or only the algorithm, where that fits in the span;
-    none where neither does), its sends, receives and reductions as bars in three lanes
-    below; the legend outside the axes, right of them."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    ranks = sorted({e["rank"] for e in events})
-    origin = min(e["start"] for e in events)
-    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.75 * len(ranks)), layout="constrained")
-    labels = []
-    for e in events:
-        x, width = (e["start"] - origin) * 1e6, max(e["end"] - e["start"], 1e-7) * 1e6
-        y = e["rank"]
-        if e["kind"] == "call":
-            ax.broken_barh([(x, width)], (y - 0.47, 0.94), color="0.9", zorder=0)
-            text = ax.text(x + width / 2, y + _LANES["label"], "", ha="center", va="center",
-                           fontsize=6.5, clip_on=True)
-            labels.append((text, x, width, [f"{e['collective']} {e['algorithm']}",
-                                            str(e["algorithm"])]))
-        else:
-            ax.broken_barh([(x, width)], (y + _LANES[e["kind"]] - _BAR / 2, _BAR),
-                           color=_COLORS[e["kind"]])
-    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
-    ax.set_ylim(max(ranks) + 0.5, min(ranks) - 0.5)
-    end = max((e["end"] - origin) * 1e6 for e in events)
-    ax.set_xlim(-0.01 * end, 1.01 * end)
-    ax.set_xlabel("time (us, rank 0's clock)")
-    handles = [Patch(color="0.9", label="call (name on top\nwhere it fits)")]
-    handles += [Patch(color=c, label=k) for k, c in _COLORS.items()]
-    fig.legend(handles=handles, loc="outside right upper", fontsize=7)
-    # the layout is fixed now: keep each call's label only where it fits in its span
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
-    for text, x, width, choices in labels:
-        left, right = ax.transData.transform([(x, 0), (x + width, 0)])[:, 0]
-        _label_that_fits(text, choices, (right - left) - 4, renderer)
-    return fig
-
-
-def draw(events: list[dict[str, Any]], path: str) -> None:
-    """A per-rank timeline PNG (see ``timeline``)."""
-    import matplotlib.pyplot as plt
-
-    fig = timeline(events)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -16,13 +16,14 @@ ROOT = pathlib.Path(mpicoll.__file__).parent
 LAYERS = [
     ("base", ["errors", "spec", "config", "ops", "arrays", "buffers", "cuda", "watchdog",
               "abort", "monitored"]),
-    ("transport", ["transport"]),
+    ("transport", ["transport", "tracing"]),
     ("algorithms", ["algorithms"]),
     ("backends and choice", ["native", "native_nccl", "backends", "tuning", "mpich_selection",
-                             "mpich_rules", "model", "selection", "tracing"]),
+                             "mpich_rules", "model", "selection"]),
     ("pipeline", ["pipeline"]),
     ("api", ["communicator", "work", "bucketer", "local", ""]),
-    ("tools", ["bench", "trace", "hang", "viz", "examples", "model.__main__", "model.fit"]),
+    ("tools", ["bench", "trace", "tracefile", "hang", "viz", "examples", "model.__main__",
+               "model.fit"]),
 ]
 
 

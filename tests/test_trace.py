@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import mpicoll
-from mpicoll import tracing, viz
+from mpicoll import tracefile, tracing, viz
 from mpicoll.local import run_local
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -101,7 +101,7 @@ def test_timeline_labels_fit_and_the_legend_is_outside(tmp_path):
         return comm.trace_events()
 
     events = [e for rank in run_local(4, body, trace=True) for e in rank]
-    fig = tracing.timeline(events)
+    fig = tracefile.timeline(events)
     renderer = fig.canvas.get_renderer()
     ax = fig.axes[0]
     labels = [t for t in ax.texts if t.get_text()]
@@ -121,7 +121,7 @@ def test_timeline_labels_fit_and_the_legend_is_outside(tmp_path):
     legend = fig.legends[0]
     assert not _overlap(_extent(legend, renderer), _extent(ax, renderer))
     path = tmp_path / "timeline.png"
-    tracing.draw(events, str(path))
+    tracefile.draw(events, str(path))
     assert path.read_bytes().startswith(PNG)
 
 
@@ -147,7 +147,7 @@ def test_chrome_trace_has_what_perfetto_needs(tmp_path):
     names = {(e["pid"], e["args"]["name"]) for e in loaded if e["ph"] == "M"
              and e["name"] == "process_name"}
     assert names == {(r, f"rank {r}") for r in range(3)}
-    rows = tracing.summarize(tracing.load(str(path)))
+    rows = tracefile.summarize(tracefile.load(str(path)))
     assert len(rows) == 1 and rows[0]["steps"] == 4 and rows[0]["ranks"] == 3
     assert rows[0]["bytes_sent"] == 3 * 4 * 80 and rows[0]["model_us"] > 0
 
@@ -174,9 +174,9 @@ def test_mpi_trace_written_merged_and_read(tmp_path_factory):
         [e for e in comm.trace_events() if e["call"] == 1], comm.size, comm.rank, 1600)
     comm.write_trace(path)
     if comm.rank == 0:
-        events = tracing.load(path)
+        events = tracefile.load(path)
         assert {e["rank"] for e in events} == set(range(comm.size))
-        rows = tracing.summarize(events)
+        rows = tracefile.summarize(events)
         assert [r["collective"] for r in rows] == ["all_reduce", "broadcast"]
         assert rows[0]["steps"] == 2 * (comm.size - 1)
         # clocks aligned: every rank's ring call overlaps rank 0's
@@ -212,8 +212,8 @@ def test_mpicoll_trace_variable_writes_one_file_per_communicator(tmp_path):
     finally:
         del os.environ["MPICOLL_TRACE"]
     assert done.returncode == 0, done.stderr
-    first = tracing.summarize(tracing.load(str(path)))
-    second = tracing.summarize(tracing.load(str(tmp_path / "trace.2.json")))
+    first = tracefile.summarize(tracefile.load(str(path)))
+    second = tracefile.summarize(tracefile.load(str(tmp_path / "trace.2.json")))
     assert [(r["collective"], r["algorithm"], r["ranks"], r["steps"]) for r in first] == \
         [("all_reduce", "ring", 3, 4)]
     assert [(r["collective"], r["steps"]) for r in second] == [("all_gather", 2)]
