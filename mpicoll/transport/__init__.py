@@ -62,8 +62,15 @@ class Workspace:
         """Take workspace from ``like``'s array library from now on."""
         self._device = like is not None and type(like) is not np.ndarray and is_cupy(like)
 
-    def _free_all(self) -> None:
-        """A new call: everything is free again (scopes always close: ``with``)."""
+    def _start_call(self, like: Any) -> None:
+        """What every transport's ``begin`` does besides its tag: no blocking call yet
+        (the watchdog's step and wait slots), workspace in ``like``'s library, and all of
+        it free again (scopes always close: ``with``)."""
+        self.step, self.wait_kind = 0, None
+        if like is None:
+            self._device = False
+        else:
+            self.use(like)
         tops = self._tops
         if tops[0] or tops[1]:
             tops[0] = tops[1] = 0

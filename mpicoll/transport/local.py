@@ -85,12 +85,7 @@ class LocalTransport(Workspace):
 
     def begin(self, like: Any = None) -> None:
         self.tag += 1
-        self.step, self.wait_kind = 0, None
-        if like is None:
-            self._device = False
-        else:
-            self.use(like)
-        self._free_all()
+        self._start_call(like)
 
     def synchronize(self) -> None:
         """Nothing to wait for: a local call has finished when it returns."""

@@ -74,12 +74,7 @@ class MPITransport(Workspace):
 
     def begin(self, like: Any = None) -> None:
         self.tag = self.tag + 1 if self.tag + 1 < self._tag_limit else 1
-        self.step, self.wait_kind = 0, None
-        if like is None:
-            self._device = False
-        else:
-            self.use(like)
-        self._free_all()
+        self._start_call(like)
         if self._staging is not None and self._staging.capacity:
             self._staging.reset()  # once the last call's copies from it have run
 

@@ -118,8 +118,7 @@ class NCCLTransport(Workspace):
         self._tokens = cupy.zeros(2, np.uint8)[:1], cupy.zeros(2, np.uint8)[1:]
 
     def begin(self, like: Any = None) -> None:
-        self.use(self._device_like)  # workspace is always on the device
-        self._free_all()
+        self._start_call(self._device_like)  # workspace is always on the device
 
     def stream_ptr(self) -> int:
         return cupy_module().cuda.get_current_stream().ptr
