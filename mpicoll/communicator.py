@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -83,7 +84,7 @@ class Communicator:
         self._entry = threading.Lock()
         self._call: Call | None = None
         self._progress: ProgressThread | None = None  # runs the async_op=True calls
-        self._watch.enter(Call(0, "Communicator", 2), (), {"algorithm": None})  # making it is collective too
+        self._watch.enter(0, "Communicator", sys._getframe(1), (), {})  # making it is collective too
         try:
             agree.settings(self, check, check_error)
             self._chooser = Chooser(self._backend, self.size, agree.tables(self))

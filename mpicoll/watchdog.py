@@ -67,6 +67,28 @@ def recorder_length() -> int:
     return int(text)
 
 
+class Call:
+    """One collective call on this rank: what the fingerprint, the reports and the
+    flight recorder name it by."""
+
+    __slots__ = ("seq", "collective", "file", "line")
+
+    def __init__(self, seq: int = 0, collective: str = "", depth: int | None = None) -> None:
+        self.seq, self.collective = seq, collective
+        self.file, self.line = "?", 0
+        if depth is not None:
+            frame = sys._getframe(depth)  # the caller's frame
+            self.file, self.line = frame.f_code.co_filename, frame.f_lineno
+
+    @property
+    def site(self) -> str:
+        """The caller's file:line."""
+        return f"{self.file}:{self.line}"
+
+    def name(self) -> str:
+        return f"{self.collective} (call #{self.seq})"
+
+
 class Record:
     """One call in the flight recorder (made once, rewritten for every N-th call)."""
 
@@ -74,7 +96,7 @@ class Record:
                  "start", "end", "state", "note")
 
     def __init__(self) -> None:
-        self.call: Any = None  # the pipeline's Call: seq, collective, file, line
+        self.call: Any = Call()  # the pipeline's Call: seq, collective, file, line
         self.shape = self.dtype = self.op = self.root = self.algorithm = None
         self.args: tuple = ()
         self.nbytes = -1
@@ -127,17 +149,21 @@ class Watch:
         self.current = self.ring[0]
         self.index = -1  # this Communicator's place among the process's, set by register
 
-    def enter(self, call: Any, args: tuple, kwargs: dict) -> None:
-        """The call began: fill its flight-recorder entry and start its clock (the
-        Chooser fills in the algorithm and the bytes once it has chosen)."""
-        rec = self.current = self.ring[call.seq % self.length]
-        rec.call = call
+    def enter(self, seq: int, collective: str, frame: Any, args: tuple, kwargs: dict) -> Any:
+        """Call ``seq`` of ``collective`` began (made in ``frame``): fill its flight-recorder
+        entry, start its clock, and return the entry's Call record (the Chooser fills in
+        the algorithm and the bytes once it has chosen)."""
+        rec = self.current = self.ring[seq % self.length]
+        call = rec.call
+        call.seq, call.collective = seq, collective
+        call.file, call.line = frame.f_code.co_filename, frame.f_lineno
         x = args[0] if args else kwargs.get("x")
         rec.shape, rec.dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
         rec.args = args[1:]  # op, root, counts: small values, never the data
         rec.op, rec.root = (kwargs.get("op"), kwargs.get("root")) if kwargs else (None, None)
         rec.algorithm, rec.nbytes, rec.state = None, -1, RUNNING
         self.started = rec.start = _now()
+        return call
 
     def leave(self) -> None:
         """The call ended (its state is done unless ``failed`` said otherwise)."""
@@ -219,7 +245,7 @@ class Watch:
     def records(self, names: dict[str, tuple[str, ...]], clock: float) -> list[dict[str, Any]]:
         """The flight recorder, oldest call first."""
         data = self.transports()[0]
-        live = [r for r in self.ring if r.call is not None]
+        live = [r for r in self.ring if r.start]  # entries a call has filled
         live.sort(key=lambda r: r.call.seq)
         return [r.as_dict(names.get(r.call.collective, ()), data if r is self.current else None,
                           clock) for r in live]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,6 @@ from ..errors import (
 )
 from ..watchdog import PARAMETERS
 from . import agree
-from .describe import Call
 
 
 def entry(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -52,8 +52,8 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         b, tracer, watch = self._backend, self._tracer, self._watch
         try:
             self._seq += 1
-            call = self._call = Call(self._seq, name, 2)
-            watch.enter(call, args, kwargs)  # the watchdog's clock and the flight recorder
+            # the call's record: the flight recorder's entry, with the watchdog's clock
+            call = self._call = watch.enter(self._seq, name, sys._getframe(1), args, kwargs)
             b.transport.begin()  # the call's tag: every rank advances it, refused or not
             if b.separate_control:
                 b.control.begin()

@@ -409,7 +409,8 @@ def all_reduce(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
         src = x.reshape(-1)
     else:
         src = _input(t, flat(x), dst if out is not None else None)
-    t.use(x)
+    if type(x) is not np.ndarray:
+        t.use(x)  # workspace on the GPU (begin took the host)
     fn(t, src, dst, opd)
     if opd.average:
         average(result, opd, fn, t.size, c._backend.averages_itself)
