@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -239,3 +240,18 @@ def test_selection_prefers_tuning_then_model_then_mpich(tmp_path, monkeypatch):
         assert selection.select("broadcast", 64, 2, None, True) == "native"  # MPICH's rules
     finally:
         selection.reload()
+
+
+def test_no_mpi_library_says_what_to_install():
+    """Without the mpich extra and no system MPI, making a Communicator names what to install
+    (here: mpi4py pointed at a library that is not there)."""
+    import subprocess
+    import sys
+
+    code = ("import mpicoll\n"
+            "try:\n    mpicoll.Communicator()\n"
+            "except mpicoll.InvalidArgumentError as exc:\n    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "MPI4PY_LIBMPI": "/nonexistent/libmpi.so.12"})
+    assert "cannot load an MPI library" in done.stdout and "mpicoll[mpich]" in done.stdout, \
+        done.stdout + done.stderr
