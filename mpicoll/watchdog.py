@@ -30,6 +30,8 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
 from .errors import ConfigError
 
 DEFAULT_TIMEOUT = 1800.0  # seconds: torch's default for NCCL
@@ -69,16 +71,36 @@ def recorder_length() -> int:
 
 class Call:
     """One collective call on this rank: what the fingerprint, the reports and the
-    flight recorder name it by."""
+    flight recorder name it by.
 
-    __slots__ = ("seq", "collective", "file", "line")
+    Its site is kept as the caller's code object and instruction offset, and turned into
+    file:line only when something reads it: a frame's ``f_lineno`` scans the code's line
+    table, which costs a microsecond in a long function, on every call.
+    """
+
+    __slots__ = ("seq", "collective", "code", "offset")
 
     def __init__(self, seq: int = 0, collective: str = "", depth: int | None = None) -> None:
         self.seq, self.collective = seq, collective
-        self.file, self.line = "?", 0
+        self.code, self.offset = None, -1
         if depth is not None:
-            frame = sys._getframe(depth)  # the caller's frame
-            self.file, self.line = frame.f_code.co_filename, frame.f_lineno
+            self.at(sys._getframe(depth))
+
+    def at(self, frame: Any) -> None:
+        """The call is made in ``frame``, at its current instruction."""
+        self.code, self.offset = frame.f_code, frame.f_lasti
+
+    @property
+    def file(self) -> str:
+        return "?" if self.code is None else self.code.co_filename
+
+    @property
+    def line(self) -> int:
+        if self.code is not None:
+            for start, end, line in self.code.co_lines():
+                if start <= self.offset < end:
+                    return line or 0
+        return 0
 
     @property
     def site(self) -> str:
@@ -152,16 +174,35 @@ class Watch:
     def enter(self, seq: int, collective: str, frame: Any, args: tuple, kwargs: dict) -> Any:
         """Call ``seq`` of ``collective`` began (made in ``frame``): fill its flight-recorder
         entry, start its clock, and return the entry's Call record (the Chooser fills in
-        the algorithm and the bytes once it has chosen)."""
-        rec = self.current = self.ring[seq % self.length]
+        the algorithm and the bytes once it has chosen). Every call runs this: plain
+        stores, no allocation but the shape tuple."""
+        rec = self.ring[seq % self.length]
+        self.current = rec
         call = rec.call
-        call.seq, call.collective = seq, collective
-        call.file, call.line = frame.f_code.co_filename, frame.f_lineno
-        x = args[0] if args else kwargs.get("x")
-        rec.shape, rec.dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
-        rec.args = args[1:]  # op, root, counts: small values, never the data
-        rec.op, rec.root = (kwargs.get("op"), kwargs.get("root")) if kwargs else (None, None)
-        rec.algorithm, rec.nbytes, rec.state = None, -1, RUNNING
+        call.seq = seq
+        call.collective = collective
+        call.code = frame.f_code
+        call.offset = frame.f_lasti
+        if args:
+            x = args[0]
+            rec.args = args[1:]  # op, root, counts: small values, never the data
+        else:
+            x = kwargs.get("x")
+            rec.args = ()
+        if type(x) is np.ndarray:
+            rec.shape = x.shape
+            rec.dtype = x.dtype
+        else:
+            rec.shape = getattr(x, "shape", None)
+            rec.dtype = getattr(x, "dtype", None)
+        if kwargs:
+            rec.op = kwargs.get("op")
+            rec.root = kwargs.get("root")
+        else:
+            rec.op = rec.root = None
+        rec.algorithm = None
+        rec.nbytes = -1
+        rec.state = RUNNING
         self.started = rec.start = _now()
         return call
 

@@ -62,7 +62,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             if self._refused_alone:
                 agree.resync(self, call)
             if stream is not None and (not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
-                self._refused_alone = call.seq  # raised before any message, maybe alone
+                self._refused_alone = self._seq  # raised before any message, maybe alone
                 raise InvalidArgumentError(
                     f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
             if stream is None:
@@ -70,16 +70,16 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             with stream:
                 return method(self, call, *args, **kwargs)
         except (OpError, CollectiveError) as exc:
-            self._refused_alone = call.seq  # failed mid-call here: the others may wait in it
+            self._refused_alone = self._seq  # failed mid-call here: the others may wait in it
             watch.failed(exc)
             raise
         except MpicollError as exc:
             watch.failed(exc, refused=True)
             raise
         except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
-            self._refused_alone = call.seq
+            self._refused_alone = self._seq
             watch.failed(exc)
-            raise CollectiveError(f"{call.name()} failed on rank {self.rank}: "
+            raise CollectiveError(f"{name} (call #{self._seq}) failed on rank {self.rank}: "
                                   f"{type(exc).__name__}: {exc}") from exc
         finally:
             watch.leave()
