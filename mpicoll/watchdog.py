@@ -161,6 +161,9 @@ class Watch:
             receives raise instead).
     """
 
+    __slots__ = ("rank", "size", "backend", "timeout", "aborts", "started", "length", "ring",
+                 "current", "index")
+
     def __init__(self, communicator: Any, timeout: float, aborts: bool) -> None:
         self.rank, self.size = communicator.rank, communicator.size
         self.backend = communicator._backend
