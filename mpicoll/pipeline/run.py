@@ -201,18 +201,17 @@ def scatter(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
     if is_root:
         src = flat(x)
         mine = src[bounds[root]:bounds[root + 1]]
-        if result is None:  # the root's out refused: take part, then raise
+        whole = None if result is None else result.reshape(-1)
+        if whole is None:  # the root's out refused: take part, then raise
             dst = _stand_in(t, count, x.dtype, x)
-        elif out is not None and may_share_memory(src, result) \
-                and not same_memory(result.reshape(-1), mine):
+        elif out is not None and may_share_memory(src, whole) and not same_memory(whole, mine):
             dst = _stand_in(t, count, x.dtype, x)  # overlaps x elsewhere than its own row
         else:
-            dst = result.reshape(-1)  # may be x[root] itself: MPI's in-place scatter
+            dst = whole  # may be x[root] itself: MPI's in-place scatter
         t.use(x)
         fn(t, src, dst, bounds, root)
-        if result is not None and dst is not result.reshape(-1) \
-                and not same_memory(dst, result.reshape(-1)):
-            result.reshape(-1)[...] = dst
+        if whole is not None and dst is not whole:
+            whole[...] = dst
         return give(v, result, out, back)
     like = b.like if out is None else out
     if out is None and device and like is None:
