@@ -19,18 +19,16 @@ import numpy as np
 
 from .algorithms import COLLECTIVES
 from .backends import BACKENDS, Backend, make_backend
-from .errors import (
-    InvalidArgumentError,
-)
+from .errors import ConcurrentCallError, InvalidArgumentError
 from .ops import Op, ReduceOp, resolve_op
 from .pipeline import agree, run
 from .pipeline.choose import Chooser, check_collective
 from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
-from .pipeline.entry import entry
+from .pipeline.entry import busy, entry
 from .tracing import Tracer, attach, chrome_trace, gather_events, trace_path
 from .watchdog import Watch, timeout_setting, watchdog
-from .work import ProgressThread, Work
+from .work import ProgressThread, Work, queued_on_stream
 
 __all__ = ["BACKENDS", "Communicator", "algorithms"]
 
@@ -185,24 +183,19 @@ class Communicator:
     def dup(self) -> Communicator:
         """A Communicator of the same ranks and backend whose messages never match this
         one's: give each thread its own (collective: every rank calls it alike)."""
-        with self._watch.aside(Call(self._seq, "dup", 2)):  # collective: it may wait
-            return Communicator(backend=self._backend.duplicate(), check=self.check,
-                                trace=False, timeout=self.timeout)
+        if not self._entry.acquire(False):  # it sends on this one's communicator too
+            raise ConcurrentCallError(busy(self, "dup"))
+        try:
+            with self._watch.aside(Call(self._seq, "dup", 2)):  # collective: it may wait
+                return Communicator(backend=self._backend.duplicate(), check=self.check,
+                                    trace=False, timeout=self.timeout)
+        finally:
+            self._entry.release()
 
     def _submit(self, name: str, args: tuple, kwargs: dict, stream: Any) -> Work:
         if self._backend.queues_on_stream:  # NCCL is asynchronous already: queue it
-            from .arrays import cupy_module
-
-            work = Work(name)
-            current = stream if stream is not None else cupy_module().cuda.get_current_stream()
-            try:
-                result = getattr(self, name)(*args, stream=current, **kwargs)
-                work._event = cupy_module().cuda.Event(block=False, disable_timing=True)
-                work._event.record(current)
-                work._set(result)
-            except Exception as exc:  # noqa: BLE001 - raised by wait(), as on the MPI backend
-                work._set(error=exc)
-            return work
+            return queued_on_stream(
+                name, lambda current: getattr(self, name)(*args, stream=current, **kwargs), stream)
         if self._progress is None:
             if self._backend.name == "mpi":
                 from mpi4py import MPI

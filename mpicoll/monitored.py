@@ -17,14 +17,20 @@ from typing import Any
 import numpy as np
 
 from .errors import CollectiveTimeoutError, InvalidArgumentError
+from .pipeline import agree
+from .pipeline.validate import Verdict
 
 
 def monitored_barrier(c: Any, call: Any, timeout: float | None, wait_all_ranks: bool) -> None:
     """The body of ``Communicator.monitored_barrier`` (see the module's docstring)."""
+    verdict = Verdict()
     if timeout is None:
         timeout = c.timeout or float("inf")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise InvalidArgumentError(f"timeout: expected seconds > 0, got {timeout!r}")
+        verdict.refuse("params", InvalidArgumentError(
+            f"timeout: expected seconds > 0, got {timeout!r}"))
+    # check mode compares the call first; otherwise a bad timeout raises before any message
+    agree.settle(c, call, verdict, ("monitored", {"wait_all_ranks": bool(wait_all_ranks)}))
     t = c._backend.control
     missing = np.full(t.size, -1, np.int64)  # the ranks that did not arrive, then -1s
     if t.rank == 0:

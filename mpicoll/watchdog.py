@@ -300,14 +300,14 @@ class _Aside:
         self.watch, self.call, self.record = watch, call, Record()
 
     def __enter__(self) -> None:
-        self.saved, self.watch.current = self.watch.current, self.record
+        self.saved = self.watch.current, self.watch.started
+        self.watch.current = self.record
         self.record.call, self.record.state = self.call, RUNNING
         self.record.note = f"waiting for every rank to make the {self.call.collective} (collective)"
         self.watch.started = self.record.start = time.monotonic()
 
     def __exit__(self, *exc: Any) -> None:
-        self.watch.started = 0.0
-        self.watch.current = self.saved
+        self.watch.current, self.watch.started = self.saved  # as it was before the step
 
 
 # positional parameters after x, by collective: what a record's args are

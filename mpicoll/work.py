@@ -125,3 +125,23 @@ class ProgressThread:
         self._calls.put(None)
         self._thread.join()
         self.comm.free()
+
+
+def queued_on_stream(name: str, call: Callable[[Any], Any], stream: Any) -> Work:
+    """An asynchronous call on a backend that queues its work on a CUDA stream (NCCL):
+    ``call(stream)`` now, on ``stream`` (default: the current one), and a CUDA event
+    recorded after it, which ``wait()`` synchronizes; a failure is raised by ``wait()``,
+    as on the MPI backend."""
+    from .arrays import cupy_module
+
+    cuda = cupy_module().cuda
+    work = Work(name)
+    current = stream if stream is not None else cuda.get_current_stream()
+    try:
+        result = call(current)
+        work._event = cuda.Event(block=False, disable_timing=True)
+        work._event.record(current)
+        work._set(result)
+    except Exception as exc:  # noqa: BLE001 - raised by wait()
+        work._set(error=exc)
+    return work

@@ -365,3 +365,65 @@ def test_check_mode_compares_tuning_options_too():
         return True
 
     assert run_local(3, body, timeout=10, check=True) == [True] * 3
+
+
+@pytest.mark.parametrize("algorithm", list(REGISTRY["broadcast"]))
+@pytest.mark.parametrize("dtype", ["f8", [("a", "f4"), ("b", "u1")]])  # a 5-byte item: no code
+def test_broadcast_refusing_receiver_takes_part_in_the_roots_items(algorithm, dtype):
+    """A non-root refusing its receive buffer takes part with workspace counted in the
+    root's items, so segments and blocks cut by items match the others' (a byte-counted
+    stand-in would cut 1025 items into other pieces than the others)."""
+    dtype = np.dtype(dtype)
+    options = {"segment_bytes": 100} if algorithm == "pipelined_chain" else {}
+
+    def body(comm):
+        data = np.zeros(1025, dtype)
+        data.view(np.uint8)[...] = np.arange(data.nbytes) % 251
+        if comm.rank == 2:
+            with pytest.raises(mpicoll.InvalidArgumentError, match="receive buffer"):
+                comm.broadcast(np.empty(1025, np.float32), 0, algorithm=algorithm, **options)
+        else:
+            x = data if comm.rank == 0 else np.empty_like(data)
+            got = comm.broadcast(x, 0, algorithm=algorithm, **options)
+            assert got.tobytes() == data.tobytes()
+        _next_call_is_right(comm)
+        return True
+
+    assert run_local(4, body, timeout=10) == [True] * 4
+
+
+def test_unhashable_algorithm_is_a_clear_refusal_everywhere():
+    def body(comm):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="algorithm: expected a name"):
+            comm.all_reduce(np.ones(2), algorithm=["ring"])
+        _next_call_is_right(comm)
+        return True
+
+    assert run_local(3, body, timeout=10) == [True] * 3
+
+
+def test_dup_while_another_thread_is_in_a_call_is_refused():
+    def body(comm):
+        inside, release = threading.Event(), threading.Event()
+        slow = mpicoll.Op(lambda a, b, out: (inside.set(), release.wait(5), np.add(a, b, out)),
+                          name="slow")
+        refused = []
+
+        def other():
+            inside.wait(5)
+            try:
+                comm.dup()
+            except mpicoll.ConcurrentCallError as exc:
+                refused.append(str(exc))
+            finally:
+                release.set()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        comm.all_reduce(np.ones(2), op=slow, algorithm="ring")
+        thread.join()
+        assert refused and "dup" in refused[0]
+        _next_call_is_right(comm)
+        return True
+
+    assert run_local(3, body, timeout=10) == [True] * 3

@@ -250,6 +250,18 @@ def _fake_transport():
     return t, fake.log
 
 
+def test_nccl_transport_drops_what_a_failed_call_left_queued():
+    """NCCL has no tags: a send a failed call queued and never issued must not go out
+    with the next call's messages, where the peer's receive would match it."""
+    t, log = _fake_transport()
+    t._device_like, t._arenas, t._tops, t._scopes, t._device = None, {}, [0, 0], [], False
+    t.isend(_DeviceBuffer(8, 100), 1)  # the failed call's, never waited on
+    t.begin()
+    ticket = t.irecv(_DeviceBuffer(8, 200), 1)
+    t.waitall([ticket])
+    assert log == ["start", ("recv", 200, 8, 1, 1), "end"]
+
+
 def test_nccl_transport_groups_nonblocking_messages_until_a_wait():
     t, log = _fake_transport()
     a, b, c = _DeviceBuffer(8, 100), _DeviceBuffer(8, 200), _DeviceBuffer(4, 300)

@@ -15,13 +15,13 @@ ROOT = pathlib.Path(mpicoll.__file__).parent
 # lowest first; a module may import from its own layer and the ones below
 LAYERS = [
     ("base", ["errors", "spec", "config", "ops", "arrays", "buffers", "cuda", "watchdog",
-              "abort", "monitored"]),
+              "abort"]),
     ("transport", ["transport", "tracing"]),
     ("algorithms", ["algorithms"]),
     ("backends and choice", ["native", "native_nccl", "backends", "tuning", "mpich_selection",
                              "mpich_rules", "model", "selection"]),
     ("pipeline", ["pipeline"]),
-    ("api", ["communicator", "work", "bucketer", "local", ""]),
+    ("api", ["communicator", "monitored", "work", "bucketer", "local", ""]),
     ("tools", ["bench", "trace", "tracefile", "hang", "viz", "examples", "model.__main__",
                "model.fit"]),
 ]

@@ -201,3 +201,18 @@ def test_a_corrupt_tuning_file_on_rank_0_is_refused_on_every_rank(world, tmp_pat
         mpicoll.Communicator()
     monkeypatch.setenv("MPICOLL_TUNING", os.devnull + ".none")
     _next_call_is_right(world)
+
+
+@pytest.mark.parametrize("algorithm", [*REGISTRY["broadcast"], "native", "auto"])
+def test_broadcast_of_8_kib_with_a_refusing_receiver(world, algorithm):
+    """Past the packed header's 4 KiB the data goes by the algorithm: a non-root refusing
+    its receive buffer takes part in the root's items, so every other rank gets the data."""
+    data = np.arange(1025.0)
+    refuser = world.size - 1
+    if world.rank == refuser and world.rank != 0:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="receive buffer"):
+            world.broadcast(np.empty(1025, np.float32), 0, algorithm=algorithm)
+    else:
+        got = world.broadcast(data if world.rank == 0 else None, 0, algorithm=algorithm)
+        np.testing.assert_array_equal(got, data)
+    _next_call_is_right(world)

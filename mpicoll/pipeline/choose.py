@@ -59,6 +59,9 @@ class Chooser:
         the algorithm does not take; "native" where the library cannot reduce the
         dtype. "auto" never picks a refused one.
         """
+        if not isinstance(algorithm, str):
+            raise InvalidArgumentError(
+                f"algorithm: expected a name (str), got {type(algorithm).__name__}")
         if options or self.tracer is not None:
             fn, name = self._resolve(collective, algorithm, nbytes, op, options, dtype, uneven)
         else:  # every call asks this: what was resolved once is looked up (auto by size)

@@ -25,6 +25,16 @@ from ..watchdog import PARAMETERS
 from . import agree
 
 
+def busy(c: Any, what: str) -> str:
+    """Why ``what`` cannot run now: another thread is in a call of this Communicator."""
+    current = c._call  # read once: the other thread sets and clears it
+    inside = (f"in {current.name()} (at {current.site})" if current is not None
+              else "entering or leaving a call")
+    return (f"{what}: another thread is {inside} on this Communicator; one Communicator "
+            "serves one thread at a time: give each thread its own with comm.dup(), made "
+            "before the threads start")
+
+
 def entry(method: Callable[..., Any]) -> Callable[..., Any]:
     """Give a collective its entry: the call's number, one thread at a time, and its
     common keywords.
@@ -45,10 +55,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         if async_op:
             return self._submit(name, args, kwargs, stream)
         if not self._entry.acquire(False):
-            raise ConcurrentCallError(
-                f"{name}: this Communicator is in {self._call.name()} from another thread "
-                f"(at {self._call.site}); one Communicator serves one thread at a time: "
-                "give each thread its own with comm.dup()")
+            raise ConcurrentCallError(busy(self, name))
         b, tracer, watch = self._backend, self._tracer, self._watch
         try:
             self._seq += 1

@@ -37,6 +37,16 @@ def _stand_in(t: Any, count: int, dtype: np.dtype, like: Any) -> Any:
     return t.take(count, dtype, like=like)
 
 
+def _items_like(code: int, itemsize: int, device: bool) -> np.dtype:
+    """A dtype of the root's item size, for workspace a rank takes part with: algorithms
+    cut blocks and segments in items, so the stand-in must count items as the others do."""
+    if code >= 0:
+        return dtype_from_code(code)
+    if not device and itemsize:
+        return np.dtype(f"V{itemsize}")
+    return np.dtype(np.uint8)  # CuPy has no void dtype: only tables with a code reach here
+
+
 def _input(t: Any, src: Any, dst: Any = None) -> Any:
     """``src`` as the algorithms may read it: a copy in workspace when it overlaps the
     result buffer ``dst`` or cannot be written (some algorithms stage blocks in it)."""
@@ -138,9 +148,10 @@ def broadcast(c: Any, call: Call, x: Any, root: Any, algorithm: Any,
         v.refuse("receive", InvalidArgumentError(
             f"x: the receive buffer has shape {x.shape} and dtype {x.dtype}, but the root "
             f"sends shape {shape} and {sent}"))
-    if v.receive is not None:  # take part with workspace, then refuse
+    if v.receive is not None:  # take part with workspace of the root's items, then refuse
         if fn is not None:
-            fn(t, _stand_in(t, nbytes, np.uint8, b.like), root)
+            items = _items_like(code, itemsize, b.like is not None)
+            fn(t, _stand_in(t, nbytes // items.itemsize, items, b.like), root)
         raise v.receive
     if x is None:
         x = empty(shape, dtype_from_code(code), like=like)
@@ -225,8 +236,9 @@ def scatter(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
     if v.receive is None:
         dtype = out.dtype if code < 0 and out is not None else dtype_from_code(code)
         result = validate.out(v, out, shape, dtype, like)
-    if v.receive is not None:  # take part with workspace, then refuse
-        stand_in = _stand_in(t, count * itemsize, np.uint8, b.like)
+    if v.receive is not None:  # take part with workspace of the root's items, then refuse
+        items = _items_like(code, itemsize, b.like is not None)
+        stand_in = _stand_in(t, count * itemsize // items.itemsize, items, b.like)
         fn(t, None, stand_in, even_bounds(stand_in.size, t.size), root)
         raise v.receive
     t.use(result)

@@ -119,6 +119,10 @@ class NCCLTransport(Workspace):
 
     def begin(self, like: Any = None) -> None:
         self._start_call(self._device_like)  # workspace is always on the device
+        # NCCL has no tags: a message an earlier call queued and never issued (it failed
+        # mid-way) would be matched by this call's receives, so it is dropped
+        self._queue.clear()
+        self._issued = self._queued
 
     def stream_ptr(self) -> int:
         return cupy_module().cuda.get_current_stream().ptr
