@@ -427,3 +427,15 @@ def test_dup_while_another_thread_is_in_a_call_is_refused():
         return True
 
     assert run_local(3, body, timeout=10) == [True] * 3
+
+
+def test_check_mode_a_bad_stream_on_one_rank_raises_everywhere():
+    def body(comm):
+        with pytest.raises(mpicoll.MpicollError) as caught:
+            comm.all_reduce(np.ones(2), stream="not a stream" if comm.rank == 1 else None)
+        if comm.rank != 1:
+            assert "rank 1" in str(caught.value) and "stream" in str(caught.value)
+        _next_call_is_right(comm)
+        return True
+
+    assert run_local(3, body, timeout=10, check=True) == [True] * 3

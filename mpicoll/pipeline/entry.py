@@ -23,6 +23,7 @@ from ..errors import (
 )
 from ..watchdog import PARAMETERS
 from . import agree
+from .validate import Verdict
 
 
 def busy(c: Any, what: str) -> str:
@@ -69,9 +70,12 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             if self._refused_alone:
                 agree.resync(self, call)
             if stream is not None and (not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
-                self._refused_alone = self._seq  # raised before any message, maybe alone
-                raise InvalidArgumentError(
-                    f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
+                # a refusal of the call's parameters, as every stage's: in check mode every
+                # rank raises it; otherwise this rank at once, and its next call resyncs
+                refused = Verdict()
+                refused.refuse("params", InvalidArgumentError(
+                    f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}"))
+                agree.settle(self, call, refused, "stream")
             if stream is None:
                 return method(self, call, *args, **kwargs)
             with stream:
