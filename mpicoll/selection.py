@@ -88,19 +88,30 @@ def parse_params(text: str, path: str) -> model.Params:
         raise ConfigError(f"model file {path}: {exc}") from None
 
 
-def read_tables() -> Tables:
-    """Read and check both files here (a missing file: None; a bad one: ConfigError)."""
-    texts = []
-    for path in files():
+def read_texts() -> dict[str, list[str | None]]:
+    """Both files' paths and texts as this process sees them ({"tuning": [path, text],
+    "model": [...]}; text None: no file), or a ConfigError when one cannot be read."""
+    texts: dict[str, list[str | None]] = {}
+    for key, path in zip(("tuning", "model"), files(), strict=True):
         try:
-            texts.append(path.read_text())
+            texts[key] = [str(path), path.read_text()]
         except FileNotFoundError:
-            texts.append(None)
+            texts[key] = [str(path), None]
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read {path}: {exc}") from None
-    tuning_path, model_path = files()
-    return Tables(None if texts[0] is None else parse_tuning(texts[0], str(tuning_path)),
-                  None if texts[1] is None else parse_params(texts[1], str(model_path)))
+    return texts
+
+
+def parse_texts(texts: dict[str, list[str | None]]) -> Tables:
+    """``read_texts``' result as Tables (a bad file: ConfigError naming it)."""
+    (tuning_path, tuning_text), (model_path, model_text) = texts["tuning"], texts["model"]
+    return Tables(None if tuning_text is None else parse_tuning(tuning_text, tuning_path),
+                  None if model_text is None else parse_params(model_text, model_path))
+
+
+def read_tables() -> Tables:
+    """Read and check both files here (a missing file: None; a bad one: ConfigError)."""
+    return parse_texts(read_texts())
 
 
 _LOADED: dict[str, Tables] = {}

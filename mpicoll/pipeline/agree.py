@@ -319,15 +319,9 @@ def tables(c: Any) -> selection.Tables:
     payload = b""
     if t.rank == 0:
         try:
-            texts = {}
-            for key, path in zip(("tuning", "model"), selection.files(), strict=True):
-                try:
-                    texts[key] = [str(path), path.read_text()]
-                except FileNotFoundError:
-                    texts[key] = [str(path), None]
-            payload = json.dumps(texts).encode()
-        except (OSError, UnicodeDecodeError) as exc:
-            payload = json.dumps({"error": f"cannot read {exc.filename}: {exc}"}).encode()
+            payload = json.dumps(selection.read_texts()).encode()
+        except ConfigError as exc:  # unreadable: the others learn it from the payload
+            payload = json.dumps({"error": str(exc)}).encode()
     size = np.array([len(payload)], np.int64)
     t.begin()
     broadcast(c, size, 0)
@@ -337,7 +331,4 @@ def tables(c: Any) -> selection.Tables:
     texts = json.loads(raw.tobytes())
     if "error" in texts:
         raise ConfigError(texts["error"])
-    (tuning_path, tuning_text), (model_path, model_text) = texts["tuning"], texts["model"]
-    return selection.Tables(
-        None if tuning_text is None else selection.parse_tuning(tuning_text, tuning_path),
-        None if model_text is None else selection.parse_params(model_text, model_path))
+    return selection.parse_texts(texts)
