@@ -246,26 +246,32 @@ def test_a_lone_input_refusal_makes_the_next_call_agree_first():
         run_local(3, body, timeout=2)
 
 
+def _refusals_while_a_call_runs(comm, attempt):
+    """Run a ring all_reduce whose op waits until another thread has tried ``attempt()``
+    on ``comm``; return (the all_reduce's result, the ConcurrentCallError messages)."""
+    inside, release, refused = threading.Event(), threading.Event(), []
+    slow = mpicoll.Op(lambda a, b, out: (inside.set(), release.wait(5), np.add(a, b, out)),
+                      name="slow")
+
+    def other():
+        inside.wait(5)
+        try:
+            attempt()
+        except mpicoll.ConcurrentCallError as exc:
+            refused.append(str(exc))
+        finally:
+            release.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    got = comm.all_reduce(np.ones(2), op=slow, algorithm="ring")  # every rank reduces
+    thread.join()
+    return got, refused
+
+
 def test_two_threads_on_one_communicator_raise_and_dup_gives_each_its_own():
     def body(comm):
-        inside, errors = threading.Event(), []
-        release = threading.Event()
-        slow = mpicoll.Op(lambda a, b, out: (inside.set(), release.wait(5), np.add(a, b, out)),
-                          name="slow")
-
-        def second():
-            inside.wait(5)
-            try:
-                comm.all_reduce(np.ones(2))
-            except mpicoll.ConcurrentCallError as exc:
-                errors.append(str(exc))
-            finally:
-                release.set()
-
-        thread = threading.Thread(target=second)
-        thread.start()
-        got = comm.all_reduce(np.ones(2), op=slow, algorithm="ring")  # every rank reduces
-        thread.join()
+        got, errors = _refusals_while_a_call_runs(comm, lambda: comm.all_reduce(np.ones(2)))
         np.testing.assert_array_equal(got, [comm.size] * 2)
         if comm.size > 1:
             assert errors and "all_reduce (call #1)" in errors[0] and "comm.dup()" in errors[0]
@@ -404,24 +410,7 @@ def test_unhashable_algorithm_is_a_clear_refusal_everywhere():
 
 def test_dup_while_another_thread_is_in_a_call_is_refused():
     def body(comm):
-        inside, release = threading.Event(), threading.Event()
-        slow = mpicoll.Op(lambda a, b, out: (inside.set(), release.wait(5), np.add(a, b, out)),
-                          name="slow")
-        refused = []
-
-        def other():
-            inside.wait(5)
-            try:
-                comm.dup()
-            except mpicoll.ConcurrentCallError as exc:
-                refused.append(str(exc))
-            finally:
-                release.set()
-
-        thread = threading.Thread(target=other)
-        thread.start()
-        comm.all_reduce(np.ones(2), op=slow, algorithm="ring")
-        thread.join()
+        _, refused = _refusals_while_a_call_runs(comm, comm.dup)
         assert refused and "dup" in refused[0]
         _next_call_is_right(comm)
         return True
