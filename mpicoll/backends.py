@@ -93,11 +93,11 @@ def mpi_comm(comm: Any) -> Any:
 
 def mpi_backend(comm: Any = None) -> Backend:
     comm = mpi_comm(comm)
-    from .native import NATIVE, mpi_op
+    from .native import NATIVE, check_op
     from .transport.mpi import MPITransport
 
     transport = MPITransport(comm)
-    return Backend("mpi", transport, NATIVE, mpi_op,
+    return Backend("mpi", transport, NATIVE, check_op,
                    make_duplicate=lambda: mpi_backend(transport.comm))
 
 

@@ -9,6 +9,7 @@ that is reduced goes typed, so the MPI library must know the dtype and the op.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -31,7 +32,21 @@ NATIVE_REDUCE_DTYPES = frozenset(np.dtype(c) for c in (
     "?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16"))
 
 
-_RESOLVED: dict[tuple[Op, np.dtype], tuple[MPI.Datatype | None, MPI.Op]] = {}
+_BUILTIN: dict[tuple[Op, np.dtype], tuple[None, MPI.Op]] = {}
+# a user's Op -> {dtype: (its MPI datatype, its MPI op)}, kept only while the Op lives:
+# MPI has room for few user ops (MPICH: a few dozen), and programs make an Op per step
+_USER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_RETIRED: list[tuple[MPI.Datatype, MPI.Op]] = []  # freed at the next mpi_op, never mid-call
+
+
+def check_op(op: Op, dtype: np.dtype) -> None:
+    """Refuse (op, dtype) where the MPI library cannot reduce it (a user's op it always
+    can: MPI runs its function on the bytes); makes no MPI object."""
+    if op.builtin and dtype not in NATIVE_REDUCE_DTYPES:
+        raise UnsupportedDtypeError(
+            f"algorithm 'native': the MPI library cannot reduce dtype {dtype}; "
+            "use one of mpicoll's own algorithms"
+        )
 
 
 def mpi_op(op: Op, dtype: np.dtype) -> tuple[MPI.Datatype | None, MPI.Op]:
@@ -40,32 +55,53 @@ def mpi_op(op: Op, dtype: np.dtype) -> tuple[MPI.Datatype | None, MPI.Op]:
     A built-in op gets the MPI library's own op on the dtype's MPI datatype (None: mpi4py
     finds it from the buffer). A user's ``mpicoll.Op`` becomes an MPI user op on a
     contiguous datatype of one element, whose callback runs ``op.fn`` on NumPy views of
-    MPI's buffers; MPI keeps rank order for a non-commutative one.
+    MPI's buffers; MPI keeps rank order for a non-commutative one. The MPI objects live
+    as long as the ``Op``: when it is garbage, they are freed at the next call here
+    (outside any MPI call, so never while a collective uses them).
     """
-    try:
-        return _RESOLVED[op, dtype]
-    except KeyError:
-        pass
-    if not op.builtin:
+    if op.builtin:
+        try:
+            return _BUILTIN[op, dtype]
+        except KeyError:
+            check_op(op, dtype)
+            resolved = _BUILTIN[op, dtype] = (
+                None, (_MPI_BOOL_OPS if dtype.kind == "b" else _MPI_OPS)[op.name])
+            return resolved
+    if _RETIRED:
+        _free_retired()
+    by_dtype = _USER.get(op)
+    if by_dtype is None:
+        by_dtype = _USER[op] = {}
+        weakref.finalize(op, _RETIRED.extend, by_dtype.values())
+    resolved = by_dtype.get(dtype)
+    if resolved is None:
         element = MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
-
-        def combine(inbuf, inoutbuf, datatype):  # MPI: inout = in (op) inout
-            a = np.frombuffer(inbuf, dtype)
-            b = np.frombuffer(inoutbuf, dtype)
-            op(a, b, b)
-
-        resolved = element, MPI.Op.Create(combine, commute=bool(op.commutative))
-    elif dtype not in NATIVE_REDUCE_DTYPES:
-        raise UnsupportedDtypeError(
-            f"algorithm 'native': the MPI library cannot reduce dtype {dtype}; "
-            "use one of mpicoll's own algorithms"
-        )
-    else:
-        resolved = None, (_MPI_BOOL_OPS if dtype.kind == "b" else _MPI_OPS)[op.name]
-    if len(_RESOLVED) > 4096:
-        _RESOLVED.clear()
-    _RESOLVED[op, dtype] = resolved
+        mop = MPI.Op.Create(_weak_callback(op, dtype), commute=bool(op.commutative))
+        resolved = by_dtype[dtype] = (element, mop)
     return resolved
+
+
+def _weak_callback(op: Op, dtype: np.dtype) -> Callable[..., None]:
+    """MPI's callback for ``op`` on ``dtype``: inout = in (op) inout, on NumPy views of
+    MPI's buffers; it holds ``op`` weakly, so the Op can die and its MPI op be freed."""
+    ref = weakref.ref(op)
+
+    def combine(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+        live = ref()
+        if live is not None:
+            b = np.frombuffer(inoutbuf, dtype)
+            live(np.frombuffer(inbuf, dtype), b, b)  # a raise is kept by the call's guard
+
+    return combine
+
+
+def _free_retired() -> None:
+    """Free the MPI objects of Ops that are gone."""
+    while _RETIRED:
+        element, mop = _RETIRED.pop()
+        if not MPI.Is_finalized():
+            mop.Free()
+            element.Free()
 
 
 def _typed(buf: np.ndarray | None, datatype: MPI.Datatype | None):

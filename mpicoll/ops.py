@@ -9,6 +9,7 @@ floats, min/max on complex) is refused up front.
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,8 +83,11 @@ class Op:
             as every one combines real operands only.
         name: how errors and the benchmark name the op (default: ``fn``'s name).
 
-    Ops are compared by identity; make one per op and reuse it, so caches keyed by op
-    (the MPI library's handle for ``native``) stay small.
+    Ops are compared by identity. An Op may be made per call (a closure per step): the
+    MPI library's handle for ``native`` lives as long as the Op, and no cache keeps it.
+    If ``fn`` raises on some rank, every rank raises ``OpError`` naming the op and the
+    ranks where it raised (the call still completes its messages, so the next call is
+    right); the result is not delivered.
     """
 
     fn: Callable[..., object]
@@ -108,7 +112,42 @@ class Op:
         try:
             self.fn(a, b, out)
         except Exception as exc:  # noqa: BLE001 - a user's op: named, with its cause
-            raise OpError(f"op {self.name!r} raised {type(exc).__name__}: {exc}") from exc
+            error = OpError(f"op {self.name!r} raised {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            failures = getattr(_GUARDED, "failures", None)
+            if failures is None:
+                raise error from exc
+            # inside a guarded call: note it and go on, so this rank still sends its part
+            # of the messages (with what it has) and the call agrees the failure at its end
+            if not failures:
+                failures.append(error)
+
+
+_GUARDED = threading.local()  # this thread's guarded call: the failures of user ops in it
+
+
+class guarded_ops:
+    """Run a collective whose user op may raise: ``with guarded_ops() as failures: ...``.
+
+    A user op that raises inside does not leave the call (the other ranks would wait for
+    this rank's next message, and MPI's user-op callback cannot raise at all: mpi4py
+    aborts the job): the first failure is kept in ``failures`` and the op's output is
+    left as it is, so the rank finishes its part of the messages; the caller then agrees
+    the failures across ranks and raises ``OpError`` on every rank. Per thread, so the
+    local backend's ranks (threads) and MPI's callbacks (run in the calling thread) each
+    see their own.
+    """
+
+    __slots__ = ("failures", "saved")
+
+    def __enter__(self) -> list[OpError]:
+        self.saved = getattr(_GUARDED, "failures", None)
+        self.failures: list[OpError] = []
+        _GUARDED.failures = self.failures
+        return self.failures
+
+    def __exit__(self, *exc: Any) -> None:
+        _GUARDED.failures = self.saved
 
 
 _BUILTINS: dict[ReduceOp, Op] = {
@@ -140,7 +179,10 @@ _RESOLVED: dict[tuple[object, np.dtype], Op] = {}
 
 
 def resolve_op(op: object, dtype: np.dtype) -> Op:
-    """``_resolve_op`` with a cache, as it runs on every reducing call."""
+    """``_resolve_op`` with a cache, as it runs on every reducing call (a user's Op is
+    returned as it is and never cached: the cache must not keep it alive)."""
+    if isinstance(op, Op):
+        return op
     try:
         return _RESOLVED[op, dtype]
     except (KeyError, TypeError):  # TypeError: an unhashable op, refused below

@@ -189,6 +189,8 @@ class Watch:
         if args:
             x = args[0]
             rec.args = args[1:]  # op, root, counts: small values, never the data
+            if rec.args and hasattr(rec.args[0], "fn"):  # a user's Op: kept by name only,
+                rec.args = (rec.args[0].name, *rec.args[1:])  # so it can die with its MPI op
         else:
             x = kwargs.get("x")
             rec.args = ()
@@ -200,6 +202,8 @@ class Watch:
             rec.dtype = getattr(x, "dtype", None)
         if kwargs:
             rec.op = kwargs.get("op")
+            if hasattr(rec.op, "fn"):
+                rec.op = rec.op.name
             rec.root = kwargs.get("root")
         else:
             rec.op = rec.root = None

@@ -114,11 +114,13 @@ class ProgressThread:
             if item is None:
                 return
             work, call = item
+            item = None
             work.started_at = time.perf_counter()
             try:
                 work._set(call(self.comm))
             except BaseException as exc:  # noqa: BLE001 - handed to wait() on this rank
                 work._set(error=exc)
+            work = call = None  # nothing of the call (its op, its input) outlives it here
 
     def close(self) -> None:
         """Finish what was submitted, then stop the thread and free the duplicate."""

@@ -134,3 +134,18 @@ def test_scatter_v_refusals_reach_every_rank():
         return comm.all_reduce(np.ones(1))[0]  # still in step
 
     assert run_local(4, body, timeout=5) == [4.0] * 4
+
+
+@pytest.mark.parametrize("algorithm", list(mpicoll.algorithms("all_reduce", "local")))
+def test_a_user_op_raising_on_one_thread_rank_raises_on_every_rank(algorithm):
+    def body(comm):
+        def flaky(a, b, out):
+            if comm.rank == 0:  # the rank that combines in every algorithm
+                raise KeyError("flaky")
+            np.add(a, b, out=out)
+
+        with pytest.raises(mpicoll.OpError, match="op 'flaky' raised on rank 0"):
+            comm.all_reduce(np.ones(7), mpicoll.Op(flaky, name="flaky"), algorithm=algorithm)
+        return comm.all_reduce(np.full(2, 1.0), algorithm=algorithm).tolist()
+
+    assert run_local(3, body, timeout=10) == [[3.0, 3.0]] * 3

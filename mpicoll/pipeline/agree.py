@@ -29,7 +29,14 @@ import numpy as np
 from .. import selection
 from ..algorithms import REGISTRY
 from ..buffers import dtype_code, even_bounds
-from ..errors import ConfigError, InvalidArgumentError, MismatchError, MpicollError, RemoteError
+from ..errors import (
+    ConfigError,
+    InvalidArgumentError,
+    MismatchError,
+    MpicollError,
+    OpError,
+    RemoteError,
+)
 from ..ops import Op, op_name
 from .describe import Call
 from .validate import Verdict
@@ -192,6 +199,26 @@ def resync(c: Any, call: Call) -> None:
         raise MismatchError(
             f"{call.name()}: after a refused call the ranks disagree on which call was "
             f"refused ({detail})")
+
+
+def op_failures(c: Any, call: Call, op: Op, failure: OpError | None) -> None:
+    """After a call with a user's op: tell every rank which ranks' op raised; raise
+    ``OpError`` on every rank if any did (this rank's own failure as its cause)."""
+    t = c._backend.control
+    table = np.zeros(t.size, np.int64)
+    table[t.rank] = failure is not None
+    t.use(None)
+    all_gather(c, table, 1)
+    failed = np.flatnonzero(table).tolist()
+    if not failed:
+        return
+    where = f"rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}"
+    text = (f"{call.name()}: op {op.name!r} raised on {where}; every rank raises this "
+            "and no result was delivered")
+    if failure is not None:
+        cause = failure.__cause__
+        raise OpError(f"{text} (here: {type(cause).__name__}: {cause})") from cause
+    raise OpError(text)
 
 
 # -- a root's header: what the others need to know of its data -------------------------

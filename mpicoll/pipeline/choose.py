@@ -35,7 +35,7 @@ class Chooser:
         self.watch: Any = None  # mpicoll.watchdog.Watch: the flight recorder's algorithm, bytes
         self._functions: dict[tuple[str, Any], tuple[Callable[..., None], Any]] = {}
         self._auto: dict[tuple, str] = {}  # what "auto" picked, by call
-        self._native_ok: dict[tuple[Op, np.dtype], bool] = {}
+        self._native_ok: dict[tuple[Any, np.dtype], bool] = {}
         self._resolved: dict[tuple, Callable[..., None]] = {}  # function() by its arguments
 
     def pick(self, verdict: Verdict, collective: str, algorithm: Any, nbytes: int,
@@ -65,8 +65,8 @@ class Chooser:
         if options or self.tracer is not None:
             fn, name = self._resolve(collective, algorithm, nbytes, op, options, dtype, uneven)
         else:  # every call asks this: what was resolved once is looked up (auto by size)
-            key = (collective, algorithm, nbytes if algorithm == "auto" else -1, op, dtype,
-                   uneven)
+            key = (collective, algorithm, nbytes if algorithm == "auto" else -1, _op_key(op),
+                   dtype, uneven)
             resolved = self._resolved.get(key)
             if resolved is None:
                 resolved = self._resolve(collective, algorithm, nbytes, op, options, dtype,
@@ -172,7 +172,7 @@ class Chooser:
             return False
         if op is None or dtype is None:
             return True
-        key = (op, dtype)
+        key = (_op_key(op), dtype)
         ok = self._native_ok.get(key)
         if ok is None:
             try:
@@ -182,6 +182,12 @@ class Chooser:
                 ok = False
             self._native_ok[key] = ok
         return ok
+
+
+def _op_key(op: Op | None) -> Any:
+    """An op as the caches key it: a built-in by itself, a user's by what decides for it
+    (never the Op itself: a cache must not keep a user's Op, nor its MPI op, alive)."""
+    return op if op is None or op.builtin else ("user", op.commutative)
 
 
 def check_collective(collective: str) -> None:

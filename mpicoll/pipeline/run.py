@@ -24,7 +24,7 @@ from ..arrays import (
 )
 from ..buffers import counts_bounds, dtype_from_code, even_bounds, flat
 from ..errors import InvalidArgumentError, MpicollError, UnsupportedDtypeError
-from ..ops import resolve_op
+from ..ops import guarded_ops, resolve_op
 from . import agree, validate
 from .deliver import average, give
 from .describe import Call
@@ -68,6 +68,19 @@ def _op(verdict: Verdict, op: Any, x: Any) -> Any:
     except Exception as exc:  # noqa: BLE001 - an unhashable or odd op object
         verdict.refuse("params", InvalidArgumentError(f"op: {type(exc).__name__}: {exc}"))
     return None
+
+
+def _reducing(c: Any, call: Call, opd: Any, fn: Any, *args: Any) -> None:
+    """Run ``fn(*args)``, a reduction with ``opd``. A user's op may raise on some ranks:
+    it is guarded (the rank goes on with what it has, so nothing is left queued), and the
+    ranks then agree whether it raised anywhere: ``OpError`` on every rank if so. Only
+    calls with a user's op pay for that exchange."""
+    if opd.builtin:
+        fn(*args)
+        return
+    with guarded_ops() as failures:
+        fn(*args)
+    agree.op_failures(c, call, opd, failures[0] if failures else None)
 
 
 def _traced(c: Any, opd: Any) -> Any:
@@ -380,7 +393,7 @@ def reduce(c: Any, call: Call, x: Any, op: Any, root: Any, algorithm: Any, out: 
         dst = result.reshape(-1) if result is not None else _stand_in(t, src.size, x.dtype, x)
     src = _input(t, src, dst if out is not None else None)  # linear reduce reads x after writing out
     t.use(x)
-    fn(t, src, dst, opd, root)
+    _reducing(c, call, opd, fn, t, src, dst, opd, root)
     if result is not None:
         average(result, opd, fn, t.size, c._backend.averages_itself)
     return give(v, result, out, back)
@@ -422,7 +435,10 @@ def all_reduce(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
         src = _input(t, flat(x), dst if out is not None else None)
     if type(x) is not np.ndarray:
         t.use(x)  # workspace on the GPU (begin took the host)
-    fn(t, src, dst, opd)
+    if opd.builtin:
+        fn(t, src, dst, opd)
+    else:
+        _reducing(c, call, opd, fn, t, src, dst, opd)
     if opd.average:
         average(result, opd, fn, t.size, c._backend.averages_itself)
     if v.receive is not None:
@@ -458,7 +474,7 @@ def reduce_scatter(c: Any, call: Call, x: Any, op: Any, counts: Any, algorithm: 
         dst = result.reshape(-1)
     src = _input(t, flat(x), dst if out is not None else None)
     t.use(x)
-    fn(t, src, bounds, opd, dst)
+    _reducing(c, call, opd, fn, t, src, bounds, opd, dst)
     if result is not None:
         average(result, opd, fn, t.size, c._backend.averages_itself)
     return give(v, result, out, back)
