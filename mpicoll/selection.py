@@ -39,16 +39,37 @@ def files() -> tuple[Path, Path]:
 
 
 def _check_ranges(ranges: Any, collective: str, where: str) -> None:
+    """A collective's size ranges as ``auto`` reads them (``TuningTable.pick``, first
+    range whose ``below`` exceeds the size): each names an algorithm and ends ``below`` a
+    positive number of bytes, the ends strictly increasing; only the last may be open
+    (``"below": null``: every larger size). Anything else would raise inside ``auto`` or
+    hold a range that can never be chosen."""
     if not isinstance(ranges, list):
         raise ValueError(f"{where}: expected a list of ranges")
-    for entry in ranges:
+    previous = 0
+    for i, entry in enumerate(ranges):
+        at = f"{where}[{i}] {json.dumps(entry)[:120]}"
         if not isinstance(entry, dict) or not isinstance(entry.get("algorithm"), str):
-            raise ValueError(f"{where}: a range needs an 'algorithm' name")
+            raise ValueError(f"{at}: a range needs an 'algorithm' name")
         if entry["algorithm"] not in (*REGISTRY[collective], "native"):
-            raise ValueError(f"{where}: unknown algorithm {entry['algorithm']!r}")
-        below = entry.get("below")
-        if below is not None and (isinstance(below, bool) or not isinstance(below, int)):
-            raise ValueError(f"{where}: 'below' must be an int or null, got {below!r}")
+            raise ValueError(f"{at}: unknown algorithm {entry['algorithm']!r}")
+        if "below" not in entry:
+            raise ValueError(f"{at}: a range needs 'below' (bytes; null: the last range, "
+                             "every larger size)")
+        below = entry["below"]
+        if below is None:
+            if i != len(ranges) - 1:
+                raise ValueError(f"{at}: only the last range may be open ('below': null); "
+                                 "the ranges after it could never be chosen")
+            continue
+        if isinstance(below, bool) or not isinstance(below, int):
+            raise ValueError(f"{at}: 'below' must be an int or null, got {below!r}")
+        if below <= previous:
+            raise ValueError(
+                f"{at}: 'below' must be above {previous} (the previous range's end: sizes "
+                f"go up from 0 bytes), got {below}" if i else
+                f"{at}: 'below' must be a positive number of bytes, got {below}")
+        previous = below
 
 
 def parse_tuning(text: str, path: str) -> tuning.TuningTable:
@@ -82,7 +103,10 @@ def parse_params(text: str, path: str) -> model.Params:
                 raise ValueError(f"{key!r} must be a non-negative number, got {value!r}")
             fields[key] = float(value)
         if "ranks" in data:
-            fields["ranks"] = data["ranks"]
+            ranks = data["ranks"]
+            if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 0:
+                raise ValueError(f"'ranks' must be a number of ranks >= 0, got {ranks!r}")
+            fields["ranks"] = ranks
         return model.Params(**fields, source=str(path))
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"model file {path}: {exc}") from None

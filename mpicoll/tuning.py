@@ -83,10 +83,16 @@ def ranges_from_winners(winners: list[tuple[int, str]]) -> list[dict[str, Any]]:
     """Size ranges from the fastest algorithm at each measured size (ascending sizes).
 
     A range ends below the first measured size where another algorithm won; the last
-    range is open ("below": null).
+    range is open ("below": null). Sizes are taken in ascending order and a size measured
+    twice (two requested sizes that round to the same buffer) counts once, so the ends
+    strictly increase from above 0, as the reader (``selection.parse_tuning``) requires.
     """
     ranges: list[dict[str, Any]] = []
-    for size, name in winners:
+    last = None
+    for size, name in sorted(winners, key=lambda winner: winner[0]):
+        if size == last:
+            continue
+        last = size
         if ranges and ranges[-1]["algorithm"] == name:
             continue
         if ranges:
