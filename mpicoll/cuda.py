@@ -287,6 +287,21 @@ def current_stream() -> Any:
     return cupy_module().cuda.get_current_stream()
 
 
+def stream_device(stream: Any = None) -> int:
+    """The device ``stream`` runs on, as this thread sees it now.
+
+    A stream CuPy made with ``Stream()`` knows its device; ``Stream.null``,
+    ``Stream.ptds``, the current stream where none was set (one of those), and an
+    ``ExternalStream`` made without ``device_id`` have ``device_id == -1``: the stream of
+    whichever device is current. For those (and for no stream) that is the current
+    device, never ``Device(-1)``, which CUDA refuses.
+    """
+    device = getattr(stream, "device_id", None)
+    if device is None or int(device) < 0:
+        return int(cupy_module().cuda.runtime.getDevice())
+    return int(device)
+
+
 def capture_device_and_stream(stream: Any = None,
                               buffers: Iterable[Any] = ()) -> Callable[[], AbstractContextManager]:
     """What a call made on this thread runs under on another one (a progress thread):
@@ -303,8 +318,7 @@ def capture_device_and_stream(stream: Any = None,
     if stream is None and not any(on_gpu(b) for b in buffers):
         return contextlib.nullcontext
     cupy = cupy_module()
-    device = getattr(stream, "device_id", None)
-    device = cupy.cuda.runtime.getDevice() if device is None else device
+    device = stream_device(stream)
     stream = cupy.cuda.get_current_stream() if stream is None else stream
 
     @contextlib.contextmanager

@@ -6,11 +6,13 @@ the current stream. NCCL has allReduce, reduce, broadcast, allGather and reduceS
 gather, scatter, all_to_all and the uneven (v) cases are grouped ncclSend/ncclRecv, and
 barrier is a one-element allReduce followed by a stream synchronize.
 
-Data that is only moved goes as ncclUint8. Data that is reduced goes typed, from the
+Data that is only moved goes counted in elements, as an NCCL type of its items' width
+(``transport.nccl.wire``). Data that is reduced goes typed, from the
 tables below: NCCL reduces int8/uint8, int32/uint32, int64/uint64, float16, bfloat16,
 float32 and float64 with sum, prod, min, max and avg. Complex sums (and averages) reduce
 as twice as many floats; bool reduces as uint8 (sum and max are OR, prod and min are
-AND). Anything else is refused with the reason, before any message.
+AND). Anything else is refused with the reason, before any message, as is a count the
+installed CuPy's binding cannot take (``transport.nccl.check_count``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 
 from .errors import UnsupportedDtypeError, UnsupportedOpError
 from .ops import Op
-from .transport.nccl import NCCL_UINT8, NCCLTransport
+from .transport.nccl import NCCLTransport, check_count, wire
 
 # ncclDataType_t (nccl.h)
 NCCL_DTYPES: dict[np.dtype, int] = {
@@ -90,7 +92,9 @@ def _even(bounds: tuple[int, ...]) -> bool:
 
 
 def native_broadcast(t: NCCLTransport, buf: Any, root: int) -> None:
-    t.nccl.broadcast(_ptr(buf), _ptr(buf), buf.nbytes, NCCL_UINT8, root, t.stream_ptr())
+    count, datatype = wire(buf)
+    check_count(t.nccl, "broadcast", count, "broadcast (native)")
+    t.nccl.broadcast(_ptr(buf), _ptr(buf), count, datatype, root, t.stream_ptr())
 
 
 def native_scatter(t: NCCLTransport, src: Any, dst: Any, bounds: tuple[int, ...],
@@ -120,7 +124,9 @@ def native_gather(t: NCCLTransport, src: Any, dst: Any, bounds: tuple[int, ...],
 def native_all_gather(t: NCCLTransport, buf: Any, bounds: tuple[int, ...]) -> None:
     if _even(bounds):  # in place: NCCL takes sendbuff == recvbuff + rank * count
         mine = _block(buf, bounds, t.rank)
-        t.nccl.allGather(_ptr(mine), _ptr(buf), mine.nbytes, NCCL_UINT8, t.stream_ptr())
+        count, datatype = wire(mine)
+        check_count(t.nccl, "allGather", count, "all_gather (native)")
+        t.nccl.allGather(_ptr(mine), _ptr(buf), count, datatype, t.stream_ptr())
         return
     mine = _block(buf, bounds, t.rank)
     for j in range(t.size):
@@ -133,12 +139,14 @@ def native_all_gather(t: NCCLTransport, buf: Any, bounds: tuple[int, ...]) -> No
 def native_reduce(t: NCCLTransport, src: Any, dst: Any, op: Op, root: int) -> None:
     datatype, nop, parts = nccl_op(op, src.dtype)
     recv = _ptr(dst) if dst is not None else _ptr(src)  # NCCL reads recvbuff at root only
-    t.nccl.reduce(_ptr(src), recv, src.size * parts, datatype, nop, root, t.stream_ptr())
+    count = check_count(t.nccl, "reduce", src.size * parts, "reduce (native)")
+    t.nccl.reduce(_ptr(src), recv, count, datatype, nop, root, t.stream_ptr())
 
 
 def native_all_reduce(t: NCCLTransport, src: Any, dst: Any, op: Op) -> None:
     datatype, nop, parts = nccl_op(op, src.dtype)
-    t.nccl.allReduce(_ptr(src), _ptr(dst), src.size * parts, datatype, nop, t.stream_ptr())
+    count = check_count(t.nccl, "allReduce", src.size * parts, "all_reduce (native)")
+    t.nccl.allReduce(_ptr(src), _ptr(dst), count, datatype, nop, t.stream_ptr())
 
 
 def native_reduce_scatter(t: NCCLTransport, src: Any, bounds: tuple[int, ...], op: Op,
@@ -146,9 +154,14 @@ def native_reduce_scatter(t: NCCLTransport, src: Any, bounds: tuple[int, ...], o
     datatype, nop, parts = nccl_op(op, src.dtype)
     stream = t.stream_ptr()
     if _even(bounds):
-        t.nccl.reduceScatter(_ptr(src), _ptr(dst), dst.size * parts, datatype, nop, stream)
+        count = check_count(t.nccl, "reduceScatter", dst.size * parts,
+                            "reduce_scatter (native)")
+        t.nccl.reduceScatter(_ptr(src), _ptr(dst), count, datatype, nop, stream)
         return
     # uneven blocks: one ncclReduce per block, rooted at the rank that keeps it, grouped
+    for j in range(t.size):  # every count checked before any is issued
+        check_count(t.nccl, "reduce", _block(src, bounds, j).size * parts,
+                    "reduce_scatter (native)")
     t._nccl.groupStart()
     try:
         for j in range(t.size):

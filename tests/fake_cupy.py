@@ -17,7 +17,12 @@ It fails where CuPy fails, so a test on it shows what a GPU would:
 - ``cupy.cuda.nccl`` has CuPy 14's API: ``get_unique_id()`` returns 128 bytes and
   ``NcclCommunicator(ndev, commId: bytes, rank)`` refuses anything else; it refuses two
   ranks on one device (``ncclInvalidUsage``, as NCCL's "Duplicate GPU detected"), and
-  knows bfloat16 (type 9). ``make_module(api=13)`` gives CuPy 13's tuple ids instead.
+  knows bfloat16 (type 9); its methods carry CuPy's embedded C signatures (``size_t``
+  counts). ``make_module(api=13)`` gives CuPy 13's tuple ids instead, and its ``int``
+  count on ``broadcast``.
+- ``Stream.null``, ``Stream.ptds``, the default current stream and an ``ExternalStream``
+  without ``device_id`` have ``device_id == -1``, as CuPy's: the stream of whichever
+  device is current.
 
 Memory is host memory and arithmetic is NumPy's, moved by MPI: it checks mpicoll's logic,
 not CUDA. The real thing runs in tests/test_gpu.py on a GPU; tests/test_gpu_api.py checks
@@ -73,46 +78,79 @@ def current_device() -> int:
     return _thread.device
 
 
+_PTDS = 2  # cudaStreamPerThread
+
+
 class Stream:
     """A CUDA stream: kernels run in order on it; what completes later waits in
-    ``_pending`` until the stream gets there."""
+    ``_pending`` until the stream gets there.
 
-    null_streams: dict[int, Stream] = {}
+    As in CuPy, ``Stream.null`` and ``Stream.ptds`` (and ``Stream(null=True)``,
+    ``Stream(ptds=True)``, an ``ExternalStream`` made without ``device_id``) have
+    ``device_id == -1``: they stand for that stream of whichever device is current, so
+    ``Device(stream.device_id)`` fails here as on a GPU. The current stream of a thread
+    that set none is ``Stream.null``.
+    """
 
-    def __init__(self, null=False, non_blocking=False, ptr=None):
-        self.device_id = current_device()
+    null: Stream
+    ptds: Stream
+
+    def __init__(self, null=False, non_blocking=False, ptds=False, priority=None):
         self.non_blocking = non_blocking
-        self.ptr = 0 if null else next(_ptrs)
         self.synchronized = 0
+        if null or ptds:  # a handle: the current device's legacy / per-thread stream
+            self.device_id, self.ptr = -1, 0 if null else _PTDS
+            return
+        self._own(current_device(), next(_ptrs))
+        _streams_by_ptr[self.ptr] = self
+
+    def _own(self, device: int, ptr: int) -> None:
+        self.device_id, self.ptr = device, ptr
         self._pending: list = []  # (ticket, work) in order
         self._tickets = itertools.count(1)
         self._done = 0  # tickets completed
-        if not null:
-            _streams_by_ptr[self.ptr] = self
+
+    @classmethod
+    def _default(cls, device: int, ptr: int) -> Stream:
+        """The legacy null stream (ptr 0) or per-thread stream of ``device``."""
+        stream = cls.__new__(cls)
+        stream.non_blocking, stream.synchronized = False, 0
+        stream._own(device, ptr)
+        return stream
+
+    def _here(self) -> Stream:
+        """The stream that holds the work: this one, or for a handle on a stream (a
+        default stream, an external one) the stream it names on the current device."""
+        if "_pending" in self.__dict__:
+            return self
+        return _stream_of(self.ptr)
 
     def __repr__(self):
         return f"<stand-in Stream {self.ptr:#x} device {self.device_id}>"
 
     # what other work may run first (legacy null-stream semantics)
     def _neighbours(self) -> list[Stream]:
-        if self.ptr == 0:
-            return [s for s in _streams_by_ptr.values()
-                    if s.device_id == self.device_id and not s.non_blocking]
-        return [] if self.non_blocking else [_null_stream(self.device_id)]
+        here = self._here()
+        if here.ptr == 0:
+            return [s for s in [*_streams_by_ptr.values(), *_defaults.values()]
+                    if s.device_id == here.device_id and not s.non_blocking and s is not here]
+        return [] if here.non_blocking else [_null_stream(here.device_id)]
 
     def enqueue(self, work) -> int:
+        here = self._here()
         with _lock:
-            ticket = next(self._tickets)
-            self._pending.append((ticket, work))
+            ticket = next(here._tickets)
+            here._pending.append((ticket, work))
             return ticket
 
     def complete(self, upto: int | None = None) -> None:
         """Run the pending work (up to ticket ``upto``)."""
+        here = self._here()
         with _lock:
-            while self._pending and (upto is None or self._pending[0][0] <= upto):
-                ticket, work = self._pending.pop(0)
+            while here._pending and (upto is None or here._pending[0][0] <= upto):
+                ticket, work = here._pending.pop(0)
                 work()
-                self._done = ticket
+                here._done = ticket
 
     def before_kernel(self) -> None:
         """A kernel (or copy) on this stream runs after everything queued before it."""
@@ -132,11 +170,19 @@ class Stream:
         event.record(self)
         return event
 
+    def _check_device(self):
+        """CuPy's check: a stream made on one device is not made current on another."""
+        if self.device_id not in (-1, current_device()):
+            raise RuntimeError(f"The device that the stream is created on ({self.device_id}) "
+                               f"does not match with the current device ({current_device()})")
+
     def use(self):
+        self._check_device()
         _thread.streams[-1:] = [self]
         return self
 
     def __enter__(self):
+        self._check_device()
         _thread.streams.append(self)
         return self
 
@@ -144,23 +190,52 @@ class Stream:
         _thread.streams.pop()
         return False
 
+    @classmethod
+    def from_external(cls, obj):
+        """CuPy 14: a stream from ``__cuda_stream__``, on the current device."""
+        version, ptr = obj.__cuda_stream__()
+        stream = ExternalStream(ptr)
+        stream.device_id = current_device()
+        return stream
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+class ExternalStream(Stream):
+    """A stream CuPy did not make, by its pointer; ``device_id`` -1 unless given."""
+
+    def __init__(self, ptr, device_id=-1):
+        self.non_blocking, self.synchronized = False, 0
+        self.ptr, self.device_id = int(ptr), int(device_id)
+
+
+_defaults: dict[tuple[int, int], Stream] = {}  # (ptr, device): the default streams
+
 
 def _null_stream(device: int) -> Stream:
-    if device not in Stream.null_streams:
-        saved, _thread.device = _thread.device, device
-        try:
-            Stream.null_streams[device] = Stream(null=True)
-        finally:
-            _thread.device = saved
-    return Stream.null_streams[device]
+    return _default_stream(0, device)
+
+
+def _default_stream(ptr: int, device: int) -> Stream:
+    with _lock:
+        if (ptr, device) not in _defaults:
+            _defaults[ptr, device] = Stream._default(device, ptr)
+        return _defaults[ptr, device]
+
+
+Stream.null = Stream(null=True)
+Stream.ptds = Stream(ptds=True)
 
 
 def get_current_stream(device_id=None) -> Stream:
-    return _thread.streams[-1] if _thread.streams else _null_stream(current_device())
+    return _thread.streams[-1] if _thread.streams else Stream.null
 
 
 def _stream_of(ptr: int) -> Stream:
-    return _null_stream(current_device()) if ptr == 0 else _streams_by_ptr[ptr]
+    if ptr in (0, _PTDS):
+        return _default_stream(ptr, current_device())
+    return _streams_by_ptr[ptr]
 
 
 class Event:
@@ -174,7 +249,7 @@ class Event:
 
     def record(self, stream=None):
         self.recorded += 1
-        self._stream = get_current_stream() if stream is None else stream
+        self._stream = (get_current_stream() if stream is None else stream)._here()
         with _lock:
             pending = self._stream._pending
             self._ticket = pending[-1][0] if pending else self._stream._done
@@ -215,7 +290,7 @@ class Device:
         _thread.device = self.id
 
     def synchronize(self):
-        for stream in [_null_stream(self.id), *_streams_by_ptr.values()]:
+        for stream in [*_streams_by_ptr.values(), *_defaults.values()]:
             if stream.device_id == self.id:
                 stream.complete()
 
@@ -672,6 +747,7 @@ class NcclCommunicator:
                 after()
 
     def send(self, ptr, count, datatype, peer, stream):
+        """NcclCommunicator.send(self, intptr_t sendbuf, size_t count, int datatype, int peer, intptr_t stream)"""  # noqa: E501 - CuPy 14's embedded signature
         # synchronous: a send ends only once its receive is posted, as NCCL's kernels
         self._check_device()
         source = _stream_of(stream)
@@ -680,6 +756,7 @@ class NcclCommunicator:
         self._queue(lambda: self._comm.Issend(data, peer, 7))
 
     def recv(self, ptr, count, datatype, peer, stream):
+        """NcclCommunicator.recv(self, intptr_t recvbuf, size_t count, int datatype, int peer, intptr_t stream)"""  # noqa: E501 - CuPy 14's embedded signature
         self._check_device()
         target = _memory(ptr, count, datatype)
         arrived = np.empty_like(target)
@@ -702,6 +779,7 @@ class NcclCommunicator:
         self._queue(lambda: post() or None, land)
 
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):  # noqa: N802
+        """NcclCommunicator.allReduce(self, intptr_t sendbuf, intptr_t recvbuf, size_t count, int datatype, int op, intptr_t stream)"""  # noqa: E501 - CuPy 14's embedded signature
         send = _memory(sendbuf, count, datatype).copy()
 
         def compute():
@@ -712,6 +790,7 @@ class NcclCommunicator:
         self._collective(stream, compute, _memory(recvbuf, count, datatype))
 
     def reduce(self, sendbuf, recvbuf, count, datatype, op, root, stream):
+        """NcclCommunicator.reduce(self, intptr_t sendbuf, intptr_t recvbuf, size_t count, int datatype, int op, int root, intptr_t stream)"""  # noqa: E501 - CuPy 14's embedded signature
         send = _memory(sendbuf, count, datatype).copy()
         at_root = self._comm.Get_rank() == root
 
@@ -723,6 +802,7 @@ class NcclCommunicator:
         self._collective(stream, compute, _memory(recvbuf, count, datatype) if at_root else None)
 
     def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
+        """NcclCommunicator.broadcast(self, intptr_t sendbuff, intptr_t recvbuff, size_t count, int datatype, int root, intptr_t stream)"""  # noqa: E501 - CuPy 14's embedded signature
         data = _memory(sendbuff, count, datatype).copy()
 
         def compute():
@@ -732,6 +812,7 @@ class NcclCommunicator:
         self._collective(stream, compute, _memory(recvbuff, count, datatype))
 
     def allGather(self, sendbuf, recvbuf, count, datatype, stream):  # noqa: N802
+        """NcclCommunicator.allGather(self, intptr_t sendbuf, intptr_t recvbuf, size_t count, int datatype, intptr_t stream)"""  # noqa: E501 - CuPy 14's embedded signature
         mine = _memory(sendbuf, count, datatype).copy()
         p = self._comm.Get_size()
 
@@ -743,6 +824,7 @@ class NcclCommunicator:
         self._collective(stream, compute, _memory(recvbuf, p * count, datatype))
 
     def reduceScatter(self, sendbuf, recvbuf, recvcount, datatype, op, stream):  # noqa: N802
+        """NcclCommunicator.reduceScatter(self, intptr_t sendbuf, intptr_t recvbuf, size_t recvcount, int datatype, int op, intptr_t stream)"""  # noqa: E501 - CuPy 14's embedded signature
         p = self._comm.Get_size()
         send = _memory(sendbuf, p * recvcount, datatype).copy()
 
@@ -754,6 +836,7 @@ class NcclCommunicator:
         self._collective(stream, compute, _memory(recvbuf, recvcount, datatype))
 
     def destroy(self):
+        """NcclCommunicator.destroy(self)"""  # noqa: E501 - CuPy 14's embedded signature
         if self._comm is not None:
             self._comm.Free()
             self._comm = None
@@ -790,6 +873,7 @@ def make_module(api: int = 14) -> types.ModuleType:
     cuda.get_current_stream = get_current_stream
     cuda.alloc_pinned_memory = lambda nbytes: PinnedMemoryPointer(nbytes)
     cuda.Stream = Stream
+    cuda.ExternalStream = ExternalStream
     cuda.Event = Event
     cuda.Device = Device
     cuda.runtime = types.SimpleNamespace(
@@ -805,7 +889,17 @@ def make_module(api: int = 14) -> types.ModuleType:
     else:
         nccl.get_unique_id = lambda: tuple(range(-64, 64))
     nccl.groupStart, nccl.groupEnd = groupStart, groupEnd
-    nccl.NcclCommunicator = type("NcclCommunicator", (NcclCommunicator,), {"api": api})
+    members = {"api": api}
+    if api < 14:  # CuPy 13 declares broadcast's count a C int (size_t from cupy#8562)
+        def broadcast(self, sendbuff, recvbuff, count, datatype, root, stream):
+            """NcclCommunicator.broadcast(self, intptr_t sendbuff, intptr_t recvbuff, int count, int datatype, int root, intptr_t stream)"""  # noqa: E501
+            if not -2**31 <= count < 2**31:
+                raise OverflowError("value too large to convert to int")
+            return NcclCommunicator.broadcast(self, sendbuff, recvbuff, count, datatype, root,
+                                              stream)
+
+        members["broadcast"] = broadcast
+    nccl.NcclCommunicator = type("NcclCommunicator", (NcclCommunicator,), members)
     for name, value in (("NCCL_SUM", 0), ("NCCL_PROD", 1), ("NCCL_MAX", 2), ("NCCL_MIN", 3),
                         ("NCCL_AVG", 4), ("NCCL_UINT8", 1), ("NCCL_FLOAT32", 7),
                         ("NCCL_BFLOAT16", 9)):

@@ -462,6 +462,62 @@ def test_async_op_on_a_device_other_than_0(fake_cupy):
         assert got.get(stream=stream).tolist() == [comm.size * (comm.size + 1) / 2] * 5
 
 
+def _stream_of_kind(fake_cupy, kind):
+    """A stream CuPy gives ``device_id == -1`` (the stream of whichever device is
+    current), or None: the current stream, which is ``Stream.null`` where none was set."""
+    cuda_ = fake_cupy.cuda
+    made = cuda_.Stream(non_blocking=True)
+    streams = {"null": cuda_.Stream.null, "ptds": cuda_.Stream.ptds,
+               "null-made": cuda_.Stream(null=True), "external": cuda_.ExternalStream(made.ptr),
+               "current": None}
+    return streams[kind]
+
+
+DEVICE_LESS_STREAMS = ("null", "ptds", "null-made", "external", "current")
+
+
+@pytest.mark.parametrize("kind", DEVICE_LESS_STREAMS)
+def test_a_stream_of_device_minus_1_runs_on_the_current_device(fake_cupy, kind):
+    """CuPy's default streams and an ExternalStream without device_id say device -1:
+    the progress thread enters the device current at submit time, not Device(-1)."""
+    with fake_cupy.cuda.Device(3):
+        stream = _stream_of_kind(fake_cupy, kind)
+        assert (fake_cupy.cuda.get_current_stream() if stream is None else stream).device_id == -1
+        x = fake_cupy.zeros(4)
+        enter = cuda.capture_device_and_stream(stream, (x,))
+        assert cuda.stream_device(stream) == 3
+    seen = {}
+
+    def progress():
+        try:
+            with enter():
+                seen["inside"] = fake_cupy.cuda.Device().id
+                np.add(x, 1, out=x)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            seen["error"] = exc
+
+    thread = threading.Thread(target=progress)
+    thread.start()
+    thread.join()
+    assert seen == {"inside": 3}
+    with fake_cupy.cuda.Device(3):
+        assert x.get().tolist() == [1.0] * 4
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("kind", DEVICE_LESS_STREAMS)
+def test_async_op_on_a_stream_of_device_minus_1(fake_cupy, kind):
+    comm = _communicator("0")
+    with fake_cupy.cuda.Device(2):
+        stream = _stream_of_kind(fake_cupy, kind)
+        x = fake_cupy.asarray(np.full(5, comm.rank + 1.0))
+        work = comm.all_reduce(x, algorithm="ring", stream=stream, async_op=True)
+        got = work.wait()
+        assert got.device.id == 2
+        assert got.get(stream=stream).tolist() == [comm.size * (comm.size + 1) / 2] * 5
+    comm.free()
+
+
 def test_bruck_index_arrays_live_on_the_blocks_device(fake_cupy):
     """Bruck's cached plan is per device: blocks on GPU 2 never get GPU 1's indices."""
     for device in (1, 2, 1):

@@ -168,6 +168,19 @@ def test_a_stream_of_the_callers(comm):
         assert float(got[0]) == float(got[-1]) == comm.size * (comm.size + 1) / 2
 
 
+@pytest.mark.parametrize("kind", ["null", "ptds", "current"])
+def test_async_on_a_stream_of_device_minus_1(comm, kind):
+    """CuPy's default streams have device_id -1: an async call on one runs on the
+    current device (not Device(-1), which CUDA refuses)."""
+    stream = {"null": cupy.cuda.Stream.null, "ptds": cupy.cuda.Stream.ptds,
+              "current": None}[kind]
+    x = cupy.full(1 << 10, comm.rank + 1, cupy.float64)
+    got = comm.all_reduce(x, algorithm="ring", stream=stream, async_op=True).wait()
+    cupy.cuda.Device().synchronize()
+    assert got.device.id == cupy.cuda.runtime.getDevice()
+    assert float(got[0]) == float(got[-1]) == comm.size * (comm.size + 1) / 2
+
+
 def test_barrier(comm):
     for algorithm in mpicoll.algorithms("barrier", comm.backend):
         comm.barrier(algorithm=algorithm)

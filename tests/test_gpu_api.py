@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -101,6 +102,44 @@ def test_the_null_stream_has_a_pointer():
     assert cupy.cuda.Stream.null.ptr == 0
 
 
+def _device_less_streams(module):
+    """The streams CuPy says belong to no device (``device_id == -1``: the stream of
+    whichever device is current), and one made for device 3."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # ExternalStream, CuPy 14
+        external = module.cuda.ExternalStream(0)
+        external_on_3 = module.cuda.ExternalStream(0, 3)
+    stream = module.cuda.Stream
+    return {"Stream.null": stream.null, "Stream.ptds": stream.ptds,
+            "Stream(null=True)": stream(null=True), "ExternalStream(ptr)": external}, \
+        external_on_3
+
+
+def test_default_and_external_streams_say_device_minus_1():
+    """What ``cuda.stream_device`` relies on: these streams carry ``device_id`` -1, never
+    a device to pass to ``Device()``; a stream made with a device keeps it."""
+    device_less, on_3 = _device_less_streams(cupy)
+    assert {name: s.device_id for name, s in device_less.items()} == dict.fromkeys(device_less, -1)
+    assert on_3.device_id == 3
+    assert cupy.cuda.Stream.ptds.ptr == cupy.cuda.runtime.streamPerThread
+    assert signature(cupy.cuda.get_current_stream) == ["device_id"]
+    if not NO_DEVICE:  # the current stream of a thread that set none: Stream.null (or ptds)
+        assert cupy.cuda.get_current_stream().device_id == -1
+        assert cuda.stream_device(cupy.cuda.Stream.null) == cupy.cuda.runtime.getDevice()
+
+
+def test_the_stand_in_streams_say_what_cupys_say():
+    from fake_cupy import make_module
+
+    fake = make_module(api=MAJOR)
+    real, real_on_3 = _device_less_streams(cupy)
+    stand_in, stand_in_on_3 = _device_less_streams(fake)
+    assert {n: s.device_id for n, s in stand_in.items()} == {n: s.device_id for n, s in real.items()}
+    assert {n: s.ptr for n, s in stand_in.items()} == {n: s.ptr for n, s in real.items()}
+    assert stand_in_on_3.device_id == real_on_3.device_id
+    assert fake.cuda.get_current_stream().device_id == -1  # Stream.null, as CuPy's
+
+
 # NCCL's methods as native_nccl.py and transport/nccl.py call them, positionally
 NCCL_CALLS = {
     "send": ["sendbuf", "count", "datatype", "peer", "stream"],
@@ -117,6 +156,33 @@ NCCL_CALLS = {
 @pytest.mark.parametrize("method", NCCL_CALLS)
 def test_nccl_methods_take_what_mpicoll_passes(method):
     assert signature(getattr(nccl.NcclCommunicator, method)) == NCCL_CALLS[method]
+
+
+@pytest.mark.parametrize("method", NCCL_CALLS)
+def test_the_stand_in_declares_cupys_nccl_signatures(method):
+    """The stand-in's NCCL methods embed this CuPy's C signatures (count types included),
+    which ``transport.nccl.count_limit`` reads."""
+    from fake_cupy import make_module
+
+    fake = make_module(api=MAJOR).cuda.nccl.NcclCommunicator
+
+    def first(m):
+        return (getattr(m, method).__doc__ or "").strip().splitlines()[0]
+
+    assert first(fake) == first(nccl.NcclCommunicator)
+
+
+def test_count_limits_are_this_cupys():
+    """CuPy 14 takes every NCCL count as size_t; CuPy 13 its broadcast's as a C int
+    (cupy#8562), which mpicoll refuses above 2**31 - 1 elements instead of overflowing."""
+    limits = {m: nccl_transport.count_limit(nccl.NcclCommunicator, m)
+              for m in NCCL_CALLS if m != "destroy"}
+    if MAJOR >= 14:
+        assert limits == dict.fromkeys(limits, 2**64 - 1)
+    else:
+        assert limits["broadcast"] in (2**31 - 1, 2**64 - 1)
+        assert {m: v for m, v in limits.items() if m != "broadcast"} == \
+            dict.fromkeys(set(limits) - {"broadcast"}, 2**64 - 1)
 
 
 def test_copies_and_streams_take_what_mpicoll_passes():

@@ -218,8 +218,8 @@ def test_pinned_staging_grows_then_merges():
 
 
 class _DeviceBuffer:
-    def __init__(self, nbytes, ptr):
-        self.nbytes = nbytes
+    def __init__(self, nbytes, ptr, dtype=np.uint8):
+        self.nbytes, self.dtype = nbytes, np.dtype(dtype)
         self.data = type("Pointer", (), {"ptr": ptr})()
 
 
@@ -299,6 +299,116 @@ def test_nccl_transport_empty_messages_become_tokens():
     assert log == ["start", ("send", 900, 1, 1, 1), ("recv", 901, 1, 1, 2), "end"]
     with pytest.raises(TypeError, match="device"):
         t.send(np.zeros(4, np.uint8), 1)
+
+
+@pytest.mark.parametrize("dtype,count,datatype", [
+    ("f8", 3, 5), ("i8", 3, 5), ("c16", 6, 5), ("c8", 3, 5), ("f4", 3, 3), ("i4", 3, 3),
+    ("f2", 3, 6), (ml_dtypes.bfloat16, 3, 6), ("u1", 3, 1), ("?", 3, 1), ("V3", 9, 1),
+    ("V6", 9, 6), ("V12", 9, 3)])
+def test_nccl_messages_count_elements_not_bytes(dtype, count, datatype):
+    """Data that only moves goes as elements of an NCCL type as wide as its items (or the
+    widest that divides them), never as bytes where the dtype allows: 8 times fewer for
+    float64, so a count stays below a C int for 8 times more data."""
+    from mpicoll.transport.nccl import wire
+
+    assert wire(np.zeros(3, dtype)) == (count, datatype)
+
+
+def test_nccl_transport_sends_element_counts():
+    t, log = _fake_transport()
+    t.sendrecv(_DeviceBuffer(16, 100, np.float64), 1, _DeviceBuffer(12, 200, np.float32), 2)
+    assert log == ["start", ("send", 100, 2, 5, 1), ("recv", 200, 3, 3, 2), "end"]
+
+
+def _stand_in_communicator(api):
+    """The stand-in's NcclCommunicator of CuPy ``api``, not started (no MPI behind it)."""
+    from fake_cupy import make_module
+
+    cls = make_module(api).cuda.nccl.NcclCommunicator
+    return object.__new__(cls)
+
+
+def test_nccl_count_limit_reads_the_bindings_signature():
+    from mpicoll.transport.nccl import C_INT_MAX, count_limit
+
+    for api in (13, 14):
+        comm = _stand_in_communicator(api)
+        for method in ("send", "recv", "allReduce", "reduce", "allGather", "reduceScatter"):
+            assert count_limit(type(comm), method) == 2**64 - 1, (api, method)
+        assert count_limit(type(comm), "broadcast") == (C_INT_MAX if api < 14 else 2**64 - 1)
+
+    class Unreadable:  # no embedded signature: the narrower type is assumed
+        def send(self, ptr, count, datatype, peer, stream):
+            pass
+
+    assert count_limit(Unreadable, "send") == C_INT_MAX
+
+
+class _Huge:
+    """A device buffer's description, with no memory behind it (the binding is never
+    reached: the count is refused first)."""
+
+    def __init__(self, nbytes, dtype):
+        self.nbytes, self.dtype = nbytes, np.dtype(dtype)
+        self.size = nbytes // self.dtype.itemsize
+        self.data = type("Pointer", (), {"ptr": 0})()
+
+
+def test_a_count_above_a_c_int_is_refused_where_cupy_takes_an_int():
+    """CuPy 13's ncclBroadcast binding takes an int count: above 2**31 - 1 elements
+    mpicoll refuses clearly (the binding would raise a bare OverflowError); the same
+    bytes as float64 elements fit, and CuPy 14's size_t takes any count."""
+    from mpicoll.native_nccl import native_all_reduce, native_broadcast
+    from mpicoll.transport.nccl import check_count
+
+    t = object.__new__(NCCLTransport)
+    t.stream_ptr = lambda: 0
+    t.nccl = _stand_in_communicator(13)
+    with pytest.raises(OverflowError):  # what the binding itself does, unchecked
+        t.nccl.broadcast(0, 0, 2**31, 1, 0, 0)
+    with pytest.raises(mpicoll.InvalidArgumentError,
+                       match=r"broadcast \(native\): 2147483648 elements .* at most 2147483647"):
+        native_broadcast(t, _Huge(2**31, np.uint8), 0)
+    calls = []
+    t.nccl.broadcast = lambda *args: calls.append(args)  # the call, not its memory
+    native_broadcast(t, _Huge(2**31, np.float64), 0)  # the same 2 GiB, as 2**28 elements
+    assert calls == [(0, 0, 2**28, 5, 0, 0)]
+    assert check_count(_stand_in_communicator(14), "broadcast", 2**40, "x") == 2**40
+
+    class IntCount:
+        def allReduce(self, *args):  # noqa: N802
+            """NcclCommunicator.allReduce(self, intptr_t sendbuf, intptr_t recvbuf, int count, int datatype, int op, intptr_t stream)"""  # noqa: E501
+            calls.append(args)
+
+    t.nccl = IntCount()
+    with pytest.raises(mpicoll.InvalidArgumentError, match=r"all_reduce \(native\)"):
+        native_all_reduce(t, _Huge(2**33, np.float32), _Huge(2**33, np.float32),
+                          resolve_op("sum", np.dtype(np.float32)))
+    assert len(calls) == 1
+
+
+def test_nccl_transport_refuses_a_huge_message_before_issuing_any():
+    class IntRecv:
+        log: list = []
+
+        def groupStart(self):  # noqa: N802
+            self.log.append("start")
+
+        def groupEnd(self):  # noqa: N802
+            self.log.append("end")
+
+        def send(self, *args):
+            """NcclCommunicator.send(self, intptr_t sendbuf, int count, int datatype, int peer, intptr_t stream)"""  # noqa: E501
+            self.log.append("send")
+
+        recv = send
+
+    t, _ = _fake_transport()
+    t._nccl = t.nccl = IntRecv()
+    t.isend(_DeviceBuffer(8, 100), 1)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="a send to rank 2: 2147483648"):
+        t.sendrecv(_Huge(2**31 * 4, np.float32), 2, _DeviceBuffer(8, 200), 2)
+    assert IntRecv.log == []  # nothing issued, not even the message queued before
 
 
 # ---- arrays: DLPack, host and device libraries --------------------------------------

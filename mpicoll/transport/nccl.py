@@ -12,12 +12,17 @@ and a send issued alone, ahead of the receive its peer posts later, would block 
 reductions run on the same stream, after the messages, in stream order, and the result
 is ready when the stream gets there, as with NCCL's own collectives.
 
-Bytes go as ncclUint8; every algorithm of mpicoll runs over this transport unchanged.
+Messages go counted in elements, as an NCCL type as wide as the buffer's items (or
+a divisor of their width: 8, 4, 2 or 1 bytes), never in bytes where the dtype allows, so
+a count stays within what CuPy's binding takes (``count_limit``); every algorithm of
+mpicoll runs over this transport unchanged.
 """
 
 from __future__ import annotations
 
+import functools
 import platform
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +33,10 @@ from ..errors import InvalidArgumentError
 from . import Workspace
 
 NCCL_UINT8 = 1  # ncclDataType_t ncclUint8
+# data that only moves: an NCCL type of each width (ncclUint64, ncclUint32, ncclFloat16,
+# ncclUint8); NCCL copies it as bytes, the type only sets how many
+_WORDS = ((8, 5), (4, 3), (2, 6), (1, NCCL_UINT8))
+C_INT_MAX = 2**31 - 1
 UNIQUE_ID_BYTES = 128  # NCCL_UNIQUE_ID_BYTES
 # where GCC's plain `char` is unsigned: CuPy <= 13's tuple ids hold 0..255 there
 _UNSIGNED_CHAR_MACHINES = ("aarch64", "arm64", "armv7l", "armv8l", "ppc64le", "ppc64",
@@ -37,6 +46,50 @@ _UNSIGNED_CHAR_MACHINES = ("aarch64", "arm64", "armv7l", "armv8l", "ppc64le", "p
 def cupy_major() -> int:
     """CuPy's major version (13, 14, ...)."""
     return int(cupy_module().__version__.split(".")[0])
+
+
+def wire(buf: Any) -> tuple[int, int]:
+    """(count, ncclDataType_t) that move ``buf``'s bytes: its elements where an NCCL type
+    is as wide as its items (8, 4, 2 or 1 bytes), else the widest that divides them
+    (complex128 as two uint64 words, a 3-byte record as three uint8)."""
+    itemsize = buf.dtype.itemsize
+    for width, datatype in _WORDS:
+        if itemsize % width == 0:
+            return buf.nbytes // width, datatype
+    raise AssertionError("unreachable: every itemsize divides by 1")
+
+
+@functools.cache
+def count_limit(communicator_type: type, method: str) -> int:
+    """The largest count ``NcclCommunicator.<method>`` of the installed CuPy takes.
+
+    CuPy's Cython methods embed their C signature in the docstring; where it declares the
+    count a C ``int`` (CuPy 13's ``broadcast``, fixed to ``size_t`` in cupy#8562) a larger
+    count would fail in the binding, so it is 2**31 - 1; ``size_t``: 2**64 - 1. A
+    signature that cannot be read counts as ``int``: the narrower is refused clearly
+    rather than overflowing.
+    """
+    first = (getattr(communicator_type, method).__doc__ or "").strip().split("\n")[0]
+    declared = re.search(r"\b(\w+)\s+(?:count|recvcount)\b", first)
+    if declared and declared.group(1) == "size_t":
+        return 2**64 - 1
+    return C_INT_MAX
+
+
+def check_count(comm: Any, method: str, count: int, what: str) -> int:
+    """``count`` when ``comm.<method>`` takes it; else an InvalidArgumentError naming the
+    call (every rank of an NCCL collective holds the same count, so all refuse alike).
+
+    Raises:
+        InvalidArgumentError: the count does not fit the binding's count type.
+    """
+    limit = count_limit(type(comm), method)
+    if count > limit:
+        raise InvalidArgumentError(
+            f"{what}: {count} elements for NcclCommunicator.{method}, but the installed "
+            f"CuPy's binding takes at most {limit} (its count is a C int there); split "
+            "the data into smaller calls, or use a CuPy that takes a size_t count")
+    return count
 
 
 def unique_id_bytes(unique_id: bytes | Sequence[int]) -> bytes:
@@ -148,14 +201,19 @@ class NCCLTransport(Workspace):
         nccl, comm, stream = self._nccl, self.nccl, self.stream_ptr()
         queue, self._queue = self._queue, []
         self._issued = self._queued
+        # every message's count is checked before any is issued
+        calls = []
+        for is_send, buf, peer in queue:
+            buf = self._device_buffer(buf, is_send)
+            count, datatype = wire(buf)
+            method = "send" if is_send else "recv"
+            check_count(comm, method, count,
+                        f"a send to rank {peer}" if is_send else f"a receive from rank {peer}")
+            calls.append((getattr(comm, method), buf.data.ptr, count, datatype, peer))
         nccl.groupStart()
         try:
-            for is_send, buf, peer in queue:
-                buf = self._device_buffer(buf, is_send)
-                if is_send:
-                    comm.send(buf.data.ptr, buf.nbytes, NCCL_UINT8, peer, stream)
-                else:
-                    comm.recv(buf.data.ptr, buf.nbytes, NCCL_UINT8, peer, stream)
+            for call, ptr, count, datatype, peer in calls:
+                call(ptr, count, datatype, peer, stream)
         finally:
             nccl.groupEnd()
 
