@@ -205,6 +205,60 @@ def run_case(comm: mpicoll.Communicator, collective: str, algorithm: str, shape:
 
 
 
+# ---- barrier: a late rank, and nobody leaves before it came ------------------------------
+
+BARRIER_DELAY = 0.3  # seconds the late rank sleeps before it enters the barrier
+# every barrier algorithm, and the library's own, with the options the knomial one takes
+BARRIER_CASES = [(a, {}) for a in REGISTRY["barrier"]] + [("native", {})] + \
+    [("knomial", {"radix": r}) for r in (2, 4)]
+
+
+def check_late_barrier(comm: mpicoll.Communicator, algorithm: str, options: dict,
+                       delay: float = BARRIER_DELAY) -> None:
+    """Under mpiexec: the last rank, then the first, enters ``comm.barrier`` ``delay``
+    late; on every rank, no rank left before it entered (``comm`` spans COMM_WORLD)."""
+    from mpi4py import MPI
+
+    for late in dict.fromkeys((comm.size - 1, 0)):
+        MPI.COMM_WORLD.Barrier()  # MPI's own: everyone starts together
+        stamp = barrier_stamps(lambda: comm.barrier(algorithm=algorithm, **options),
+                               comm.rank == late, delay)
+        check_barrier_stamps(MPI.COMM_WORLD.allgather(stamp), late,
+                             f"barrier/{algorithm} {options} {comm.backend} p={comm.size}",
+                             delay)
+
+
+def barrier_stamps(barrier, late: bool,
+                   delay: float = BARRIER_DELAY) -> tuple[str, float, float]:
+    """(host, entered, left) of one ``barrier()`` call on this rank, the late one (who
+    sleeps ``delay`` first) or not. Times are the monotonic clock, which all processes of
+    one host share."""
+    import socket
+    import time
+
+    if late:
+        time.sleep(delay)
+    entered = time.monotonic()
+    barrier()
+    return socket.gethostname(), entered, time.monotonic()
+
+
+def check_barrier_stamps(stamps: list[tuple[str, float, float]], late: int, what: str,
+                         delay: float = BARRIER_DELAY) -> None:
+    """No rank left the barrier before rank ``late`` entered it.
+
+    On ``late``'s host the clocks are one: each rank must leave after ``late`` entered,
+    with no margin (a correct barrier cannot do otherwise, however loaded the machine).
+    A rank on another host, where clocks differ, must have waited a third of the late
+    rank's ``delay`` (the ranks entered together after MPI's own barrier).
+    """
+    host, entered, _ = stamps[late]
+    early = [r for r, (h, e, left) in enumerate(stamps) if r != late and (
+        left < entered if h == host else left - e < delay / 3)]
+    assert not early, (f"{what}: rank(s) {early} left the barrier before rank {late} "
+                       f"entered it (host, entered, left: {stamps})")
+
+
 V_COLLECTIVES = ("all_gather_v", "gather_v", "scatter_v", "all_to_all_v", "reduce_scatter")
 V_ALGORITHMS = {"all_gather_v": "all_gather", "gather_v": "gather", "scatter_v": "scatter",
                 "all_to_all_v": "all_to_all", "reduce_scatter": "reduce_scatter"}

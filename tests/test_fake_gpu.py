@@ -20,10 +20,12 @@ import pytest
 from dlpack_capsule import KDL_CUDA, Tensor
 from fake_cupy import installed
 from reference import (
+    BARRIER_CASES,
     DTYPE_OPS,
     ROOTED,
     _dtype,
     check_every_dtype_and_op_on_device,
+    check_late_barrier,
     run_case,
     run_v_case,
     v_cases,
@@ -134,11 +136,16 @@ def test_mpi_in_place_and_out_on_device(comm, fake_cupy):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("algorithm,options", BARRIER_CASES,
+                         ids=[f"{a}{o.get('radix', '')}" for a, o in BARRIER_CASES])
+def test_barrier_waits_for_a_late_rank(comm, algorithm, options):
+    check_late_barrier(comm, algorithm, options, delay=0.1)
+
+
+@pytest.mark.mpi
 def test_nccl_backend_barrier_averages_and_refusals(comm, fake_cupy):
     if comm.backend != "nccl":
         pytest.skip("NCCL only")
-    for algorithm in mpicoll.algorithms("barrier", "nccl"):
-        comm.barrier(algorithm=algorithm)
     x = fake_cupy.asarray(np.full(4, float(comm.rank)))
     for algorithm in ("native", "ring"):  # NCCL's avg, and a sum divided by p: the same
         got = comm.all_reduce(x, "avg", algorithm=algorithm)

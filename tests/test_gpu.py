@@ -15,11 +15,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 from reference import (
+    BARRIER_CASES,
     DTYPE_OPS,
     REDUCING,
     ROOTED,
     _dtype,
     check_every_dtype_and_op_on_device,
+    check_late_barrier,
     run_case,
     run_v_case,
     v_cases,
@@ -181,9 +183,12 @@ def test_async_on_a_stream_of_device_minus_1(comm, kind):
     assert float(got[0]) == float(got[-1]) == comm.size * (comm.size + 1) / 2
 
 
-def test_barrier(comm):
-    for algorithm in mpicoll.algorithms("barrier", comm.backend):
-        comm.barrier(algorithm=algorithm)
+@pytest.mark.parametrize("algorithm,options", BARRIER_CASES,
+                         ids=[f"{a}{o.get('radix', '')}" for a, o in BARRIER_CASES])
+def test_barrier_waits_for_a_late_rank(comm, algorithm, options):
+    if algorithm not in mpicoll.algorithms("barrier", comm.backend):
+        pytest.skip(f"no {algorithm} barrier on {comm.backend}")
+    check_late_barrier(comm, algorithm, options)
 
 
 def test_mismatched_libraries_are_refused(comm):

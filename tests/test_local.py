@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from reference import (
+    BARRIER_CASES,
     DTYPE_OPS,
     DTYPES,
     REDUCING,
     ROOTED,
     USER_OPS,
+    barrier_stamps,
+    check_barrier_stamps,
     run_case,
     run_v_case,
     user_op_cases,
@@ -62,10 +67,34 @@ def test_every_op_on_every_dtype(collective, algorithm):
     run_local(6, body, timeout=20)
 
 
-@pytest.mark.parametrize("algorithm", mpicoll.algorithms("barrier", "local"))
+LOCAL_BARRIERS = [(a, o) for a, o in BARRIER_CASES if a in mpicoll.algorithms("barrier", "local")]
+
+
+def test_local_barrier_cases_cover_every_barrier():
+    assert {a for a, _ in LOCAL_BARRIERS} == set(REGISTRY["barrier"])
+
+
+@pytest.mark.parametrize("algorithm,options", LOCAL_BARRIERS,
+                         ids=[f"{a}{o.get('radix', '')}" for a, o in LOCAL_BARRIERS])
 @pytest.mark.parametrize("size", SIZES)
-def test_barrier(algorithm, size):
-    run_local(size, lambda comm: [comm.barrier(algorithm=algorithm) for _ in range(3)], timeout=20)
+def test_barrier_waits_for_a_late_rank(algorithm, options, size):
+    """The last rank, then the first, enters late (the threads share one clock): no rank
+    leaves before it entered."""
+    lates = list(dict.fromkeys((size - 1, 0)))
+    start = threading.Barrier(size)  # Python's own: every thread starts together
+
+    def body(comm):
+        stamps = []
+        for late in lates:
+            start.wait()
+            stamps.append(barrier_stamps(lambda: comm.barrier(algorithm=algorithm, **options),
+                                         comm.rank == late, delay=0.05))
+        return stamps
+
+    per_rank = run_local(size, body, timeout=20)
+    for i, late in enumerate(lates):
+        check_barrier_stamps([stamps[i] for stamps in per_rank], late,
+                             f"barrier/{algorithm} {options} p={size}")
 
 
 @pytest.mark.parametrize("algorithm", mpicoll.algorithms("all_reduce", "local"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from reference import (
+    BARRIER_CASES,
     DTYPE_OPS,
     DTYPES,
     NO_MPI_REDUCTION,
@@ -16,6 +17,7 @@ from reference import (
     ROOTED,
     USER_OPS,
     as_op,
+    check_late_barrier,
     keeps_order,
     make_input,
     run_case,
@@ -121,10 +123,16 @@ def test_matches_native(world, collective, algorithm):
             np.testing.assert_array_equal(ours, theirs, err_msg=f"{dtype} {op}")
 
 
-@pytest.mark.parametrize("algorithm", mpicoll.algorithms("barrier"))
-def test_barrier(world, algorithm):
-    for _ in range(3):
-        world.barrier(algorithm=algorithm)
+def test_barrier_cases_cover_every_barrier():
+    assert {a for a, _ in BARRIER_CASES} == set(mpicoll.algorithms("barrier"))
+
+
+@pytest.mark.parametrize("algorithm,options", BARRIER_CASES,
+                         ids=[f"{a}{o.get('radix', '')}" for a, o in BARRIER_CASES])
+def test_barrier_waits_for_a_late_rank(world, algorithm, options):
+    """The last rank (then the first) enters late: on every rank, no rank left before it
+    entered."""
+    check_late_barrier(world, algorithm, options)
 
 
 @pytest.mark.parametrize("algorithm", mpicoll.algorithms("all_reduce"))
