@@ -221,11 +221,42 @@ def check_late_barrier(comm: mpicoll.Communicator, algorithm: str, options: dict
 
     for late in dict.fromkeys((comm.size - 1, 0)):
         MPI.COMM_WORLD.Barrier()  # MPI's own: everyone starts together
-        stamp = barrier_stamps(lambda: comm.barrier(algorithm=algorithm, **options),
-                               comm.rank == late, delay)
+        stamp = barrier_stamps(lambda: _barrier(comm, algorithm, options), comm.rank == late,
+                               delay)
         check_barrier_stamps(MPI.COMM_WORLD.allgather(stamp), late,
                              f"barrier/{algorithm} {options} {comm.backend} p={comm.size}",
                              delay)
+
+
+def check_late_barrier_local(size: int, algorithm: str, options: dict,
+                             delay: float = 0.05) -> None:
+    """``check_late_barrier`` on ``size`` local thread-ranks (one clock)."""
+    import threading
+
+    from mpicoll.local import run_local
+
+    lates = list(dict.fromkeys((size - 1, 0)))
+    start = threading.Barrier(size)  # Python's own: every thread starts together
+
+    def body(comm):
+        stamps = []
+        for late in lates:
+            start.wait()
+            stamps.append(barrier_stamps(lambda: _barrier(comm, algorithm, options),
+                                         comm.rank == late, delay))
+        return stamps
+
+    per_rank = run_local(size, body, timeout=20)
+    for i, late in enumerate(lates):
+        check_barrier_stamps([stamps[i] for stamps in per_rank], late,
+                             f"barrier/{algorithm} {options} local p={size}", delay)
+
+
+def _barrier(comm: mpicoll.Communicator, algorithm: str, options: dict) -> None:
+    """``comm.barrier``; with ``async_op=True`` in ``options``, until its Work is done."""
+    work = comm.barrier(algorithm=algorithm, **options)
+    if options.get("async_op"):
+        work.wait()
 
 
 def barrier_stamps(barrier, late: bool,

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from reference import check_late_barrier, check_late_barrier_local
 
 import mpicoll
 from mpicoll.local import run_local
@@ -52,6 +53,13 @@ def _every_collective_async(comm):
         work = works[name]
         assert _same(work.wait(), expected[name]), name
         assert work.done and work.test()
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+@pytest.mark.parametrize("algorithm", ["linear", "dissemination"])
+def test_local_async_barrier_waits_for_a_late_rank(size, algorithm):
+    """A barrier's Work is done only once every rank has entered (the late one last)."""
+    check_late_barrier_local(size, algorithm, {"async_op": True})
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5])
@@ -115,6 +123,12 @@ def test_bucketer_local():
 @pytest.mark.mpi
 def test_mpi_every_collective_async():
     _every_collective_async(mpicoll.Communicator())
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["dissemination", "native"])
+def test_mpi_async_barrier_waits_for_a_late_rank(algorithm):
+    check_late_barrier(mpicoll.Communicator(), algorithm, {"async_op": True}, delay=0.1)
 
 
 @pytest.mark.mpi

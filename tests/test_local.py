@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 from reference import (
@@ -13,8 +11,7 @@ from reference import (
     REDUCING,
     ROOTED,
     USER_OPS,
-    barrier_stamps,
-    check_barrier_stamps,
+    check_late_barrier_local,
     run_case,
     run_v_case,
     user_op_cases,
@@ -80,21 +77,7 @@ def test_local_barrier_cases_cover_every_barrier():
 def test_barrier_waits_for_a_late_rank(algorithm, options, size):
     """The last rank, then the first, enters late (the threads share one clock): no rank
     leaves before it entered."""
-    lates = list(dict.fromkeys((size - 1, 0)))
-    start = threading.Barrier(size)  # Python's own: every thread starts together
-
-    def body(comm):
-        stamps = []
-        for late in lates:
-            start.wait()
-            stamps.append(barrier_stamps(lambda: comm.barrier(algorithm=algorithm, **options),
-                                         comm.rank == late, delay=0.05))
-        return stamps
-
-    per_rank = run_local(size, body, timeout=20)
-    for i, late in enumerate(lates):
-        check_barrier_stamps([stamps[i] for stamps in per_rank], late,
-                             f"barrier/{algorithm} {options} p={size}")
+    check_late_barrier_local(size, algorithm, options)
 
 
 @pytest.mark.parametrize("algorithm", mpicoll.algorithms("all_reduce", "local"))
