@@ -31,6 +31,10 @@ def main(scenario: str) -> None:
     x = np.ones(1000)
     for _ in range(2):  # calls #1 and #2
         comm.all_reduce(x, algorithm="ring")
+    stamps = os.environ.get("HANG_JOB_STAMPS")
+    if stamps:  # when this rank reached the scenario (the host's monotonic clock)
+        with open(os.path.join(stamps, f"scenario-{comm.rank}"), "w") as f:
+            f.write(repr(time.monotonic()))
     culprit = comm.rank == CULPRIT
     timeout = comm.timeout
     if scenario == "monitored_barrier":
