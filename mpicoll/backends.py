@@ -74,6 +74,15 @@ class Backend:
         for t in {id(self.transport): self.transport, id(self.control): self.control}.values():
             t.free()
 
+    def force_cuda_aware(self, forced: bool | None) -> None:
+        """``MPICOLL_CUDA_AWARE`` as the Communicator read it when it was made: the MPI
+        transports give device buffers to MPI as they are (True) or stage them (False);
+        None leaves it to the MPI library's answer at the first device buffer."""
+        if forced is not None:
+            for t in (self.transport, self.control):
+                if hasattr(t, "force_cuda_aware"):
+                    t.force_cuda_aware(forced)
+
 
 def mpi_comm(comm: Any) -> Any:
     """``comm`` (default COMM_WORLD) as an mpi4py intracommunicator, or a clear refusal."""

@@ -8,8 +8,7 @@ collective is, in ``mpicoll.spec``.
 
 from __future__ import annotations
 
-import json
-import os
+import contextlib
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -26,8 +25,8 @@ from .pipeline.choose import Chooser, check_collective
 from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
 from .pipeline.entry import busy, entry
-from .tracing import Tracer, attach, chrome_trace, gather_events, trace_path
-from .watchdog import Watch, timeout_setting, watchdog
+from .tracing import TraceFile, Tracer, attach, write_merged
+from .watchdog import Watch, watchdog
 from .work import ProgressThread, Work, queued_on_stream
 
 __all__ = ["BACKENDS", "Communicator", "algorithms"]
@@ -56,69 +55,64 @@ class Communicator:
         check: compare a fingerprint of every call (with each rank's own verdict on it)
             across ranks first, raising on every rank when any rank refuses or they
             disagree (default: ``MPICOLL_CHECK``; it must be the same on every rank).
-        trace: record every message (True), or also write them to a Chrome trace file
-            at exit (a path; default ``MPICOLL_TRACE``).
+        trace: record every message (True), or also merge them into a Chrome trace file
+            (a path, MPI only; default ``MPICOLL_TRACE``) that rank 0 writes at its path
+            at ``free()`` (at exit if never freed): checked here. On for every rank alike
+            (``MPICOLL_TRACE`` on rank 0 only raises ConfigError on every rank).
         timeout: seconds any call (and ``Work.wait()``) may take before this rank reports
             what it waits for and aborts the job (default ``MPICOLL_TIMEOUT``, else
-            1800; 0: never). On the local backend the waiting receive raises
-            ``CollectiveTimeoutError`` instead (default: the LocalWorld's timeout).
-            See ``mpicoll.watchdog``.
+            1800; 0: never; it may differ per rank). On the local backend the waiting
+            receive raises ``CollectiveTimeoutError`` instead (default: the LocalWorld's
+            timeout). See ``mpicoll.watchdog``.
 
-    Making one is collective: the ranks agree on check mode and on the tuning and model
-    files (read by rank 0; see ``mpicoll.selection``). One Communicator serves one thread
-    at a time; ``dup()`` gives another thread its own. Every collective takes ``stream=``
-    (a ``cupy.cuda.Stream``) for GPU arrays and ``async_op=True``.
+    Making one is collective: these settings and ``MPICOLL_FLIGHT_RECORDER``,
+    ``MPICOLL_CUDA_AWARE``, ``MPICOLL_DUMP_DIR`` are read here and exchanged in one
+    step (a malformed one on any rank raises the same error on every rank, naming it
+    and the ranks), and the tuning and model files are agreed (rank 0's; see
+    ``mpicoll.selection``); a constructor that raises frees what it made. One
+    Communicator serves one thread at a time; ``dup()`` gives another thread its own.
+    Every collective takes ``stream=`` (a ``cupy.cuda.Stream``) and ``async_op=True``.
     """
 
     def __init__(self, comm: Any = None, backend: str | Backend = "mpi", *,
                  check: bool | None = None, trace: bool | str | None = None,
                  timeout: float | None = None) -> None:
         self._backend = backend if isinstance(backend, Backend) else make_backend(backend, comm)
-        self.timeout = self._watch_calls(timeout)
-        check, check_error = agree.check_setting(check)
-        self.check = check
+        self._watch: Watch | None = None
+        self._tracer: Tracer | None = None
+        self._progress: ProgressThread | None = None  # runs the async_op=True calls
         self._seq = 0  # calls so far: the same on every rank that makes the same calls
         self._refused_alone = 0  # a call this rank refused alone; the next one resyncs
         self._entry = threading.Lock()
         self._call: Call | None = None
-        self._progress: ProgressThread | None = None  # runs the async_op=True calls
-        self._watch.enter(0, "Communicator", sys._getframe(1), (), {})  # making it is collective too
-        try:
-            agree.settings(self, check, check_error)
-            self._chooser = Chooser(self._backend, self.size, agree.tables(self))
-        finally:
-            self._watch.leave()
+        try:  # the settings as this rank reads them, nothing raised before they are agreed
+            mine = agree.read_settings(self._backend, check, trace, timeout)
+            self.timeout, self.check, local = mine.timeout, mine.check, self.backend == "local"
+            if local:
+                self._backend.transport.timeout = mine.timeout
+            self._watch = Watch(self, mine.timeout, not local, mine.recorder)
+            watchdog().register(self._watch)
+            self._watch.enter(0, "Communicator", sys._getframe(1), (), {})  # collective too
+            try:
+                agree.settings(self, mine)  # a refusal on any rank raises on every rank
+                self._chooser = Chooser(self._backend, self.size, agree.tables(self))
+            finally:
+                self._watch.leave()
+        except BaseException:  # free what was made: MPI's duplicate, NCCL's, the watch
+            if self._watch is not None:
+                watchdog().unregister(self._watch)
+            with contextlib.suppress(Exception):  # the constructor's own error matters more
+                self._backend.free()
+            raise
         self._chooser.watch = self._watch  # it records the algorithm and bytes of each call
-        self._tracer: Tracer | None = None
-        trace = os.environ.get("MPICOLL_TRACE") or None if trace is None else trace
-        if trace:
-            self._trace(trace)
+        self._backend.force_cuda_aware(mine.cuda_aware)  # not at the first device message
+        if mine.trace:
+            self._tracer = self._chooser.tracer = attach(self._backend, self.rank, self.size)
+        self._trace_file = (TraceFile(mine.trace, self._merge_trace)  # merged at free() or exit
+                            if isinstance(mine.trace, str) else None)
         # broadcast's first message: the header, and the data when it fits
         self._packet = np.zeros(agree.HEADER_BYTES + max(self._backend.packed_bytes, 0), np.uint8)
         self._packet_header = self._packet[:agree.HEADER_BYTES].view(np.int64)
-
-    def _watch_calls(self, timeout: float | None) -> float:
-        """Register with the process's watchdog; the timeout in seconds (0: none)."""
-        transport = self._backend.transport
-        local = self._backend.name == "local"
-        if local and timeout is None:
-            seconds = transport.timeout
-        else:
-            seconds = timeout_setting(timeout)
-        if local:
-            transport.timeout = seconds
-        self._watch = Watch(self, seconds, aborts=not local)
-        watchdog().register(self._watch)
-        return seconds
-
-    def _trace(self, trace: bool | str) -> None:
-        if not self._backend.traceable:
-            raise InvalidArgumentError("trace: tracing runs on the mpi and local backends")
-        self._tracer = self._chooser.tracer = attach(self._backend, self.rank, self.size)
-        if isinstance(trace, str):  # MPICOLL_TRACE=path: written when Python exits
-            import atexit
-
-            atexit.register(self.write_trace, trace_path(trace))
 
     @property
     def rank(self) -> int:
@@ -232,19 +226,32 @@ class Communicator:
         if self.backend != "mpi":
             raise InvalidArgumentError("write_trace: merges over MPI; on the local backend "
                                        "use trace_events() of each rank")
-        events = gather_events(self._tracer, self._backend.transport.comm)
-        if events is not None:
-            with open(path, "w") as f:
-                json.dump(chrome_trace(events, self.size), f)
+        self._merge_trace(path, InvalidArgumentError)
+
+    def _merge_trace(self, path: str, refusal: type[Exception]) -> None:
+        """write_trace, watched; rank 0's failure to write raises ``refusal`` everywhere."""
+        if not self._entry.acquire(False):  # it sends on this one's communicator too
+            raise ConcurrentCallError(busy(self, "write_trace"))
+        try:
+            with self._watch.aside(Call(self._seq, "write_trace", 3)):
+                failure = write_merged(self._tracer, self._backend.transport, path)
+        finally:
+            self._entry.release()
+        if failure is not None:
+            raise refusal(failure)
 
     def free(self) -> None:
-        """Finish pending async calls, then release the private communicators (also done
-        at MPI finalization)."""
+        """Collective: finish pending async calls, write the trace file (``MPICOLL_TRACE``,
+        ``trace=path``), release the private communicators (also at MPI finalization)."""
         if self._progress is not None:
             self._progress.close()
             self._progress = None
-        watchdog().unregister(self._watch)
-        self._backend.free()
+        try:
+            if self._trace_file is not None:
+                self._trace_file.write()
+        finally:
+            watchdog().unregister(self._watch)
+            self._backend.free()
 
     # -- collectives: each a pass through the pipeline (mpicoll.pipeline.run) ------------
 

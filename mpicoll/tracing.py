@@ -195,13 +195,36 @@ def attach(backend: Any, rank: int, size: int) -> Tracer:
     return tracer
 
 
-def trace_path(path: str) -> str:
-    """MPICOLL_TRACE's file for the next traced communicator: path, path.2.json, ..."""
-    _TRACED[0] += 1
-    if _TRACED[0] == 1:
+def trace_path(path: str, peek: bool = False) -> str:
+    """MPICOLL_TRACE's file for the next traced communicator: path, path.2.json, ...
+    (``peek``: the one it would be, without taking it)."""
+    number = _TRACED[0] + 1
+    if not peek:
+        _TRACED[0] = number
+    if number == 1:
         return path
     root, ext = os.path.splitext(path)
-    return f"{root}.{_TRACED[0]}{ext or '.json'}"
+    return f"{root}.{number}{ext or '.json'}"
+
+
+def unwritable(path: str, directory: bool = False) -> str:
+    """Why ``path`` cannot be written as a file (or, with ``directory``, made and written
+    as a folder, as ``os.makedirs`` would), or "" when it can."""
+    if directory:
+        probe = os.path.abspath(path)
+        while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+            probe = os.path.dirname(probe)  # makedirs makes the missing ones below it
+        if not os.path.isdir(probe):
+            return f"{probe} is not a directory"
+        return "" if os.access(probe, os.W_OK | os.X_OK) else f"{probe} is not writable"
+    if os.path.isdir(path):
+        return "it is a directory"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"there is no directory {folder}"
+    if os.path.exists(path):
+        return "" if os.access(path, os.W_OK) else "the file is read-only"
+    return "" if os.access(folder, os.W_OK | os.X_OK) else f"{folder} is not writable"
 
 
 def timed_op(op: Any, tracer: Tracer) -> Any:
@@ -222,25 +245,26 @@ def timed_op(op: Any, tracer: Tracer) -> Any:
 # ---- merging and writing ------------------------------------------------------------------
 
 
-def clock_offset(comm: Any, rounds: int = 8) -> float:
+def clock_offset(comm: Any, tag: int, rounds: int = 8) -> float:
     """Seconds to add to this rank's perf_counter to read rank 0's (0 on rank 0): for
     each rank in turn, ping-pongs with rank 0; the round with the smallest round trip
-    gives offset = t0 - (t_send + t_recv) / 2."""
+    gives offset = t0 - (t_send + t_recv) / 2. ``tag``: one no call's message has (the
+    transport's tag after a ``begin()`` of its own; pings and pongs go opposite ways)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     offset = 0.0
     buf = np.zeros(1, np.float64)
     for peer in range(1, size):
         if rank == 0:
             for _ in range(rounds):
-                comm.Recv(buf, peer, 77)
+                comm.Recv(buf, peer, tag)
                 buf[0] = time.perf_counter()
-                comm.Send(buf, peer, 78)
+                comm.Send(buf, peer, tag)
         elif rank == peer:
             best = np.inf
             for _ in range(rounds):
                 sent = time.perf_counter()
-                comm.Send(buf, 0, 77)
-                comm.Recv(buf, 0, 78)
+                comm.Send(buf, 0, tag)
+                comm.Recv(buf, 0, tag)
                 back = time.perf_counter()
                 if back - sent < best:
                     best, offset = back - sent, buf[0] - (sent + back) / 2
@@ -273,10 +297,65 @@ def chrome_trace(events: list[dict[str, Any]], size: int, about: dict | None = N
             "otherData": {"producer": "mpicoll", "ranks": size, **(about or {})}}
 
 
-def gather_events(tracer: Tracer, comm: Any) -> list[dict[str, Any]] | None:
+def gather_events(tracer: Tracer, comm: Any, tag: int) -> list[dict[str, Any]] | None:
     """Every rank's events in rank 0's clock, on rank 0 (None elsewhere). Collective over
-    the mpi4py communicator ``comm``; metadata only, so mpi4py's pickle is fine here."""
-    offset = clock_offset(comm)
+    the mpi4py communicator ``comm`` (``tag``: see ``clock_offset``); metadata only, so
+    mpi4py's pickle is fine here."""
+    offset = clock_offset(comm, tag)
     mine = [{**e, "start": e["start"] + offset, "end": e["end"] + offset} for e in tracer.events]
     everything = comm.gather(mine, 0)
     return None if everything is None else [e for rank in everything for e in rank]
+
+
+def write_merged(tracer: Tracer, transport: Any, path: str) -> str | None:
+    """Collective over an MPI transport: every rank's events merged on rank 0 in its
+    clock and written there as Chrome trace JSON; rank 0's failure to write, as text on
+    every rank (None: written). The clocks' ping-pongs take a tag of their own
+    (``begin``), so no call's message, earlier or later, can match them."""
+    import json
+
+    transport.begin()
+    events = gather_events(tracer, transport.comm, transport.tag)
+    failure = None
+    if events is not None:
+        try:
+            with open(path, "w") as f:
+                json.dump(chrome_trace(events, tracer.size), f)
+        except OSError as exc:
+            failure = f"write_trace: rank 0 cannot write the trace to {path}: {exc}"
+    return transport.comm.bcast(failure, 0)
+
+
+class TraceFile:
+    """A Communicator's trace file (``MPICOLL_TRACE`` or ``trace=path``): merged into
+    once, by ``write()`` at ``free()``, or at exit if it was never freed; never after."""
+
+    def __init__(self, path: str, merge: Any) -> None:
+        import atexit
+
+        self.path: str | None = trace_path(path)  # path, path.2.json, ...
+        self.merge = merge  # the Communicator's: merge(path, error class), watched
+        atexit.register(self.at_exit)
+
+    def write(self, at_exit: bool = False) -> None:
+        path, self.path = self.path, None
+        if path is None:
+            return
+        if not at_exit:
+            import atexit
+
+            atexit.unregister(self.at_exit)
+        from mpi4py import MPI
+
+        if MPI.Is_finalized():
+            from .watchdog import report
+
+            report(f"mpicoll: the trace for {path} is lost: MPI was finalized first "
+                   "(free() the Communicator before MPI.Finalize())")
+            return
+        from .errors import ConfigError
+
+        self.merge(path, ConfigError)
+
+    def at_exit(self) -> None:
+        self.write(at_exit=True)

@@ -53,7 +53,9 @@ def timeout_setting(value: float | None) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise ConfigError(f"MPICOLL_TIMEOUT: expected seconds (0: off), got {text!r}") from None
+            value = -1.0
+        if not value >= 0:  # NaN too
+            raise ConfigError(f"MPICOLL_TIMEOUT: expected seconds >= 0 (0: off), got {text!r}")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise ConfigError(f"timeout: expected seconds >= 0 (0: off), got {value!r}")
     return float(value)
@@ -164,12 +166,13 @@ class Watch:
     __slots__ = ("rank", "size", "backend", "timeout", "aborts", "started", "length", "ring",
                  "current", "index")
 
-    def __init__(self, communicator: Any, timeout: float, aborts: bool) -> None:
+    def __init__(self, communicator: Any, timeout: float, aborts: bool,
+                 length: int | None = None) -> None:
         self.rank, self.size = communicator.rank, communicator.size
         self.backend = communicator._backend
         self.timeout, self.aborts = timeout, aborts
         self.started = 0.0
-        self.length = recorder_length()
+        self.length = recorder_length() if length is None else length  # calls kept
         self.ring = [Record() for _ in range(self.length)]
         self.current = self.ring[0]
         self.index = -1  # this Communicator's place among the process's, set by register

@@ -10,8 +10,10 @@
 - a root's header (broadcast, scatter, scatter_v): shape, dtype and the root's refusal;
 - the v-variants' tables: every rank's rows (and refusal), so that ``auto`` decides
   from global totals;
-- ``settings`` and ``tables`` when a Communicator is made: check mode must be on
-  everywhere or nowhere, and the tuning and model files are read on rank 0 only and
+- ``settings`` and ``tables`` when a Communicator is made: every rank's settings (check
+  mode, timeout, flight recorder, trace, CUDA-awareness, dump folder) in one exchange, so
+  a malformed one on any rank raises on every rank; check mode and tracing must be on
+  everywhere or nowhere; the tuning and model files are read on rank 0 only and
   shared, so a file that differs per node cannot make ranks pick differently.
 
 Host messages are small int64 arrays (no pickle), on the backend's control transport.
@@ -29,6 +31,7 @@ import numpy as np
 from .. import selection
 from ..algorithms import REGISTRY
 from ..buffers import dtype_code, even_bounds
+from ..cuda import parse_flag
 from ..errors import (
     ConfigError,
     InvalidArgumentError,
@@ -38,6 +41,8 @@ from ..errors import (
     RemoteError,
 )
 from ..ops import Op, op_name
+from ..tracing import trace_path, unwritable
+from ..watchdog import DEFAULT_RECORDER, DEFAULT_TIMEOUT, dump_dir, recorder_length, timeout_setting
 from .describe import Call
 from .validate import Verdict
 
@@ -320,23 +325,147 @@ def check_setting(value: Any) -> tuple[bool, MpicollError | None]:
     return bool(value), None
 
 
-def settings(c: Any, check: bool | None, check_error: MpicollError | None) -> None:
-    """Every rank must run check mode alike (it adds a message to every call): raise
-    on every rank when a rank's MPICOLL_CHECK is malformed or the ranks disagree."""
+# the settings a Communicator is made with, in the order of their fields in the table
+SETTINGS = ("check", "timeout", "MPICOLL_FLIGHT_RECORDER", "trace", "MPICOLL_CUDA_AWARE",
+            "MPICOLL_DUMP_DIR")
+_REFUSED_CONFIG, _REFUSED_ARGUMENT = 1, 2  # a setting's field: ConfigError, InvalidArgumentError
+_TRACE_FILE, _TRACE_BY_ENV = 2, 4  # the trace field: 0 off, 1 recorded, 2 and a file; + 4
+_SETTINGS_ROW = len(SETTINGS) + 2 + _TEXT_BYTES // 8  # + check, trace, first refusal's text
+
+
+class Settings:
+    """One rank's reading of every setting that shapes a Communicator (``read_settings``):
+    the values, and the refusal of each malformed one, not yet raised."""
+
+    def __init__(self, timeout: float) -> None:
+        self.check = False
+        self.timeout = timeout
+        self.recorder = DEFAULT_RECORDER  # flight-recorder entries
+        self.trace: bool | str = False  # True: record; a path: and merge into that file
+        self.trace_by_env = False  # from MPICOLL_TRACE, not trace=
+        self.cuda_aware: bool | None = None  # MPICOLL_CUDA_AWARE where it is set
+        self.refusals: dict[str, MpicollError] = {}  # by name in SETTINGS, in that order
+
+
+def read_settings(backend: Any, check: Any, trace: Any, timeout: Any) -> Settings:
+    """Every setting that shapes a Communicator as this rank reads it (the arguments, else
+    the MPICOLL_* variables), nothing raised: ``settings`` raises on every rank."""
+    local = backend.name == "local"
+    s = Settings(backend.transport.timeout if local else DEFAULT_TIMEOUT)
+    s.check, refusal = check_setting(check)
+    if refusal is not None:
+        s.refusals["check"] = refusal
+    try:  # the local backend's default: its LocalWorld's
+        s.timeout = backend.transport.timeout if local and timeout is None else \
+            timeout_setting(timeout)
+    except MpicollError as exc:
+        s.refusals["timeout"] = exc
+    try:
+        s.recorder = recorder_length()
+    except MpicollError as exc:
+        s.refusals["MPICOLL_FLIGHT_RECORDER"] = exc
+    _read_trace(s, backend, trace)
+    try:  # what cuda_aware_mpi would parse at the first device message: read now
+        s.cuda_aware = parse_flag(os.environ.get("MPICOLL_CUDA_AWARE"), "MPICOLL_CUDA_AWARE")
+    except MpicollError as exc:
+        s.refusals["MPICOLL_CUDA_AWARE"] = ConfigError(str(exc))
+    folder = dump_dir()
+    problem = unwritable(folder, directory=True) if folder else ""
+    if problem:
+        s.refusals["MPICOLL_DUMP_DIR"] = ConfigError(
+            f"MPICOLL_DUMP_DIR: cannot write the hang reports to {folder}: {problem}")
+    return s
+
+
+def _read_trace(s: Settings, backend: Any, trace: Any) -> None:
+    s.trace_by_env = trace is None
+    name, refusal = ("MPICOLL_TRACE", ConfigError) if trace is None else ("trace", InvalidArgumentError)
+    value = os.environ.get("MPICOLL_TRACE", "") if trace is None else trace
+    value = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if isinstance(value, (bool, np.bool_)):
+        s.trace = bool(value)
+    elif isinstance(value, str):
+        s.trace = value if value.strip() else False
+    else:
+        s.refusals["trace"] = InvalidArgumentError(
+            f"trace: expected True, False or a file's path, got {value!r}")
+        return
+    if s.trace is False:
+        return
+    if not backend.traceable:
+        s.refusals["trace"] = refusal(
+            f"{name}: tracing runs on the mpi and local backends, not {backend.name}")
+    elif isinstance(s.trace, str) and backend.name != "mpi":
+        s.refusals["trace"] = refusal(
+            f"{name}: a trace file is merged over MPI; on the {backend.name} backend pass "
+            "trace=True and read each rank's trace_events()")
+    elif isinstance(s.trace, str):
+        s.trace = os.path.abspath(s.trace)  # where rank 0 writes it, whatever chdir follows
+        if backend.transport.rank == 0:
+            path = trace_path(s.trace, peek=True)
+            problem = unwritable(path)
+            if problem:
+                s.refusals["trace"] = refusal(f"{name}: cannot write the trace to {path}: {problem}")
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``[0, 2, 3, 4]`` as "0, 2-4"."""
+    parts: list[str] = []
+    for i, r in enumerate(ranks):
+        if i and r == ranks[i - 1] + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{r}"
+        else:
+            parts.append(str(r))
+    return ", ".join(parts)
+
+
+def settings(c: Any, mine: Settings) -> None:
+    """Every rank's settings in one all-gather of a small table (a status per setting,
+    check mode, the trace's kind, the text of the rank's first refusal): a malformed
+    setting on any rank raises the same error on every rank, naming it and the ranks;
+    check mode and tracing (they add messages) must be alike everywhere. The timeout,
+    the flight recorder and CUDA-awareness shape no message: they may differ per rank."""
     t = c._backend.control
-    table = np.zeros(t.size, np.int64)
-    table[t.rank] = -1 if check_error is not None else int(bool(check))
+    n = len(SETTINGS)
+    table = np.zeros(t.size * _SETTINGS_ROW, np.int64)
+    row = table[t.rank * _SETTINGS_ROW:(t.rank + 1) * _SETTINGS_ROW]
+    for i, name in enumerate(SETTINGS):
+        if name in mine.refusals:
+            config = isinstance(mine.refusals[name], ConfigError)
+            row[i] = _REFUSED_CONFIG if config else _REFUSED_ARGUMENT
+    row[n] = int(mine.check)
+    row[n + 1] = (0 if mine.trace is False else _TRACE_FILE if isinstance(mine.trace, str)
+                  else 1) | (_TRACE_BY_ENV if mine.trace_by_env else 0)
+    first = next(iter(mine.refusals.values()), None)
+    if first is not None:
+        row[n + 2:] = _text(" ".join(str(first).split()), _TEXT_BYTES)
     t.begin()
-    all_gather(c, table, 1)
-    if check_error is not None:
-        raise check_error
-    if (table < 0).any():
-        bad = ", ".join(map(str, np.flatnonzero(table < 0).tolist()))
-        raise ConfigError(f"check: MPICOLL_CHECK is malformed on rank(s) {bad}")
-    if (table != table[0]).any():
-        on = ", ".join(map(str, np.flatnonzero(table).tolist()))
-        raise MismatchError(f"check: check mode is on for rank(s) {on} only; it must be "
-                            "the same on every rank (check= or MPICOLL_CHECK)")
+    all_gather(c, table, _SETTINGS_ROW)
+    rows = table.reshape(t.size, _SETTINGS_ROW)
+    refused = rows[:, :n]
+    if refused.any():
+        groups: dict[str, list[int]] = {}
+        for r in np.flatnonzero(refused.any(axis=1)).tolist():
+            names = [SETTINGS[i] for i in np.flatnonzero(refused[r]).tolist()]
+            text = _untext(rows[r, n + 2:])
+            if len(names) > 1:
+                text += f" (and its {', '.join(names[1:])})"
+            groups.setdefault(text, []).append(r)
+        kind = ConfigError if (refused == _REFUSED_CONFIG).any() else InvalidArgumentError
+        raise kind("Communicator: " + "; ".join(
+            f"{text} (rank(s) {_ranks(ranks)})" for text, ranks in groups.items())) from first
+    checks = rows[:, n]
+    if (checks != checks[0]).any():
+        raise MismatchError(f"check: check mode is on for rank(s) {_ranks(np.flatnonzero(checks).tolist())} "
+                            "only; it must be the same on every rank (check= or MPICOLL_CHECK)")
+    traces = rows[:, n + 1] & 3
+    if (traces != traces[0]).any():
+        kinds = {0: "off", 1: "on", _TRACE_FILE: "on with a trace file"}
+        detail = "; ".join(f"{kinds[k]} on rank(s) {_ranks(np.flatnonzero(traces == k).tolist())}"
+                           for k in sorted(set(traces.tolist())))
+        kind = ConfigError if (rows[:, n + 1] & _TRACE_BY_ENV).any() else MismatchError
+        raise kind(f"trace: tracing must be the same on every rank (MPICOLL_TRACE or trace=; "
+                   f"rank 0 writes the file, at its path): {detail}")
 
 
 def tables(c: Any) -> selection.Tables:

@@ -75,6 +75,8 @@ class MPITransport(Workspace):
     def begin(self, like: Any = None) -> None:
         self.tag = self.tag + 1 if self.tag + 1 < self._tag_limit else 1
         self._start_call(like)
+        if self._copies:  # staged receives a failed call never waited for
+            self._drop_copies()
         if self._staging is not None and self._staging.capacity:
             self._staging.reset()  # once the last call's copies from it have run
 
@@ -145,6 +147,16 @@ class MPITransport(Workspace):
                     pending.append((request, landing, buf))
             self._copies = pending
 
+    def _drop_copies(self) -> None:
+        """Cancel the staged receives a failed call left posted, and wait for them, so
+        none lands later in pinned memory the next call reuses; their data (of the
+        failed call) is not copied to the device."""
+        copies, self._copies = self._copies, []
+        for request, _, _ in copies:
+            if request != MPI.REQUEST_NULL:
+                request.Cancel()  # one already matched completes instead: its sender sends
+        MPI.Request.Waitall([request for request, _, _ in copies])
+
     def try_recv(self, buf: np.ndarray, source: int, seconds: float) -> bool:
         """Receive into host ``buf`` if the message comes within ``seconds``; whether it
         came (the receive is cancelled if not)."""
@@ -190,12 +202,17 @@ class MPITransport(Workspace):
 
         return current_stream()
 
-    def _decide(self) -> None:
+    def _decide(self, forced: bool | None = None) -> None:
         from ..cuda import cuda_aware_mpi
 
-        self.cuda_aware = cuda_aware_mpi()
+        self.cuda_aware = cuda_aware_mpi() if forced is None else forced
         if not self.cuda_aware:
             self._pinned()
+
+    def force_cuda_aware(self, forced: bool) -> None:
+        """Decide now, as ``MPICOLL_CUDA_AWARE`` says (read when the Communicator was
+        made), instead of asking at the first device buffer."""
+        self._decide(forced)
 
     def _pinned(self) -> Any:
         """The pinned staging memory (made at first use: a CUDA-aware MPI needs it only
