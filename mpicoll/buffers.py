@@ -6,11 +6,13 @@ never a copy) of such an array between two offsets of a bounds list.
 
 from __future__ import annotations
 
+import ast
 from functools import lru_cache
 from typing import Any
 
 import ml_dtypes
 import numpy as np
+from numpy.lib import format as npy_format
 
 from .arrays import as_array, empty, module_of
 from .errors import InvalidArgumentError, UnsupportedDtypeError
@@ -68,8 +70,8 @@ def flat(x: Any) -> Any:
 
 def result_buffer(out: Any, shape: tuple[int, ...], dtype: np.dtype, name: str = "out",
                   like: Any = None) -> Any:
-    """Check a user's result buffer (as an array of ``like``'s library), or allocate one
-    when ``out`` is None."""
+    """Check a user's result buffer (as an array of ``like``'s library: any writeable
+    view of the right shape and dtype, strided too), or allocate one when ``out`` is None."""
     if out is None:
         return empty(shape, dtype, like=like)
     out, _ = as_array(out, name)
@@ -81,22 +83,50 @@ def result_buffer(out: Any, shape: tuple[int, ...], dtype: np.dtype, name: str =
             f"{name}: expected shape {tuple(shape)} and dtype {dtype}, "
             f"got shape {out.shape} and dtype {out.dtype}"
         )
-    if not out.flags.c_contiguous or (type(out) is np.ndarray and not out.flags.writeable):
-        raise InvalidArgumentError(f"{name}: must be a writeable C-contiguous array")
-    return out
+    if type(out) is np.ndarray and not out.flags.writeable:
+        raise InvalidArgumentError(f"{name}: must be a writeable array")
+    return out  # it may be a strided view: the pipeline then runs into workspace
 
 
-# Dtypes that a header can name by a small integer (broadcast/scatter with None).
+# Dtypes that a header can name by a small integer (broadcast/scatter with None); any
+# other dtype travels as its description (``dtype_text``). ml_dtypes' types need a code:
+# their description is only "this many bytes" (kind V).
 DTYPE_TABLE: tuple[np.dtype, ...] = tuple(np.dtype(c) for c in (
     "?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8",
     "f2", "f4", "f8", "g", "c8", "c16", "G",
-)) + (np.dtype(ml_dtypes.bfloat16),)
+)) + (np.dtype(ml_dtypes.bfloat16),) + tuple(
+    np.dtype(getattr(ml_dtypes, name)) for name in (
+        "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+        "float8_e4m3b11fnuz", "float8_e4m3", "float8_e3m4", "float8_e8m0fnu",
+        "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn", "int2", "int4", "uint2", "uint4")
+    if hasattr(ml_dtypes, name))
 _DTYPE_CODES = {dt: i for i, dt in enumerate(DTYPE_TABLE)}
 
 
 def dtype_code(dtype: np.dtype) -> int:
     """The header code of ``dtype``, or -1 when the table cannot name it."""
     return _DTYPE_CODES.get(np.dtype(dtype), -1)
+
+
+def dtype_text(dtype: np.dtype) -> str | None:
+    """``dtype`` as text that ``dtype_from_text`` turns back into the same dtype (NumPy's
+    own .npy header description: byte order, structured fields, padding, units), or None
+    where no text can (Python objects, types only a library's registration names)."""
+    if dtype.hasobject:
+        return None
+    text = repr(npy_format.dtype_to_descr(dtype))
+    try:
+        return text if dtype_from_text(text) == dtype else None
+    except UnsupportedDtypeError:
+        return None
+
+
+def dtype_from_text(text: str) -> np.dtype:
+    """The dtype described by ``dtype_text``'s text (a literal, never pickle)."""
+    try:
+        return npy_format.descr_to_dtype(ast.literal_eval(text))
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
+        raise UnsupportedDtypeError(f"dtype description {text[:80]!r}: {exc}") from None
 
 
 def dtype_from_code(code: int) -> np.dtype:

@@ -445,11 +445,14 @@ def watchdog() -> Watchdog:
 
 
 def report(text: str) -> None:
-    """Write ``text`` to stderr in one piece."""
+    """Write ``text`` to the process's own stderr in one piece (not a ``sys.stderr`` that
+    a test runner or notebook replaced: the job is about to end, and what such a
+    replacement holds would be lost with it)."""
+    stream = sys.__stderr__ or sys.stderr
     try:
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
+        stream.write(text + "\n")
+        stream.flush()
+    except (OSError, ValueError, AttributeError):
         os.write(2, (text + "\n").encode())
 
 

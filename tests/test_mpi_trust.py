@@ -112,3 +112,166 @@ def test_no_call_keeps_a_user_op_alive(world, collective, algorithm):
     del op
     gc.collect()
     assert gone() is None, "a cache, record or callback still holds the user's Op"
+
+
+# -- 3 and 12. any NumPy dtype travels to ranks that pass None; out= must match it -------
+
+DTYPES = [">f4", "<U7", "|S5", "<M8[ns]", "<m8[s]", ">c16",
+          [("id", "<i4"), ("pos", ">f8", (2,))],
+          {"names": ["a", "b"], "formats": ["u1", "<f8"], "offsets": [0, 8], "itemsize": 24}]
+
+
+def _values(dtype: np.dtype, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Distinct bytes for any dtype: its raw memory filled with a pattern."""
+    raw = (np.arange(int(np.prod(shape)) * dtype.itemsize) * 7 + seed) % 251
+    return raw.astype(np.uint8).view(dtype).reshape(shape)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal bytes, field by field (a copy need not keep a struct's padding bytes)."""
+    if a.dtype.names:
+        return all(_same(a[n], b[n]) for n in a.dtype.names)
+    return a.tobytes() == b.tobytes()
+
+
+def _ids(d):
+    return str(np.dtype(d))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("algorithm", [*REGISTRY["broadcast"], "native", "auto"])
+@pytest.mark.parametrize("shape", [(3,), (700, 2)])  # in the header's packet, and after it
+def test_broadcast_of_any_dtype_to_ranks_that_pass_none(world, dtype, algorithm, shape):
+    dtype = np.dtype(dtype)
+    root = world.size - 1
+    sent = _values(dtype, shape, 3)
+    got = world.broadcast(sent if world.rank == root else None, root=root, algorithm=algorithm)
+    assert got.dtype == dtype and got.shape == shape
+    assert _same(got, sent)
+    _next_call_is_right(world)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("algorithm", [*REGISTRY["scatter"], "native", "auto"])
+def test_scatter_and_scatter_v_of_any_dtype_to_ranks_that_pass_none(world, dtype, algorithm):
+    dtype = np.dtype(dtype)
+    sent = _values(dtype, (world.size, 5), 11)
+    got = world.scatter(sent if world.rank == 0 else None, root=0, algorithm=algorithm)
+    assert got.dtype == dtype and _same(got, sent[world.rank])
+    counts = [r % 3 for r in range(world.size)]
+    rows = _values(dtype, (sum(counts), 2), 5)
+    mine = world.scatter_v(rows if world.rank == 0 else None, counts if world.rank == 0 else None,
+                           root=0, algorithm=algorithm)
+    start = sum(counts[:world.rank])
+    assert mine.dtype == dtype and _same(mine, rows[start:start + counts[world.rank]])
+    _next_call_is_right(world)
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "scatter", "scatter_v"])
+def test_a_dtype_that_cannot_be_described_raises_on_every_rank(world, collective):
+    too_long = np.dtype([(f"field_number_{i}", "<f8") for i in range(40)])
+    x = np.zeros((world.size, 2), too_long) if world.rank == 0 else None
+    with pytest.raises(mpicoll.MpicollError, match="cannot be described"):
+        if collective == "broadcast":
+            world.broadcast(x, root=0)
+        elif collective == "scatter":
+            world.scatter(x, root=0)
+        else:
+            world.scatter_v(x, [world.size] + [0] * (world.size - 1), root=0)
+    _next_call_is_right(world)
+
+
+@pytest.mark.parametrize("algorithm", [*REGISTRY["scatter"], "native"])
+@pytest.mark.parametrize("theirs", [">i8", ">i2", "<i4"])
+def test_scatter_into_an_out_of_another_dtype_is_refused_there_only(world, algorithm, theirs):
+    """The root sends >i4 (no header code); rank 1 gives out= of another dtype."""
+    if world.size < 2:
+        pytest.skip("needs a receiving rank")
+    x = np.arange(world.size * 4, dtype=">i4").reshape(world.size, 4)
+    if world.rank == 1:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="out: expected shape"):
+            world.scatter(None, root=0, out=np.zeros(4, theirs), algorithm=algorithm)
+    else:
+        got = world.scatter(x if world.rank == 0 else None, root=0, algorithm=algorithm)
+        np.testing.assert_array_equal(got, x[world.rank])
+    _next_call_is_right(world)
+
+
+@pytest.mark.parametrize("algorithm", [*REGISTRY["broadcast"], "native"])
+def test_broadcast_into_a_buffer_of_another_dtype_is_refused_there_only(world, algorithm):
+    if world.size < 2:
+        pytest.skip("needs a receiving rank")
+    x = np.arange(3000, dtype=">i4")
+    if world.rank == 1:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="the root sends shape"):
+            world.broadcast(np.zeros(3000, ">i8"), root=0, algorithm=algorithm)
+    else:
+        got = world.broadcast(x if world.rank == 0 else np.zeros(3000, ">i4"), root=0,
+                              algorithm=algorithm)
+        np.testing.assert_array_equal(got, x)
+    _next_call_is_right(world)
+
+
+# -- 4. strided out= ------------------------------------------------------------------------
+
+
+def _strided(shape, dtype=np.float64):
+    """(a view of ``shape`` that is every other column of a bigger array, the array)."""
+    whole = np.full((*shape, 2), -7, dtype)
+    return whole[..., 0], whole
+
+
+OUT_CASES = [(c, a) for c in ("scatter", "gather", "all_gather", "reduce", "all_reduce",
+                              "reduce_scatter", "all_to_all")
+             for a in [*REGISTRY[c], "native"]]
+
+
+@pytest.mark.parametrize(("collective", "algorithm"), OUT_CASES)
+def test_a_strided_out_gets_the_result_and_nothing_else(world, collective, algorithm):
+    p, r = world.size, world.rank
+    x = np.arange(p * 6, dtype=np.float64).reshape(p, 6) + 100 * r
+    stacked = np.stack([np.arange(p * 6, dtype=np.float64).reshape(p, 6) + 100 * k
+                        for k in range(p)])
+    if collective == "scatter":
+        want, shape = stacked[0][r], (6,)
+        call = lambda out: world.scatter(x if r == 0 else None, root=0, out=out,  # noqa: E731
+                                         algorithm=algorithm)
+    elif collective == "gather":
+        want, shape = (stacked if r == 0 else None), (p, p, 6)
+        call = lambda out: world.gather(x, root=0, out=out if r == 0 else None,  # noqa: E731
+                                        algorithm=algorithm)
+    elif collective == "all_gather":
+        want, shape = stacked, (p, p, 6)
+        call = lambda out: world.all_gather(x, out=out, algorithm=algorithm)  # noqa: E731
+    elif collective == "reduce":
+        want, shape = (stacked.sum(0) if r == 0 else None), (p, 6)
+        call = lambda out: world.reduce(x, root=0, out=out if r == 0 else None,  # noqa: E731
+                                        algorithm=algorithm)
+    elif collective == "all_reduce":
+        want, shape = stacked.sum(0), (p, 6)
+        call = lambda out: world.all_reduce(x, out=out, algorithm=algorithm)  # noqa: E731
+    elif collective == "reduce_scatter":
+        want, shape = stacked.sum(0)[r], (6,)
+        call = lambda out: world.reduce_scatter(x, out=out, algorithm=algorithm)  # noqa: E731
+    else:
+        want, shape = stacked[:, r], (p, 6)
+        call = lambda out: world.all_to_all(x, out=out, algorithm=algorithm)  # noqa: E731
+    out, whole = _strided(shape)
+    got = call(out)
+    if want is None:
+        assert got is None
+    else:
+        assert got is out
+        np.testing.assert_array_equal(out, want)
+        assert (whole[..., 1] == -7).all(), "the strided out's neighbours were written"
+    _next_call_is_right(world)
+
+
+@pytest.mark.parametrize("algorithm", [*REGISTRY["all_reduce"], "native"])
+def test_a_strided_in_place_all_reduce(world, algorithm):
+    x, whole = _strided((5,))
+    x[...] = np.arange(5) + world.rank
+    got = world.all_reduce(x, out=x, algorithm=algorithm)
+    assert got is x
+    np.testing.assert_array_equal(x, world.size * np.arange(5) + sum(range(world.size)))
+    assert (whole[:, 1] == -7).all()

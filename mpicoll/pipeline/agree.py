@@ -30,7 +30,7 @@ import numpy as np
 
 from .. import selection
 from ..algorithms import REGISTRY
-from ..buffers import dtype_code, even_bounds
+from ..buffers import dtype_code, dtype_from_code, dtype_from_text, dtype_text, even_bounds
 from ..cuda import parse_flag
 from ..errors import (
     ConfigError,
@@ -236,7 +236,8 @@ OK, BAD_INPUT, TOO_MANY_DIMS, NO_CODE = range(4)
 REFUSALS = {
     BAD_INPUT: "the root refused its own input",
     TOO_MANY_DIMS: f"the root's x has more than {MAX_NDIM} dimensions",
-    NO_CODE: "the root's dtype has no header code, so the others cannot allocate a result",
+    NO_CODE: "the root's dtype cannot be described to the other ranks (Python objects, "
+             "or a description longer than the header's room after the shape)",
 }
 
 
@@ -244,28 +245,44 @@ def header_of(dtype: np.dtype | None, shape: tuple[int, ...] | None, status: int
               header: np.ndarray | None = None, extra: int = 0, device: bool = False,
               ) -> np.ndarray:
     """Fill ``header`` (or a new one, with ``extra`` slots after it) with a dtype, shape
-    and whether the data is on the GPU, or a refusal status."""
+    and whether the data is on the GPU, or a refusal status.
+
+    A dtype of the table goes as its code; any other (byte order, structured, strings,
+    datetimes) as its description in the words after the shape, so every rank can
+    allocate the root's very dtype; one that cannot be described is refused (NO_CODE)."""
     header = np.zeros(HEADER_LEN + extra, np.int64) if header is None else header
     if status == OK and len(shape) > MAX_NDIM:
         status = TOO_MANY_DIMS
+    code = -1
+    if status == OK:
+        code = dtype_code(dtype)
+        if code < 0:
+            text = dtype_text(dtype)
+            room = (HEADER_LEN - 4 - len(shape)) * 8
+            if text is None or len(text) >= room:
+                status = NO_CODE
+            else:
+                header[4 + len(shape):HEADER_LEN] = _text(text, room)
     if status != OK:
         header[:4] = (status, 0, 0, 0)
         return header
-    header[:4 + len(shape)] = (OK, dtype_code(dtype), dtype.itemsize,
+    header[:4 + len(shape)] = (OK, code, dtype.itemsize,
                                len(shape) | (ON_DEVICE if device else 0), *shape)
     return header
 
 
 def unpack_header(header: np.ndarray, root: int, call: Call,
-                  ) -> tuple[int, int, tuple[int, ...], bool]:
-    """(dtype code, itemsize, shape, on the GPU) from a root's header; a root's refusal
-    raises RemoteError here (the root raises its own)."""
-    status, code, itemsize, ndim = header[:4].tolist()
+                  ) -> tuple[np.dtype, tuple[int, ...], bool]:
+    """(dtype, shape, on the GPU) from a root's header; a root's refusal raises
+    RemoteError here (the root raises its own)."""
+    status, code, _, ndim = header[:4].tolist()
     if status != OK:
         raise RemoteError(f"{call.name()}: root {root} refused the call: "
                           f"{REFUSALS.get(status, 'status ' + str(status))}")
     device, ndim = bool(ndim & ON_DEVICE), ndim & (ON_DEVICE - 1)
-    return code, itemsize, tuple(header[4:4 + ndim].tolist()), device
+    dtype = dtype_from_code(code) if code >= 0 else \
+        dtype_from_text(_untext(header[4 + ndim:HEADER_LEN]))
+    return dtype, tuple(header[4:4 + ndim].tolist()), device
 
 
 # -- the v-variants' tables --------------------------------------------------------------

@@ -17,6 +17,8 @@ def give(verdict: Verdict, result: Any, out: Any, back: Callable[[Any], Any]) ->
         raise verdict.receive
     if result is None:
         return None
+    if verdict.strided is not None:  # out= was a strided view: the one copy into it
+        verdict.strided[...] = result
     return out if out is not None else back(result)
 
 

@@ -22,8 +22,8 @@ from ..arrays import (
     same_memory,
     to_host,
 )
-from ..buffers import counts_bounds, dtype_from_code, even_bounds, flat
-from ..errors import InvalidArgumentError, MpicollError, UnsupportedDtypeError
+from ..buffers import counts_bounds, dtype_code, even_bounds, flat
+from ..errors import InvalidArgumentError, MpicollError
 from ..ops import guarded_ops, resolve_op
 from . import agree, validate
 from .deliver import average, give
@@ -37,14 +37,12 @@ def _stand_in(t: Any, count: int, dtype: np.dtype, like: Any) -> Any:
     return t.take(count, dtype, like=like)
 
 
-def _items_like(code: int, itemsize: int, device: bool) -> np.dtype:
-    """A dtype of the root's item size, for workspace a rank takes part with: algorithms
-    cut blocks and segments in items, so the stand-in must count items as the others do."""
-    if code >= 0:
-        return dtype_from_code(code)
-    if not device and itemsize:
-        return np.dtype(f"V{itemsize}")
-    return np.dtype(np.uint8)  # CuPy has no void dtype: only tables with a code reach here
+def _items_like(dtype: np.dtype, device: bool) -> np.dtype:
+    """The dtype of workspace a rank takes part with: algorithms cut blocks and segments
+    in items, so the stand-in must count items as the others do."""
+    if not device or dtype_code(dtype) >= 0:
+        return dtype
+    return np.dtype(np.uint8)  # CuPy has no structured dtypes: none reaches a GPU
 
 
 def _input(t: Any, src: Any, dst: Any = None) -> Any:
@@ -141,33 +139,28 @@ def broadcast(c: Any, call: Call, x: Any, root: Any, algorithm: Any,
         return back(x)
     t.use(x)
     send_packet()
-    code, itemsize, shape, device = agree.unpack_header(header, root, call)
-    nbytes = math.prod(shape) * itemsize
+    dtype, shape, device = agree.unpack_header(header, root, call)
+    nbytes = math.prod(shape) * dtype.itemsize
     packed = nbytes <= limit
     fn = None if packed else c._chooser.function("broadcast", algorithm, nbytes, options=options)
     like = b.like
     if x is None and v.receive is None:
-        if code < 0:
-            v.refuse("receive", InvalidArgumentError(
-                f"x: the root's dtype has no header code; pass a receive buffer of shape {shape}"))
-        elif device and like is None:
+        if device and like is None:
             try:
                 like = device_like()
             except MpicollError as exc:
                 v.refuse("receive", exc)
-    elif x is not None and (x.shape != shape or x.dtype.itemsize != itemsize
-                            or (code >= 0 and x.dtype != dtype_from_code(code))):
-        sent = f"dtype {dtype_from_code(code)}" if code >= 0 else f"{itemsize}-byte items"
+    elif x is not None and (x.shape != shape or x.dtype != dtype):
         v.refuse("receive", InvalidArgumentError(
             f"x: the receive buffer has shape {x.shape} and dtype {x.dtype}, but the root "
-            f"sends shape {shape} and {sent}"))
+            f"sends shape {shape} and dtype {dtype}"))
     if v.receive is not None:  # take part with workspace of the root's items, then refuse
         if fn is not None:
-            items = _items_like(code, itemsize, b.like is not None)
+            items = _items_like(dtype, b.like is not None)
             fn(t, _stand_in(t, nbytes // items.itemsize, items, b.like), root)
         raise v.receive
     if x is None:
-        x = empty(shape, dtype_from_code(code), like=like)
+        x = empty(shape, dtype, like=like)
     if packed:
         data = packet[agree.HEADER_BYTES:agree.HEADER_BYTES + nbytes]
         if x.flags.c_contiguous:
@@ -184,7 +177,7 @@ def broadcast(c: Any, call: Call, x: Any, root: Any, algorithm: Any,
 
 
 def _root_header(c: Any, call: Call, v: Verdict, is_root: bool, header: np.ndarray,
-                 root: int) -> tuple[int, int, tuple[int, ...], bool]:
+                 root: int) -> tuple[np.dtype, tuple[int, ...], bool]:
     """Broadcast the root's header; the root raises its own input refusal after sending
     it, the others a RemoteError."""
     if is_root and v.input is not None:
@@ -217,8 +210,8 @@ def scatter(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
                  shape=x.shape[1:] if is_root and x is not None and x.ndim
                  else getattr(theirs, "shape", None),
                  input_travels=True)
-    code, itemsize, shape, device = _root_header(c, call, v, is_root, header, root)
-    fn = c._chooser.function("scatter", algorithm, math.prod(shape) * itemsize * t.size,
+    dtype, shape, device = _root_header(c, call, v, is_root, header, root)
+    fn = c._chooser.function("scatter", algorithm, math.prod(shape) * dtype.itemsize * t.size,
                              options=options)
     count = math.prod(shape)
     bounds = even_bounds(count, t.size)
@@ -243,15 +236,11 @@ def scatter(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
             like = device_like()
         except MpicollError as exc:
             v.refuse("receive", exc)
-    if code < 0 and out is None:
-        v.refuse("receive", InvalidArgumentError(
-            f"out: the root's dtype has no header code; pass out of shape {shape}"))
     if v.receive is None:
-        dtype = out.dtype if code < 0 and out is not None else dtype_from_code(code)
         result = validate.out(v, out, shape, dtype, like)
     if v.receive is not None:  # take part with workspace of the root's items, then refuse
-        items = _items_like(code, itemsize, b.like is not None)
-        stand_in = _stand_in(t, count * itemsize // items.itemsize, items, b.like)
+        items = _items_like(dtype, b.like is not None)
+        stand_in = _stand_in(t, count * dtype.itemsize // items.itemsize, items, b.like)
         fn(t, None, stand_in, even_bounds(stand_in.size, t.size), root)
         raise v.receive
     t.use(result)
@@ -283,16 +272,12 @@ def scatter_v(c: Any, call: Call, x: Any, counts: Any, root: Any, algorithm: Any
                     f"counts: they add up to {sum(mine)}, but x has {x.shape[0]} rows"))
         if v.input is None and agree.header_of(x.dtype, x.shape[1:], header=header,
                                                extra=p, device=type(x) is not np.ndarray)[0] == agree.OK:
-            if header[1] < 0:
-                v.refuse("input", UnsupportedDtypeError(
-                    f"x: dtype {x.dtype} has no header code, so the other ranks cannot "
-                    "allocate their result; use scatter with out= on every rank"))
             header[agree.HEADER_LEN:] = mine
     agree.settle(c, call, v, (algorithm, options), root=root,
                  dtype=x.dtype if is_root and x is not None else None,
                  shape=x.shape[1:] if is_root and x is not None and x.ndim else None,
                  input_travels=True)
-    code, itemsize, rest, device = _root_header(c, call, v, is_root, header, root)
+    dtype, rest, device = _root_header(c, call, v, is_root, header, root)
     like = x if is_root else b.like
     if not is_root and device and like is None:
         try:
@@ -302,9 +287,9 @@ def scatter_v(c: Any, call: Call, x: Any, counts: Any, root: Any, algorithm: Any
     rows = header[agree.HEADER_LEN:].tolist()
     row = math.prod(rest)
     bounds = counts_bounds([r * row for r in rows])
-    fn = c._chooser.function("scatter", algorithm, bounds[-1] * itemsize, options=options,
+    fn = c._chooser.function("scatter", algorithm, bounds[-1] * dtype.itemsize, options=options,
                              uneven=True)
-    result = empty((rows[t.rank], *rest), dtype_from_code(code), like=like)
+    result = empty((rows[t.rank], *rest), dtype, like=like)
     t.use(result)
     fn(t, flat(x) if is_root else None, result.reshape(-1), bounds, root)
     if v.receive is None and mine is not None and mine != rows:
@@ -443,6 +428,8 @@ def all_reduce(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
         average(result, opd, fn, t.size, c._backend.averages_itself)
     if v.receive is not None:
         raise v.receive
+    if v.strided is not None:
+        v.strided[...] = result
     return out if out is not None else result if back is same else back(result)
 
 

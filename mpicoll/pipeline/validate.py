@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import as_array, same
+from ..arrays import as_array, empty, same
 from ..buffers import result_buffer
 from ..errors import InvalidArgumentError, MpicollError, UnsupportedDtypeError
 
@@ -26,13 +26,14 @@ MAX_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32  # NumPy's limit
 class Verdict:
     """What this rank refuses in one call, by where the fault lies (first one kept)."""
 
-    __slots__ = ("params", "input", "receive", "refused")
+    __slots__ = ("params", "input", "receive", "refused", "strided")
 
     def __init__(self) -> None:
         self.params: MpicollError | None = None
         self.input: MpicollError | None = None
         self.receive: MpicollError | None = None
         self.refused = False  # any of the three (an attribute: read on every call)
+        self.strided: Any = None  # a strided out=: the result is copied into it at the end
 
     def refuse(self, where: str, error: MpicollError) -> None:
         if getattr(self, where) is None:
@@ -111,14 +112,19 @@ def vector(verdict: Verdict, x: Any, collective: str) -> None:
 
 
 def out(verdict: Verdict, out: Any, shape: tuple[int, ...], dtype: np.dtype, like: Any) -> Any:
-    """The result buffer (``out`` checked, or a new one), or None with the refusal kept."""
+    """The result buffer (``out`` checked, or a new one), or None with the refusal kept.
+    A strided ``out`` is kept in ``verdict.strided`` and a contiguous buffer returned."""
     if out is None and type(like) is np.ndarray:
         return np.empty(shape, dtype)  # the common case, without a call
     try:
-        return result_buffer(out, shape, dtype, like=like)
+        result = result_buffer(out, shape, dtype, like=like)
     except Exception as exc:  # noqa: BLE001 - the rank takes part, then raises this
         verdict.refuse("receive", _mpicoll_error(exc, "out"))
         return None
+    if not result.flags.c_contiguous:  # a strided view (out=a[:, 0]): the algorithms run
+        verdict.strided = result  # into contiguous memory, copied into it once at the end
+        result = empty(shape, dtype, like=result)
+    return result
 
 
 def counts(verdict: Verdict, counts: Any, size: int, name: str,
