@@ -49,7 +49,7 @@ def test_quickstart_names_the_algorithms_and_keeps_whole_rows():
 
 # every example, its own check included, at 1, 2, 3 and 4 ranks
 EXAMPLES = {
-    "cheatsheet": ("every collective agrees with NumPy", "--algorithm", "ring"),
+    "cheatsheet": ("no rank left before rank", "--algorithm", "ring"),
     "distributed_mean": ("np.mean on all of them",),
     "distributed_softmax": ("equals the unsharded softmax", "-n", "3"),
     "distributed_argmax": ("np.argmax over everything agrees",),
@@ -99,6 +99,38 @@ def test_ring_example_numbers_chunks_as_viz_draws_them(n):
     assert drawn.owner_note() == "then rank r holds chunk r reduced"
     assert drawn.phases("all_reduce", "ring") == [("reduce-scatter", 1, n - 1),
                                                    ("all-gather", n, 2 * n - 2)]
+
+
+BROKEN = {  # a collective that returns too early or wrong, and the check that must fail
+    "barrier": ("mpicoll.Communicator.barrier = lambda self, *a, **k: None",
+                "check failed: barrier: rank 0 left too early"),
+    "gather": ("real = mpicoll.Communicator.gather\n"
+               "def gather(self, x, root=0, **k):\n"
+               "    got = real(self, x, root, **k)\n"
+               "    return got if got is None else got[::-1].copy()\n"
+               "mpicoll.Communicator.gather = gather", "check failed: gather"),
+    "reduce": ("real = mpicoll.Communicator.reduce\n"
+               "def reduce(self, x, op='sum', root=0, **k):\n"
+               "    got = real(self, x, op, root, **k)\n"
+               "    return got if got is None else got + 1\n"
+               "mpicoll.Communicator.reduce = reduce", "check failed: reduce"),
+}
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("example,broken", [("cheatsheet", "barrier"), ("cheatsheet", "gather"),
+                                            ("quickstart", "gather"), ("quickstart", "reduce")])
+def test_an_example_fails_where_a_collective_is_wrong(tmp_path, example, broken):
+    """The pass lines are checked: with a barrier that does not wait, or a gather or
+    reduce that delivers wrong data, the example fails (under ``python -O`` too)."""
+    patch, message = BROKEN[broken]
+    script = tmp_path / "broken.py"
+    script.write_text(f"import runpy, sys\nimport mpicoll\n{patch}\n"
+                      f"sys.argv = ['{example}']\n"
+                      f"runpy.run_module('mpicoll.examples.{example}', run_name='__main__')\n")
+    done = mpiexec(3, "-O", str(script), timeout=60)
+    assert done.returncode == 70, done.stderr
+    assert message in done.stderr and "with NumPy on" not in done.stdout, done.stderr
 
 
 @needs_mpiexec

@@ -29,6 +29,24 @@ def launch(main: Callable[[], object]) -> None:
     # any other exception leaves here, to sys.excepthook: abort_on_exception's
 
 
+def check(ok: object, what: str) -> None:
+    """The examples' checks: raise unless ``ok`` (an ``assert`` would vanish under
+    ``python -O``, and the example would then print a pass line it never checked)."""
+    if not ok:
+        raise AssertionError(f"check failed: {what}")
+
+
+def same(got: object, expected: object, what: str) -> None:
+    """``got`` is ``expected``: None where that is None, else an equal array of its shape."""
+    import numpy as np
+
+    if expected is None:
+        check(got is None, f"{what}: expected None, got {got!r}")
+        return
+    check(got is not None and np.shape(got) == np.shape(expected)
+          and np.array_equal(got, expected), f"{what}: got {got!r}, expected {expected!r}")
+
+
 def print_in_rank_order(comm: object, title: str, text: str, width: int = 96) -> None:
     """Rank 0 prints ``title``, then every rank's ``text`` (one line, cut at ``width``) in
     rank order: the lines travel to rank 0 with a gather, so they never interleave."""

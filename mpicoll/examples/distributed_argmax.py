@@ -5,7 +5,7 @@
 MPI has MAXLOC for this; here it is a user-defined op (mpicoll.Op) on a structured dtype
 (value, rank, index): combining two candidates keeps the larger value, and on a tie the
 lower rank, so every rank agrees on one answer. One all_reduce of one element per rank.
-Checked against np.argmax of all values gathered on rank 0.
+Every rank's answer is checked against np.argmax of all values gathered on rank 0.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 
 import mpicoll
-from mpicoll.examples._launch import launch, print_in_rank_order
+from mpicoll.examples._launch import check, launch, print_in_rank_order
 
 CANDIDATE = np.dtype([("value", "f8"), ("rank", "i8"), ("index", "i8")])
 
@@ -44,13 +44,16 @@ def main() -> None:
                         f"{values} -> max {best['value']:.0f} on rank {best['rank']} "
                         f"at index {best['index']}")
     everything, counts = comm.gather_v(values.astype(np.float64), 0)
+    answers = comm.gather(np.array([best]), 0)  # what every rank learned
     if comm.rank == 0:
         flat = int(np.argmax(everything))  # the first maximum: the lowest rank on a tie
         owner = int(np.searchsorted(np.cumsum(counts), flat, side="right"))
-        assert (best["value"], best["rank"], best["index"]) == \
-            (everything[flat], owner, flat - sum(counts[:owner])), best
+        expected = (everything[flat], owner, flat - sum(counts[:owner]))
+        for rank, answer in enumerate(answers.reshape(-1)):
+            check((answer["value"], answer["rank"], answer["index"]) == expected,
+                  f"rank {rank} learned {answer}, np.argmax says {expected}")
         print(f"\nthe maximum {best['value']:.0f} is on rank {best['rank']}, index "
-              f"{best['index']} (np.argmax over everything agrees)")
+              f"{best['index']} on every rank (np.argmax over everything agrees)")
 
 
 if __name__ == "__main__":

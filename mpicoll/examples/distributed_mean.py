@@ -4,8 +4,8 @@
 
 Averaging the ranks' own means would be wrong when they hold different numbers of values
 (rank r holds 3r + 1 here, rank 0 one value); summing both the values and their count in
-one two-element all_reduce gives the exact mean in a single collective. Checked against
-np.mean of all the values gathered on rank 0.
+one two-element all_reduce gives the exact mean in a single collective. Every rank's
+mean is checked against np.mean of all the values gathered on rank 0.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import argparse
 import numpy as np
 
 import mpicoll
-from mpicoll.examples._launch import launch, print_in_rank_order
+from mpicoll.examples._launch import check, launch, print_in_rank_order
 
 
 def main() -> None:
@@ -33,9 +33,11 @@ def main() -> None:
                         f"{values.size:3d} values, local mean {values.mean():+.4f}, "
                         f"global mean {mean:+.6f}")
     everything, _ = comm.gather_v(values, 0)
+    means = comm.gather(np.array([mean]), 0)  # what every rank computed
     if comm.rank == 0:
-        assert np.isclose(mean, everything.mean(), rtol=1e-12, atol=1e-12), (mean, everything.mean())
-        print(f"\nmean of {everything.size} values = {mean:+.6f} (np.mean on all of them: "
+        check(np.allclose(means, everything.mean(), rtol=1e-12, atol=1e-12),
+              f"the ranks' means {means.reshape(-1)} != np.mean {everything.mean()}")
+        print(f"\nmean of {everything.size} values = {mean:+.6f} on every rank (np.mean on all of them: "
               f"{everything.mean():+.6f}); the mean of the ranks' means would be {naive:+.6f}")
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 import mpicoll
 from mpicoll.buffers import chunk_bounds
-from mpicoll.examples._launch import launch, print_in_rank_order
+from mpicoll.examples._launch import check, launch, print_in_rank_order
 
 
 def main() -> None:
@@ -42,7 +42,8 @@ def main() -> None:
                         f"-> {np.array2string(mine, precision=3, max_line_width=200)}")
     gathered, _ = comm.all_gather_v(mine)
     reference = np.exp(whole - whole.max()) / np.exp(whole - whole.max()).sum()
-    assert np.allclose(gathered, reference, rtol=1e-12, atol=1e-300)
+    check(np.allclose(gathered, reference, rtol=1e-12, atol=1e-300),
+          "the sharded softmax differs from the unsharded one")
     if comm.rank == 0:
         print(f"\nsoftmax of {args.n} values over {comm.size} rank(s) sums to "
               f"{gathered.sum():.12f} and equals the unsharded softmax")

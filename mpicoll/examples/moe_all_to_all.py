@@ -18,7 +18,7 @@ import argparse
 import numpy as np
 
 import mpicoll
-from mpicoll.examples._launch import launch, print_in_rank_order
+from mpicoll.examples._launch import check, launch, print_in_rank_order
 
 
 def expert_weights(expert: int, width: int) -> np.ndarray:
@@ -50,13 +50,13 @@ def main() -> None:
         out[mine] = np.tanh(arrived[mine] @ expert_weights(e, args.width))
 
     returned, back_counts = comm.all_to_all_v(out, received)    # the way back
-    assert np.array_equal(back_counts, send_counts)
+    check(np.array_equal(back_counts, send_counts), "the counts on the way back")
     result = np.empty_like(returned)
     result[order] = returned                                    # the original order again
 
     expected = np.stack([np.tanh(t @ expert_weights(int(e), args.width))
                          for t, e in zip(tokens, choice, strict=True)]) if len(tokens) else tokens
-    assert np.allclose(result, expected)
+    check(np.allclose(result, expected), "tokens processed by their experts")
     print_in_rank_order(comm, "each rank: tokens sent to ranks 0..p-1 -> tokens its experts got",
                         f"{len(tokens):3d} tokens, sent {send_counts.tolist()} -> received "
                         f"{np.asarray(received).tolist()}")

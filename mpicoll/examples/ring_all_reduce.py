@@ -12,7 +12,8 @@ own input at step 1, the partial sum it made at step k - 1 after that) and adds 
 the full sum of chunk r. Phase 2, all-gather (p - 1 steps): the summed chunks go once
 more round the ring, rank r sending chunk r first, then passing on the one it received
 last. Every rank sends 2 (p - 1) messages of n / p elements: 2 (p - 1) / p * n in all,
-which no all_reduce can beat by much. Checked against ``comm.all_reduce``. (mpicoll's own
+which no all_reduce can beat by much. Checked against ``comm.all_reduce`` and NumPy's
+sum of every rank's input. (mpicoll's own
 ring, mpicoll/algorithms/all_reduce.py, is the same algorithm with the same chunk
 numbers, posted receives and no allocation per step.)
 """
@@ -26,7 +27,7 @@ from mpi4py import MPI
 
 import mpicoll
 from mpicoll.buffers import chunk_bounds
-from mpicoll.examples._launch import launch, print_in_rank_order
+from mpicoll.examples._launch import check, launch, print_in_rank_order, same
 
 
 def ring_all_reduce(comm: MPI.Intracomm, x: np.ndarray, report: object = None) -> np.ndarray:
@@ -70,9 +71,13 @@ def main() -> None:
     print_in_rank_order(comm, "input", str(x), width=110)
     got = ring_all_reduce(MPI.COMM_WORLD, x, None if args.quiet else report)
     expected = comm.all_reduce(x, "sum")
-    assert np.array_equal(got, expected), (got, expected)
+    same(got, expected, "the ring against comm.all_reduce")
+    numpy_sum = np.sum([np.arange(args.n, dtype=np.int64) + 100 * k for k in range(comm.size)],
+                       axis=0)
+    check(np.array_equal(got, numpy_sum), "the ring against NumPy's sum")
     if comm.rank == 0:
-        print(f"\nring all_reduce on {comm.size} rank(s): {got} == comm.all_reduce")
+        print(f"\nring all_reduce on {comm.size} rank(s): {got} == comm.all_reduce "
+              "== NumPy's sum")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import numpy as np
 
 import mpicoll
 from mpicoll.buffers import chunk_bounds
-from mpicoll.examples._launch import launch
+from mpicoll.examples._launch import check, launch
 
 
 def gelu(z: np.ndarray) -> np.ndarray:
@@ -64,8 +64,9 @@ def main() -> None:
     dx = comm.all_reduce(partial_dx, "sum")        # backward: column-parallel fc1's sum
 
     full_y, full_dx, full_dw1, full_dw2 = mlp(x, w1, w2, dy)
-    assert np.allclose(y, full_y) and np.allclose(dx, full_dx)
-    assert np.allclose(dw1_mine, full_dw1[:, lo:hi]) and np.allclose(dw2_mine, full_dw2[lo:hi])
+    check(np.allclose(y, full_y) and np.allclose(dx, full_dx), "y and dL/dx")
+    check(np.allclose(dw1_mine, full_dw1[:, lo:hi]) and np.allclose(dw2_mine, full_dw2[lo:hi]),
+          "this rank's slices of dL/dW1 and dL/dW2")
     counts = comm.gather(np.array([hi - lo]), 0)
     if comm.rank == 0:
         print(f"hidden units per rank: {counts.reshape(-1).tolist()}; two all_reduces of "
