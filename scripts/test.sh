@@ -21,6 +21,12 @@ fi
 MPIEXEC=.venv/bin/mpiexec
 RANKS=${MPICOLL_TEST_RANKS:-"2 3 4 5 8"}
 TIMEOUT=${MPICOLL_TEST_TIMEOUT:-600}
+# mpicoll's own watchdog, well under the per-run timeout: a hang ends with its report
+# (rank, call, collective, peer) instead of the run's bare exit 124. Tests that need
+# another value set their own.
+HALF=$(( TIMEOUT / 2 ))
+export MPICOLL_TIMEOUT=${MPICOLL_TIMEOUT:-$(( HALF < 300 ? HALF : 300 ))}
+echo "== MPICOLL_TIMEOUT=$MPICOLL_TIMEOUT (per-run timeout $TIMEOUT s)"
 
 # SLURM for tests/test_slurm.py (Debian packages, as root): its tests must run, not skip.
 # As root a failed install is an error (MPICOLL_SLURM=0 leaves SLURM out on purpose);
