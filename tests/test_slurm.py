@@ -63,6 +63,31 @@ def test_a_job_outside_slurm_fails_at_once():
     assert done.returncode == 2 and "not inside a SLURM job" in done.stderr
 
 
+@pytest.mark.parametrize("job,gpus,required", [
+    ("tests.sbatch", None, ""), ("tests.sbatch", "0", ""), ("tests.sbatch", "2", "1"),
+    ("compare_gpu.sbatch", "4", "1")])
+def test_jobs_on_gpu_nodes_require_the_gpu(tmp_path, job, gpus, required):
+    """On a GPU allocation the jobs export MPICOLL_REQUIRE_GPU=1 (a broken CuPy fails the
+    GPU tests instead of skipping them) and the tests job takes the CuPy virtualenv; on a
+    CPU allocation the tests job sets neither. No SLURM needed: the jobs run up to
+    jobs/env.sh, here a stand-in (MPICOLL_ROOT) that prints what they exported."""
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "env.sh").write_text(
+        'echo "require=${MPICOLL_REQUIRE_GPU:-} venv=${MPICOLL_VENV:-} '
+        'needs=${MPICOLL_NEEDS:-}"; exit 0\n')
+    env = _plain_env(MPICOLL_ROOT=str(tmp_path), SLURM_JOB_ID="1",
+                     **_fake_nvidia_smi(tmp_path, 4))
+    env.pop("MPICOLL_REQUIRE_GPU", None)
+    env.pop("MPICOLL_VENV", None)
+    if gpus is not None:
+        env.update(SLURM_GPUS_ON_NODE=gpus, SLURM_NTASKS_PER_NODE=gpus)
+    done = subprocess.run(["bash", str(ROOT / "jobs" / job)], env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    venv, needs = (".venv-gpu", "cupy") if required else ("", "")
+    assert done.stdout.strip() == f"require={required} venv={venv} needs={needs}"
+
+
 def _free_ports(count: int) -> int:
     """A base port with ``count`` free ports from it (slurmctld, then each slurmd)."""
     for base in range(17100, 30000, 7):
