@@ -27,7 +27,7 @@ from .pipeline.describe import Call
 from .pipeline.entry import busy, entry
 from .tracing import TraceFile, Tracer, attach, write_merged
 from .watchdog import Watch, watchdog
-from .work import ProgressThread, Work, queued_on_stream
+from .work import ProgressThread, Work, submit
 
 __all__ = ["BACKENDS", "Communicator", "algorithms"]
 
@@ -180,37 +180,20 @@ class Communicator:
         if not self._entry.acquire(False):  # it sends on this one's communicator too
             raise ConcurrentCallError(busy(self, "dup"))
         try:
-            with self._watch.aside(Call(self._seq, "dup", 2)):  # collective: it may wait
-                return Communicator(backend=self._backend.duplicate(), check=self.check,
-                                    trace=False, timeout=self.timeout)
+            return self._duplicate(sys._getframe(1))
         finally:
             self._entry.release()
 
-    def _submit(self, name: str, args: tuple, kwargs: dict, stream: Any) -> Work:
-        if self._backend.queues_on_stream:  # NCCL is asynchronous already: queue it
-            return queued_on_stream(
-                name, lambda current: getattr(self, name)(*args, stream=current, **kwargs), stream)
-        if self._progress is None:
-            if self._backend.name == "mpi":
-                from mpi4py import MPI
+    def _duplicate(self, site: Any) -> Communicator:
+        """``dup()`` for a caller that holds this Communicator's entry (made at ``site``)."""
+        call = Call(self._seq, "dup")
+        call.at(site)
+        with self._watch.aside(call):  # collective: it may wait
+            return Communicator(backend=self._backend.duplicate(), check=self.check,
+                                trace=False, timeout=self.timeout)
 
-                if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-                    raise InvalidArgumentError(
-                        "async_op=True: needs MPI_THREAD_MULTIPLE (mpi4py's default; "
-                        "mpi4py.rc.thread_level was set lower)")
-            self._progress = ProgressThread(self.dup())
-
-        # the progress thread runs on the caller's GPU and after the caller's stream
-        # (nothing to do where no stream or CuPy buffer is in play)
-        from .cuda import capture_device_and_stream
-
-        on_callers_gpu = capture_device_and_stream(stream, (*args, *kwargs.values()))
-
-        def call(duplicate: Communicator) -> Any:
-            with on_callers_gpu():
-                return getattr(duplicate, name)(*args, stream=stream, **kwargs)
-
-        return self._progress.submit(name, call)
+    def _submit(self, name: str, args: tuple, kwargs: dict, stream: Any, frame: Any) -> Work:
+        return submit(self, name, args, kwargs, stream, frame)  # see mpicoll.work
 
     def trace_events(self) -> list[dict[str, Any]]:
         """This rank's traced events so far (``trace=True``), in its own clock."""

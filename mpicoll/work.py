@@ -18,9 +18,11 @@ is; its ``Work`` waits for a CUDA event recorded after it.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -94,17 +96,48 @@ class Work:
         return f"<mpicoll.Work {self.what} {state}>"
 
 
+class Site:
+    """Where the caller made an asynchronous call (what a frame gives the watchdog's
+    record: its code and instruction), so check mode and the reports name the user's
+    line, not mpicoll's."""
+
+    __slots__ = ("f_code", "f_lasti")
+
+    def __init__(self, frame: Any) -> None:
+        self.f_code, self.f_lasti = frame.f_code, frame.f_lasti
+
+
+_RUNNING: weakref.WeakSet = weakref.WeakSet()  # progress threads not yet closed
+
+
 class ProgressThread:
-    """Runs a communicator's asynchronous calls in order on a duplicate of it."""
+    """Runs a communicator's asynchronous calls in order on a duplicate of it.
+
+    One thread submits at a time: while calls of one thread are pending, another
+    thread's submission is refused (ranks would queue the two threads' calls in
+    different orders, and pair one thread's data with the other's)."""
 
     def __init__(self, duplicate: Any) -> None:
         self.comm = duplicate
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.pending = 0  # submitted and not finished
+        self.owner: int | None = None  # the thread whose calls are pending
         self._thread = threading.Thread(target=self._run, name="mpicoll-progress", daemon=True)
         self._thread.start()
+        _RUNNING.add(self)
+        _exit_hook()
+
+    def other_thread_pending(self) -> bool:
+        """Whether calls another thread submitted are still pending."""
+        with self.lock:
+            return self.pending > 0 and self.owner != threading.get_ident()
 
     def submit(self, name: str, call: Callable[[Any], Any]) -> Work:
         work = Work(name, self.comm.timeout)
+        with self.lock:
+            self.pending += 1
+            self.owner = threading.get_ident()
         self._calls.put((work, call))
         return work
 
@@ -121,25 +154,142 @@ class ProgressThread:
             except BaseException as exc:  # noqa: BLE001 - handed to wait() on this rank
                 work._set(error=exc)
             work = call = None  # nothing of the call (its op, its input) outlives it here
+            with self.lock:
+                self.pending -= 1
+                if not self.pending:
+                    self.owner = None
 
-    def close(self) -> None:
-        """Finish what was submitted, then stop the thread and free the duplicate."""
+    def close(self, timeout: float | None = None) -> bool:
+        """Finish what was submitted (within ``timeout`` seconds; None: no bound), then
+        stop the thread and free the duplicate; whether it finished."""
         self._calls.put(None)
-        self._thread.join()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False
+        _RUNNING.discard(self)
         self.comm.free()
+        return True
 
 
-def queued_on_stream(name: str, call: Callable[[Any], Any], stream: Any) -> Work:
+_HOOKED = [False]
+
+
+def _exit_hook() -> None:
+    if not _HOOKED[0]:
+        _HOOKED[0] = True
+        atexit.register(_finish_at_exit)
+
+
+def _finish_at_exit() -> None:
+    """At exit, a rank with asynchronous calls unfinished (a ``wait()`` that timed out
+    and was not caught, calls never waited for) lets them finish, as long as the
+    watchdog allows a call; if they cannot, it ends the job: the other ranks would wait
+    for it, and MPI's finalization would wait for them, unwatched."""
+    for progress in list(_RUNNING):
+        timeout = progress.comm.timeout
+        # the watchdog times the running call and ends the job at its timeout; the
+        # bound here only covers calls still queued behind it
+        if progress.close(timeout=None if not timeout else 4 * timeout + 10):
+            continue
+        from .watchdog import EXIT_UNCAUGHT, abort_job, report, world_rank
+
+        report(f"mpicoll: rank {world_rank(progress.comm.rank)} exits with "
+               f"{progress.pending} asynchronous call(s) unfinished; aborting the job "
+               f"(exit code {EXIT_UNCAUGHT})")
+        abort_job(EXIT_UNCAUGHT)
+
+
+def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: Any) -> Work:
+    """``comm.<name>(*args, async_op=True, **kwargs)``: queue the call and return its Work.
+
+    The call is numbered on every path: a submission refused here (another thread's
+    calls pending or in a call, a bad ``stream=``) raises at once and still takes its
+    number on the progress thread (as a refused call), so the next call pairs with the
+    other ranks' next call. In check mode the call is first agreed on ``comm`` itself
+    (a numbered step of its own), so a rank that makes it async while another makes it
+    blocking raises on every rank, and the progress communicator is made only where
+    every rank makes it.
+    """
+    site = Site(frame)
+    if comm._backend.queues_on_stream:  # NCCL is asynchronous already: queue it
+        return queued_on_stream(
+            name, lambda current: getattr(comm, name)(*args, stream=current, _site=site, **kwargs),
+            stream, comm.timeout)
+    from .errors import ConcurrentCallError, InvalidArgumentError
+    from .pipeline.entry import announce, busy
+
+    if not comm._entry.acquire(False):
+        refusal = ConcurrentCallError(busy(comm, f"{name}(async_op=True)"))
+        if comm._progress is not None:  # a blocking call of another thread holds comm
+            _refused(comm._progress, name, args, kwargs, stream, site, refusal)
+        raise refusal
+    try:
+        refusal = None
+        progress = comm._progress
+        if progress is not None and progress.other_thread_pending():
+            refusal = ConcurrentCallError(
+                f"{name}(async_op=True): another thread's asynchronous calls are still "
+                "pending on this Communicator; the ranks could queue the two threads' calls "
+                "in different orders. One Communicator serves one thread at a time: give "
+                "each thread its own with comm.dup(), made before the threads start")
+        elif stream is not None and (not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
+            refusal = InvalidArgumentError(
+                f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
+        if comm.check:  # agree the call (and any refusal) on comm first: every rank raises
+            announce(comm, name, site, refusal)
+        if progress is None:
+            if comm._backend.name == "mpi":
+                from mpi4py import MPI
+
+                if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+                    raise InvalidArgumentError(
+                        "async_op=True: needs MPI_THREAD_MULTIPLE (mpi4py's default; "
+                        "mpi4py.rc.thread_level was set lower)")
+            progress = comm._progress = ProgressThread(comm._duplicate(site))
+        if refusal is None:
+            # the progress thread runs on the caller's GPU and after the caller's stream
+            # (nothing to do where no stream or CuPy buffer is in play)
+            from .cuda import capture_device_and_stream
+
+            try:
+                on_callers_gpu = capture_device_and_stream(stream, (*args, *kwargs.values()))
+            except Exception as exc:  # noqa: BLE001 - refused, and numbered below
+                refusal = exc if isinstance(exc, InvalidArgumentError) else \
+                    InvalidArgumentError(f"stream: {type(exc).__name__}: {exc}")
+        if refusal is not None:
+            _refused(progress, name, args, kwargs, stream, site, refusal)
+            raise refusal
+
+        def call(duplicate: Any) -> Any:
+            with on_callers_gpu():
+                return getattr(duplicate, name)(*args, stream=stream, _site=site, **kwargs)
+
+        return progress.submit(name, call)
+    finally:
+        comm._entry.release()
+
+
+def _refused(progress: ProgressThread, name: str, args: tuple, kwargs: dict, stream: Any,
+             site: Site, refusal: Exception) -> None:
+    """Queue call ``name`` as refused: the progress thread numbers it and refuses it as
+    every stage refuses (in check mode on every rank; else here, and the next call
+    checks that the others refused it too)."""
+    progress.submit(name, lambda duplicate: getattr(duplicate, name)(
+        *args, _site=site, _refusal=refusal, **kwargs))
+
+
+def queued_on_stream(name: str, call: Callable[[Any], Any], stream: Any,
+                     timeout: float | None = None) -> Work:
     """An asynchronous call on a backend that queues its work on a CUDA stream (NCCL):
     ``call(stream)`` now, on ``stream`` (default: the current one), and a CUDA event
     recorded after it, which ``wait()`` synchronizes; a failure is raised by ``wait()``,
-    as on the MPI backend."""
-    from .arrays import cupy_module
-
-    cuda = cupy_module().cuda
-    work = Work(name)
-    current = stream if stream is not None else cuda.get_current_stream()
+    as on the MPI backend. ``timeout``: the Communicator's (bounds ``wait()``)."""
+    work = Work(name, timeout)
     try:
+        from .arrays import cupy_module
+
+        cuda = cupy_module().cuda
+        current = stream if stream is not None else cuda.get_current_stream()
         result = call(current)
         work._event = cuda.Event(block=False, disable_timing=True)
         work._event.record(current)

@@ -48,6 +48,20 @@ def main(scenario: str) -> None:
         else:
             time.sleep(3 * timeout)
         return
+    elif scenario == "wait_timeout":
+        # rank 1 is stopped (SIGSTOP); the others' wait() gives up before the watchdog
+        # and the exception leaves the script: exiting must still end the job
+        comm.all_reduce(x, algorithm="ring", async_op=True).wait()  # the progress comm's #1
+        if culprit:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        comm.all_reduce(x, algorithm="ring", async_op=True).wait(timeout=timeout / 3)
+        return
+    elif scenario == "unwaited":
+        # every rank but 1 queues a call and leaves without waiting for it; rank 1 leaves
+        comm.all_reduce(x, algorithm="ring", async_op=True).wait()  # the progress comm's #1
+        if not culprit:
+            comm.all_reduce(x, algorithm="ring", async_op=True)
+        return
     elif culprit and scenario == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif culprit and scenario == "raise":

@@ -125,6 +125,22 @@ def test_an_async_call_that_never_completes_ends_the_job(tmp_path):
 
 
 @needs_mpiexec
+@pytest.mark.parametrize("scenario", ["wait_timeout", "unwaited"])
+def test_a_rank_that_exits_with_an_async_call_unfinished_ends_the_job(scenario, tmp_path):
+    """A wait() that gave up (uncaught), or a call never waited for: at exit the rank
+    lets the call finish within the watchdog's bound, which reports it and ends the job,
+    instead of waiting in MPI's finalization for ranks that never come."""
+    done, elapsed = job(scenario, str(tmp_path))
+    assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
+    assert elapsed < TIMEOUT + 10
+    found = reports(done.stderr)
+    assert found and all("call #2 all_reduce" in r and "communicator 1" in r
+                         for r in found), found
+    if scenario == "wait_timeout":
+        assert "CollectiveTimeoutError" in done.stderr
+
+
+@needs_mpiexec
 def test_monitored_barrier_names_the_late_rank(tmp_path):
     done, elapsed = job("monitored_barrier", str(tmp_path), "--abort")
     assert done.returncode == EXIT_UNCAUGHT, done.stderr[-3000:]

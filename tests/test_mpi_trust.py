@@ -9,6 +9,8 @@ set (the test command sets it): a hang ends with a report, not a silent wait.
 from __future__ import annotations
 
 import gc
+import threading
+import time
 import weakref
 
 import numpy as np
@@ -275,3 +277,116 @@ def test_a_strided_in_place_all_reduce(world, algorithm):
     assert got is x
     np.testing.assert_array_equal(x, world.size * np.arange(5) + sum(range(world.size)))
     assert (whole[:, 1] == -7).all()
+
+
+# -- 5, 6, 11. asynchronous calls: threads, check mode, refusals at submission -------------
+
+
+def _slow_sum(a, b, out):
+    time.sleep(0.5)  # every rank combines in a ring: the call stays pending a while
+    np.add(a, b, out=out)
+
+
+SLOW = mpicoll.Op(_slow_sum, name="slow_sum")
+
+
+def test_an_async_call_from_a_second_thread_while_the_first_has_calls_pending_is_refused(world):
+    if world.size < 2:
+        pytest.skip("one rank combines nothing: no call stays pending")
+    comm = world.dup()
+    pending = comm.all_reduce(np.ones(4), SLOW, algorithm="ring", async_op=True)
+    refused = []
+
+    def second_thread():
+        try:
+            comm.all_reduce(np.full(4, 5.0), async_op=True)
+        except mpicoll.ConcurrentCallError as exc:
+            refused.append(exc)
+
+    thread = threading.Thread(target=second_thread)
+    thread.start()
+    thread.join()
+    assert len(refused) == 1 and "another thread's asynchronous calls" in str(refused[0])
+    np.testing.assert_array_equal(pending.wait(), np.full(4, float(world.size)))
+    # the refused call was numbered: the next calls pair with the other ranks' next ones
+    got = comm.all_reduce(np.full(3, world.rank + 1.0), async_op=True).wait()
+    np.testing.assert_array_equal(got, np.full(3, world.size * (world.size + 1) / 2))
+    _next_call_is_right(comm)
+    comm.free()
+
+
+def test_threads_that_take_turns_may_share_async_calls(world):
+    """The rule is about pending calls: a thread may submit once the other's are done."""
+    comm = world.dup()
+    results = []
+
+    def turn(value):
+        results.append(comm.all_reduce(np.full(2, value), async_op=True).wait())
+
+    for value in (1.0, 2.0, 3.0):
+        thread = threading.Thread(target=turn, args=(value,))
+        thread.start()
+        thread.join()
+    assert [r[0] for r in results] == [world.size * v for v in (1.0, 2.0, 3.0)]
+    comm.free()
+
+
+def test_check_mode_one_rank_async_the_others_blocking_raises_everywhere():
+    if mpicoll.Communicator().size < 2:
+        pytest.skip("needs two ranks")
+    comm = mpicoll.Communicator(check=True)
+    with pytest.raises(mpicoll.MismatchError, match=r"all_reduce\(async_op=True\)"):
+        if comm.rank == 0:
+            comm.all_reduce(np.ones(3), async_op=True).wait()
+        else:
+            comm.all_reduce(np.ones(3))
+    _next_call_is_right(comm)
+    got = comm.all_reduce(np.ones(3), async_op=True).wait()  # agreed: the progress comm is made
+    np.testing.assert_array_equal(got, np.full(3, float(comm.size)))
+    comm.free()
+
+
+def test_check_mode_an_async_call_refused_at_submission_on_one_rank_raises_everywhere():
+    comm = mpicoll.Communicator(check=True)
+    comm.all_reduce(np.ones(2), async_op=True).wait()
+    stream = "not a stream" if comm.rank == 0 else None
+    with pytest.raises(mpicoll.MpicollError, match="stream: expected a cupy.cuda.Stream"):
+        comm.all_reduce(np.full(2, 10.0), stream=stream, async_op=True).wait()
+    got = comm.all_reduce(np.full(2, 1.0), async_op=True).wait()
+    np.testing.assert_array_equal(got, np.full(2, float(comm.size)))
+    _next_call_is_right(comm)
+    comm.free()
+
+
+def test_check_mode_names_the_callers_line_of_an_async_call():
+    comm = mpicoll.Communicator(check=True)
+    work = comm.all_reduce(np.ones(2), async_op=True)
+    work.wait()
+    sites = {r.call.site for r in comm._progress.comm._watch.ring if r.start}
+    assert any(site.endswith(f"test_mpi_trust.py:{_line_of('work = comm.all_reduce')}")
+               for site in sites), sites
+    comm.free()
+
+
+def _line_of(text: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if text in line)
+
+
+# -- 7. check mode compares counts that several ranks give -------------------------------
+
+
+@pytest.mark.parametrize("algorithm", [*REGISTRY["scatter"], "native"])
+def test_check_mode_scatter_v_with_one_ranks_counts_different_raises_everywhere(algorithm):
+    comm = mpicoll.Communicator(check=True)
+    if comm.size < 2:
+        comm.free()
+        pytest.skip("needs a rank besides the root")
+    counts = [1] * comm.size
+    mine = [2, 0, *counts[2:]] if comm.rank == 1 else counts
+    x = np.arange(comm.size, dtype=np.float64) if comm.rank == 0 else None
+    with pytest.raises(mpicoll.MismatchError, match="counts"):
+        comm.scatter_v(x, mine, root=0, algorithm=algorithm)
+    got = comm.scatter_v(x, counts, root=0, algorithm=algorithm)  # the next call is right
+    np.testing.assert_array_equal(got, [float(comm.rank)])
+    comm.free()

@@ -50,7 +50,7 @@ ANY = -1  # a fingerprint field this rank cannot know (broadcast/scatter with No
 NAMES = ("broadcast", "scatter", "gather", "all_gather", "reduce", "all_reduce",
          "reduce_scatter", "all_to_all", "barrier", "all_gather_v", "gather_v", "scatter_v",
          "all_to_all_v", "monitored_barrier")
-_FIELDS = ("collective", "algorithm", "op", "root", "dtype", "shape", "call number")
+_FIELDS = ("collective", "algorithm", "op", "root", "dtype", "shape", "call number", "counts")
 _SITE_BYTES, _TEXT_BYTES = 96, 160
 _ROW = len(_FIELDS) + 1 + (_SITE_BYTES + _TEXT_BYTES) // 8
 
@@ -99,16 +99,17 @@ def _untext(words: np.ndarray) -> str:
 
 
 def settle(c: Any, call: Call, verdict: Verdict, algorithm: Any, *, op: Any = None,
-           root: Any = ANY, dtype: Any = None, shape: Any = None,
+           root: Any = ANY, dtype: Any = None, shape: Any = None, counts: Any = None,
            input_travels: bool = False) -> None:
     """Raise what must be raised before any data moves (see the module's docstring).
 
     ``algorithm``: the name, or (name, tuning options): ranks must agree on both.
+    ``counts``: counts several ranks give and must agree on (scatter_v's), or None.
     ``input_travels``: this rank's input refusal reaches the others in a message the
     call sends anyway (a root's header, the v-variants' tables), so it is not raised here.
     """
     if c.check:
-        fingerprint(c, call, verdict, algorithm, op, root, dtype, shape)
+        fingerprint(c, call, verdict, algorithm, op, root, dtype, shape, counts)
         return
     refusal = verdict.params or (None if input_travels else verdict.input)
     if refusal is not None:
@@ -125,7 +126,7 @@ def _algorithm_text(algorithm: Any) -> str:
 
 
 def fingerprint(c: Any, call: Call, verdict: Verdict, algorithm: Any, op: Any, root: Any,
-                dtype: Any, shape: Any) -> None:
+                dtype: Any, shape: Any, counts: Any = None) -> None:
     """Check mode: compare the call across ranks; raise on every rank on any refusal or
     disagreement."""
     mine = np.zeros(_ROW, np.int64)
@@ -138,7 +139,7 @@ def fingerprint(c: Any, call: Call, verdict: Verdict, algorithm: Any, op: Any, r
         root if isinstance(root, (int, np.integer)) and not isinstance(root, bool) else ANY,
         ANY if dtype is None else dtype_crc(np.dtype(dtype)),
         ANY if shape is None else crc(repr(tuple(shape))),
-        call.seq, 1 if verdict else 0)
+        call.seq, ANY if counts is None else crc(repr(tuple(counts))), 1 if verdict else 0)
     start = len(_FIELDS) + 1
     mine[start:start + _SITE_BYTES // 8] = _text(call.site, _SITE_BYTES)
     if verdict:
@@ -170,7 +171,8 @@ def fingerprint(c: Any, call: Call, verdict: Verdict, algorithm: Any, op: Any, r
         if fields:
             differ[r] = fields
     if differ:
-        names = {crc(n): n for n in NAMES}
+        names = {crc(n): n for n in NAMES} | {crc(f"{n} async"): f"{n}(async_op=True)"
+                                              for n in NAMES}
 
         def what(r: int) -> str:
             return f"{names.get(int(rows[r, 0]), '?')} call #{rows[r, 6]} at {sites[r]}"

@@ -52,16 +52,19 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def collective(self: Any, *args: Any, stream: Any = None, async_op: bool = False,
-                   **kwargs: Any) -> Any:
+                   _site: Any = None, _refusal: Exception | None = None, **kwargs: Any) -> Any:
+        # _site: the caller's line of an async call; _refusal: an async call refused at
+        # submission, numbered here (both from mpicoll.work.submit)
         if async_op:
-            return self._submit(name, args, kwargs, stream)
+            return self._submit(name, args, kwargs, stream, sys._getframe(1))
         if not self._entry.acquire(False):
             raise ConcurrentCallError(busy(self, name))
         b, tracer, watch = self._backend, self._tracer, self._watch
         try:
             self._seq += 1
             # the call's record: the flight recorder's entry, with the watchdog's clock
-            call = self._call = watch.enter(self._seq, name, sys._getframe(1), args, kwargs)
+            call = self._call = watch.enter(self._seq, name, _site or sys._getframe(1), args,
+                                            kwargs)
             b.transport.begin()  # the call's tag: every rank advances it, refused or not
             if b.separate_control:
                 b.control.begin()
@@ -69,13 +72,16 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                 tracer.begin_call(name)
             if self._refused_alone:
                 agree.resync(self, call)
-            if stream is not None and (not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
+            if _refusal is None and stream is not None and (
+                    not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
+                _refusal = InvalidArgumentError(
+                    f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
+            if _refusal is not None:
                 # a refusal of the call's parameters, as every stage's: in check mode every
                 # rank raises it; otherwise this rank at once, and its next call resyncs
                 refused = Verdict()
-                refused.refuse("params", InvalidArgumentError(
-                    f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}"))
-                agree.settle(self, call, refused, "stream")
+                refused.refuse("params", _refusal)
+                agree.settle(self, call, refused, "refused")
             if stream is None:
                 return method(self, call, *args, **kwargs)
             with stream:
@@ -100,3 +106,34 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             self._entry.release()
 
     return collective
+
+
+def announce(c: Any, name: str, site: Any, refusal: Exception | None) -> None:
+    """Check mode, ``async_op=True``: agree the call on ``c`` itself before it is queued
+    (a numbered step of its own, the caller holding ``c``'s entry), so a rank that makes a
+    call asynchronous while another makes it blocking, or a submission refused on one
+    rank, raises on every rank."""
+    b, watch = c._backend, c._watch
+    c._seq += 1
+    call = c._call = watch.enter(c._seq, f"{name} async", site, (), {})
+    try:
+        b.transport.begin()
+        if b.separate_control:
+            b.control.begin()
+        if c._refused_alone:
+            agree.resync(c, call)
+        verdict = Verdict()
+        if refusal is not None:
+            verdict.refuse("params", refusal)
+        agree.fingerprint(c, call, verdict, "async_op=True", None, agree.ANY, None, None)
+    except MpicollError as exc:
+        watch.failed(exc, refused=True)
+        raise
+    except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
+        c._refused_alone = c._seq
+        watch.failed(exc)
+        raise CollectiveError(f"{name} async (call #{c._seq}) failed on rank {c.rank}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        watch.leave()
+        c._call = None

@@ -276,7 +276,7 @@ def scatter_v(c: Any, call: Call, x: Any, counts: Any, root: Any, algorithm: Any
     agree.settle(c, call, v, (algorithm, options), root=root,
                  dtype=x.dtype if is_root and x is not None else None,
                  shape=x.shape[1:] if is_root and x is not None and x.ndim else None,
-                 input_travels=True)
+                 counts=mine, input_travels=True)
     dtype, rest, device = _root_header(c, call, v, is_root, header, root)
     like = x if is_root else b.like
     if not is_root and device and like is None:
