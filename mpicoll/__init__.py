@@ -26,6 +26,7 @@ from .errors import (
     UnsupportedOpError,
 )
 from .ops import Op, ReduceOp
+from .plan import Plan
 from .work import Work
 
 __version__ = "0.1.0"
@@ -45,6 +46,7 @@ __all__ = [
     "MpicollError",
     "OpError",
     "Op",
+    "Plan",
     "ReduceOp",
     "RemoteError",
     "UnsupportedDtypeError",

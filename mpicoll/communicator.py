@@ -25,6 +25,7 @@ from .pipeline.choose import Chooser, check_collective
 from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
 from .pipeline.entry import busy, entry
+from .plan import init_method
 from .tracing import TraceFile, Tracer, attach, write_merged
 from .watchdog import Watch, watchdog
 from .work import ProgressThread, Work, submit
@@ -226,6 +227,7 @@ class Communicator:
     def free(self) -> None:
         """Collective: finish pending async calls, write the trace file (``MPICOLL_TRACE``,
         ``trace=path``), release the private communicators (also at MPI finalization)."""
+        self._freed = True  # plans of this Communicator refuse to start from now on
         if self._progress is not None:
             self._progress.close()
             self._progress = None
@@ -478,5 +480,8 @@ class Communicator:
 
         monitored_barrier(self, call, timeout, wait_all_ranks)
 
+
+for _name in (*COLLECTIVES, "all_gather_v", "gather_v", "scatter_v", "all_to_all_v"):
+    setattr(Communicator, f"{_name}_init", init_method(_name))  # persistent: mpicoll.plan
 
 assert set(COLLECTIVES) <= set(dir(Communicator))

@@ -236,7 +236,7 @@ def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: 
             refusal = InvalidArgumentError(
                 f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
         if comm.check:  # agree the call (and any refusal) on comm first: every rank raises
-            announce(comm, name, site, refusal)
+            announce(comm, f"{name} async", site, refusal)
         if progress is None:
             if comm._backend.name == "mpi":
                 from mpi4py import MPI

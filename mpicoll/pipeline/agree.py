@@ -172,7 +172,8 @@ def fingerprint(c: Any, call: Call, verdict: Verdict, algorithm: Any, op: Any, r
             differ[r] = fields
     if differ:
         names = {crc(n): n for n in NAMES} | {crc(f"{n} async"): f"{n}(async_op=True)"
-                                              for n in NAMES}
+                                              for n in NAMES} | {crc(f"{n}_init"): f"{n}_init"
+                                                                 for n in NAMES}
 
         def what(r: int) -> str:
             return f"{names.get(int(rows[r, 0]), '?')} call #{rows[r, 6]} at {sites[r]}"

@@ -108,14 +108,15 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
     return collective
 
 
-def announce(c: Any, name: str, site: Any, refusal: Exception | None) -> None:
-    """Check mode, ``async_op=True``: agree the call on ``c`` itself before it is queued
-    (a numbered step of its own, the caller holding ``c``'s entry), so a rank that makes a
-    call asynchronous while another makes it blocking, or a submission refused on one
-    rank, raises on every rank."""
+def announce(c: Any, label: str, site: Any, refusal: Exception | None) -> None:
+    """Check mode: agree a step that is not itself a collective call on ``c`` (``label``:
+    "all_reduce async", an async call before it is queued; "all_reduce_init", a plan)
+    as a numbered step of its own, the caller holding ``c``'s entry: a rank that makes a
+    call asynchronous while another makes it blocking, or a refusal on one rank, raises
+    on every rank."""
     b, watch = c._backend, c._watch
     c._seq += 1
-    call = c._call = watch.enter(c._seq, f"{name} async", site, (), {})
+    call = c._call = watch.enter(c._seq, label, site, (), {})
     try:
         b.transport.begin()
         if b.separate_control:
@@ -132,7 +133,7 @@ def announce(c: Any, name: str, site: Any, refusal: Exception | None) -> None:
     except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
         c._refused_alone = c._seq
         watch.failed(exc)
-        raise CollectiveError(f"{name} async (call #{c._seq}) failed on rank {c.rank}: "
+        raise CollectiveError(f"{label} (call #{c._seq}) failed on rank {c.rank}: "
                               f"{type(exc).__name__}: {exc}") from exc
     finally:
         watch.leave()

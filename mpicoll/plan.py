@@ -1,0 +1,201 @@
+"""Persistent collectives, MPI-4 style: bind a call's arguments once, start it many times.
+
+    plan = comm.all_reduce_init(x, "sum", out=y)    # every rank, in the same order
+    for step in range(n):
+        x[...] = produce(step)                       # refill the bound input in place
+        plan.start()                                 # runs while this rank computes
+        ...
+        y = plan.wait()                              # the result (the bound out=)
+    plan.free()                                      # or: with comm.all_reduce_init(...) as plan
+
+``plan()`` is start + wait in the calling thread (no hand-over to the progress thread:
+the lowest latency), ``plan.start()`` hands the call to the Communicator's progress
+thread (``mpicoll.work``), so it overlaps the caller's work, as ``MPI_Start`` does;
+``plan.test()`` tells whether a start has finished. Every start is a call of its own:
+numbered, watched by the watchdog, traced, and in check mode fingerprinted, so every rank
+must start its plans in the same order and in the same form (all ``start()`` or all
+``plan()``). Buffers are bound at init: the input ``x`` (refill it in place between
+starts, never while a start runs) and the result, made once at init where this rank can
+know its shape (``out=`` when given), so the result array of every start is the same
+array, overwritten by the next start (as MPI's receive buffer): copy it to keep it.
+
+Refused, on the rank that does it: a start while the plan's previous start has not been
+waited for, a start or wait after ``free()``, a start after the Communicator's ``free()``.
+In check mode, making a plan is agreed across ranks too (a rank making another plan, or a
+rank refusing its arguments, raises on every rank).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .arrays import as_array, empty
+from .errors import InvalidArgumentError, MpicollError
+from .spec import SPECS
+from .work import Site, Work, submit
+
+_UNSET = object()
+
+# what a plan binds besides x: the collectives that take out=
+_TAKES_OUT = frozenset(("scatter", "gather", "all_gather", "reduce", "all_reduce",
+                        "reduce_scatter", "all_to_all"))
+# a v-variant's algorithms are its collective's
+_ALGORITHMS_OF = {"all_gather_v": "all_gather", "gather_v": "gather", "scatter_v": "scatter",
+                  "all_to_all_v": "all_to_all"}
+
+
+class Plan:
+    """A persistent collective: ``start()``/``wait()``/``test()``, ``plan()`` (start +
+    wait), ``free()``; a context manager that frees it. Made by ``comm.<collective>_init``."""
+
+    def __init__(self, comm: Any, collective: str, args: tuple, kwargs: dict, site: Site) -> None:
+        self.comm, self.collective = comm, collective
+        self._args, self._kwargs = args, kwargs
+        self._stream = kwargs.pop("stream", None)
+        self._site = site
+        self._work: Work | None = None
+        self._freed = False
+        self.starts = 0  # how many times it was started
+
+    def __repr__(self) -> str:
+        state = "freed" if self._freed else "active" if self._work is not None else "inactive"
+        return f"<mpicoll.Plan {self.collective} {state}, {self.starts} starts>"
+
+    def _check_usable(self, what: str) -> None:
+        if self._freed:
+            raise InvalidArgumentError(f"plan.{what}: this {self.collective} plan was freed")
+        if getattr(self.comm, "_freed", False):
+            raise InvalidArgumentError(
+                f"plan.{what}: the Communicator of this {self.collective} plan was freed")
+
+    def start(self) -> None:
+        """Start the collective on the bound buffers; it runs on the progress thread."""
+        self._check_usable("start()")
+        if self._work is not None:
+            raise InvalidArgumentError(
+                f"plan.start(): this {self.collective} plan is already started; wait() for "
+                "it before starting it again")
+        self.starts += 1
+        self._work = submit(self.comm, self.collective, self._args, self._kwargs,
+                            self._stream, self._site)
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The result of the last start (what the blocking call returns), once finished."""
+        if self._freed:
+            raise InvalidArgumentError(f"plan.wait(): this {self.collective} plan was freed")
+        if self._work is None:
+            raise InvalidArgumentError(f"plan.wait(): this {self.collective} plan is not started")
+        work, self._work = self._work, None
+        try:
+            return work.wait(timeout)
+        except BaseException:
+            if not work.done:  # not finished: it stays the plan's active start
+                self._work = work
+            raise
+
+    def test(self) -> bool:
+        """Whether a wait() would not block (True when no start is active)."""
+        return self._work is None or self._work.test()
+
+    def __call__(self) -> Any:
+        """Start and wait, in the calling thread: the result."""
+        self._check_usable("__call__()")
+        if self._work is not None:
+            raise InvalidArgumentError(
+                f"plan(): this {self.collective} plan is already started; wait() for it first")
+        self.starts += 1
+        return getattr(self.comm, self.collective)(*self._args, stream=self._stream,
+                                                   _site=self._site, **self._kwargs)
+
+    def free(self) -> None:
+        """Let go of the plan (an active start is waited for first)."""
+        if self._freed:
+            return
+        try:
+            if self._work is not None:
+                self.wait()
+        finally:
+            self._freed = True
+            self._args = self._kwargs = ()  # type: ignore[assignment]
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.free()
+
+
+def _bound_result(comm: Any, collective: str, args: tuple, kwargs: dict) -> Any:
+    """The result array a plan binds at init (None where this rank cannot know its shape
+    before the call: a scatter receiver, a v-variant; the call then makes it)."""
+    if collective not in _TAKES_OUT or kwargs.get("out") is not None or not args:
+        return None
+    spec = SPECS[collective]
+    x, _ = as_array(args[0], "x")
+    rank, size = comm.rank, comm.size
+    root = args[2] if spec.rooted and spec.reduces and len(args) > 2 else \
+        args[1] if spec.rooted and not spec.reduces and len(args) > 1 else kwargs.get("root", 0)
+    if spec.result_at_root_only and rank != root:
+        return None
+    if collective == "scatter":
+        return None if rank != root else empty(x.shape[1:], x.dtype, like=x)
+    if collective == "reduce_scatter":
+        counts = kwargs.get("counts")
+        shape = x.shape[1:] if counts is None else (int(list(counts)[rank]),)
+    elif spec.result_rows and not spec.input_rows:  # gather, all_gather
+        shape = (size, *x.shape)
+    else:  # reduce, all_reduce, all_to_all
+        shape = x.shape
+    return empty(shape, x.dtype, like=x)
+
+
+def make_plan(comm: Any, collective: str, args: tuple, kwargs: dict, frame: Any) -> Plan:
+    """``comm.<collective>_init(*args, **kwargs)``: check what this rank can check now,
+    bind the buffers, and (check mode) agree the plan across ranks."""
+    site = Site(frame)
+    if kwargs.pop("async_op", False):
+        raise InvalidArgumentError(f"{collective}_init: a plan takes no async_op (use start())")
+    refusal: MpicollError | None = None
+    try:
+        algorithm = kwargs.get("algorithm", "auto")
+        if algorithm != "auto":
+            comm._chooser._lookup(_ALGORITHMS_OF.get(collective, collective), algorithm)
+        if args and args[0] is not None:
+            as_array(args[0], "x")
+        result = _bound_result(comm, collective, args, kwargs)
+        if result is not None:
+            kwargs["out"] = result
+    except MpicollError as exc:
+        refusal = exc
+    except Exception as exc:  # noqa: BLE001 - a bad argument, named
+        refusal = InvalidArgumentError(f"{collective}_init: {type(exc).__name__}: {exc}")
+    if comm.check:  # making a plan is agreed: every rank raises a refusal or a mismatch
+        from .pipeline.entry import announce
+
+        if not comm._entry.acquire(False):
+            from .errors import ConcurrentCallError
+            from .pipeline.entry import busy
+
+            raise ConcurrentCallError(busy(comm, f"{collective}_init"))
+        try:
+            announce(comm, f"{collective}_init", site, refusal)
+        finally:
+            comm._entry.release()
+    elif refusal is not None:
+        raise refusal
+    return Plan(comm, collective, args, kwargs, site)
+
+
+def init_method(collective: str) -> Any:
+    """The Communicator's ``<collective>_init``: the blocking call's parameters."""
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> Plan:
+        return make_plan(self, collective, args, kwargs, sys._getframe(1))
+
+    init.__name__ = init.__qualname__ = f"{collective}_init"
+    init.__doc__ = (f"A persistent {collective} (MPI-4's ``MPI_{collective.title()}_init``): "
+                    f"the parameters of ``{collective}``; returns an ``mpicoll.Plan`` whose "
+                    "``start()``/``wait()`` (or ``plan()``) run it on the bound buffers. "
+                    "See ``mpicoll.plan``.")
+    return init

@@ -1,0 +1,158 @@
+"""Persistent collectives (``comm.<collective>_init``) under mpiexec: every collective's
+plan against NumPy references with the bound input refilled between starts, over every
+algorithm in the registry, started both ways (``plan()`` and ``start()``/``wait()``);
+misuse raises; in check mode a plan is agreed across ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpicoll
+from mpicoll.algorithms import REGISTRY
+
+pytestmark = pytest.mark.mpi
+
+CASES = [(c, a) for c in mpicoll.COLLECTIVES for a in [*REGISTRY[c], "native", "auto"]]
+
+
+def _fill(x: np.ndarray, rank: int, step: int) -> None:
+    x[...] = np.arange(x.size).reshape(x.shape) % 7 + 10 * rank + 100 * step
+
+
+def _expected(collective: str, p: int, r: int, step: int, shape: tuple[int, ...]) -> np.ndarray:
+    ins = []
+    for k in range(p):
+        x = np.empty(shape)
+        _fill(x, k, step)
+        ins.append(x)
+    if collective == "broadcast":
+        return ins[0]
+    if collective == "scatter":
+        return ins[0][r]
+    if collective in ("gather", "all_gather"):
+        return np.stack(ins)
+    if collective in ("reduce", "all_reduce"):
+        return np.sum(ins, axis=0)
+    if collective == "reduce_scatter":
+        return np.sum(ins, axis=0)[r]
+    if collective == "all_to_all":
+        return np.stack([ins[k][r] for k in range(p)])
+    raise AssertionError(collective)
+
+
+@pytest.mark.parametrize("form", ["call", "start"])
+@pytest.mark.parametrize(("collective", "algorithm"), CASES)
+def test_a_plan_started_again_and_again_on_refilled_input(world, collective, algorithm, form):
+    p, r = world.size, world.rank
+    spec = mpicoll.spec.SPECS[collective]
+    shape = (p, 3) if spec.input_rows else (5,)
+    x = np.zeros(shape)
+    if collective == "barrier":
+        plan = world.barrier_init(algorithm=algorithm)
+    elif collective == "broadcast":
+        plan = world.broadcast_init(x, 0, algorithm=algorithm)
+    elif collective in ("scatter", "gather"):
+        plan = getattr(world, f"{collective}_init")(x, 0, algorithm=algorithm)
+    elif collective == "reduce":
+        plan = world.reduce_init(x, "sum", 0, algorithm=algorithm)
+    elif spec.reduces:
+        plan = getattr(world, f"{collective}_init")(x, "sum", algorithm=algorithm)
+    else:
+        plan = getattr(world, f"{collective}_init")(x, algorithm=algorithm)
+    results = []
+    with plan:
+        for step in range(3):
+            _fill(x, r, step)
+            if form == "call":
+                got = plan()
+            else:
+                plan.start()
+                got = plan.wait()
+                assert plan.test()
+            if collective == "barrier":
+                assert got is None
+                continue
+            if spec.result_at_root_only and r != 0:
+                assert got is None
+                continue
+            np.testing.assert_array_equal(got, _expected(collective, p, r, step, shape))
+            results.append(got)
+    assert plan.starts == 3
+    if results and collective not in ("broadcast", "scatter") or (collective == "scatter" and r == 0):
+        assert all(res is results[0] for res in results), "the plan's result is bound once"
+
+
+@pytest.mark.parametrize("algorithm", [*REGISTRY["all_gather"], "native"])
+def test_v_variant_plans(world, algorithm):
+    rows = world.rank % 3
+    x = np.zeros((rows, 2))
+    with world.all_gather_v_init(x, algorithm=algorithm) as plan:
+        for step in range(2):
+            x[...] = world.rank + 10 * step
+            got, counts = plan()
+            assert counts == [k % 3 for k in range(world.size)]
+            want = np.concatenate([np.full((k % 3, 2), k + 10.0 * step) for k in range(world.size)])
+            np.testing.assert_array_equal(got, want)
+
+
+def test_misuse_raises_on_the_rank_that_does_it(world):
+    plan = world.all_reduce_init(np.ones(3))
+    plan.start()
+    with pytest.raises(mpicoll.InvalidArgumentError, match="already started"):
+        plan.start()
+    with pytest.raises(mpicoll.InvalidArgumentError, match="already started"):
+        plan()
+    np.testing.assert_array_equal(plan.wait(), np.full(3, float(world.size)))
+    with pytest.raises(mpicoll.InvalidArgumentError, match="not started"):
+        plan.wait()
+    plan.free()
+    with pytest.raises(mpicoll.InvalidArgumentError, match="was freed"):
+        plan.start()
+    with pytest.raises(mpicoll.InvalidArgumentError, match="was freed"):
+        plan()
+    comm = world.dup()
+    orphan = comm.all_reduce_init(np.ones(3))
+    comm.free()
+    with pytest.raises(mpicoll.InvalidArgumentError, match="Communicator of this"):
+        orphan.start()
+    with pytest.raises(mpicoll.InvalidArgumentError, match="unknown all_reduce algorithm"):
+        world.all_reduce_init(np.ones(3), algorithm="nope")
+    with pytest.raises(mpicoll.InvalidArgumentError, match="async_op"):
+        world.all_reduce_init(np.ones(3), async_op=True)
+
+
+def test_check_mode_ranks_making_different_plans_raise_everywhere():
+    comm = mpicoll.Communicator(check=True)
+    if comm.size < 2:
+        comm.free()
+        pytest.skip("needs two ranks")
+    with pytest.raises(mpicoll.MismatchError, match="_init"):
+        if comm.rank == 0:
+            comm.all_reduce_init(np.ones(3))
+        else:
+            comm.all_gather_init(np.ones(3))
+    bad = "nope" if comm.rank == 1 else "ring"
+    with pytest.raises(mpicoll.MpicollError, match="unknown all_reduce algorithm"):
+        comm.all_reduce_init(np.ones(3), algorithm=bad)
+    with comm.all_reduce_init(np.ones(3), algorithm="ring") as plan:
+        np.testing.assert_array_equal(plan(), np.full(3, float(comm.size)))
+        plan.start()
+        np.testing.assert_array_equal(plan.wait(), np.full(3, float(comm.size)))
+    comm.free()
+
+
+def test_check_mode_a_plan_started_on_one_rank_and_called_on_another_raises():
+    comm = mpicoll.Communicator(check=True)
+    if comm.size < 2:
+        comm.free()
+        pytest.skip("needs two ranks")
+    plan = comm.all_reduce_init(np.ones(2))
+    with pytest.raises(mpicoll.MismatchError):
+        if comm.rank == 0:
+            plan.start()
+            plan.wait()
+        else:
+            plan()
+    np.testing.assert_array_equal(plan(), np.full(2, float(comm.size)))
+    comm.free()
