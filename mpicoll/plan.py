@@ -30,8 +30,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import numpy as np
+
 from .arrays import as_array, empty
 from .errors import InvalidArgumentError, MpicollError
+from .ops import resolve_op
+from .pipeline.entry import numbered
 from .spec import SPECS
 from .work import Site, Work, submit
 
@@ -55,6 +59,8 @@ class Plan:
         self._stream = kwargs.pop("stream", None)
         self._site = site
         self._work: Work | None = None
+        self._bound: Any = None  # plan(): the start as decided by the first (see _bind_*)
+        self._requests: list[Any] = []  # the MPI library's persistent requests it made
         self._freed = False
         self.starts = 0  # how many times it was started
 
@@ -105,8 +111,15 @@ class Plan:
             raise InvalidArgumentError(
                 f"plan(): this {self.collective} plan is already started; wait() for it first")
         self.starts += 1
-        return getattr(self.comm, self.collective)(*self._args, stream=self._stream,
-                                                   _site=self._site, **self._kwargs)
+        comm = self.comm
+        if self._bound is not None and not comm._refused_alone:
+            return numbered(comm, self.collective, self._site, self._args, self._kwargs,
+                            None, bound=self._bound)
+        result = getattr(comm, self.collective)(*self._args, stream=self._stream,
+                                                _site=self._site, **self._kwargs)
+        if self._bound is None and self.starts == 1:  # decided and agreed: keep it
+            self._bound = _BINDERS.get(self.collective, _unbound)(self)
+        return result
 
     def free(self) -> None:
         """Let go of the plan (an active start is waited for first)."""
@@ -117,13 +130,23 @@ class Plan:
                 self.wait()
         finally:
             self._freed = True
-            self._args = self._kwargs = ()  # type: ignore[assignment]
+            self._args, self._kwargs, self._bound = (), {}, None
+            for request in self._requests:
+                _free_request(request)
+            self._requests.clear()
 
     def __enter__(self) -> Plan:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.free()
+
+
+def _free_request(request: Any) -> None:
+    from mpi4py import MPI
+
+    if not MPI.Is_finalized():
+        request.Free()
 
 
 def _bound_result(comm: Any, collective: str, args: tuple, kwargs: dict) -> Any:
@@ -199,3 +222,80 @@ def init_method(collective: str) -> Any:
                     "``start()``/``wait()`` (or ``plan()``) run it on the bound buffers. "
                     "See ``mpicoll.plan``.")
     return init
+
+
+# -- plan(): what the first start decided, run again without deciding again -------------
+#
+# A start after the first one is still a numbered, watched call (the entry numbers it and
+# a rank that owes a resync takes the full path); only the stages that cannot decide
+# differently on bound buffers (validation, the op, the choice of algorithm) are skipped.
+# Where any of it could differ (check mode, traces, a GPU stream, a strided or
+# overlapping buffer) the plan keeps the full path on every start.
+
+
+def _unbound(plan: Plan) -> None:
+    return None
+
+
+def _bind_all_reduce(plan: Plan) -> Any:
+    """all_reduce on host NumPy arrays: the chosen function on the bound x and result."""
+    comm, args, kwargs = plan.comm, plan._args, plan._kwargs
+    x, out = args[0], kwargs.get("out")
+    if (comm.check or comm._tracer is not None or plan._stream is not None
+            or type(x) is not np.ndarray or type(out) is not np.ndarray
+            or not x.flags.c_contiguous or not x.flags.writeable
+            or not out.flags.c_contiguous or x.dtype != out.dtype or x.shape != out.shape
+            or (out is not x and np.may_share_memory(x, out))):
+        return None
+    options = {k: v for k, v in kwargs.items() if k not in ("op", "algorithm", "out")}
+    op = args[1] if len(args) > 1 else kwargs.get("op", "sum")
+    opd = resolve_op(op, x.dtype)
+    fn, name = comm._chooser._resolve("all_reduce", kwargs.get("algorithm", "auto"), x.nbytes,
+                                      opd, options or None, x.dtype, False)
+    t, watch, nbytes, size = comm._backend.transport, comm._watch, x.nbytes, comm.size
+    dst = out.reshape(-1)
+    src = dst if out is x else x.reshape(-1)
+    divide = opd.average and fn not in comm._backend.averages_itself
+    if not opd.builtin:  # a user's op: guarded, its failures agreed (mpicoll.ops)
+        from .pipeline.run import _reducing
+
+        def reduce(call: Any) -> None:
+            _reducing(comm, call, opd, fn, t, src, dst, opd)
+    elif name == "native" and comm.backend == "mpi":
+        # the MPI library's persistent collective (MPI-4's MPI_Allreduce_init): the
+        # buffers, datatype and op handed to MPI once; each start is MPI_Start + MPI_Wait
+        request = _persistent_all_reduce(t, src, dst, opd)
+        plan._requests.append(request)
+        start_request, wait_request = request.Start, request.Wait
+
+        def reduce(call: Any) -> None:
+            start_request()
+            wait_request()
+    else:
+        def reduce(call: Any) -> None:
+            fn(t, src, dst, opd)
+
+    def start(call: Any) -> Any:
+        rec = watch.current  # the flight recorder's algorithm and bytes, as choose writes
+        rec.algorithm, rec.nbytes = name, nbytes
+        reduce(call)
+        if divide:
+            np.true_divide(dst, size, out=dst)
+        return out
+
+    return start
+
+
+def _persistent_all_reduce(t: Any, src: np.ndarray, dst: np.ndarray, op: Any) -> Any:
+    """MPI_Allreduce_init on the transport's communicator (in place when src is dst)."""
+    from mpi4py import MPI
+
+    from .native import mpi_op
+
+    datatype, mop = mpi_op(op, src.dtype)
+    recv = dst if datatype is None else [dst, dst.size, datatype]
+    send = MPI.IN_PLACE if src is dst else src if datatype is None else [src, src.size, datatype]
+    return t.comm.Allreduce_init(send, recv, mop)
+
+
+_BINDERS = {"all_reduce": _bind_all_reduce}

@@ -156,3 +156,65 @@ def test_check_mode_a_plan_started_on_one_rank_and_called_on_another_raises():
             plan()
     np.testing.assert_array_equal(plan(), np.full(2, float(comm.size)))
     comm.free()
+
+
+@pytest.mark.parametrize("algorithm", [*REGISTRY["all_reduce"], "native", "auto"])
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_a_decided_plan_start_is_recorded_and_right_like_the_first(world, algorithm, op):
+    """plan() runs the first start through the whole pipeline and later ones as it
+    decided: the same results, each start numbered, its algorithm and bytes recorded."""
+    x = np.zeros(6)
+    ref = {"sum": np.sum, "avg": np.mean, "max": np.max}[op]
+    with world.all_reduce_init(x, op, algorithm=algorithm) as plan:
+        for step in range(4):
+            x[...] = np.arange(6) + world.rank + step
+            seq = world.calls
+            got = plan()
+            assert world.calls == seq + 1
+            want = ref([np.arange(6) + k + step for k in range(world.size)], axis=0)
+            np.testing.assert_allclose(got, want)
+            rec = world._watch.current
+            assert rec.call.seq == seq + 1 and rec.nbytes == x.nbytes
+            assert rec.algorithm == (algorithm if algorithm != "auto" else
+                                     world.auto_algorithm("all_reduce", x.nbytes, op, x.dtype))
+            assert rec.call.site.endswith(f"test_mpi_plans.py:{_line_of('with world.all_reduce_init(x, op')}")
+
+
+def test_a_decided_plan_with_a_raising_user_op_raises_everywhere(world):
+    if world.size < 2:
+        pytest.skip("one rank combines nothing")
+    flaky = {"on": False}
+
+    def fn(a, b, out):
+        if flaky["on"] and world.rank == world.size - 1:
+            raise ValueError("flaky")
+        np.add(a, b, out=out)
+
+    x = np.ones(4)
+    with world.all_reduce_init(x, mpicoll.Op(fn, name="flaky"), algorithm="ring") as plan:
+        np.testing.assert_array_equal(plan(), np.full(4, float(world.size)))
+        flaky["on"] = True
+        with pytest.raises(mpicoll.OpError, match="'flaky' raised on rank"):
+            plan()
+        flaky["on"] = False
+        np.testing.assert_array_equal(plan(), np.full(4, float(world.size)))
+
+
+def test_a_plan_start_after_a_refusal_alone_resyncs_first(world):
+    """A rank that refused a call alone owes a resync: its next plan start takes the
+    whole path, so every rank still pairs its starts right."""
+    x = np.ones(3)
+    with world.all_reduce_init(x, algorithm="native") as plan:
+        plan()
+        if world.rank == 0:
+            with pytest.raises(mpicoll.InvalidArgumentError):
+                world.all_reduce("not an array")
+        else:
+            with pytest.raises(mpicoll.InvalidArgumentError):
+                world.all_reduce("not an array either")
+        np.testing.assert_array_equal(plan(), np.full(3, float(world.size)))
+
+
+def _line_of(text: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if text in line)

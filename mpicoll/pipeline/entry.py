@@ -57,55 +57,67 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         # submission, numbered here (both from mpicoll.work.submit)
         if async_op:
             return self._submit(name, args, kwargs, stream, sys._getframe(1))
-        if not self._entry.acquire(False):
-            raise ConcurrentCallError(busy(self, name))
-        b, tracer, watch = self._backend, self._tracer, self._watch
-        try:
-            self._seq += 1
-            # the call's record: the flight recorder's entry, with the watchdog's clock
-            call = self._call = watch.enter(self._seq, name, _site or sys._getframe(1), args,
-                                            kwargs)
-            b.transport.begin()  # the call's tag: every rank advances it, refused or not
-            if b.separate_control:
-                b.control.begin()
-            if tracer is not None:
-                tracer.begin_call(name)
-            if self._refused_alone:
-                agree.resync(self, call)
-            if _refusal is None and stream is not None and (
-                    not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
-                _refusal = InvalidArgumentError(
-                    f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
-            if _refusal is not None:
-                # a refusal of the call's parameters, as every stage's: in check mode every
-                # rank raises it; otherwise this rank at once, and its next call resyncs
-                refused = Verdict()
-                refused.refuse("params", _refusal)
-                agree.settle(self, call, refused, "refused")
-            if stream is None:
-                return method(self, call, *args, **kwargs)
-            with stream:
-                return method(self, call, *args, **kwargs)
-        except (OpError, CollectiveError) as exc:
-            self._refused_alone = self._seq  # failed mid-call here: the others may wait in it
-            watch.failed(exc)
-            raise
-        except MpicollError as exc:
-            watch.failed(exc, refused=True)
-            raise
-        except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
-            self._refused_alone = self._seq
-            watch.failed(exc)
-            raise CollectiveError(f"{name} (call #{self._seq}) failed on rank {self.rank}: "
-                                  f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            watch.leave()
-            if tracer is not None:
-                tracer.end_call()
-            self._call = None
-            self._entry.release()
+        return numbered(self, name, _site or sys._getframe(1), args, kwargs, method, stream,
+                        _refusal)
 
     return collective
+
+
+def numbered(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
+             stream: Any = None, refusal: Exception | None = None,
+             bound: Callable[[Any], Any] | None = None) -> Any:
+    """One call of ``c``, made at ``site``: numbered, watched, one thread at a time, with
+    its refusal (if any) settled as every stage's, then ``method(c, call, *args,
+    **kwargs)``, or ``bound(call)``: a plan's start as its first start decided it
+    (``mpicoll.plan``). Nothing but mpicoll's errors leaves it."""
+    if not c._entry.acquire(False):
+        raise ConcurrentCallError(busy(c, name))
+    b, tracer, watch = c._backend, c._tracer, c._watch
+    try:
+        c._seq += 1
+        # the call's record: the flight recorder's entry, with the watchdog's clock
+        call = c._call = watch.enter(c._seq, name, site, args, kwargs)
+        b.transport.begin()  # the call's tag: every rank advances it, refused or not
+        if b.separate_control:
+            b.control.begin()
+        if tracer is not None:
+            tracer.begin_call(name)
+        if c._refused_alone:
+            agree.resync(c, call)
+        if refusal is None and stream is not None and (
+                not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
+            refusal = InvalidArgumentError(
+                f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
+        if refusal is not None:
+            # a refusal of the call's parameters, as every stage's: in check mode every
+            # rank raises it; otherwise this rank at once, and its next call resyncs
+            refused = Verdict()
+            refused.refuse("params", refusal)
+            agree.settle(c, call, refused, "refused")
+        if bound is not None:
+            return bound(call)
+        if stream is None:
+            return method(c, call, *args, **kwargs)
+        with stream:
+            return method(c, call, *args, **kwargs)
+    except (OpError, CollectiveError) as exc:
+        c._refused_alone = c._seq  # failed mid-call here: the others may wait in it
+        watch.failed(exc)
+        raise
+    except MpicollError as exc:
+        watch.failed(exc, refused=True)
+        raise
+    except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
+        c._refused_alone = c._seq
+        watch.failed(exc)
+        raise CollectiveError(f"{name} (call #{c._seq}) failed on rank {c.rank}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        watch.leave()
+        if tracer is not None:
+            tracer.end_call()
+        c._call = None
+        c._entry.release()
 
 
 def announce(c: Any, label: str, site: Any, refusal: Exception | None) -> None:
