@@ -220,3 +220,29 @@ def test_tune_round_trips_and_changes_auto(world, shared_dir, monkeypatch):
         np.testing.assert_array_equal(comm.all_reduce(x), np.full(5, sum(range(1, world.size + 1))))
     finally:
         selection.reload()  # read again lazily, after monkeypatch restores the variable
+
+
+def test_plan_rows_are_checked_and_beside_the_per_call_rows(world, shared_dir, broken_all_reduce):
+    out_json = os.path.join(shared_dir, "plan.json")
+    assert main(["all", *SMALL, "--plan", "--algo", "ring,native,auto", "--json", out_json]) == 0
+    world.barrier()
+    rows = json.load(open(out_json))["rows"]
+    names = {r["algorithm"] for r in rows if r["collective"] == "all_reduce"}
+    assert {"ring+plan", "native+plan", "auto+plan", "ring", "mpi_library"} <= names
+    assert all(r["wrong"] == 0 for r in rows)
+    # a plan of a wrong algorithm is caught as its per-call row is
+    assert main(["all_reduce", *SMALL, "--plan", "--algo", broken_all_reduce,
+                 "--json", out_json]) == 1
+    world.barrier()
+    rows = json.load(open(out_json))["rows"]
+    assert all(r["wrong"] > 0 for r in rows
+               if r["algorithm"] == f"{broken_all_reduce}+plan" and r["count"])
+
+
+def test_overhead_table_names_every_collective(world, capsys):
+    assert main(["overhead", "-n", "1", "-w", "2"]) == 0
+    if world.rank == 0:
+        out = capsys.readouterr().out
+        assert "per-call overhead at 8B" in out
+        for collective in (*RECORDS, "barrier"):
+            assert any(line.split()[:1] == [collective] for line in out.splitlines()), collective

@@ -202,10 +202,12 @@ class Call:
         self.comm, self.collective, self.x, self.op, self.root = comm, collective, x, op, root
         self.inplace = inplace and collective in INPLACE
         record, p, is_root = RECORDS[collective], comm.size, comm.rank == root
-        fn = getattr(comm, collective)
+        fn, init = getattr(comm, collective), getattr(comm, f"{collective}_init")
+        self._plans: dict[str, Any] = {}
         if collective == "broadcast":  # always in place: the root's buffer, others' receive
             self.buf = x.copy()
             self._run = lambda algo: comm.broadcast(self.buf, root, algorithm=algo)
+            self._init = lambda algo: comm.broadcast_init(self.buf, root, algorithm=algo)
             return
         if self.inplace:
             self.buf = (empty((p, *x.shape), x.dtype, like=x) if collective == "all_gather"
@@ -217,11 +219,13 @@ class Call:
             else:
                 args = (mine,)
             self._run = lambda algo: fn(*args, algorithm=algo, out=out)
+            self._init = lambda algo: init(*args, algorithm=algo, out=out)
             return
         self.buf = None
         out = empty(result_shape(collective, x, p), x.dtype, like=x)
         if collective == "scatter":
             self._run = lambda algo: comm.scatter(x, root, algorithm=algo, out=out)
+            self._init = lambda algo: comm.scatter_init(x, root, algorithm=algo, out=out)
             return
         out = out if is_root or not record.rooted else None
         if record.reduces:
@@ -229,6 +233,15 @@ class Call:
         else:
             args = (x, root) if record.rooted else (x,)
         self._run = lambda algo: fn(*args, algorithm=algo, out=out)
+        self._init = lambda algo: init(*args, algorithm=algo, out=out)
+
+    def run_plan(self, algorithm: str) -> np.ndarray | None:
+        """The same call through a persistent plan (``<collective>_init``), made at its
+        first run and started by ``plan()`` from then on."""
+        plan = self._plans.get(algorithm)
+        if plan is None:
+            plan = self._plans[algorithm] = self._init(algorithm)
+        return plan()
 
     def reset(self) -> None:
         if self.buf is None or self.collective == "broadcast":
@@ -249,6 +262,7 @@ def make_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
 
 
 TIMINGS = ("barrier", "back-to-back")
+PLAN_SUFFIX = "+plan"  # the rows of an algorithm run through a persistent plan
 
 
 def time_calls(comm: Communicator, call: Callable[[], object], iters: int, warmup: int,
@@ -401,6 +415,15 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
             if args.check:
                 call.reset()
                 wrongs[name] = count_wrong(comm, runs[name](), reference)
+        for name in names if args.plan else ():  # the same call through a persistent plan
+            if name == library_name:
+                continue
+            planned = f"{name}{PLAN_SUFFIX}"
+            runs[planned] = functools.partial(call.run_plan, name)
+            wrongs[planned] = 0
+            if args.check:
+                call.reset()
+                wrongs[planned] = count_wrong(comm, runs[planned](), reference)
         wrong_total += sum(wrongs.values())
         if args.buffer == "cupy":
             from mpicoll.cuda import current_stream
@@ -408,12 +431,13 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
             runs = {name: _synchronized(run, current_stream()) for name, run in runs.items()}
         timed = time_interleaved(comm, runs, args.iters, args.warmup_iters,
                                  lambda: comm.barrier(algorithm="native"), args.timing)
-        measured = {name: (timed[name], wrongs[name]) for name in names}
+        measured = {name: (timed[name], wrongs[name]) for name in runs}
         for name, (times, wrong) in measured.items():
             seconds = statistics.median(times)
             algbw = size / seconds / 1e9 if seconds > 0 else 0.0
-            stand_in = "native" if name in (library_name, "auto") else name
-            if name == "auto":
+            stand_in = name.removesuffix(PLAN_SUFFIX)
+            stand_in = "native" if stand_in in (library_name, "auto") else stand_in
+            if name.removesuffix(PLAN_SUFFIX) == "auto":
                 stand_in = comm.auto_algorithm(collective, size, args.op if record.reduces
                                                else None, dtype)
             rows.append(Row(
@@ -432,6 +456,61 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
             say(report.table_row(row))
         sys.stdout.flush()
     return rows, wrong_total
+
+
+OVERHEAD_ITERS = 100  # calls per -n: small calls need many to time well (-n 20: 2000)
+
+
+def default_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
+                 root: int) -> Callable[[], object]:
+    """The call as a user writes it first: no algorithm, no out= (broadcast in place)."""
+    record, fn = RECORDS[collective], getattr(comm, collective)
+    if collective == "broadcast":
+        buf = x.copy()
+        return lambda: comm.broadcast(buf, root)
+    if collective == "scatter":
+        return lambda: comm.scatter(x if comm.rank == root else None, root)
+    if record.reduces:
+        return functools.partial(fn, x, op, root) if record.rooted else functools.partial(fn, x, op)
+    return functools.partial(fn, x, root) if record.rooted else functools.partial(fn, x)
+
+
+def overhead(comm: Communicator, args: argparse.Namespace, say: Callable[..., None]) -> int:
+    """The per-call overhead table: every collective at ``-b`` bytes (default 8 B), the MPI
+    library's call on ready buffers against mpicoll's default call, ``native`` and a plan
+    (``plan()``), each timed back to back over 100 x ``-n`` calls (2000 by default), in
+    one run."""
+    dtype, iters = np.dtype(args.datatype), args.iters * OVERHEAD_ITERS
+    nbytes = args.size_list[0]
+    say(f"\n# per-call overhead at {report.human(nbytes)} ({dtype.name}, op {args.op}, "
+        f"{comm.size} ranks; median of {iters} back-to-back calls, the slowest rank's)")
+    say(f"# {'collective':>14} {'library(us)':>11} {'default(us)':>11} {'x':>5} "
+        f"{'native(us)':>10} {'x':>5} {'plan(us)':>9} {'x':>5}")
+    barrier = lambda: comm.barrier(algorithm="native")  # noqa: E731
+    worst = 0.0
+    for collective in (*RECORDS, "barrier"):
+        if collective == "barrier":
+            runs = {"library": functools.partial(comm.native_collective("barrier"),
+                                                 comm.transport),
+                    "default": comm.barrier,
+                    "native": lambda: comm.barrier(algorithm="native"),
+                    "plan": comm.barrier_init()}
+        else:
+            x = on_buffer(make_input(comm, collective, nbytes, dtype, args.op), args.buffer)
+            call = Call(comm, collective, x, args.op, args.root)
+            runs = {"library": library_call(comm, collective, x, args.op, args.root),
+                    "default": default_call(comm, collective, x, args.op, args.root),
+                    "native": functools.partial(call.run, "native"),
+                    "plan": functools.partial(call.run_plan, "auto")}
+        timed = time_interleaved(comm, runs, iters, args.warmup_iters, barrier, "back-to-back")
+        us = {name: statistics.median(times) * 1e6 for name, times in timed.items()}
+        ratio = {name: us[name] / us["library"] for name in us}
+        worst = max(worst, ratio["default"])
+        say(f"  {collective:>14} {us['library']:>11.2f} {us['default']:>11.2f} "
+            f"{ratio['default']:>5.2f} {us['native']:>10.2f} {ratio['native']:>5.2f} "
+            f"{us['plan']:>9.2f} {ratio['plan']:>5.2f}")
+    say(f"# the default call's overhead is at most {worst:.2f}x the library's call")
+    return 0
 
 
 def _gpu_problem() -> str | None:
@@ -481,7 +560,8 @@ def _parser() -> _Parser:
         description="Time every algorithm of a collective against the MPI library's own.")
     parser.add_argument("collective", nargs="?", default="all_reduce",
                         help="collective to time (or several, comma-separated), all of them, "
-                             "or tune (write a tuning file)")
+                             "tune (write a tuning file), or overhead (the per-call overhead "
+                             "table: every collective at -b bytes against the library's call)")
     parser.add_argument("-b", "--minbytes", default="8", help="smallest size (K, M, G suffixes)")
     parser.add_argument("-e", "--maxbytes", default="64M", help="largest size")
     parser.add_argument("-f", "--stepfactor", type=float, default=8.0, help="size factor")
@@ -499,6 +579,9 @@ def _parser() -> _Parser:
     parser.add_argument("--backend", default="mpi", choices=["mpi", "nccl"])
     parser.add_argument("--buffer", default="numpy", choices=["numpy", "cupy"])
     parser.add_argument("--inplace", action="store_true", help="result over the input")
+    parser.add_argument("--plan", action="store_true",
+                        help="also time each algorithm through a persistent plan "
+                             "(<collective>_init, started by plan()): rows NAME+plan")
     parser.add_argument("--timing", default="barrier", choices=TIMINGS,
                         help="a barrier before each iteration (default), or back-to-back")
     parser.add_argument("--format", default="table", choices=FORMATS,
@@ -527,7 +610,8 @@ def _collectives(names: str) -> list[str]:
 def _check_arguments(parser: _Parser, args: argparse.Namespace) -> None:
     """Every refusal the arguments alone decide, as one line (the same on every rank)."""
     tuning = args.collective == "tune"
-    chosen = _collectives(args.collectives if tuning else args.collective)
+    chosen = _collectives(args.collectives if tuning else
+                          "all" if args.collective == "overhead" else args.collective)
     unknown = [c for c in chosen if c not in RECORDS]
     if unknown:
         parser.error(f"{'--collectives: ' if tuning else ''}unknown collective "
@@ -601,6 +685,8 @@ def main(argv: list[str] | None = None) -> int:
         from .tune import tune
 
         return tune(comm, args, args.size_list, params, say)
+    if args.collective == "overhead":
+        return overhead(comm, args, say)
     collectives = _collectives(args.collective)
     layouts = (False, True) if args.format == "nccl" else (args.inplace,)
     progress = report.Progress(

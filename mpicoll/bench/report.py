@@ -156,8 +156,8 @@ def fastest_lines(rows: list[Any]) -> list[str]:
     and ``native`` (the library's collective through mpicoll, marked with a *)."""
     lines = []
     for collective in dict.fromkeys(r.collective for r in rows):
-        mine = [r for r in rows if r.collective == collective
-                and r.algorithm not in (*LIBRARY_ROWS, "auto")]
+        mine = [r for r in rows if r.collective == collective  # per call: plans apart
+                and r.algorithm not in (*LIBRARY_ROWS, "auto") and not r.algorithm.endswith("+plan")]
         winners = []
         for size in sorted({r.size for r in mine}):
             at = [r for r in mine if r.size == size]
@@ -243,7 +243,8 @@ def auto_lines(rows: list[Any]) -> list[str]:
     """Per collective, how far ``auto`` is from the fastest row (and from ``native``)."""
     lines = []
     for collective in dict.fromkeys(r.collective for r in rows):
-        mine = [r for r in rows if r.collective == collective and r.algorithm not in LIBRARY_ROWS]
+        mine = [r for r in rows if r.collective == collective and r.algorithm not in LIBRARY_ROWS
+                and not r.algorithm.endswith("+plan")]
         worst_best = worst_native = (1.0, 0)
         for size in sorted({r.size for r in mine}):
             at = {r.algorithm: r.time_us for r in mine if r.size == size}
