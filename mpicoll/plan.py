@@ -60,7 +60,6 @@ class Plan:
         self._site = site
         self._work: Work | None = None
         self._bound: Any = None  # plan(): the start as decided by the first (see _bind_*)
-        self._requests: list[Any] = []  # the MPI library's persistent requests it made
         self._freed = False
         self.starts = 0  # how many times it was started
 
@@ -131,22 +130,12 @@ class Plan:
         finally:
             self._freed = True
             self._args, self._kwargs, self._bound = (), {}, None
-            for request in self._requests:
-                _free_request(request)
-            self._requests.clear()
 
     def __enter__(self) -> Plan:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.free()
-
-
-def _free_request(request: Any) -> None:
-    from mpi4py import MPI
-
-    if not MPI.Is_finalized():
-        request.Free()
 
 
 def _bound_result(comm: Any, collective: str, args: tuple, kwargs: dict) -> Any:
@@ -262,15 +251,13 @@ def _bind_all_reduce(plan: Plan) -> Any:
         def reduce(call: Any) -> None:
             _reducing(comm, call, opd, fn, t, src, dst, opd)
     elif name == "native" and comm.backend == "mpi":
-        # the MPI library's persistent collective (MPI-4's MPI_Allreduce_init): the
-        # buffers, datatype and op handed to MPI once; each start is MPI_Start + MPI_Wait
-        request = _persistent_all_reduce(t, src, dst, opd)
-        plan._requests.append(request)
-        start_request, wait_request = request.Start, request.Wait
+        # the MPI library's MPI_Allreduce with its arguments made once: the very call the
+        # whole path makes (never MPI's persistent MPI_Allreduce_init, which does not match
+        # a blocking MPI_Allreduce: a rank taking the whole path must meet the same call)
+        allreduce, send, recv, mop = _native_all_reduce(t, src, dst, opd)
 
         def reduce(call: Any) -> None:
-            start_request()
-            wait_request()
+            allreduce(send, recv, mop)
     else:
         def reduce(call: Any) -> None:
             fn(t, src, dst, opd)
@@ -286,8 +273,8 @@ def _bind_all_reduce(plan: Plan) -> Any:
     return start
 
 
-def _persistent_all_reduce(t: Any, src: np.ndarray, dst: np.ndarray, op: Any) -> Any:
-    """MPI_Allreduce_init on the transport's communicator (in place when src is dst)."""
+def _native_all_reduce(t: Any, src: np.ndarray, dst: np.ndarray, op: Any) -> tuple:
+    """(comm.Allreduce, send, receive, op) as ``native.native_all_reduce`` makes them."""
     from mpi4py import MPI
 
     from .native import mpi_op
@@ -295,7 +282,199 @@ def _persistent_all_reduce(t: Any, src: np.ndarray, dst: np.ndarray, op: Any) ->
     datatype, mop = mpi_op(op, src.dtype)
     recv = dst if datatype is None else [dst, dst.size, datatype]
     send = MPI.IN_PLACE if src is dst else src if datatype is None else [src, src.size, datatype]
-    return t.comm.Allreduce_init(send, recv, mop)
+    return t.comm.Allreduce, send, recv, mop
 
 
-_BINDERS = {"all_reduce": _bind_all_reduce}
+def _host_plan(plan: Plan) -> bool:
+    """Whether the plan's starts may run as decided: no check mode, traces or stream
+    (each start then decides as a call), and a contiguous host input."""
+    comm, args = plan.comm, plan._args
+    x = args[0] if args else None
+    return not (comm.check or comm._tracer is not None or plan._stream is not None
+                or comm._backend.separate_control
+                or type(x) is not np.ndarray or not x.flags.c_contiguous)
+
+
+def _result(plan: Plan, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+    """The plan's bound out= where it is a contiguous host array of the result's shape."""
+    out = plan._kwargs.get("out")
+    if type(out) is not np.ndarray or not out.flags.c_contiguous or out.shape != shape \
+            or out.dtype != dtype:
+        return None
+    return out
+
+
+def _options(kwargs: dict) -> dict | None:
+    return {k: v for k, v in kwargs.items() if k not in ("op", "algorithm", "out", "counts")} or None
+
+
+def _recorded(plan: Plan, name: str, nbytes: int, run: Any) -> Any:
+    """A start: the flight recorder's algorithm and bytes (as choose writes), then run."""
+    watch = plan.comm._watch
+
+    def start(call: Any) -> Any:
+        rec = watch.current
+        rec.algorithm, rec.nbytes = name, nbytes
+        return run(call)
+
+    return start
+
+
+def _bind_reduce(plan: Plan) -> Any:
+    """reduce: the chosen function on the bound input and (at the root) result, with the
+    whole path's copy of an input the result overlaps, and its average."""
+    from .pipeline.run import _input, _reducing
+
+    if not _host_plan(plan):
+        return None
+    comm, args, kwargs = plan.comm, plan._args, plan._kwargs
+    x = args[0]
+    op = args[1] if len(args) > 1 else kwargs.get("op", "sum")
+    root = args[2] if len(args) > 2 else kwargs.get("root", 0)
+    is_root = comm.rank == root
+    out = _result(plan, x.shape, x.dtype) if is_root else None
+    if is_root and out is None:
+        return None
+    opd = resolve_op(op, x.dtype)
+    fn, name = comm._chooser._resolve("reduce", kwargs.get("algorithm", "auto"), x.nbytes, opd,
+                                      _options(kwargs), x.dtype, False)
+    t, size, flat_x = comm._backend.transport, comm.size, x.reshape(-1)
+    dst = None if out is None else out.reshape(-1)
+    divide = is_root and opd.average and fn not in comm._backend.averages_itself
+
+    def run(call: Any) -> Any:
+        _reducing(comm, call, opd, fn, t, _input(t, flat_x, dst), dst, opd, root)
+        if divide:
+            np.true_divide(dst, size, out=dst)
+        return out
+
+    return _recorded(plan, name, x.nbytes, run)
+
+
+def _bind_reduce_scatter(plan: Plan) -> Any:
+    """reduce_scatter: even rows (or the bound counts) of the bound input into the result."""
+    from .buffers import counts_bounds, even_bounds
+    from .pipeline.run import _input, _reducing
+
+    if not _host_plan(plan):
+        return None
+    comm, args, kwargs = plan.comm, plan._args, plan._kwargs
+    x, counts = args[0], kwargs.get("counts")
+    if counts is None:
+        if x.ndim == 0 or x.shape[0] != comm.size:
+            return None
+        bounds, shape = even_bounds(x[0].size, comm.size), x.shape[1:]
+    else:
+        counts = [int(c) for c in counts]
+        bounds, shape = counts_bounds(counts), (counts[comm.rank],)
+    out = _result(plan, shape, x.dtype)
+    if out is None:
+        return None
+    op = args[1] if len(args) > 1 else kwargs.get("op", "sum")
+    opd = resolve_op(op, x.dtype)
+    fn, name = comm._chooser._resolve("reduce_scatter", kwargs.get("algorithm", "auto"),
+                                      x.nbytes, opd, _options(kwargs), x.dtype, counts is not None)
+    t, size, flat_x, dst = comm._backend.transport, comm.size, x.reshape(-1), out.reshape(-1)
+    divide = opd.average and fn not in comm._backend.averages_itself
+
+    def run(call: Any) -> Any:
+        _reducing(comm, call, opd, fn, t, _input(t, flat_x, dst), bounds, opd, dst)
+        if divide:
+            np.true_divide(dst, size, out=dst)
+        return out
+
+    return _recorded(plan, name, x.nbytes, run)
+
+
+def _bind_all_gather(plan: Plan) -> Any:
+    """all_gather: this rank's block copied into the bound result, then the chosen function."""
+    from .arrays import same_memory
+    from .buffers import even_bounds
+
+    if not _host_plan(plan):
+        return None
+    comm, kwargs = plan.comm, plan._kwargs
+    x = plan._args[0]
+    out = _result(plan, (comm.size, *x.shape), x.dtype)
+    if out is None:
+        return None
+    fn, name = comm._chooser._resolve("all_gather", kwargs.get("algorithm", "auto"),
+                                      x.nbytes * comm.size, None, _options(kwargs), None, False)
+    t, src, buf = comm._backend.transport, x.reshape(-1), out.reshape(-1)
+    bounds = even_bounds(src.size, comm.size)
+    mine = buf[bounds[comm.rank]:bounds[comm.rank + 1]]
+    in_place = same_memory(src, mine)
+
+    def run(call: Any) -> Any:
+        if not in_place:
+            mine[...] = src
+        fn(t, buf, bounds)
+        return out
+
+    return _recorded(plan, name, x.nbytes * comm.size, run)
+
+
+def _bind_gather(plan: Plan) -> Any:
+    """gather: the bound input to the root's bound result."""
+    from .buffers import even_bounds
+    from .pipeline.run import _input
+
+    if not _host_plan(plan):
+        return None
+    comm, args, kwargs = plan.comm, plan._args, plan._kwargs
+    x = args[0]
+    root = args[1] if len(args) > 1 else kwargs.get("root", 0)
+    out = _result(plan, (comm.size, *x.shape), x.dtype) if comm.rank == root else None
+    if comm.rank == root and out is None:
+        return None
+    fn, name = comm._chooser._resolve("gather", kwargs.get("algorithm", "auto"),
+                                      x.nbytes * comm.size, None, _options(kwargs), None, False)
+    t, src = comm._backend.transport, x.reshape(-1)
+    dst = None if out is None else out.reshape(-1)
+    bounds = even_bounds(src.size, comm.size)
+
+    def run(call: Any) -> Any:
+        fn(t, _input(t, src, dst), dst, bounds, root)
+        return out
+
+    return _recorded(plan, name, x.nbytes * comm.size, run)
+
+
+def _bind_all_to_all(plan: Plan) -> Any:
+    """all_to_all: row j of the bound input to rank j, into the bound result."""
+    from .buffers import even_bounds
+    from .pipeline.run import _input
+
+    if not _host_plan(plan):
+        return None
+    comm, kwargs = plan.comm, plan._kwargs
+    x = plan._args[0]
+    out = _result(plan, x.shape, x.dtype)
+    if out is None or x.ndim == 0 or x.shape[0] != comm.size:
+        return None
+    fn, name = comm._chooser._resolve("all_to_all", kwargs.get("algorithm", "auto"), x.nbytes,
+                                      None, _options(kwargs), None, False)
+    t, src, dst = comm._backend.transport, x.reshape(-1), out.reshape(-1)
+    bounds = even_bounds(src.size // comm.size, comm.size)
+
+    def run(call: Any) -> Any:
+        fn(t, _input(t, src, dst), bounds, dst, bounds)
+        return out
+
+    return _recorded(plan, name, x.nbytes, run)
+
+
+def _bind_barrier(plan: Plan) -> Any:
+    comm = plan.comm
+    if comm.check or comm._tracer is not None or comm._backend.separate_control:
+        return None
+    fn, name = comm._chooser._resolve("barrier", plan._kwargs.get("algorithm", "auto"), 0,
+                                      None, _options(plan._kwargs), None, False)
+    t = comm._backend.transport
+    return _recorded(plan, name, 0, lambda call: fn(t))
+
+
+# broadcast and scatter keep the whole path: the root's header goes with every call
+_BINDERS = {"all_reduce": _bind_all_reduce, "reduce": _bind_reduce,
+            "reduce_scatter": _bind_reduce_scatter, "all_gather": _bind_all_gather,
+            "gather": _bind_gather, "all_to_all": _bind_all_to_all, "barrier": _bind_barrier}

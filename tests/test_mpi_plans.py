@@ -14,6 +14,10 @@ from mpicoll.algorithms import REGISTRY
 pytestmark = pytest.mark.mpi
 
 CASES = [(c, a) for c in mpicoll.COLLECTIVES for a in [*REGISTRY[c], "native", "auto"]]
+# the plans whose later starts run as the first decided (broadcast and scatter send the
+# root's header with every start, so they keep the whole path)
+DECIDED = ("all_reduce", "reduce", "reduce_scatter", "all_gather", "gather", "all_to_all",
+           "barrier")
 
 
 def _fill(x: np.ndarray, rank: int, step: int) -> None:
@@ -78,6 +82,8 @@ def test_a_plan_started_again_and_again_on_refilled_input(world, collective, alg
                 continue
             np.testing.assert_array_equal(got, _expected(collective, p, r, step, shape))
             results.append(got)
+        if form == "call" and collective in DECIDED:  # starts 2 and 3 ran as decided
+            assert plan._bound is not None
     assert plan.starts == 3
     if results and collective not in ("broadcast", "scatter") or (collective == "scatter" and r == 0):
         assert all(res is results[0] for res in results), "the plan's result is bound once"
@@ -218,3 +224,18 @@ def test_a_plan_start_after_a_refusal_alone_resyncs_first(world):
 def _line_of(text: str) -> int:
     with open(__file__) as f:
         return next(i for i, line in enumerate(f, 1) if text in line)
+
+
+@pytest.mark.parametrize("algorithm", [*REGISTRY["all_reduce"], "native"])
+def test_one_rank_on_the_whole_path_meets_the_others_decided_starts(world, algorithm):
+    """Whether a rank runs its starts as decided is its own (here rank 0's read-only
+    input keeps it on the whole path): the messages must be the same either way."""
+    raw = np.zeros(4)
+    x = np.frombuffer(raw.tobytes()) if world.rank == 0 else raw
+    with world.all_reduce_init(x, algorithm=algorithm) as plan:
+        for step in range(3):
+            if world.rank != 0:
+                x[...] = step + 1.0
+            want = (world.size - 1) * (step + 1.0)
+            np.testing.assert_array_equal(plan(), np.full(4, want))
+        assert (plan._bound is None) == (world.rank == 0)
