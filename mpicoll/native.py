@@ -243,5 +243,3 @@ NATIVE = {  # each: (function, positions of the buffers it reads, and of those i
     "all_to_all": _staged(native_all_to_all, (0,), (2,)),
     "barrier": native_barrier,
 }
-
-NATIVE_COSTS = {c: "the MPI library's own collective" for c in NATIVE}

@@ -255,20 +255,8 @@ class Call:
         return self._run(algorithm)
 
 
-def make_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
-              root: int) -> Callable[[str], np.ndarray | None]:
-    """A function running one call of ``collective`` through mpicoll with an algorithm."""
-    return Call(comm, collective, x, op, root).run
-
-
 TIMINGS = ("barrier", "back-to-back")
 PLAN_SUFFIX = "+plan"  # the rows of an algorithm run through a persistent plan
-
-
-def time_calls(comm: Communicator, call: Callable[[], object], iters: int, warmup: int,
-               barrier: Callable[[], None], timing: str = "barrier") -> list[float]:
-    """Per-iteration times of one call, each the slowest rank's; warm-up excluded."""
-    return time_interleaved(comm, {"call": call}, iters, warmup, barrier, timing)["call"]
 
 
 def time_interleaved(comm: Communicator, calls: dict[str, Callable[[], object]], iters: int,
