@@ -26,12 +26,14 @@ from .errors import (
     UnsupportedOpError,
 )
 from .ops import Op, ReduceOp
+from .p2p import ANY, P2POp, Request
 from .plan import Plan
 from .work import Work
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ANY",
     "BACKENDS",
     "Bucketer",
     "COLLECTIVES",
@@ -46,9 +48,11 @@ __all__ = [
     "MpicollError",
     "OpError",
     "Op",
+    "P2POp",
     "Plan",
     "ReduceOp",
     "RemoteError",
+    "Request",
     "UnsupportedDtypeError",
     "UnsupportedOpError",
     "Work",

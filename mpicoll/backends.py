@@ -64,6 +64,7 @@ class Backend:
         self.traceable = traceable
         self.averages_itself = averages_itself  # native functions that divide avg themselves
         self._make_duplicate = make_duplicate
+        self.peers: Any = None  # the program's point-to-point messages (None: not here)
 
 
     def duplicate(self) -> Backend:
@@ -71,6 +72,8 @@ class Backend:
         return self._make_duplicate()
 
     def free(self) -> None:
+        if self.peers is not None:
+            self.peers.free()
         for t in {id(self.transport): self.transport, id(self.control): self.control}.values():
             t.free()
 
@@ -103,11 +106,17 @@ def mpi_comm(comm: Any) -> Any:
 def mpi_backend(comm: Any = None) -> Backend:
     comm = mpi_comm(comm)
     from .native import NATIVE, check_op
-    from .transport.mpi import MPITransport
+    from .transport.mpi import MPIPeers, MPITransport
 
     transport = MPITransport(comm)
-    return Backend("mpi", transport, NATIVE, check_op,
-                   make_duplicate=lambda: mpi_backend(transport.comm))
+    backend = Backend("mpi", transport, NATIVE, check_op,
+                      make_duplicate=lambda: mpi_backend(transport.comm))
+    try:
+        backend.peers = MPIPeers(transport)
+    except Exception:
+        transport.free()
+        raise
+    return backend
 
 
 def nccl_backend(comm: Any = None) -> Backend:
@@ -141,8 +150,12 @@ def local_backend(endpoint: Any) -> Backend:
 
     if not isinstance(endpoint, LocalTransport):
         raise InvalidArgumentError("comm: backend 'local' takes a LocalWorld endpoint")
-    return Backend("local", endpoint, {}, _no_native,
-                   make_duplicate=lambda: local_backend(endpoint.duplicate()))
+    from .transport.local import LocalPeers
+
+    backend = Backend("local", endpoint, {}, _no_native,
+                      make_duplicate=lambda: local_backend(endpoint.duplicate()))
+    backend.peers = LocalPeers(endpoint)
+    return backend
 
 
 def make_backend(name: Any, comm: Any) -> Backend:

@@ -19,7 +19,9 @@ import numpy as np
 from .algorithms import COLLECTIVES
 from .backends import BACKENDS, Backend, make_backend
 from .errors import ConcurrentCallError, InvalidArgumentError
+from .groups import Groups
 from .ops import Op, ReduceOp, resolve_op
+from .p2p import PointToPoint
 from .pipeline import agree, run
 from .pipeline.choose import Chooser, check_collective
 from .pipeline.choose import algorithms as _names
@@ -42,7 +44,7 @@ def algorithms(collective: str, backend: str = "mpi") -> list[str]:
     return _names(collective, backend != "local")
 
 
-class Communicator:
+class Communicator(PointToPoint, Groups):
     """Collectives with named algorithms over MPI, NCCL, or threads in one process.
 
     Args:

@@ -224,10 +224,11 @@ class Watch:
             rec.state = DONE
         self.started = 0.0
 
-    def aside(self, call: Any) -> Any:
-        """Watch a collective step that is not a numbered call (making a duplicate) under
-        ``call``'s name, outside the flight recorder: ``with watch.aside(call): ...``."""
-        return _Aside(self, call)
+    def aside(self, call: Any, note: str = "") -> Any:
+        """Watch a step that is not a numbered call (making a duplicate, a point-to-point
+        message) under ``call``'s name, outside the flight recorder: ``with
+        watch.aside(call): ...``; ``note``: what it waits for (default: every rank)."""
+        return _Aside(self, call, note)
 
     def failed(self, exc: BaseException, refused: bool = False) -> None:
         text = " ".join(str(exc).split())  # one line: MPI's error stacks span several
@@ -303,14 +304,15 @@ class Watch:
 
 
 class _Aside:
-    def __init__(self, watch: Watch, call: Any) -> None:
-        self.watch, self.call, self.record = watch, call, Record()
+    def __init__(self, watch: Watch, call: Any, note: str = "") -> None:
+        self.watch, self.call, self.record, self.note = watch, call, Record(), note
 
     def __enter__(self) -> None:
         self.saved = self.watch.current, self.watch.started
         self.watch.current = self.record
         self.record.call, self.record.state = self.call, RUNNING
-        self.record.note = f"waiting for every rank to make the {self.call.collective} (collective)"
+        self.record.note = self.note or \
+            f"waiting for every rank to make the {self.call.collective} (collective)"
         self.watch.started = self.record.start = time.monotonic()
 
     def __exit__(self, *exc: Any) -> None:

@@ -21,7 +21,8 @@ LAYERS = [
     ("backends and choice", ["native", "native_nccl", "backends", "tuning", "mpich_selection",
                              "mpich_rules", "model", "selection"]),
     ("pipeline", ["pipeline"]),
-    ("api", ["communicator", "monitored", "work", "plan", "bucketer", "local", ""]),
+    ("api", ["communicator", "monitored", "work", "plan", "p2p", "groups", "bucketer",
+             "local", "dist", ""]),
     ("tools", ["bench", "trace", "tracefile", "hang", "viz", "examples", "model.__main__",
                "model.fit"]),
 ]

@@ -39,7 +39,9 @@ class LocalWorld:
         self.timeout = timeout
         self.aborted = threading.Event()
         self.mailboxes = [[queue.SimpleQueue() for _ in range(size)] for _ in range(size)]
+        self.board = PeerBoard()  # the program's own point-to-point messages
         self._duplicates: dict[int, LocalWorld] = {}
+        self._subworlds: dict[tuple[int, int], LocalWorld] = {}
         self._lock = threading.Lock()
 
     def duplicate(self, index: int) -> LocalWorld:
@@ -52,8 +54,130 @@ class LocalWorld:
                 self._duplicates[index] = twin
             return self._duplicates[index]
 
+    def subworld(self, split: int, color: int, size: int) -> LocalWorld:
+        """The world of ``color`` in this world's ``split``-th split (made by the first of
+        its ranks that asks), aborted together with this one."""
+        with self._lock:
+            key = (split, color)
+            if key not in self._subworlds:
+                sub = LocalWorld(size, self.timeout)
+                sub.aborted = self.aborted
+                self._subworlds[key] = sub
+            return self._subworlds[key]
+
     def endpoint(self, rank: int) -> LocalTransport:
         return LocalTransport(self, rank)
+
+
+class PeerBoard:
+    """The point-to-point messages of a LocalWorld's ranks: posted in order, taken by the
+    first that matches (source or any, tag), as MPI matches them."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.messages: list[tuple[int, int, int, bytes]] = []  # (source, dest, tag, data)
+
+    def post(self, source: int, dest: int, tag: int, data: bytes) -> None:
+        with self.cond:
+            self.messages.append((source, dest, tag, data))
+            self.cond.notify_all()
+
+    def _match(self, dest: int, source: int, tag: int) -> int:
+        for i, (s, d, t, _) in enumerate(self.messages):
+            if d == dest and t == tag and (source < 0 or s == source):
+                return i
+        return -1
+
+    def take(self, dest: int, source: int, tag: int, buf: Any, seconds: float,
+             aborted: threading.Event) -> int | None:
+        """Receive the first matching message into ``buf``: its source, or None when none
+        came within ``seconds`` (0: do not wait)."""
+        deadline = time.monotonic() + seconds
+        with self.cond:
+            while True:
+                if aborted.is_set():
+                    raise AbortedError(f"rank {dest}: another rank failed; giving up")
+                i = self._match(dest, source, tag)
+                if i >= 0:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(min(left, 0.05))
+            s, _, _, data = self.messages[i]
+            if len(data) > buf.nbytes:
+                raise MismatchError(
+                    f"rank {dest}: the message from rank {s} (tag {tag}) has {len(data)} "
+                    f"bytes; the receive buffer only {buf.nbytes}")
+            del self.messages[i]
+        assign_from_host(buf.reshape(-1).view(np.uint8)[:len(data)], np.frombuffer(data, np.uint8))
+        return s
+
+
+class LocalPeers:
+    """One thread-rank's point-to-point messages (``comm.send``/``recv``), on its world's
+    board: never mixed with the collectives' mailboxes."""
+
+    def __init__(self, transport: LocalTransport) -> None:
+        self.transport, self.rank = transport, transport.rank
+        self.board = transport.world.board
+        self.max_tag = (1 << 31) - 1
+
+    def send(self, buf: Any, dest: int, tag: int) -> None:
+        self.board.post(self.rank, dest, tag, _host_bytes(buf))
+
+    def recv(self, buf: Any, source: int, tag: int) -> int:
+        t = self.transport
+        got = self.board.take(self.rank, source, tag, buf, t.timeout or float("inf"),
+                              t.world.aborted)
+        if got is None:
+            t.world.aborted.set()
+            raise CollectiveTimeoutError(
+                f"mpicoll: timeout: rank {self.rank}: no message from "
+                f"{'any rank' if source < 0 else f'rank {source}'} (tag {tag}) in "
+                f"{t.timeout:g} s")
+        return got
+
+    def sendrecv(self, sendbuf: Any, dest: int, send_tag: int, recvbuf: Any, source: int,
+                 recv_tag: int) -> int:
+        self.send(sendbuf, dest, send_tag)
+        return self.recv(recvbuf, source, recv_tag)
+
+    def isend(self, buf: Any, dest: int, tag: int) -> LocalPeerRequest:
+        self.send(buf, dest, tag)  # buffered: complete at once
+        return LocalPeerRequest(self, None, -1, tag, done=True)
+
+    def irecv(self, buf: Any, source: int, tag: int) -> LocalPeerRequest:
+        return LocalPeerRequest(self, buf, source, tag)
+
+    def free(self) -> None:
+        """Nothing to release."""
+
+
+class LocalPeerRequest:
+    def __init__(self, peers: LocalPeers, buf: Any, source: int, tag: int,
+                 done: bool = False) -> None:
+        self.peers, self.buf, self.source, self.tag = peers, buf, source, tag
+        self.finished, self.got = done, None
+
+    def wait(self) -> int | None:
+        if not self.finished:
+            self.got = self.peers.recv(self.buf, self.source, self.tag)
+            self.finished = True
+        return self.got
+
+    def test(self) -> bool:
+        if not self.finished:
+            p = self.peers
+            got = p.board.take(p.rank, self.source, self.tag, self.buf, 0,
+                               p.transport.world.aborted)
+            if got is not None:
+                self.got, self.finished = got, True
+        return self.finished
+
+
+def _host_bytes(buf: Any) -> bytes:
+    return buf.tobytes() if type(buf) is np.ndarray else buf.get().tobytes()
 
 
 class _Recv:

@@ -279,3 +279,90 @@ class MPITransport(Workspace):
     def _release(self, mark: Any) -> None:
         if mark is not None:
             self._staging.release(mark)
+
+
+class MPIPeers:
+    """The program's own point-to-point messages (``comm.send``/``recv``) on a communicator
+    of their own, so that no user tag ever meets a collective's messages. Made with the
+    Communicator (a collective MPI_Comm_dup); GPU buffers go as the data transport decides
+    (CUDA-aware, or copied through host memory)."""
+
+    def __init__(self, transport: MPITransport) -> None:
+        self.comm = transport.comm.Dup()
+        self.transport = transport
+        tag_ub = self.comm.Get_attr(MPI.TAG_UB)
+        self.max_tag = int(tag_ub) if tag_ub else 32767
+
+    def _outgoing(self, buf: Any) -> Any:
+        if type(buf) is np.ndarray or self.transport.direct():
+            return buf
+        return buf.view(np.uint8).get()  # waits for the stream, then a host copy
+
+    def _landing(self, buf: Any) -> Any:
+        if type(buf) is np.ndarray or self.transport.direct():
+            return buf
+        return np.empty(buf.nbytes, np.uint8)
+
+    def send(self, buf: Any, dest: int, tag: int) -> None:
+        self.comm.Send([self._outgoing(buf), MPI.BYTE], dest, tag)
+
+    def recv(self, buf: Any, source: int, tag: int) -> int:
+        source = MPI.ANY_SOURCE if source < 0 else source  # mpicoll.ANY is -1
+        status = MPI.Status()
+        landing = self._landing(buf)
+        self.comm.Recv([landing, MPI.BYTE], source, tag, status)
+        if landing is not buf:
+            buf.view(np.uint8).set(landing)
+        return status.Get_source()
+
+    def sendrecv(self, sendbuf: Any, dest: int, send_tag: int, recvbuf: Any, source: int,
+                 recv_tag: int) -> int:
+        source = MPI.ANY_SOURCE if source < 0 else source
+        status = MPI.Status()
+        landing = self._landing(recvbuf)
+        self.comm.Sendrecv([self._outgoing(sendbuf), MPI.BYTE], dest, send_tag,
+                           [landing, MPI.BYTE], source, recv_tag, status)
+        if landing is not recvbuf:
+            recvbuf.view(np.uint8).set(landing)
+        return status.Get_source()
+
+    def isend(self, buf: Any, dest: int, tag: int) -> PeerRequest:
+        outgoing = self._outgoing(buf)  # kept by the request until it completes
+        return PeerRequest(self.comm.Isend([outgoing, MPI.BYTE], dest, tag), outgoing)
+
+    def irecv(self, buf: Any, source: int, tag: int) -> PeerRequest:
+        source = MPI.ANY_SOURCE if source < 0 else source
+        landing = self._landing(buf)
+        return PeerRequest(self.comm.Irecv([landing, MPI.BYTE], source, tag), landing,
+                           None if landing is buf else buf)
+
+    def free(self) -> None:
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.comm.Free()
+
+
+class PeerRequest:
+    """An MPI request of ``MPIPeers``: ``wait()`` (the source of a receive), ``test()``."""
+
+    def __init__(self, request: MPI.Request, keep: Any, device: Any = None) -> None:
+        self.request, self.keep, self.device = request, keep, device
+        self.status = MPI.Status()
+        self.finished = False
+
+    def _finish(self) -> int:
+        self.finished = True
+        if self.device is not None:  # a staged receive: now onto the GPU
+            self.device.view(np.uint8).set(self.keep)
+        self.keep = self.device = None
+        return self.status.Get_source()
+
+    def wait(self) -> int:
+        if not self.finished:
+            self.request.Wait(self.status)
+            self._finish()
+        return self.status.Get_source()
+
+    def test(self) -> bool:
+        if not self.finished and self.request.Test(self.status):
+            self._finish()
+        return self.finished

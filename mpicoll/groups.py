@@ -1,0 +1,163 @@
+"""Sub-communicators: ``comm.split(color, key)`` and ``comm.new_group(ranks)``.
+
+    rows = comm.split(color=comm.rank // 2)          # ranks 0,1 | 2,3 | ...
+    evens = comm.new_group(range(0, comm.size, 2))   # None on the odd ranks
+
+Making one is a collective every rank of ``comm`` makes, in the same order as its calls.
+It is agreed first: every rank's (color, key) travels in one numbered all_gather, so a
+bad color or key on one rank, or ``new_group`` ranks that differ between ranks, raise on
+every rank before anything is made; then MPI_Comm_split (or the local backend's own
+split) makes the group, and the new Communicator agrees its settings as any does. It
+has the parent's backend, check mode and timeout; its rank order follows ``key`` (ties
+by the parent's rank), as MPI_Comm_split's.
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidArgumentError, MismatchError
+from .watchdog import Call
+
+_BAD_COLOR, _BAD_KEY, _BAD_RANKS = 1, 2, 4
+_REASONS = {_BAD_COLOR: "color: expected an int >= 0 or None",
+            _BAD_KEY: "key: expected an int",
+            _BAD_RANKS: "ranks: expected distinct ints in range"}
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+class Groups:
+    """The Communicator's methods that make sub-communicators (see ``mpicoll.groups``)."""
+
+    def split(self, color: int | None, key: int = 0) -> Any:
+        """The Communicator of the ranks that give the same ``color`` (None: this rank
+        joins none and gets None), ordered by ``key`` then by rank (MPI_Comm_split)."""
+        faults = 0 if color is None or (_int(color) and color >= 0) else _BAD_COLOR
+        faults |= 0 if _int(key) else _BAD_KEY
+        return _split(self, color, key, faults, 0, sys._getframe(1))
+
+    def new_group(self, ranks: Iterable[int]) -> Any:
+        """The Communicator of ``ranks`` (of this one), in their given order; None on the
+        ranks not in it. Every rank passes the same ranks."""
+        try:
+            members = [int(r) if _int(r) else -1 for r in ranks]
+        except TypeError:
+            members = [-1]
+        good = len(set(members)) == len(members) and all(0 <= r < self.size for r in members)
+        faults = 0 if good else _BAD_RANKS
+        mine = members.index(self.rank) if good and self.rank in members else None
+        fingerprint = zlib.crc32(repr(members).encode())
+        return _split(self, None if mine is None else 0, mine or 0, faults, fingerprint,
+                      sys._getframe(1))
+
+    def mesh(self, shape: Any, names: Any = None) -> Mesh:
+        """An n-dimensional grid of these ranks, row-major (``shape=(2, 4), names=("dp",
+        "tp")``: ranks 0-3 and 4-7 are the two ``tp`` groups, so with ranks placed by node
+        ``tp`` stays inside a node), with this rank's group along each dimension."""
+        return make_mesh(self, shape, names)
+
+
+def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int,
+           site: Any) -> Any:
+    # agree: every rank's (faults, color, key, fingerprint) in one numbered all_gather
+    mine = np.array([faults, -1 if color is None or faults else color,
+                     0 if faults else key, fingerprint], np.int64)
+    table = comm.all_gather(mine).reshape(comm.size, 4)
+    bad = np.flatnonzero(table[:, 0]).tolist()
+    if bad:
+        reasons = sorted({_REASONS[f] for r in bad for f in _REASONS if table[r, 0] & f})
+        raise InvalidArgumentError(f"split: refused on rank(s) {', '.join(map(str, bad))}: "
+                                   f"{'; '.join(reasons)}")
+    differ = np.flatnonzero(table[:, 3] != table[0, 3]).tolist()
+    if differ:
+        raise MismatchError(f"new_group: rank(s) {', '.join(map(str, differ))} give other "
+                            "ranks than rank 0; every rank must pass the same ranks")
+    colors, keys = table[:, 1], table[:, 2]
+    call = Call(comm._seq, "split")
+    call.at(site)
+    with comm._watch.aside(call):  # collective: it may wait
+        return _make(comm, color, key, colors, keys)
+
+
+def _make(comm: Any, color: int | None, key: int, colors: np.ndarray, keys: np.ndarray) -> Any:
+    Communicator = type(comm)  # noqa: N806 - the class of the parent, made again
+    b = comm._backend
+    if b.name == "local":
+        # the split's members in (key, rank) order, as MPI_Comm_split orders them
+        comm._splits = getattr(comm, "_splits", 0) + 1
+        if color is None:
+            return None
+        members = sorted((int(keys[r]), r) for r in range(comm.size) if colors[r] == color)
+        rank = [r for _, r in members].index(comm.rank)
+        world = b.transport.world.subworld(comm._splits, int(color), len(members))
+        return Communicator(world.endpoint(rank), backend="local", check=comm.check,
+                            timeout=comm.timeout)
+    from mpi4py import MPI
+
+    parent = b.control.comm  # the private duplicate: every rank is at this same point
+    sub = parent.Split(MPI.UNDEFINED if color is None else int(color), int(key))
+    if sub == MPI.COMM_NULL:
+        return None
+    try:
+        return Communicator(sub, backend=b.name, check=comm.check, timeout=comm.timeout)
+    finally:
+        sub.Free()  # the new Communicator works on its own duplicate
+
+
+class Mesh:
+    """An n-dimensional grid of a Communicator's ranks (row-major: consecutive ranks
+    along the last dimension), with this rank's sub-communicator along each dimension:
+    ``mesh["tp"]`` (or ``mesh.get_group("tp")``) holds the ranks that differ from this
+    one only in that coordinate. ``mesh.coordinates``: this rank's place in the grid."""
+
+    def __init__(self, shape: tuple[int, ...], names: tuple[str, ...],
+                 coordinates: tuple[int, ...], groups: dict[str, Any]) -> None:
+        self.shape, self.names, self.coordinates = shape, names, coordinates
+        self._groups = groups
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._groups:
+            raise InvalidArgumentError(f"mesh: no dimension {name!r}; it has {self.names}")
+        return self._groups[name]
+
+    get_group = __getitem__  # torch's DeviceMesh name
+
+    def __repr__(self) -> str:
+        dims = ", ".join(f"{n}={s}" for n, s in zip(self.names, self.shape, strict=True))
+        return f"<mpicoll.Mesh ({dims}) at {self.coordinates}>"
+
+    def free(self) -> None:
+        for group in self._groups.values():
+            group.free()
+
+
+def make_mesh(comm: Any, shape: Any, names: Any = None) -> Mesh:
+    """``comm.mesh(shape, names)``: the grid and this rank's group along each dimension
+    (one split per dimension, every rank alike)."""
+    try:
+        shape = tuple(int(s) if _int(s) else -1 for s in shape)
+    except TypeError:
+        shape = (-1,)
+    names = tuple(f"dim{d}" for d in range(len(shape))) if names is None else tuple(names)
+    if not shape or any(s < 1 for s in shape) or int(np.prod(shape)) != comm.size:
+        raise InvalidArgumentError(
+            f"mesh: shape {shape} must be positive ints whose product is the {comm.size} ranks")
+    if len(names) != len(shape) or len(set(names)) != len(names) \
+            or not all(isinstance(n, str) for n in names):
+        raise InvalidArgumentError(f"mesh: expected {len(shape)} distinct names, got {names}")
+    coordinates = tuple(int(c) for c in np.unravel_index(comm.rank, shape))
+    groups = {}
+    for d, name in enumerate(names):
+        others = coordinates[:d] + coordinates[d + 1:]
+        rest = shape[:d] + shape[d + 1:]
+        color = int(np.ravel_multi_index(others, rest)) if rest else 0
+        groups[name] = comm.split(color, coordinates[d])
+    return Mesh(shape, names, coordinates, groups)

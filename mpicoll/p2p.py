@@ -1,0 +1,217 @@
+"""Point-to-point messages of the program: ``send``/``recv``, ``isend``/``irecv``,
+``sendrecv`` and ``batch_isend_irecv``, on NumPy, CuPy and ``__dlpack__`` arrays.
+
+    comm.send(x, dest=1, tag=7)                      # returns once x may be reused
+    source = comm.recv(out, source=mpicoll.ANY)      # fills out; who sent it
+    request = comm.isend(x, dest=1)                  # request.wait(), request.test()
+    requests = comm.batch_isend_irecv([mpicoll.P2POp("isend", x, 1),
+                                       mpicoll.P2POp("irecv", y, 1)])
+
+Messages travel as raw bytes (no pickle) on a communicator of their own, made with the
+Communicator, so a program's tags never meet a collective's messages, and they are not
+numbered calls: a send matches the receive of the same (source, tag) in order, as in MPI.
+A receive takes a message of at most ``out``'s bytes. Every blocking step (a send, a
+receive, a request's ``wait``) is watched: past the Communicator's timeout the rank
+reports what it waits for (the peer and the tag) and the job ends, as for every call.
+One thread at a time, as for the collectives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .arrays import as_array
+from .errors import (
+    CollectiveError,
+    ConcurrentCallError,
+    InvalidArgumentError,
+    MpicollError,
+)
+from .watchdog import Call
+
+ANY = -1  # ``source=ANY``: a message from any rank
+
+
+@dataclass(frozen=True)
+class P2POp:
+    """One message of ``batch_isend_irecv``: ``op`` is "isend" or "irecv" (or the
+    Communicator's ``isend``/``irecv`` method, or torch's function of that name)."""
+
+    op: Any
+    tensor: Any
+    peer: int
+    tag: int = 0
+
+
+class Request:
+    """A message started by ``isend``/``irecv``: ``wait()`` blocks until it is done (an
+    irecv's gives the source rank, an isend's None), ``test()`` tells without blocking."""
+
+    def __init__(self, comm: Any, what: str, peer: int, tag: int, request: Any,
+                 receive: bool) -> None:
+        self._comm, self._what, self._peer, self._tag = comm, what, peer, tag
+        self._request, self._receive = request, receive
+
+    def __repr__(self) -> str:
+        return f"<mpicoll.Request {self._what} peer {self._peer} tag {self._tag}>"
+
+    def wait(self) -> int | None:
+        with _watched(self._comm, self._what, _waiting(self._what, self._peer, self._tag)):
+            source = self._request.wait()
+        return source if self._receive else None
+
+    def test(self) -> bool:
+        try:
+            return bool(self._request.test())
+        except MpicollError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - named, with its cause
+            raise CollectiveError(f"{self._what}: {type(exc).__name__}: {exc}") from exc
+
+    is_completed = test  # torch's name
+
+
+def _waiting(what: str, peer: int, tag: int) -> str:
+    if what in ("recv", "irecv"):
+        return (f"waiting to receive from {'any rank' if peer == ANY else f'rank {peer}'} "
+                f"(point-to-point, tag {tag})")
+    return f"waiting to send to rank {peer} (point-to-point, tag {tag})"
+
+
+@contextlib.contextmanager
+def _watched(comm: Any, what: str, note: str) -> Iterator[None]:
+    """One thread at a time, watched by the watchdog, nothing raw escaping."""
+    if not comm._entry.acquire(False):
+        from .pipeline.entry import busy
+
+        raise ConcurrentCallError(busy(comm, what))
+    try:
+        with comm._watch.aside(Call(comm._seq, what), note):
+            yield
+    except MpicollError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - MPI's errors, named
+        raise CollectiveError(f"{what} on rank {comm.rank}: {type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())}") from exc
+    finally:
+        comm._entry.release()
+
+
+def _peers(comm: Any) -> Any:
+    peers = comm._backend.peers
+    if peers is None:
+        raise InvalidArgumentError(
+            f"point-to-point messages: not on the {comm.backend} backend yet; use a "
+            "Communicator of the mpi backend on the same ranks")
+    return peers
+
+
+def _rank(comm: Any, value: Any, name: str, any_ok: bool = False) -> int:
+    if any_ok and value is None:
+        return ANY
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgumentError(f"{name}: expected a rank (int), got {type(value).__name__}")
+    value = int(value)
+    if any_ok and value == ANY:
+        return ANY
+    if not 0 <= value < comm.size:
+        raise InvalidArgumentError(f"{name}: {value} is out of range for {comm.size} ranks")
+    return value
+
+
+def _tag(peers: Any, tag: Any) -> int:
+    if isinstance(tag, (bool, np.bool_)) or not isinstance(tag, (int, np.integer)) \
+            or not 0 <= tag <= peers.max_tag:
+        raise InvalidArgumentError(f"tag: expected an int in 0..{peers.max_tag}, got {tag!r}")
+    return int(tag)
+
+
+def _outgoing(x: Any) -> Any:
+    """What a send sends: ``x``'s bytes as a flat contiguous array (a copy if strided)."""
+    array, _ = as_array(x, "x")
+    if not array.flags.c_contiguous:
+        from .arrays import module_of
+
+        array = module_of(array).ascontiguousarray(array)
+    return array.reshape(-1)
+
+
+def _incoming(out: Any, name: str = "out") -> Any:
+    """Where a receive lands: ``out``'s own memory, flat (it must be contiguous and
+    writeable: the message is written into it in place)."""
+    array, _ = as_array(out, name)
+    if not array.flags.c_contiguous or (type(array) is np.ndarray and not array.flags.writeable):
+        raise InvalidArgumentError(f"{name}: a receive buffer must be a writeable contiguous array")
+    return array.reshape(-1)
+
+
+class PointToPoint:
+    """The Communicator's point-to-point methods (see ``mpicoll.p2p``)."""
+
+    def send(self, x: Any, dest: int, tag: int = 0) -> None:
+        """Send ``x`` to rank ``dest``; returns once ``x`` may be reused."""
+        peers = _peers(self)
+        dest, tag, buf = _rank(self, dest, "dest"), _tag(peers, tag), _outgoing(x)
+        if dest == self.rank:
+            raise InvalidArgumentError("dest: a blocking send to this rank itself would wait "
+                                       "forever; use isend and irecv")
+        with _watched(self, "send", _waiting("send", dest, tag)):
+            peers.send(buf, dest, tag)
+
+    def recv(self, out: Any, source: int = ANY, tag: int = 0) -> int:
+        """Receive a message of at most ``out``'s bytes from ``source`` (``mpicoll.ANY``:
+        any rank) into ``out`` in place; returns the rank that sent it."""
+        peers = _peers(self)
+        source, tag, buf = _rank(self, source, "source", True), _tag(peers, tag), _incoming(out)
+        if source == self.rank:
+            raise InvalidArgumentError("source: a blocking receive from this rank itself "
+                                       "would wait forever; use isend and irecv")
+        with _watched(self, "recv", _waiting("recv", source, tag)):
+            return peers.recv(buf, source, tag)
+
+    def sendrecv(self, x: Any, dest: int, out: Any, source: int = ANY, send_tag: int = 0,
+                 recv_tag: int = 0) -> int:
+        """Send ``x`` to ``dest`` and receive into ``out`` from ``source`` at once (no
+        deadlock when two ranks exchange); returns the rank the message came from."""
+        peers = _peers(self)
+        dest, source = _rank(self, dest, "dest"), _rank(self, source, "source", True)
+        send_tag, recv_tag = _tag(peers, send_tag), _tag(peers, recv_tag)
+        sendbuf, recvbuf = _outgoing(x), _incoming(out)
+        with _watched(self, "sendrecv", _waiting("recv", source, recv_tag)):
+            return peers.sendrecv(sendbuf, dest, send_tag, recvbuf, source, recv_tag)
+
+    def isend(self, x: Any, dest: int, tag: int = 0) -> Request:
+        """Start sending ``x`` to ``dest``: a Request; ``x`` must not change until its
+        ``wait()``."""
+        peers = _peers(self)
+        dest, tag, buf = _rank(self, dest, "dest"), _tag(peers, tag), _outgoing(x)
+        with _watched(self, "isend", _waiting("send", dest, tag)):
+            return Request(self, "isend", dest, tag, peers.isend(buf, dest, tag), False)
+
+    def irecv(self, out: Any, source: int = ANY, tag: int = 0) -> Request:
+        """Start receiving into ``out`` from ``source``: a Request whose ``wait()`` gives
+        the rank the message came from."""
+        peers = _peers(self)
+        source, tag, buf = _rank(self, source, "source", True), _tag(peers, tag), _incoming(out)
+        with _watched(self, "irecv", _waiting("recv", source, tag)):
+            return Request(self, "irecv", source, tag, peers.irecv(buf, source, tag), True)
+
+    def batch_isend_irecv(self, ops: Sequence[P2POp]) -> list[Request]:
+        """Start every message of ``ops`` (P2POps) and return their Requests, in order."""
+        ops = list(ops)
+        kinds = []
+        for i, p in enumerate(ops):
+            if not isinstance(p, P2POp):
+                raise InvalidArgumentError(f"ops[{i}]: expected an mpicoll.P2POp, got "
+                                           f"{type(p).__name__}")
+            name = p.op if isinstance(p.op, str) else getattr(p.op, "__name__", "")
+            if name not in ("isend", "irecv"):
+                raise InvalidArgumentError(f"ops[{i}].op: expected 'isend' or 'irecv', got {p.op!r}")
+            kinds.append(name)
+        return [self.isend(p.tensor, p.peer, p.tag) if kind == "isend"
+                else self.irecv(p.tensor, p.peer, p.tag) for kind, p in zip(kinds, ops, strict=True)]

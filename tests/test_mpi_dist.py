@@ -1,0 +1,115 @@
+"""mpicoll.dist: the tutorials' torch.distributed code with one changed import, on NumPy
+arrays, under mpiexec (torch's semantics: in place, global src/dst, groups, async Work)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpicoll
+import mpicoll.dist as dist
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module")
+def initialized():
+    dist.init_process_group("gloo")
+    yield
+    dist.destroy_process_group()
+
+
+def test_the_tutorials_point_to_point_and_all_reduce(initialized):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    # "Point-to-point communication": rank 0 sends a tensor to rank 1
+    tensor = np.zeros(1)
+    if size > 1:
+        if rank == 0:
+            tensor += 1
+            dist.send(tensor=tensor, dst=1)
+        elif rank == 1:
+            assert dist.recv(tensor=tensor, src=0) == 0
+            assert tensor[0] == 1
+    # "All-reduce" in a group, in place
+    group = dist.new_group(list(range(size)))
+    tensor = np.ones(1)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+    assert tensor[0] == size
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, async_op=True)
+    work.wait()
+    assert tensor[0] == size
+
+
+def test_collectives_with_torch_names_and_semantics(initialized):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    t = np.full(3, float(rank))
+    dist.broadcast(t, src=size - 1)
+    assert (t == size - 1).all()
+    t = np.full(3, float(rank + 1))
+    dist.reduce(t, dst=0, op=dist.ReduceOp.PRODUCT)
+    if rank == 0:
+        assert t[0] == np.prod(np.arange(1, size + 1))
+    gathered = [np.zeros(2) for _ in range(size)]
+    dist.all_gather(gathered, np.full(2, float(rank)))
+    assert [g[0] for g in gathered] == list(range(size))
+    out = np.zeros(size * 2)
+    dist.all_gather_into_tensor(out, np.full(2, float(rank)))
+    np.testing.assert_array_equal(out, np.repeat(np.arange(size, dtype=float), 2))
+    mine = np.zeros(2)
+    dist.reduce_scatter(mine, [np.full(2, float(j + rank)) for j in range(size)])
+    np.testing.assert_array_equal(mine, np.full(2, sum(rank_ + rank for rank_ in range(size))))
+    flat = np.arange(size * 2, dtype=float) + rank
+    dist.reduce_scatter_tensor(mine, flat)
+    np.testing.assert_array_equal(mine, [sum(2 * rank + r for r in range(size)),
+                                         sum(2 * rank + 1 + r for r in range(size))])
+    single = np.zeros(size)
+    dist.all_to_all_single(single, np.arange(size, dtype=float) + 10 * rank)
+    np.testing.assert_array_equal(single, [rank + 10 * r for r in range(size)])
+    outs = [np.zeros(1) for _ in range(size)]
+    dist.all_to_all(outs, [np.array([100.0 * rank + j]) for j in range(size)])
+    assert [o[0] for o in outs] == [100.0 * r + rank for r in range(size)]
+    got = np.zeros(2)
+    dist.scatter(got, [np.full(2, float(j)) for j in range(size)] if rank == 0 else None, src=0)
+    assert (got == rank).all()
+    bucket = [np.zeros(1) for _ in range(size)] if rank == 0 else None
+    dist.gather(np.array([float(rank)]), bucket, dst=0)
+    if rank == 0:
+        assert [b[0] for b in bucket] == list(range(size))
+    dist.barrier()
+
+
+def test_groups_translate_global_ranks_and_mark_non_members(initialized):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    upper = list(range(size // 2, size))
+    group = dist.new_group(upper)
+    if rank in upper:
+        assert dist.get_rank(group) == upper.index(rank)
+        t = np.full(1, float(rank))
+        dist.broadcast(t, src=upper[-1], group=group)  # a global rank, as torch's
+        assert t[0] == upper[-1]
+    else:
+        assert group is dist.GroupMember.NON_GROUP_MEMBER and dist.get_rank(group) == -1
+    last = dist.new_group([size - 1])  # every rank makes it
+    if size > 1 and rank == size - 1:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="not in this group"):
+            dist.broadcast(np.zeros(1), src=0, group=last)  # refused before any message
+    if rank != size - 1:
+        assert last is dist.GroupMember.NON_GROUP_MEMBER
+    dist.barrier()
+
+
+def test_a_device_mesh_and_batched_point_to_point(initialized):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    shape = (size // 2, 2) if size % 2 == 0 else (size, 1)
+    mesh = dist.init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp"))
+    tp = mesh.get_group("tp")
+    t = np.ones(1)
+    dist.all_reduce(t, group=tp)
+    assert t[0] == shape[1]
+    right, left = (rank + 1) % size, (rank - 1) % size
+    got = np.zeros(1)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, np.array([float(rank)]), right),
+                                    dist.P2POp(dist.irecv, got, left)])
+    for w in works:
+        w.wait()
+    assert got[0] == left

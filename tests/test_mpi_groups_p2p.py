@@ -1,0 +1,210 @@
+"""Sub-communicators (split, new_group) and point-to-point messages under mpiexec, with
+one rank wrong and then the next call right."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpicoll
+
+pytestmark = pytest.mark.mpi
+
+
+def _next_call_is_right(comm) -> None:
+    got = comm.all_reduce(np.full(3, comm.rank + 1.0), algorithm="ring")
+    np.testing.assert_array_equal(got, np.full(3, comm.size * (comm.size + 1) / 2))
+
+
+@pytest.mark.parametrize("width", [1, 2, 3])
+def test_split_by_color_orders_by_key_then_rank(world, width):
+    color = world.rank // width
+    key = -world.rank  # reversed order inside each group
+    sub = world.split(color, key)
+    members = [r for r in range(world.size) if r // width == color]
+    assert sub.size == len(members)
+    assert sub.rank == sorted(members, reverse=True).index(world.rank)
+    got = sub.all_gather(np.array([world.rank]))
+    np.testing.assert_array_equal(got[:, 0], sorted(members, reverse=True))
+    assert sub.all_reduce(np.array([1]))[0] == len(members)
+    sub.free()
+    _next_call_is_right(world)
+
+
+def test_split_with_none_gives_none_and_the_others_a_group(world):
+    sub = world.split(None if world.rank == 0 else 1)
+    if world.rank == 0:
+        assert sub is None
+    else:
+        assert sub.size == world.size - 1 and sub.rank == world.rank - 1
+        _next_call_is_right(sub)
+        sub.free()
+    _next_call_is_right(world)
+
+
+def test_a_bad_color_on_one_rank_raises_on_every_rank(world):
+    color = "red" if world.rank == world.size - 1 else 0
+    with pytest.raises(mpicoll.InvalidArgumentError, match=rf"rank\(s\) {world.size - 1}: color"):
+        world.split(color)
+    _next_call_is_right(world)
+
+
+def test_new_group_in_the_given_order_and_none_outside(world):
+    ranks = list(range(world.size))[::-2]  # every other rank, from the last down
+    group = world.new_group(ranks)
+    if world.rank in ranks:
+        assert group.rank == ranks.index(world.rank) and group.size == len(ranks)
+        got = group.all_gather(np.array([world.rank]))[:, 0]
+        np.testing.assert_array_equal(got, ranks)
+        group.free()
+    else:
+        assert group is None
+    _next_call_is_right(world)
+
+
+def test_new_group_with_ranks_that_differ_raises_everywhere(world):
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    ranks = [0, 1] if world.rank != 1 else [1, 0]
+    with pytest.raises(mpicoll.MismatchError, match="other ranks than rank 0"):
+        world.new_group(ranks)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="ranks: expected distinct"):
+        world.new_group([0, 0])
+    _next_call_is_right(world)
+
+
+def test_groups_nest_and_keep_their_own_calls(world):
+    half = world.split(world.rank % 2)
+    quarter = half.split(half.rank % 2)
+    total = quarter.all_reduce(np.array([world.rank]))[0]
+    members = [r for r in range(world.size) if r % 2 == world.rank % 2]
+    members = [m for i, m in enumerate(members) if i % 2 == members.index(world.rank) % 2]
+    assert total == sum(members)
+    quarter.free()
+    half.free()
+    _next_call_is_right(world)
+
+
+# -- point-to-point ------------------------------------------------------------------------
+
+
+def test_a_ring_of_sends_and_receives_with_tags(world):
+    if world.size < 2:
+        pytest.skip("needs a peer")
+    right, left = (world.rank + 1) % world.size, (world.rank - 1) % world.size
+    x = np.arange(5, dtype=np.float32) + world.rank
+    out = np.empty(5, np.float32)
+    if world.rank % 2 == 0:
+        world.send(x, right, tag=3)
+        source = world.recv(out, left, tag=3)
+    else:
+        source = world.recv(out, left, tag=3)
+        world.send(x, right, tag=3)
+    assert source == left
+    np.testing.assert_array_equal(out, np.arange(5, dtype=np.float32) + left)
+    _next_call_is_right(world)
+
+
+def test_recv_from_any_rank_reports_who_sent(world):
+    if world.size < 2:
+        pytest.skip("needs a peer")
+    if world.rank == 0:
+        seen = set()
+        out = np.empty(1, np.int64)
+        for _ in range(world.size - 1):
+            source = world.recv(out, mpicoll.ANY, tag=9)
+            assert out[0] == 100 + source
+            seen.add(source)
+        assert seen == set(range(1, world.size))
+    else:
+        world.send(np.array([100 + world.rank]), 0, tag=9)
+    _next_call_is_right(world)
+
+
+def test_tags_are_matched_not_just_order(world):
+    if world.size < 2:
+        pytest.skip("needs a peer")
+    if world.rank == 0:
+        first = world.isend(np.array([1.0]), 1, tag=1)
+        second = world.isend(np.array([2.0]), 1, tag=2)
+        first.wait()
+        second.wait()
+    elif world.rank == 1:
+        two, one = np.empty(1), np.empty(1)
+        r2 = world.irecv(two, 0, tag=2)  # posted first, matches the second message
+        r1 = world.irecv(one, 0, tag=1)
+        assert r2.wait() == 0 and r1.wait() == 0
+        assert (one[0], two[0]) == (1.0, 2.0)
+    _next_call_is_right(world)
+
+
+def test_sendrecv_and_batch_exchange_with_both_neighbours(world):
+    right, left = (world.rank + 1) % world.size, (world.rank - 1) % world.size
+    got = np.empty(2)
+    if world.size > 1:
+        assert world.sendrecv(np.full(2, float(world.rank)), right, got, left) == left
+        np.testing.assert_array_equal(got, np.full(2, left))
+    from_left, from_right = np.empty(3), np.empty(3)
+    requests = world.batch_isend_irecv([
+        mpicoll.P2POp("isend", np.full(3, float(world.rank)), right, 4),
+        mpicoll.P2POp("isend", np.full(3, float(world.rank)), left, 5),
+        mpicoll.P2POp(world.irecv, from_left, left, 4),
+        mpicoll.P2POp(world.irecv, from_right, right, 5)])
+    for request in requests:
+        request.wait()
+    assert all(r.test() for r in requests)
+    np.testing.assert_array_equal(from_left, np.full(3, left))
+    np.testing.assert_array_equal(from_right, np.full(3, right))
+    _next_call_is_right(world)
+
+
+def test_point_to_point_never_meets_a_collective(world):
+    """A user message on the tag a collective would use next stays for its receive."""
+    if world.size < 2:
+        pytest.skip("needs a peer")
+    tag = world.transport.tag + 1
+    if world.rank == 0:
+        request = world.isend(np.array([42.0]), 1, tag=tag % 1000)
+    _next_call_is_right(world)
+    if world.rank == 1:
+        out = np.empty(1)
+        assert world.recv(out, 0, tag=tag % 1000) == 0 and out[0] == 42.0
+    if world.rank == 0:
+        request.wait()
+    _next_call_is_right(world)
+
+
+def test_bad_peers_and_buffers_are_refused_before_any_message(world):
+    with pytest.raises(mpicoll.InvalidArgumentError, match="dest: .* out of range"):
+        world.send(np.ones(2), world.size)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="this rank itself"):
+        world.send(np.ones(2), world.rank)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="tag: expected"):
+        world.isend(np.ones(2), 0, tag=-3)
+    read_only = np.ones(2)
+    read_only.flags.writeable = False
+    with pytest.raises(mpicoll.InvalidArgumentError, match="writeable contiguous"):
+        world.irecv(read_only, 0)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="expected 'isend' or 'irecv'"):
+        world.batch_isend_irecv([mpicoll.P2POp("send", np.ones(1), 0)])
+    _next_call_is_right(world)
+
+
+def test_a_mesh_gives_each_dimension_its_group(world):
+    if world.size % 2:
+        shape, names = (world.size,), ("dp",)
+    else:
+        shape, names = (world.size // 2, 2), ("dp", "tp")
+    mesh = world.mesh(shape, names)
+    assert mesh.coordinates == tuple(int(c) for c in np.unravel_index(world.rank, shape))
+    for d, name in enumerate(names):
+        group = mesh[name]
+        assert group.size == shape[d] and group.rank == mesh.coordinates[d]
+        ranks = group.all_gather(np.array([world.rank]))[:, 0].tolist()
+        stride = int(np.prod(shape[d + 1:]))
+        first = world.rank - mesh.coordinates[d] * stride
+        assert ranks == [first + k * stride for k in range(shape[d])]
+    with pytest.raises(mpicoll.InvalidArgumentError, match="mesh: shape"):
+        world.mesh((world.size + 1,))
+    mesh.free()
+    _next_call_is_right(world)
