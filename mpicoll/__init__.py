@@ -25,7 +25,7 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
-from .ops import Op, ReduceOp
+from .ops import Op, ReduceOp, loc_dtype, reduce_local
 from .p2p import ANY, P2POp, Request
 from .plan import Plan
 from .work import Work
@@ -59,4 +59,6 @@ __all__ = [
     "__version__",
     "abort_on_exception",
     "algorithms",
+    "loc_dtype",
+    "reduce_local",
 ]

@@ -23,13 +23,45 @@ from .ops import Op
 from .transport.mpi import MPITransport
 
 _MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
-            "avg": MPI.SUM, "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR}
+            "avg": MPI.SUM, "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR,
+            "land": MPI.LAND, "lor": MPI.LOR, "lxor": MPI.LXOR,
+            "minloc": MPI.MINLOC, "maxloc": MPI.MAXLOC}
 # MPI reduces C bool only with logical ops; these give NumPy's results on bool
 _MPI_BOOL_OPS = {"sum": MPI.LOR, "prod": MPI.LAND, "min": MPI.LAND, "max": MPI.LOR,
-                 "band": MPI.LAND, "bor": MPI.LOR, "bxor": MPI.LXOR}
+                 "band": MPI.LAND, "bor": MPI.LOR, "bxor": MPI.LXOR,
+                 "land": MPI.LAND, "lor": MPI.LOR, "lxor": MPI.LXOR}
 # dtypes whose buffer format mpi4py maps to an MPI datatype with reductions
 NATIVE_REDUCE_DTYPES = frozenset(np.dtype(c) for c in (
     "?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16"))
+# MPI defines its logical ops on C integer and logical (bool) types only (the standard's
+# table of predefined reduction ops; MPICH refuses them on floating and complex types)
+_LOGICAL = frozenset({"land", "lor", "lxor"})
+
+
+def _pair_types() -> dict[np.dtype, MPI.Datatype]:
+    """MPI's pair types for MINLOC/MAXLOC by the structured dtype of the same layout
+    (C's struct {value; int index;}: ``mpicoll.loc_dtype(value)``), where the extents
+    agree on this platform."""
+    pairs = {}
+    for value, datatype in (("f", MPI.FLOAT_INT), ("d", MPI.DOUBLE_INT), ("l", MPI.LONG_INT),
+                            ("i", MPI.TWOINT), ("h", MPI.SHORT_INT),
+                            ("g", MPI.LONG_DOUBLE_INT)):
+        dtype = np.dtype([("value", value), ("index", "i")], align=True)
+        if datatype != MPI.DATATYPE_NULL and datatype.Get_extent() == (0, dtype.itemsize):
+            pairs[dtype] = datatype
+    return pairs
+
+
+PAIR_TYPES = _pair_types()
+
+
+def _pair_type(dtype: np.dtype) -> MPI.Datatype | None:
+    """The MPI pair type laid out as ``dtype`` (same fields, offsets and size), or None."""
+    for pair, datatype in PAIR_TYPES.items():
+        if dtype.names == pair.names and dtype.fields == pair.fields and \
+                dtype.itemsize == pair.itemsize:
+            return datatype
+    return None
 
 
 _BUILTIN: dict[tuple[Op, np.dtype], tuple[None, MPI.Op]] = {}
@@ -42,18 +74,32 @@ _RETIRED: list[tuple[MPI.Datatype, MPI.Op]] = []  # freed at the next mpi_op, ne
 def check_op(op: Op, dtype: np.dtype) -> None:
     """Refuse (op, dtype) where the MPI library cannot reduce it (a user's op it always
     can: MPI runs its function on the bytes); makes no MPI object."""
-    if op.builtin and dtype not in NATIVE_REDUCE_DTYPES:
+    if not op.builtin:
+        return
+    if op.name in ("minloc", "maxloc"):
+        if _pair_type(dtype) is None:
+            raise UnsupportedDtypeError(
+                f"algorithm 'native': the MPI library's {op.name} cannot reduce dtype "
+                f"{dtype}: it takes the layouts of MPI's pair types, "
+                "mpicoll.loc_dtype(v) with v float32, float64, C long, int, short or long "
+                "double; use one of mpicoll's own algorithms")
+        return
+    if dtype not in NATIVE_REDUCE_DTYPES:
         raise UnsupportedDtypeError(
             f"algorithm 'native': the MPI library cannot reduce dtype {dtype}; "
             "use one of mpicoll's own algorithms"
         )
+    if op.name in _LOGICAL and dtype.kind not in "biu":
+        raise UnsupportedDtypeError(
+            f"algorithm 'native': MPI defines {op.name!r} on integer and bool dtypes only, "
+            f"not {dtype}; use one of mpicoll's own algorithms")
 
 
 def mpi_op(op: Op, dtype: np.dtype) -> tuple[MPI.Datatype | None, MPI.Op]:
     """The MPI datatype and op that compute ``op`` on ``dtype``, or a clear refusal.
 
     A built-in op gets the MPI library's own op on the dtype's MPI datatype (None: mpi4py
-    finds it from the buffer). A user's ``mpicoll.Op`` becomes an MPI user op on a
+    finds it from the buffer; minloc/maxloc: MPI's pair type of the dtype's layout). A user's ``mpicoll.Op`` becomes an MPI user op on a
     contiguous datatype of one element, whose callback runs ``op.fn`` on NumPy views of
     MPI's buffers; MPI keeps rank order for a non-commutative one. The MPI objects live
     as long as the ``Op``: when it is garbage, they are freed at the next call here
@@ -65,7 +111,8 @@ def mpi_op(op: Op, dtype: np.dtype) -> tuple[MPI.Datatype | None, MPI.Op]:
         except KeyError:
             check_op(op, dtype)
             resolved = _BUILTIN[op, dtype] = (
-                None, (_MPI_BOOL_OPS if dtype.kind == "b" else _MPI_OPS)[op.name])
+                _pair_type(dtype) if dtype.names else None,
+                (_MPI_BOOL_OPS if dtype.kind == "b" else _MPI_OPS)[op.name])
             return resolved
     if _RETIRED:
         _free_retired()

@@ -10,8 +10,8 @@ Data that is only moved goes counted in elements, as an NCCL type of its items' 
 (``transport.nccl.wire``). Data that is reduced goes typed, from the
 tables below: NCCL reduces int8/uint8, int32/uint32, int64/uint64, float16, bfloat16,
 float32 and float64 with sum, prod, min, max and avg. Complex sums (and averages) reduce
-as twice as many floats; bool reduces as uint8 (sum and max are OR, prod and min are
-AND). Anything else is refused with the reason, before any message, as is a count the
+as twice as many floats; bool reduces as uint8 (sum, max, bor and lor are OR, prod, min,
+band and land are AND). NCCL has no bitwise, logical (but on bool), loc or user ops. Anything else is refused with the reason, before any message, as is a count the
 installed CuPy's binding cannot take (``transport.nccl.check_count``).
 """
 
@@ -37,9 +37,10 @@ NCCL_DTYPES: dict[np.dtype, int] = {
 NCCL_SUM, NCCL_PROD, NCCL_MAX, NCCL_MIN, NCCL_AVG = 0, 1, 2, 3, 4
 NCCL_OPS = {"sum": NCCL_SUM, "prod": NCCL_PROD, "max": NCCL_MAX, "min": NCCL_MIN,
             "avg": NCCL_AVG}
-# on bool (as uint8 0/1): NumPy's sum is OR = max, prod is AND = min
+# on bool (as uint8 0/1): NumPy's sum is OR = max, prod is AND = min; so are the
+# logical and bitwise AND and OR (NCCL has no XOR, nor logical ops on other dtypes)
 NCCL_BOOL_OPS = {"sum": NCCL_MAX, "prod": NCCL_MIN, "max": NCCL_MAX, "min": NCCL_MIN,
-                 "bor": NCCL_MAX, "band": NCCL_MIN}
+                 "bor": NCCL_MAX, "band": NCCL_MIN, "lor": NCCL_MAX, "land": NCCL_MIN}
 # complex: its real and imaginary parts reduce independently only under sum and avg
 _COMPLEX_PARTS = {np.dtype(np.complex64): np.dtype(np.float32),
                   np.dtype(np.complex128): np.dtype(np.float64)}
@@ -49,7 +50,8 @@ def nccl_op(op: Op, dtype: np.dtype) -> tuple[int, int, int]:
     """(ncclDataType_t, ncclRedOp_t, elements per item) that compute ``op`` on ``dtype``.
 
     Raises:
-        UnsupportedOpError: a user's op, or a bitwise op NCCL does not have.
+        UnsupportedOpError: a user's op, or a bitwise, logical (on other than bool) or
+            loc op, which NCCL does not have.
         UnsupportedDtypeError: a dtype NCCL cannot reduce (int16, long double, complex
             under prod), naming what to use instead.
     """

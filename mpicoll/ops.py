@@ -3,7 +3,8 @@
 Reductions run in the array library (``np.add(a, b, out=a)``), so the bytes on the wire
 need no MPI datatype and every dtype NumPy can reduce works, bfloat16 (ml_dtypes)
 included. A built-in op that does not fit the dtype (avg on integers, bitwise ops on
-floats, min/max on complex) is refused up front.
+floats, min/max on complex, minloc on anything but a (value, index) structured dtype)
+is refused up front. ``reduce_local`` applies an op once, on this process only.
 """
 
 from __future__ import annotations
@@ -17,11 +18,32 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .arrays import as_array, may_share_memory, same_memory
 from .errors import InvalidArgumentError, OpError, UnsupportedDtypeError
 
 
 class ReduceOp(str, enum.Enum):
-    """The built-in reduction ops; each member compares equal to its name ("sum")."""
+    """The built-in reduction ops; each member compares equal to its name ("sum").
+
+    Every reducing call (``reduce``, ``all_reduce``, ``reduce_scatter``, their ``*_init``
+    forms, ``mpicoll.reduce_local``) takes a member or its name:
+
+    - ``sum``, ``prod``: bool, integer, floating (bfloat16 included) and complex dtypes
+      (on bool, NumPy's: sum is OR, prod is AND).
+    - ``min``, ``max``: bool, integer and floating dtypes.
+    - ``avg``: floating and complex dtypes; the sum divided by the number of ranks.
+    - ``band``, ``bor``, ``bxor``: bitwise, on bool and integer dtypes.
+    - ``land``, ``lor``, ``lxor``: logical, as MPI_LAND/LOR/LXOR, on any numeric dtype:
+      an element counts as true where it is nonzero, and the result is 1 or 0 in the
+      input's dtype (True/False on bool, 1.0/0.0 on floats). The MPI library's own
+      collectives (``native``) take them on bool and integer dtypes only (MPI defines them
+      there), NCCL's on bool only (land, lor); ``auto`` then runs one of mpicoll's.
+    - ``minloc``, ``maxloc``: as MPI_MINLOC/MAXLOC, on a structured dtype with fields
+      ``value`` (bool, integer or floating) and ``index`` (integer), such as
+      ``mpicoll.loc_dtype("f8")``: the least (greatest) value, and on a tie the lowest
+      index. ``native`` takes the layouts of MPI's pair types (``loc_dtype`` with a
+      float32, float64, C long, int, short or long double value and the default index).
+    """
 
     SUM = "sum"
     PROD = "prod"
@@ -31,6 +53,11 @@ class ReduceOp(str, enum.Enum):
     BAND = "band"
     BOR = "bor"
     BXOR = "bxor"
+    LAND = "land"
+    LOR = "lor"
+    LXOR = "lxor"
+    MINLOC = "minloc"
+    MAXLOC = "maxloc"
 
     def __str__(self) -> str:
         return self.value
@@ -46,7 +73,12 @@ _KINDS = {
     ReduceOp.BAND: "biu",
     ReduceOp.BOR: "biu",
     ReduceOp.BXOR: "biu",
+    ReduceOp.LAND: "biufc",
+    ReduceOp.LOR: "biufc",
+    ReduceOp.LXOR: "biufc",
 }
+# minloc and maxloc take a structured dtype (value, index): see ``loc_fits``
+LOC_OPS = frozenset({ReduceOp.MINLOC, ReduceOp.MAXLOC})
 
 _KIND_NAMES = {"b": "bool", "i": "signed integer", "u": "unsigned integer",
                "f": "floating", "c": "complex"}
@@ -150,6 +182,34 @@ class guarded_ops:
         _GUARDED.failures = self.saved
 
 
+def _logical(ufunc: np.ufunc) -> Callable[[Any, Any, Any], None]:
+    """MPI's logical op: ``ufunc`` of the operands' truth (nonzero), written into ``out``
+    as 1 or 0 of its dtype (bool casts safely to every numeric dtype, bfloat16 included,
+    so NumPy and CuPy cast while they write, with no temporary). CuPy's logical ufuncs
+    have no complex loops: complex operands are compared with 0 first."""
+
+    def logical(a: Any, b: Any, out: Any) -> None:
+        if a.dtype.kind == "c":
+            a, b = a != 0, b != 0
+        ufunc(a, b, out=out)
+
+    return logical
+
+
+def _loc(better: np.ufunc) -> Callable[[Any, Any, Any], None]:
+    """MPI's MINLOC (``better`` = np.less) or MAXLOC (np.greater) on (value, index)
+    elements: b's element where its value is better than a's, or equal with a lower
+    index; else a's. Commutative and associative, as MPI requires."""
+
+    def loc(a: Any, b: Any, out: Any) -> None:
+        a_value, b_value = a["value"], b["value"]
+        take_b = better(b_value, a_value)
+        take_b |= (b_value == a_value) & (b["index"] < a["index"])
+        out[...] = np.where(take_b, b, a)  # a temporary: out may be a or b
+
+    return loc
+
+
 _BUILTINS: dict[ReduceOp, Op] = {
     ReduceOp.SUM: Op(np.add, True, 0, "sum", builtin=True),
     ReduceOp.PROD: Op(np.multiply, True, 1, "prod", builtin=True),
@@ -159,6 +219,11 @@ _BUILTINS: dict[ReduceOp, Op] = {
     ReduceOp.BAND: Op(np.bitwise_and, True, -1, "band", builtin=True),
     ReduceOp.BOR: Op(np.bitwise_or, True, 0, "bor", builtin=True),
     ReduceOp.BXOR: Op(np.bitwise_xor, True, 0, "bxor", builtin=True),
+    ReduceOp.LAND: Op(_logical(np.logical_and), True, 1, "land", builtin=True),
+    ReduceOp.LOR: Op(_logical(np.logical_or), True, 0, "lor", builtin=True),
+    ReduceOp.LXOR: Op(_logical(np.logical_xor), True, 0, "lxor", builtin=True),
+    ReduceOp.MINLOC: Op(_loc(np.less), True, None, "minloc", builtin=True),
+    ReduceOp.MAXLOC: Op(_loc(np.greater), True, None, "maxloc", builtin=True),
 }
 
 
@@ -202,11 +267,15 @@ def _resolve_op(op: object, dtype: np.dtype) -> Op:
     Raises:
         InvalidArgumentError: op is not a known op.
         UnsupportedDtypeError: a built-in op does not fit the dtype (avg on ints, band on
-            floats, min/max on complex, any op on a dtype that is not numeric).
+            floats, min/max on complex, any op on a dtype that is not numeric,
+            minloc/maxloc on one that is not a (value, index) structured dtype).
     """
     if isinstance(op, Op):
         return op
     member = ReduceOp(op_name(op))
+    if member in LOC_OPS:
+        loc_check(member.value, dtype)
+        return _BUILTINS[member]
     kinds = _KINDS[member]
     if dtype_kind(dtype) not in kinds:
         allowed = ", ".join(_KIND_NAMES[k] for k in kinds)
@@ -214,3 +283,109 @@ def _resolve_op(op: object, dtype: np.dtype) -> Op:
             f"op {member.value!r} cannot reduce dtype {dtype}: it takes {allowed} dtypes"
         )
     return _BUILTINS[member]
+
+
+def loc_dtype(value: Any, index: Any = "i4") -> np.dtype:
+    """The structured dtype ``minloc`` and ``maxloc`` reduce: fields ``value``, ``index``.
+
+    Laid out as C's ``struct {value; index;}`` (``align=True``), so with the default C int
+    index and a float32, float64, C long, int, short or long double value it is the
+    layout of MPI's pair types (MPI_FLOAT_INT, MPI_DOUBLE_INT, MPI_LONG_INT, MPI_2INT,
+    MPI_SHORT_INT, MPI_LONG_DOUBLE_INT) and ``algorithm="native"`` can reduce it too;
+    any other value (bool, bfloat16, float16, int8, unsigned) or index dtype is reduced by
+    mpicoll's own algorithms.
+
+        x = np.zeros(n, mpicoll.loc_dtype("f8"))
+        x["value"], x["index"] = values, np.arange(n) + offset
+        best = comm.all_reduce(x, "maxloc")  # best["value"], best["index"]
+
+    Args:
+        value: the value's dtype: bool, integer or floating (bfloat16 included).
+        index: the index's dtype: an integer dtype (default "i4", C's int).
+
+    Raises:
+        UnsupportedDtypeError: the value is not bool, integer or floating (complex has no
+            order), or the index is not an integer.
+    """
+    try:
+        dtype = np.dtype([("value", value), ("index", index)], align=True)
+    except (TypeError, ValueError) as exc:
+        raise UnsupportedDtypeError(f"loc_dtype: {exc}") from None
+    if not loc_fits(dtype):
+        raise UnsupportedDtypeError(
+            f"loc_dtype: the value must be bool, integer or floating and the index an "
+            f"integer, got value {dtype.fields['value'][0]} and index "
+            f"{dtype.fields['index'][0]}")
+    return dtype
+
+
+def loc_fits(dtype: np.dtype) -> bool:
+    """Whether ``minloc``/``maxloc`` reduce ``dtype``: structured with exactly the fields
+    ``value`` (bool, integer or floating, one item) and ``index`` (an integer)."""
+    fields = dtype.fields or {}
+    value = fields["value"][0] if "value" in fields else None
+    index = fields["index"][0] if "index" in fields else None
+    return len(fields) == 2 and value is not None and index is not None \
+        and not value.shape and not index.shape \
+        and dtype_kind(value) in "biuf" and index.kind in "iu"
+
+
+def loc_check(name: str, dtype: np.dtype) -> None:
+    """Refuse a dtype that ``minloc``/``maxloc`` (``name``) cannot reduce."""
+    if not loc_fits(dtype):
+        raise UnsupportedDtypeError(
+            f"op {name!r} cannot reduce dtype {dtype}: it takes a structured dtype with "
+            "fields 'value' (bool, integer or floating) and 'index' (an integer), such as "
+            "mpicoll.loc_dtype('f8')")
+
+
+def reduce_local(a: Any, b: Any, op: str | ReduceOp | Op) -> Any:
+    """``b = a (op) b`` element by element, in place, on this process only (MPI_Reduce_local).
+
+    The same computation as one step of a reducing collective, with no messages: a
+    non-commutative ``Op`` gets ``a`` first, as rank order gives the lower rank first.
+
+    Args:
+        a: the first operand: a NumPy or CuPy array (or any ``__dlpack__`` tensor).
+        b: the second operand and the result: an array of a's shape, dtype and library,
+            writeable; it may be ``a`` itself.
+        op: a built-in op's name or ``ReduceOp`` member (see ``ReduceOp`` for the
+            dtypes each takes; not "avg", whose division needs a number of ranks), or an
+            ``mpicoll.Op``.
+
+    Returns:
+        b, holding a (op) b.
+
+    Raises:
+        InvalidArgumentError: a or b is not an array, they differ in shape, dtype or
+            array library, b is read-only, op is unknown, or op is "avg".
+        UnsupportedDtypeError: the op does not fit the dtype.
+        OpError: a user's op raised.
+    """
+    x, _ = as_array(a, "a")
+    if b is None or isinstance(b, (bool, int, float, complex, np.generic)):
+        raise InvalidArgumentError(f"b: expected an array to write into, got {type(b).__name__}")
+    y, _ = as_array(b, "b")
+    if (type(x) is np.ndarray) != (type(y) is np.ndarray):
+        raise InvalidArgumentError(
+            f"a and b: one is a NumPy array, the other {type(x if type(y) is np.ndarray else y)}"
+            "; reduce_local needs both in one array library")
+    if x.shape != y.shape or x.dtype != y.dtype:
+        raise InvalidArgumentError(
+            f"b: shape {y.shape} and dtype {y.dtype}, but a has shape {x.shape} and dtype "
+            f"{x.dtype}; reduce_local needs the same shape and dtype")
+    if type(y) is np.ndarray and not y.flags.writeable:
+        raise InvalidArgumentError("b: the array is read-only; reduce_local writes into it")
+    resolved = resolve_op(op, y.dtype)
+    if resolved.average:
+        raise InvalidArgumentError(
+            "op: 'avg' divides by the number of ranks, which reduce_local has not; use 'sum'")
+    if x.flags.c_contiguous and y.flags.c_contiguous and may_share_memory(x, y) \
+            and not same_memory(x, y):
+        x = x.copy()  # a overlaps b, shifted: the op must not read what it wrote
+    first = x.reshape(-1)  # a copy where x is not contiguous
+    out = y.reshape(-1) if y.flags.c_contiguous else y.ravel()  # ravel: a copy
+    resolved(first, out, out)
+    if not y.flags.c_contiguous:
+        y[...] = out.reshape(y.shape)
+    return b

@@ -328,6 +328,10 @@ def _host_of(x):
     return x._memory
 
 
+# CuPy's logical ufuncs have no complex loops (cupy/_logic/ops.py)
+_NO_COMPLEX_LOOPS = frozenset({np.logical_and, np.logical_or, np.logical_xor})
+
+
 def _kernel_operand(value):
     if isinstance(value, ndarray):
         return _host_of(value)
@@ -523,6 +527,10 @@ class ndarray:  # noqa: N801  (CuPy's name)
         if method != "__call__":
             return NotImplemented
         operands = [_kernel_operand(x) for x in inputs]
+        if ufunc in _NO_COMPLEX_LOOPS and any(
+                getattr(x, "dtype", np.dtype("?")).kind == "c" for x in operands):
+            types_ = tuple(x.dtype for x in operands)
+            raise TypeError(f"Wrong type ({types_}) of arguments for cupy_{ufunc.__name__}")
         out = kwargs.get("out")
         if out is not None:
             outs = out if isinstance(out, tuple) else (out,)

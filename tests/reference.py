@@ -24,6 +24,8 @@ REDUCING = ("reduce", "all_reduce", "reduce_scatter")
 
 
 def _dtype(name: str) -> np.dtype:
+    if name in LOC_DTYPES:
+        return LOC_DTYPES[name]
     return np.dtype(ml_dtypes.bfloat16) if name == BFLOAT16 else np.dtype(name)
 
 
@@ -62,9 +64,41 @@ NUMPY_OPS = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.ma
              "bxor": np.bitwise_xor}
 # the dtype kinds mpicoll documents each built-in op for (b bool, i/u integers, f
 # floating, bfloat16 included, c complex): avg on floating and complex only, bitwise ops
-# on bool and integers only, min/max on anything but complex
+# on bool and integers only, min/max on anything but complex, logical ops on all;
+# minloc/maxloc on none of DTYPES: on LOC_DTYPES only
 OP_KINDS = {"sum": "biufc", "prod": "biufc", "min": "biuf", "max": "biuf", "avg": "fc",
-            "band": "biu", "bor": "biu", "bxor": "biu"}
+            "band": "biu", "bor": "biu", "bxor": "biu", "land": "biufc", "lor": "biufc",
+            "lxor": "biufc", "minloc": "", "maxloc": ""}
+LOGICAL = ("land", "lor", "lxor")
+LOC_OPS = ("minloc", "maxloc")
+
+
+def _pair(value: object, index: str = "i4", align: bool = True) -> np.dtype:
+    return np.dtype([("value", value), ("index", index)], align=align)
+
+
+# minloc/maxloc's dtypes, written out here: C's struct {value; int index;} of MPI's pair
+# types (MPI_FLOAT_INT, DOUBLE_INT, LONG_INT, 2INT, SHORT_INT, LONG_DOUBLE_INT), which
+# the MPI library reduces too, and layouts it has no type for (NO_MPI_PAIR)
+LOC_DTYPES = {
+    "loc:float_int": _pair("f4"), "loc:double_int": _pair("f8"), "loc:long_int": _pair("l"),
+    "loc:2int": _pair("i4"), "loc:short_int": _pair("h"), "loc:long_double_int": _pair("g"),
+    "loc:double_int_packed": _pair("f8", align=False),
+    "loc:bfloat16_int64": _pair(ml_dtypes.bfloat16, "i8"), "loc:uint8_uint16": _pair("u1", "u2"),
+}
+NO_MPI_PAIR = ("loc:double_int_packed", "loc:bfloat16_int64", "loc:uint8_uint16")
+LOC_DTYPE_OPS = tuple((d, o) for d in LOC_DTYPES for o in LOC_OPS)
+
+
+def mpi_reduces(dtype: str | None, op: str) -> bool:
+    """Whether the MPI library reduces ``dtype`` with ``op`` (else native refuses): not
+    bfloat16 or long double, logical ops on bool and integers only (the MPI standard's
+    table), minloc/maxloc on its pair types only; a user op always."""
+    if dtype is None:
+        return True
+    if dtype in LOC_DTYPES:
+        return dtype not in NO_MPI_PAIR
+    return dtype not in NO_MPI_REDUCTION and not (op in LOGICAL and _dtype(dtype).kind in "fc")
 
 
 def op_fits(op: str, dtype: str) -> bool:
@@ -72,7 +106,11 @@ def op_fits(op: str, dtype: str) -> bool:
     return kind in OP_KINDS[op]
 
 
-DTYPE_OPS = tuple((d, o) for d in DTYPES for o in OPS if op_fits(o, d))
+# the logical ops take every numeric dtype alike: tested on one of each kind and width
+# (those the MPI library reduces with them and those it refuses), to keep the suite short
+LOGICAL_DTYPES = ("?", "i1", "u2", "i8", "u8", "f2", BFLOAT16, "f8", "g", "c8")
+DTYPE_OPS = tuple((d, o) for d in DTYPES for o in OPS if op_fits(o, d)
+                  and (o not in LOGICAL or d in LOGICAL_DTYPES))
 
 
 def make_input(rank: int, shape: tuple[int, ...], dtype: str, op: str = "sum") -> np.ndarray:
@@ -100,6 +138,8 @@ def _values(rank: int, shape: tuple[int, ...], dtype: str, op: str) -> np.ndarra
     idx = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
     if op in USER_OPS:
         return _user_values(idx, rank, op)
+    if dtype in LOC_DTYPES:
+        return _loc_values(idx, rank, dtype)
     dt = _dtype(dtype)
     base = (idx * 7 + rank * 3 + 1) % 5
     if dt.kind == "b":
@@ -113,6 +153,21 @@ def _values(rank: int, shape: tuple[int, ...], dtype: str, op: str) -> np.ndarra
     return base.astype(dt)
 
 
+def _loc_values(idx: np.ndarray, rank: int, dtype: str) -> np.ndarray:
+    """(value, index) pairs with ties: at every third element all ranks hold one value,
+    at the next ranks 0-1, 2-3, ... pair up, at the next they differ; indices run in no
+    rank order (rank*5 mod 7), so "the lowest index" is not "the first rank"."""
+    out = np.zeros(idx.shape, LOC_DTYPES[dtype])
+    step, group = idx // 3, idx % 3
+    value = np.where(group == 0, step, np.where(group == 1, step + rank // 2, step + rank)) % 4
+    if out["value"].dtype.kind == "b":
+        value = value % 2
+    out["value"] = value
+    signed = out["index"].dtype.kind == "i"
+    out["index"] = (rank * 5 + idx * 3) % 7 - (3 if signed else 0)
+    return out
+
+
 def as_op(op: str) -> object:
     """What a test passes as ``op``: the name of a built-in op, or a user Op."""
     return USER_OPS[op][0] if op in USER_OPS else op
@@ -121,6 +176,21 @@ def as_op(op: str) -> object:
 def reduced(inputs: list[np.ndarray], op: str) -> np.ndarray:
     """The rank-order reduction of ``inputs`` with NumPy's ufunc for ``op`` (a user op:
     the test's own function above)."""
+    if op in LOGICAL and len(inputs) == 1:
+        return inputs[0].copy()  # as in MPI: one rank's input is combined with nothing
+    if op in LOGICAL:  # MPI's: each element's truth (nonzero), as 1 or 0 of the dtype
+        truth = np.stack([np.asarray(x) != 0 for x in inputs])
+        result = {"land": truth.all(axis=0), "lor": truth.any(axis=0),
+                  "lxor": truth.sum(axis=0) % 2 == 1}[op]
+        return np.asarray(result).astype(inputs[0].dtype)
+    if op in LOC_OPS:  # MPI's: the least (greatest) value, the lowest index holding it
+        values = np.stack([x["value"] for x in inputs])
+        index = np.stack([x["index"] for x in inputs])
+        best = values.min(axis=0) if op == "minloc" else values.max(axis=0)
+        lowest = np.where(values == best, index, np.iinfo(index.dtype).max).min(axis=0)
+        out = np.zeros_like(inputs[0])
+        out["value"], out["index"] = best, lowest
+        return out
     fn = USER_OPS[op][0].fn if op in USER_OPS else NUMPY_OPS[op]
     acc = inputs[0].copy()
     for x in inputs[1:]:
@@ -330,7 +400,9 @@ def check_every_dtype_and_op_on_device(comm: mpicoll.Communicator, algorithm: st
         try:
             run_case(comm, "all_reduce", algorithm, (length,), dtype, op, device=True)
         except (mpicoll.UnsupportedDtypeError, mpicoll.UnsupportedOpError) as exc:
-            assert comm.backend == "nccl" and algorithm == "native" and "NCCL" in str(exc), exc
+            lacks = (comm.backend == "nccl" and "NCCL" in str(exc)) or \
+                (comm.backend == "mpi" and not mpi_reduces(dtype, op) and "MPI" in str(exc))
+            assert algorithm == "native" and lacks, exc
 
 
 def keeps_order(collective: str, algorithm: str, op: str) -> bool:

@@ -47,6 +47,8 @@ from mpicoll.transport.nccl import NCCLTransport
     ("?", "prod", (1, NCCL_MIN, 1)),
     ("?", "bor", (1, NCCL_MAX, 1)),
     ("?", "band", (1, NCCL_MIN, 1)),
+    ("?", "lor", (1, NCCL_MAX, 1)),  # logical on bool: the same OR and AND
+    ("?", "land", (1, NCCL_MIN, 1)),
 ])
 def test_nccl_table(dtype, op, expected):
     dtype = np.dtype(dtype)
@@ -61,6 +63,10 @@ def test_nccl_table(dtype, op, expected):
     ("i4", "band", mpicoll.UnsupportedOpError, "no 'band'"),
     ("u8", "bxor", mpicoll.UnsupportedOpError, "no 'bxor'"),
     ("?", "bxor", mpicoll.UnsupportedOpError, "cannot bxor bool"),
+    ("?", "lxor", mpicoll.UnsupportedOpError, "cannot lxor bool"),
+    ("i4", "land", mpicoll.UnsupportedOpError, "no 'land'"),
+    ("f4", "lor", mpicoll.UnsupportedOpError, "no 'lor'"),
+    (mpicoll.loc_dtype("f4"), "minloc", mpicoll.UnsupportedOpError, "no 'minloc'"),
 ])
 def test_nccl_table_refusals(dtype, op, error, match):
     dtype = np.dtype(dtype)

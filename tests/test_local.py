@@ -8,6 +8,7 @@ from reference import (
     BARRIER_CASES,
     DTYPE_OPS,
     DTYPES,
+    LOC_DTYPE_OPS,
     REDUCING,
     ROOTED,
     USER_OPS,
@@ -58,7 +59,7 @@ def test_every_dtype(collective, algorithm):
                          [(c, a) for c, a in CASES if c in REDUCING])
 def test_every_op_on_every_dtype(collective, algorithm):
     def body(comm):
-        for dtype, op in DTYPE_OPS:
+        for dtype, op in DTYPE_OPS + LOC_DTYPE_OPS:
             _all_roots(comm, collective, algorithm, (6,), dtype, op)
 
     run_local(6, body, timeout=20)

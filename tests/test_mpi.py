@@ -12,6 +12,8 @@ from reference import (
     BARRIER_CASES,
     DTYPE_OPS,
     DTYPES,
+    LOC_DTYPE_OPS,
+    LOC_DTYPES,
     NO_MPI_REDUCTION,
     REDUCING,
     ROOTED,
@@ -20,6 +22,8 @@ from reference import (
     check_late_barrier,
     keeps_order,
     make_input,
+    mpi_reduces,
+    reduced,
     run_case,
     run_v_case,
     user_op_cases,
@@ -75,10 +79,15 @@ def test_every_dtype(world, collective, algorithm):
                 run_case(world, collective, algorithm, (5,), dtype, "sum", root)
 
 
-@pytest.mark.parametrize("collective,algorithm", [(c, a) for c, a in CASES if c in REDUCING])
+@pytest.mark.parametrize("collective,algorithm",
+                         [(c, a) for c, a in CASES if c in REDUCING] + [(c, "auto") for c in REDUCING])
 def test_every_op_and_dtype(world, collective, algorithm):
-    for dtype, op in DTYPE_OPS:
-        if _native_cannot(collective, algorithm, dtype):
+    """Every op on every dtype it takes (minloc/maxloc on (value, index) dtypes, with ties);
+    native refuses what the MPI library has no op for, and auto then runs one of ours."""
+    for dtype, op in DTYPE_OPS + LOC_DTYPE_OPS:
+        if algorithm == "native" and not mpi_reduces(dtype, op):
+            with pytest.raises(mpicoll.UnsupportedDtypeError, match="native.*MPI"):
+                run_case(world, collective, algorithm, (9,), dtype, op)
             continue
         for root in _roots(world, collective):
             run_case(world, collective, algorithm, (9,), dtype, op, root)
@@ -108,7 +117,8 @@ def test_v_variants(comm, collective, algorithm):
                          [(c, a) for c, a in CASES if c in REDUCING and a != "native"])
 def test_matches_native(world, collective, algorithm):
     """Our result is bit-identical to the MPI library's own collective's."""
-    ops = [(d, o) for d, o in DTYPE_OPS if d not in NO_MPI_REDUCTION] + [(None, o) for o in USER_OPS]
+    ops = [(d, o) for d, o in DTYPE_OPS + LOC_DTYPE_OPS if mpi_reduces(d, o)] + \
+        [(None, o) for o in USER_OPS]
     for dtype, op in ops:
         if not keeps_order(collective, algorithm, op):
             continue
@@ -227,3 +237,35 @@ def test_out_may_be_the_input(world, collective, algorithm):
     else:
         assert got is x
         np.testing.assert_array_equal(x, expected)
+
+
+def test_reduce_local_matches_the_mpi_library():
+    """mpicoll.reduce_local gives MPI_Reduce_local's result for every op the MPI library
+    has on every dtype it reduces with it (bool through MPI's logical ops), and NumPy's."""
+    from mpi4py import MPI
+
+    mpi = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
+           "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR, "land": MPI.LAND,
+           "lor": MPI.LOR, "lxor": MPI.LXOR, "minloc": MPI.MINLOC, "maxloc": MPI.MAXLOC}
+    on_bool = {"sum": MPI.LOR, "prod": MPI.LAND, "min": MPI.LAND, "max": MPI.LOR,
+               "band": MPI.LAND, "bor": MPI.LOR, "bxor": MPI.LXOR}
+    pairs = {"loc:float_int": MPI.FLOAT_INT, "loc:double_int": MPI.DOUBLE_INT,
+             "loc:long_int": MPI.LONG_INT, "loc:2int": MPI.TWOINT,
+             "loc:short_int": MPI.SHORT_INT, "loc:long_double_int": MPI.LONG_DOUBLE_INT}
+    checked = 0
+    for dtype, op in DTYPE_OPS + LOC_DTYPE_OPS:
+        if op == "avg" or not mpi_reduces(dtype, op):
+            continue
+        a, b = make_input(0, (2, 9), dtype, op), make_input(1, (2, 9), dtype, op)
+        theirs = b.copy()
+        mop = on_bool.get(op, mpi[op]) if a.dtype.kind == "b" else mpi[op]
+        if dtype in LOC_DTYPES:
+            mop.Reduce_local([a, a.size, pairs[dtype]], [theirs, a.size, pairs[dtype]])
+        else:
+            mop.Reduce_local(a, theirs)
+        ours = b.copy()
+        assert mpicoll.reduce_local(a, ours, op) is ours
+        assert np.array_equal(ours, theirs), f"{dtype} {op}: {ours} != MPI's {theirs}"
+        assert np.array_equal(ours, reduced([a, b], op)), f"{dtype} {op}"
+        checked += 1
+    assert checked > 100

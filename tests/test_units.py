@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -13,7 +14,7 @@ from mpicoll import selection
 from mpicoll.algorithms import REGISTRY
 from mpicoll.algorithms.fold import Fold
 from mpicoll.buffers import DTYPE_TABLE, chunk_bounds, dtype_code, dtype_from_code, even_bounds
-from mpicoll.ops import resolve_op
+from mpicoll.ops import _ML_FLOATS, resolve_op
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 7, 8, 9, 100, 101])
@@ -54,7 +55,8 @@ def test_fold_maps_every_rank_and_block_once(size):
 
 @pytest.mark.parametrize("op,kinds", [("sum", "biufc"), ("prod", "biufc"), ("min", "biuf"),
                                       ("max", "biuf"), ("avg", "fc"), ("band", "biu"),
-                                      ("bor", "biu"), ("bxor", "biu")])
+                                      ("bor", "biu"), ("bxor", "biu"), ("land", "biufc"),
+                                      ("lor", "biufc"), ("lxor", "biufc")])
 def test_op_dtype_table(op, kinds):
     for dtype in ("?", "i1", "u8", "f2", "f8", "c8"):
         dt = np.dtype(dtype)
@@ -70,6 +72,177 @@ def test_ops_accept_reduce_op_members():
     assert mpicoll.ReduceOp.SUM == "sum"
     with pytest.raises(mpicoll.InvalidArgumentError, match="op: unknown"):
         resolve_op("mean", np.dtype("f4"))
+
+
+# ---- logical ops, minloc/maxloc, reduce_local ------------------------------------------
+
+# every numeric dtype, ml_dtypes' floating ones included
+ALL_NUMERIC = ["?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "g",
+               "c8", "c16", "G", ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn,
+               ml_dtypes.float8_e5m2]
+TRUTH = {"land": lambda p, q: p & q, "lor": lambda p, q: p | q, "lxor": lambda p, q: p ^ q}
+
+
+@pytest.mark.parametrize("op", ["land", "lor", "lxor"])
+@pytest.mark.parametrize("dtype", ALL_NUMERIC, ids=lambda d: np.dtype(d).name)
+def test_logical_ops_give_one_or_zero_of_the_dtype(op, dtype):
+    """MPI_LAND/LOR/LXOR: an element is true where nonzero (0.5, -2, 1j too); the result
+    is 1 or 0 in the input's dtype, also where the result is written over an operand."""
+    dt = np.dtype(dtype)
+    floating = dt.kind == "f" or dt in _ML_FLOATS
+    a = {"b": [0, 0, 1, 1], "u": [0, 0, 2, 3, 1], "c": [0, 0, 1j, 0.5, 2 + 2j]}.get(
+        dt.kind, [0, 0, -2, 0.5 if floating else 3, 1])
+    b = {"b": [0, 1, 0, 1], "c": [0, 1j, 0, -3, 0.5j]}.get(dt.kind, [0, 2, 0, 3, 1])
+    a, b = np.array(a, dt), np.array(b, dt)
+    expected = TRUTH[op](a != 0, b != 0)
+    assert expected.any() and not expected.all()
+    fn = resolve_op(op, dt)
+    for out in ("new", "a", "b"):
+        x, y = a.copy(), b.copy()
+        into = {"new": np.full_like(x, 7 if dt.kind != "b" else 1), "a": x, "b": y}[out]
+        fn(x, y, into)
+        assert into.dtype == dt
+        assert np.array_equal(into, expected.astype(dt)), (op, dt, out, into)
+
+
+LOC_REFUSED = [np.dtype("f8"), np.dtype([("value", "f8")]),
+               np.dtype([("value", "c8"), ("index", "i4")]),
+               np.dtype([("value", "f8"), ("index", "f4")]),
+               np.dtype([("value", "f8"), ("index", "i4"), ("rank", "i4")]),
+               np.dtype([("value", "f8", (2,)), ("index", "i4")]),
+               np.dtype([("val", "f8"), ("index", "i4")])]
+
+
+@pytest.mark.parametrize("op", ["minloc", "maxloc"])
+def test_loc_ops_take_value_index_dtypes_only(op):
+    for dtype in LOC_REFUSED:
+        with pytest.raises(mpicoll.UnsupportedDtypeError,
+                           match=f"op '{op}' cannot reduce .*fields 'value'.* and 'index'"):
+            resolve_op(op, dtype)
+    for value in ("?", "i1", "u8", "f2", "f4", "f8", "g", ml_dtypes.bfloat16):
+        for index in ("i4", "i8", "u2"):
+            assert resolve_op(op, mpicoll.loc_dtype(value, index)).name == op
+            packed = np.dtype([("index", index), ("value", value)])  # any order, no padding
+            assert resolve_op(op, packed).name == op
+    assert resolve_op(mpicoll.ReduceOp.MINLOC, mpicoll.loc_dtype("f8")).commutative
+
+
+def test_loc_dtype_is_c_struct_layout():
+    """mpicoll.loc_dtype: {value; index} with C's alignment (MPI's pair types' layout)."""
+    assert mpicoll.loc_dtype("f8") == np.dtype(
+        {"names": ["value", "index"], "formats": ["f8", "i4"], "offsets": [0, 8], "itemsize": 16})
+    assert mpicoll.loc_dtype("f4").itemsize == 8
+    assert mpicoll.loc_dtype("i2").fields["index"][1] == 4
+    assert mpicoll.loc_dtype("f8", "i8").fields["index"][0] == np.dtype("i8")
+    for value, index in (("c8", "i4"), ("f8", "f8"), ("f8", "?")):
+        with pytest.raises(mpicoll.UnsupportedDtypeError, match="loc_dtype: the value must"):
+            mpicoll.loc_dtype(value, index)
+
+
+@pytest.mark.parametrize("op,better", [("minloc", np.less), ("maxloc", np.greater)])
+def test_loc_ops_keep_the_extreme_value_and_on_a_tie_the_lower_index(op, better):
+    dt = mpicoll.loc_dtype("f4")
+    a = np.array([(1, 5), (2, 3), (1, 1), (4, 2), (-1, -7)], dt)
+    b = np.array([(1, 4), (2, 7), (0, 9), (5, 8), (-1, -7)], dt)
+    pick_b = better(b["value"], a["value"]) | (
+        (b["value"] == a["value"]) & (b["index"] < a["index"]))
+    expected = np.where(pick_b, b, a)
+    assert expected["index"].tolist()[:2] == [4, 3]  # the ties go to the lower index
+    fn = resolve_op(op, dt)
+    for first, second in ((a, b), (b, a)):  # commutative
+        new, x, y = np.zeros_like(a), first.copy(), second.copy()
+        fn(first, second, new)
+        fn(x, second, x)  # out may be either operand
+        fn(first, y, y)
+        for got in (new, x, y):
+            assert np.array_equal(got, expected), (op, got)
+
+
+def test_reduce_local_is_b_equals_a_op_b_in_place():
+    a = np.arange(6.0).reshape(2, 3)
+    b = np.full((2, 3), 10.0)
+    assert mpicoll.reduce_local(a, b, "sum") is b
+    np.testing.assert_array_equal(b, a + 10)
+    subtract = mpicoll.Op(np.subtract, commutative=False)  # a first, as rank order
+    c = np.full((2, 3), 10.0)
+    mpicoll.reduce_local(a, c, subtract)
+    np.testing.assert_array_equal(c, a - 10)
+    d = a.copy()
+    mpicoll.reduce_local(d, d, mpicoll.ReduceOp.PROD)  # b may be a itself
+    np.testing.assert_array_equal(d, a * a)
+    wide = np.full((2, 6), 10.0)  # a strided b is written where it is
+    mpicoll.reduce_local(a, wide[:, ::2], "max")
+    np.testing.assert_array_equal(wide[:, ::2], np.maximum(a, 10))
+    np.testing.assert_array_equal(wide[:, 1::2], 10)
+    mpicoll.reduce_local(np.full((2, 6), 1.0)[:, ::2], wide[:, 1::2], subtract)
+    np.testing.assert_array_equal(wide[:, 1::2], -9)
+    def each(a, b, out):  # element by element: it would read what it wrote
+        for i in range(len(out)):
+            out[i] = a[i] - b[i]
+
+    shifted = np.arange(5, dtype="i8")  # a and b overlap, shifted by one element
+    mpicoll.reduce_local(shifted[:4], shifted[1:], mpicoll.Op(each, commutative=False))
+    np.testing.assert_array_equal(shifted, [0, -1, -1, -1, -1])
+    flags = np.array([0, 3, 0, 5], "i4")
+    mpicoll.reduce_local(np.array([2, 2, 0, 0], "i4"), flags, "land")
+    np.testing.assert_array_equal(flags, [0, 1, 0, 0])
+    z = np.array(3.0)  # 0-d
+    mpicoll.reduce_local(np.array(4.0), z, "min")
+    assert z == 3.0
+
+
+@pytest.mark.parametrize("a,b,op,error,match", [
+    (np.ones(3), np.ones(4), "sum", mpicoll.InvalidArgumentError, "b: shape .* same shape"),
+    (np.ones(3), np.ones(3, "f4"), "sum", mpicoll.InvalidArgumentError, "dtype float32"),
+    (np.ones(3), np.ones(3).reshape(3, 1), "sum", mpicoll.InvalidArgumentError, "shape"),
+    (np.ones(3), np.ones(3), "avg", mpicoll.InvalidArgumentError, "'avg' divides"),
+    (np.ones(3), np.ones(3), "mean", mpicoll.InvalidArgumentError, "op: unknown"),
+    (np.ones(3), 1.0, "sum", mpicoll.InvalidArgumentError, "b: expected an array"),
+    (np.ones(3), None, "sum", mpicoll.InvalidArgumentError, "b: expected an array"),
+    ([1.0, 2.0], np.ones(2), "sum", mpicoll.InvalidArgumentError, "a: expected"),
+    (np.ones(3), np.ones(3), "band", mpicoll.UnsupportedDtypeError, "'band' cannot reduce"),
+    (np.ones(3), np.ones(3), "minloc", mpicoll.UnsupportedDtypeError, "'minloc' cannot"),
+])
+def test_reduce_local_refuses(a, b, op, error, match):
+    before = None if not isinstance(b, np.ndarray) else b.copy()
+    with pytest.raises(error, match=match):
+        mpicoll.reduce_local(a, b, op)
+    if before is not None:
+        np.testing.assert_array_equal(b, before)
+
+
+def test_reduce_local_refuses_a_read_only_b_and_reports_a_failing_op():
+    b = np.ones(3)
+    b.flags.writeable = False
+    with pytest.raises(mpicoll.InvalidArgumentError, match="b: the array is read-only"):
+        mpicoll.reduce_local(np.ones(3), b, "sum")
+
+    def broken(a, b, out):
+        raise RuntimeError("nope")
+
+    with pytest.raises(mpicoll.OpError, match="op 'broken' raised RuntimeError: nope"):
+        mpicoll.reduce_local(np.ones(3), np.ones(3), mpicoll.Op(broken))
+
+
+def test_native_mpi_refuses_what_mpi_has_no_op_for():
+    """MPI defines land/lor/lxor on integers and bool only, minloc/maxloc on its pair types."""
+    from mpicoll.native import check_op, mpi_op
+
+    for dtype in ("?", "i1", "u8"):
+        for op in ("land", "lor", "lxor"):
+            check_op(resolve_op(op, np.dtype(dtype)), np.dtype(dtype))
+    for dtype in ("f2", "f8", "c8"):
+        with pytest.raises(mpicoll.UnsupportedDtypeError, match="MPI defines 'land' on integer"):
+            check_op(resolve_op("land", np.dtype(dtype)), np.dtype(dtype))
+    for value in ("f4", "f8", "l", "i", "h", "g"):
+        dtype = mpicoll.loc_dtype(value)
+        datatype, _ = mpi_op(resolve_op("maxloc", dtype), dtype)
+        assert datatype.Get_extent() == (0, dtype.itemsize)
+    for dtype in (mpicoll.loc_dtype("f2"), mpicoll.loc_dtype("f8", "i8"),
+                  mpicoll.loc_dtype("u4"), np.dtype([("value", "f8"), ("index", "i4")]),
+                  np.dtype([("index", "i4"), ("value", "f4")])):
+        with pytest.raises(mpicoll.UnsupportedDtypeError, match="MPI library's minloc cannot"):
+            check_op(resolve_op("minloc", dtype), dtype)
 
 
 def test_dtype_codes_round_trip():
