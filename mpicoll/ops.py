@@ -35,7 +35,8 @@ class ReduceOp(str, enum.Enum):
     - ``band``, ``bor``, ``bxor``: bitwise, on bool and integer dtypes.
     - ``land``, ``lor``, ``lxor``: logical, as MPI_LAND/LOR/LXOR, on any numeric dtype:
       an element counts as true where it is nonzero, and the result is 1 or 0 in the
-      input's dtype (True/False on bool, 1.0/0.0 on floats). The MPI library's own
+      input's dtype (True/False on bool, 1.0/0.0 on floats); as in MPI, on one rank the
+      input, combined with nothing, comes back as it is. The MPI library's own
       collectives (``native``) take them on bool and integer dtypes only (MPI defines them
       there), NCCL's on bool only (land, lor); ``auto`` then runs one of mpicoll's.
     - ``minloc``, ``maxloc``: as MPI_MINLOC/MAXLOC, on a structured dtype with fields
