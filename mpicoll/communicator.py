@@ -35,13 +35,12 @@ from .work import ProgressThread, Work, submit
 __all__ = ["BACKENDS", "Communicator", "algorithms"]
 
 
-
 def algorithms(collective: str, backend: str = "mpi") -> list[str]:
     """The names valid for ``algorithm=`` of ``collective`` on ``backend`` (not "auto")."""
     check_collective(collective)
     if backend not in BACKENDS:
         raise InvalidArgumentError(f"backend: unknown backend {backend!r}; expected one of {BACKENDS}")
-    return _names(collective, backend != "local")
+    return _names(collective, backend)
 
 
 class Communicator(PointToPoint, Groups):
@@ -154,8 +153,7 @@ class Communicator(PointToPoint, Groups):
         return getattr(self._backend.control, "comm", None)
 
     def native_collective(self, collective: str) -> Callable[..., None]:
-        """The backend's own collective for ``collective`` with the algorithms'
-        signature, or a refusal where the backend has none."""
+        """The backend's own ``collective`` (the algorithms' signature), or a refusal."""
         check_collective(collective)
         return self._chooser._lookup(collective, "native")[0]
 
@@ -438,6 +436,29 @@ class Communicator(PointToPoint, Groups):
             Row [rank] of the reduction, shape rest; with counts, block [rank], 1-D.
         """
         return run.reduce_scatter(self, call, x, op, counts, algorithm, out, options)
+
+    @entry
+    def scan(self, call: Call, x: Any, op: str | ReduceOp | Op = "sum", *,
+             algorithm: str = "auto", out: Any = None, **options: int) -> Any:
+        """Prefix reduction in rank order (MPI_Scan): rank r gets x_0 op x_1 op ... op x_r.
+
+        Args:
+            x, op, out: as in ``all_reduce`` (``out=x``: in place); "avg" divides rank r's
+                result by r + 1, the number of ranks it combines.
+            algorithm: "auto", "native" (MPI) or a name from ``algorithms("scan")``.
+
+        Returns:
+            This rank's prefix, shape x.shape.
+        """
+        return run.scan(self, call, x, op, algorithm, out, options)
+
+    @entry
+    def exscan(self, call: Call, x: Any, op: str | ReduceOp | Op = "sum", *,
+               algorithm: str = "auto", out: Any = None, **options: int) -> Any:
+        """``scan`` without this rank's own x (MPI_Exscan): rank r gets x_0 op ... op
+        x_(r-1), "avg" divided by r. Rank 0 takes part (the others need its x) and gets
+        None, as MPI leaves its result undefined (its ``out=`` is left as it was)."""
+        return run.exscan(self, call, x, op, algorithm, out, options)
 
     @entry
     def all_to_all(self, call: Call, x: Any, *, algorithm: str = "auto", out: Any = None,

@@ -243,6 +243,19 @@ def native_barrier(t: MPITransport) -> None:
     t.comm.Barrier()
 
 
+def native_scan(t: MPITransport, src: np.ndarray, dst: np.ndarray, op: Op) -> None:
+    datatype, mop = mpi_op(op, src.dtype)
+    sendbuf = MPI.IN_PLACE if dst is src else _typed(src, datatype)
+    t.comm.Scan(sendbuf, _typed(dst, datatype), mop)
+
+
+def native_exscan(t: MPITransport, src: np.ndarray, dst: np.ndarray, op: Op) -> None:
+    """MPI_Exscan; rank 0's ``dst`` is left undefined, as MPI does."""
+    datatype, mop = mpi_op(op, src.dtype)
+    sendbuf = MPI.IN_PLACE if dst is src else _typed(src, datatype)
+    t.comm.Exscan(sendbuf, _typed(dst, datatype), mop)
+
+
 def _user_op_in(args: tuple) -> bool:
     """Whether a reduction's op is a user's: MPI runs it as a host callback over NumPy
     views of MPI's buffers, so device buffers are staged even for a CUDA-aware MPI."""
@@ -289,4 +302,6 @@ NATIVE = {  # each: (function, positions of the buffers it reads, and of those i
     "reduce_scatter": _staged(native_reduce_scatter, (0,), (3,)),
     "all_to_all": _staged(native_all_to_all, (0,), (2,)),
     "barrier": native_barrier,
+    "scan": _staged(native_scan, (0,), (1,)),
+    "exscan": _staged(native_exscan, (0,), (1,)),
 }

@@ -44,6 +44,7 @@ class CollectiveSpec:
     in_place: str  # the in-place form, as the caller writes it ("" where there is none)
     busbw_factor: Callable[[int], float]  # nccl-tests' doc/PERFORMANCE.md, by ranks
     signature: str  # every algorithm's signature (see mpicoll.algorithms)
+    native_on: tuple[str, ...] = ("mpi", "nccl")  # the backends whose library has it
 
 
 SPECS: dict[str, CollectiveSpec] = {s.name: s for s in (
@@ -65,6 +66,11 @@ SPECS: dict[str, CollectiveSpec] = {s.name: s for s in (
                    "out=x", _ring, "(t, src, send_bounds, dst, recv_bounds)"),
     CollectiveSpec("barrier", False, False, False, False, False, False,
                    "", _same, "(t)"),
+    # prefix reductions in rank order (MPI_Scan, MPI_Exscan); NCCL has neither
+    CollectiveSpec("scan", False, True, False, False, False, False,
+                   "out=x", _same, "(t, src, dst, op)", ("mpi",)),
+    CollectiveSpec("exscan", False, True, False, False, False, False,
+                   "out=x", _same, "(t, src, dst, op)", ("mpi",)),
 )}
 
 COLLECTIVES: tuple[str, ...] = tuple(SPECS)

@@ -47,6 +47,8 @@ def _run(comm: Any, collective: str, algorithm: str, per_chunk: int) -> list[dic
         "reduce_scatter": lambda: comm.reduce_scatter(rows, "sum", algorithm=algorithm),
         "all_to_all": lambda: comm.all_to_all(rows, algorithm=algorithm),
         "barrier": lambda: comm.barrier(algorithm=algorithm),
+        "scan": lambda: comm.scan(flat, "sum", algorithm=algorithm),
+        "exscan": lambda: comm.exscan(flat, "sum", algorithm=algorithm),
     }
     calls[collective]()
     return list(comm.trace_events())

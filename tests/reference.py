@@ -20,7 +20,8 @@ DTYPES = ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", BFLOAT16, "
 NO_MPI_REDUCTION = (BFLOAT16, "g", "G")
 OPS = tuple(op.value for op in ReduceOp)
 ROOTED = ("broadcast", "scatter", "gather", "reduce")
-REDUCING = ("reduce", "all_reduce", "reduce_scatter")
+REDUCING = ("reduce", "all_reduce", "reduce_scatter", "scan", "exscan")
+SCANS = ("scan", "exscan")
 
 
 def _dtype(name: str) -> np.dtype:
@@ -213,6 +214,23 @@ def assert_same(got: np.ndarray | None, expected: np.ndarray | None, what: str =
     assert np.array_equal(got, expected), f"{what}:\n got {got}\n expected {expected}"
 
 
+def scanned(inputs: list[np.ndarray], op: str, exclusive: bool = False) -> list:
+    """Every rank's scan result, or exscan's (``exclusive``: None on rank 0, as mpicoll
+    returns there). For NumPy's ufuncs their ``accumulate`` over the ranks, in the dtype
+    (``np.cumsum`` for sum), avg divided by the number of ranks combined (exscan's rank r:
+    r, which is scan's rank r - 1); other ops: the reduction of each prefix of ranks."""
+    if op in NUMPY_OPS:
+        stacked = np.stack(inputs)
+        prefixes = NUMPY_OPS[op].accumulate(stacked, axis=0, dtype=stacked.dtype)
+        if op == "avg":
+            for r in range(len(inputs)):
+                np.true_divide(prefixes[r, ...], r + 1, out=prefixes[r, ...])
+        results = [prefixes[r, ...] for r in range(len(inputs))]
+    else:
+        results = [reduced(inputs[:r + 1], op) for r in range(len(inputs))]
+    return [None, *results[:-1]] if exclusive else results
+
+
 def strided(a: np.ndarray) -> np.ndarray:
     """The values of ``a`` in a view that is not C-contiguous (every other element)."""
     wide = np.zeros((*a.shape[:-1], 2 * a.shape[-1]), a.dtype)
@@ -282,6 +300,9 @@ def run_case(comm: mpicoll.Communicator, collective: str, algorithm: str, shape:
     elif collective == "all_to_all":
         got = comm.all_to_all(x, algorithm=algorithm)
         expected = np.stack([inputs[i][rank] for i in range(p)])
+    elif collective in SCANS:
+        got = getattr(comm, collective)(x, as_op(op), algorithm=algorithm)
+        expected = scanned(inputs, op, exclusive=collective == "exscan")[rank]
     else:
         raise ValueError(collective)
     assert_same(to_host(got, device, what), expected, what)

@@ -62,6 +62,9 @@ def _case(collective, rank, size):
     if collective == "all_to_all":
         return rows, np.stack([np.arange(size * 6.0).reshape(size, 6)[rank] + 100 * r
                                for r in range(size)]), (size, 6)
+    if collective in ("scan", "exscan"):  # exscan's rank 0: None
+        upto = rank + 1 if collective == "scan" else rank
+        return flat, sum(np.arange(6.0) + 10 * r for r in range(upto)) if upto else None, (6,)
     raise AssertionError(collective)
 
 
@@ -165,6 +168,8 @@ CHECKED = {
     "scatter_v": lambda c, bad: c.scatter_v(np.ones((c.size, 2)) if c.rank == 0 else None,
                                             [1] * c.size if not bad else [1], root=0),
     "all_to_all_v": lambda c, bad: c.all_to_all_v(np.ones((c.size, 2)), [1] * (c.size - bad)),
+    "scan": lambda c, bad: c.scan(np.ones(2), out=np.empty(3) if bad else None),
+    "exscan": lambda c, bad: c.exscan(np.ones(2), op=mpicoll.Op(np.add) if bad else "sum"),
 }
 
 

@@ -30,6 +30,8 @@ def _calls(comm):
         "reduce_scatter": lambda **k: comm.reduce_scatter(rows, "sum", **k),
         "all_to_all": lambda **k: comm.all_to_all(rows, **k),
         "all_gather_v": lambda **k: comm.all_gather_v(mine, **k),
+        "scan": lambda **k: comm.scan(x, "sum", **k),
+        "exscan": lambda **k: comm.exscan(rows, "prod", **k),
         "barrier": lambda **k: comm.barrier(**k),
     }
     assert set(mpicoll.COLLECTIVES) <= set(calls)

@@ -138,7 +138,7 @@ def test_busbw_factors_are_nccl_tests():
     p = 4
     expected = {"all_reduce": 2 * (p - 1) / p, "all_gather": (p - 1) / p,
                 "reduce_scatter": (p - 1) / p, "all_to_all": (p - 1) / p,
-                "broadcast": 1.0, "reduce": 1.0}
+                "broadcast": 1.0, "reduce": 1.0, "scan": 1.0, "exscan": 1.0}
     for collective, factor in expected.items():
         assert RECORDS[collective].busbw_factor(p) == factor
 

@@ -41,13 +41,15 @@ def _call(comm, collective: str, disagree: bool, xp):
         return comm.all_to_all(xp.asarray(np.ones((P, 3 if odd else 2))))
     if collective == "barrier":
         return comm.barrier(algorithm="dissemination" if odd else "auto")
+    if collective in ("scan", "exscan"):
+        return getattr(comm, collective)(xp.asarray(np.ones(2)), op="max" if odd else "sum")
     raise ValueError(collective)
 
 
 @pytest.mark.parametrize("device", [False, True], ids=["host", "device"])
 @pytest.mark.parametrize("collective", mpicoll.COLLECTIVES)
 def test_a_disagreeing_call_raises_mismatch_on_every_rank(collective, device):
-    assert len(mpicoll.COLLECTIVES) == 9
+    assert len(mpicoll.COLLECTIVES) == 11
 
     def body(comm, xp):
         try:

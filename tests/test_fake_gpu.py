@@ -102,6 +102,10 @@ MPI_CASES = [(c, a) for c in mpicoll.COLLECTIVES if c != "barrier" for a in mpic
 @pytest.mark.mpi
 @pytest.mark.parametrize("collective,algorithm", MPI_CASES)
 def test_mpi_every_algorithm_on_device_arrays(comm, collective, algorithm):
+    if algorithm not in mpicoll.algorithms(collective, comm.backend):  # NCCL has no scan
+        with pytest.raises(mpicoll.InvalidArgumentError, match=f"'nccl' has no {collective};"):
+            _all_roots(comm, collective, algorithm, (3,))
+        return
     for shape in SHAPES:
         _all_roots(comm, collective, algorithm, shape)
 
@@ -156,6 +160,14 @@ def test_nccl_backend_barrier_averages_and_refusals(comm, fake_cupy):
         comm.all_reduce(fake_cupy.asarray(np.zeros(4, np.int32)), "bxor", algorithm="native")
     assert comm.all_reduce(fake_cupy.asarray(np.zeros(4, np.int32)), "bxor",
                            algorithm="ring").get().tolist() == [0] * 4
+    # NCCL has no scan: auto runs ours over NCCL (MPICH's recursive doubling)
+    for collective in ("scan", "exscan"):
+        assert comm.auto_algorithm(collective, 8, "sum", "f8") == "recursive_doubling"
+        got = getattr(comm, collective)(x, "sum")
+        assert (got is None) == (collective == "exscan" and comm.rank == 0)
+        if got is not None:
+            upto = comm.rank + 1 if collective == "scan" else comm.rank
+            assert got.get().tolist() == [sum(range(upto))] * 4
     # scatter and broadcast at ranks that pass no buffer: results on the GPU
     rows = fake_cupy.asarray(np.arange(comm.size * 2.0).reshape(comm.size, 2))
     got = comm.scatter(rows if comm.rank == 0 else None, algorithm="native")

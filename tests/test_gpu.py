@@ -146,6 +146,14 @@ def test_reductions_in_place_and_out(comm, collective):
         assert got is out
         if comm.rank == 0:
             np.testing.assert_array_equal(out.get(), expected)
+    elif collective in ("scan", "exscan"):  # in place; exscan's rank 0: None, y untouched
+        upto = comm.rank + 1 if collective == "scan" else comm.rank
+        y = x.copy()
+        got = getattr(comm, collective)(y, out=y)
+        assert got is (y if upto else None)
+        np.testing.assert_array_equal(y.get(), x.get() if not upto else sum(
+            np.arange(comm.size * 6, dtype=np.float32).reshape(comm.size, 6) + r
+            for r in range(upto)))
     else:
         out = cupy.empty(6, cupy.float32)
         assert comm.reduce_scatter(x, out=out) is out

@@ -143,7 +143,8 @@ def test_one_rank_refusing_where_it_receives_then_the_next_call(world, collectiv
     rows = np.arange(p * 6.0).reshape(p, 6) + 100 * rank
     x = {"broadcast": np.arange(5.0) if rank == root else None,
          "scatter": rows if rank == root else None, "gather": flat, "all_gather": flat,
-         "reduce": flat, "all_reduce": flat, "reduce_scatter": rows, "all_to_all": rows}[collective]
+         "reduce": flat, "all_reduce": flat, "reduce_scatter": rows, "all_to_all": rows,
+         "scan": flat, "exscan": flat}[collective]
     kwargs = {"algorithm": algorithm}
     if collective in ("broadcast", "scatter", "gather", "reduce"):
         kwargs["root"] = root
@@ -163,6 +164,13 @@ def test_one_rank_refusing_where_it_receives_then_the_next_call(world, collectiv
             np.testing.assert_array_equal(got, np.arange(6.0) + 6 * rank)
         elif collective == "broadcast":
             np.testing.assert_array_equal(got, np.arange(5.0))
+        elif collective in ("scan", "exscan"):
+            upto = rank + 1 if collective == "scan" else rank
+            if upto:
+                np.testing.assert_array_equal(got, sum(np.arange(6.0) + 10 * r
+                                                       for r in range(upto)))
+            else:
+                assert got is None
     _next_call_is_right(world)
 
 

@@ -42,6 +42,8 @@ def _expected(collective: str, p: int, r: int, step: int, shape: tuple[int, ...]
         return np.sum(ins, axis=0)[r]
     if collective == "all_to_all":
         return np.stack([ins[k][r] for k in range(p)])
+    if collective in ("scan", "exscan"):
+        return np.sum(ins[:r + 1 if collective == "scan" else r], axis=0)
     raise AssertionError(collective)
 
 
@@ -77,7 +79,7 @@ def test_a_plan_started_again_and_again_on_refilled_input(world, collective, alg
             if collective == "barrier":
                 assert got is None
                 continue
-            if spec.result_at_root_only and r != 0:
+            if (spec.result_at_root_only and r != 0) or (collective == "exscan" and r == 0):
                 assert got is None
                 continue
             np.testing.assert_array_equal(got, _expected(collective, p, r, step, shape))
@@ -85,7 +87,9 @@ def test_a_plan_started_again_and_again_on_refilled_input(world, collective, alg
         if form == "call" and collective in DECIDED:  # starts 2 and 3 ran as decided
             assert plan._bound is not None
     assert plan.starts == 3
-    if results and collective not in ("broadcast", "scatter") or (collective == "scatter" and r == 0):
+    # (mpicoll.plan binds no result for scan and exscan yet: each start makes its own)
+    if results and collective not in ("broadcast", "scatter", "scan", "exscan") or \
+            (collective == "scatter" and r == 0):
         assert all(res is results[0] for res in results), "the plan's result is bound once"
 
 

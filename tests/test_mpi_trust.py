@@ -21,7 +21,7 @@ from mpicoll.algorithms import REGISTRY
 
 pytestmark = pytest.mark.mpi
 
-REDUCING = [(c, a) for c in ("all_reduce", "reduce", "reduce_scatter")
+REDUCING = [(c, a) for c in ("all_reduce", "reduce", "reduce_scatter", "scan", "exscan")
             for a in [*REGISTRY[c], "native", "auto"]]
 
 
@@ -35,6 +35,8 @@ def _reduce(comm, collective, x, op, algorithm):
         return comm.all_reduce(x, op, algorithm=algorithm)
     if collective == "reduce":
         return comm.reduce(x, op, root=0, algorithm=algorithm)
+    if collective in ("scan", "exscan"):
+        return getattr(comm, collective)(x, op, algorithm=algorithm)
     return comm.reduce_scatter(x, op, algorithm=algorithm)
 
 
@@ -49,7 +51,8 @@ def test_a_user_op_raising_on_one_rank_raises_op_error_on_every_rank(world, coll
             and REGISTRY[collective][algorithm].commutative_only:
         pytest.skip("refused for a non-commutative op")
     calls = []
-    failing = world.size - 1  # the last rank: it combines in every algorithm but linear reduce
+    # the last rank: it combines in every algorithm but linear reduce and exscan
+    failing = world.size - 1
 
     def flaky(a, b, out):
         calls.append(a.size)

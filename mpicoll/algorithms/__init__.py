@@ -15,6 +15,8 @@ of a collective:
     reduce_scatter(t, src, bounds, op, dst)       dst receives the reduced block [rank]
     all_to_all(t, src, send_bounds, dst, recv_bounds)   block j of src goes to rank j
     barrier(t)
+    scan(t, src, dst, op)                         dst may be src (in place)
+    exscan(t, src, dst, op)                       dst may be src; rank 0's is left as it was
 
 ``bounds`` are block offsets in elements (see ``mpicoll.buffers.chunk_bounds``), so the
 same code serves even blocks and the v-variants' uneven ones; an algorithm that needs
@@ -96,5 +98,6 @@ from . import (  # noqa: E402,F401
     gather,
     reduce,
     reduce_scatter,
+    scan,
     scatter,
 )

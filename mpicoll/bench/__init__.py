@@ -50,12 +50,13 @@ class Record:
     busbw_factor: Callable[[int], float]
 
 
-# every collective but barrier, in nccl-tests' order, from its description in mpicoll.spec
+# every collective but barrier, in nccl-tests' order (then scan and exscan, which it has
+# not), from its description in mpicoll.spec
 RECORDS = {name: Record(s.input_rows, s.result_rows and not s.input_rows, s.rooted, s.reduces,
                         s.busbw_factor)
            for name, s in ((n, SPECS[n]) for n in (
                "broadcast", "reduce", "all_reduce", "all_gather", "gather", "reduce_scatter",
-               "scatter", "all_to_all"))}
+               "scatter", "all_to_all", "scan", "exscan"))}
 
 
 def parse_size(text: str) -> int:
@@ -178,7 +179,7 @@ def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
         return lambda: fn(t, dst, bounds)
     if collective == "reduce":
         return lambda: fn(t, src, dst if is_root else None, opd, root)
-    if collective == "all_reduce":
+    if collective in ("all_reduce", "scan", "exscan"):
         return lambda: fn(t, src, dst, opd)
     if collective == "reduce_scatter":
         bounds = even_bounds(dst.size, p)
@@ -187,7 +188,7 @@ def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
     return lambda: fn(t, src, bounds, dst, bounds)
 
 
-INPLACE = ("all_reduce", "reduce", "all_gather", "all_to_all", "broadcast")
+INPLACE = ("all_reduce", "reduce", "all_gather", "all_to_all", "broadcast", "scan", "exscan")
 
 
 class Call:
@@ -370,14 +371,17 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
     dtype, record = np.dtype(args.datatype), RECORDS[collective]
     names = _algorithm_names(collective, args.algo, args.backend)
     library_name = report.library_row(args.backend)
-    checker = "native"
-    if record.reduces and not comm.native_serves(resolve_op(args.op, dtype), dtype):
-        # the library cannot reduce this dtype (bfloat16): no library rows, and
-        # results are checked against an algorithm that combines in rank order
+    checker, lacks = "native", None
+    if "native" not in mpicoll.algorithms(collective, args.backend):  # NCCL has no scan
+        lacks = f"the library has no {collective}"
+    elif record.reduces and not comm.native_serves(resolve_op(args.op, dtype), dtype):
+        lacks = f"the library cannot reduce {dtype}"  # bfloat16
+    if lacks:
+        # no library rows, and results are checked against an algorithm that combines in
+        # rank order
         names = [n for n in names if n not in (library_name, "native")]
         checker = next(a.name for a in REGISTRY[collective].values() if not a.commutative_only)
-        say(f"# the library cannot reduce {dtype}: no {library_name}/native rows; "
-            f"results checked against {checker}")
+        say(f"# {lacks}: no {library_name}/native rows; results checked against {checker}")
     if inplace and collective not in INPLACE:
         say(f"# {collective} has no in-place form: run out of place")
     rows, wrong_total = [], 0
@@ -386,7 +390,7 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
         count = x.size * comm.size if record.per_rank else x.size
         size = count * dtype.itemsize
         call = Call(comm, collective, x, args.op, args.root, inplace)
-        library = library_call(comm, collective, x, args.op, args.root)
+        library = library_call(comm, collective, x, args.op, args.root) if not lacks else None
         reference = None
         if args.check:
             call.reset()
@@ -477,6 +481,9 @@ def overhead(comm: Communicator, args: argparse.Namespace, say: Callable[..., No
     barrier = lambda: comm.barrier(algorithm="native")  # noqa: E731
     worst = 0.0
     for collective in (*RECORDS, "barrier"):
+        if "native" not in mpicoll.algorithms(collective, comm.backend):
+            say(f"  {collective:>14} (the library has no {collective})")
+            continue
         if collective == "barrier":
             runs = {"library": functools.partial(comm.native_collective("barrier"),
                                                  comm.transport),

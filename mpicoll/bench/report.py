@@ -210,7 +210,8 @@ def nccl_lines(out_of_place: list[Any], in_place: list[Any], head: dict[str, Any
     for collective, algorithm, mine in _blocks(out_of_place):
         lines += ["", f"# {collective}, algorithm {algorithm} ({head['ranks']} ranks)"
                   + ("" if collective in ("all_reduce", "reduce", "all_gather", "all_to_all",
-                                          "broadcast") else "; no in-place form: run twice "
+                                          "broadcast", "scan", "exscan")
+                     else "; no in-place form: run twice "
                      "out of place"), *NCCL_HEADER]
         both = []
         for r in mine:

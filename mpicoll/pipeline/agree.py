@@ -41,15 +41,16 @@ from ..errors import (
     RemoteError,
 )
 from ..ops import Op, op_name
+from ..spec import COLLECTIVES
 from ..tracing import trace_path, unwritable
 from ..watchdog import DEFAULT_RECORDER, DEFAULT_TIMEOUT, dump_dir, recorder_length, timeout_setting
 from .describe import Call
 from .validate import Verdict
 
 ANY = -1  # a fingerprint field this rank cannot know (broadcast/scatter with None)
-NAMES = ("broadcast", "scatter", "gather", "all_gather", "reduce", "all_reduce",
-         "reduce_scatter", "all_to_all", "barrier", "all_gather_v", "gather_v", "scatter_v",
-         "all_to_all_v", "monitored_barrier")
+# every call's name, for MismatchError's text: each collective's, and the calls beside them
+NAMES = (*COLLECTIVES, "all_gather_v", "gather_v", "scatter_v", "all_to_all_v",
+         "monitored_barrier")
 _FIELDS = ("collective", "algorithm", "op", "root", "dtype", "shape", "call number", "counts")
 _SITE_BYTES, _TEXT_BYTES = 96, 160
 _ROW = len(_FIELDS) + 1 + (_SITE_BYTES + _TEXT_BYTES) // 8

@@ -18,12 +18,14 @@ from .. import selection
 from ..algorithms import COLLECTIVES, OPTION_MINIMUM, REGISTRY
 from ..errors import InvalidArgumentError, MpicollError, UnsupportedDtypeError, UnsupportedOpError
 from ..ops import Op
+from ..spec import SPECS
 from .validate import Verdict
 
 
-def algorithms(collective: str, has_native: bool) -> list[str]:
+def algorithms(collective: str, backend: str) -> list[str]:
+    """``collective``'s algorithm names, and "native" where ``backend``'s library has it."""
     names = list(REGISTRY[collective])
-    return names + ["native"] if has_native else names
+    return names + ["native"] if backend in SPECS[collective].native_on else names
 
 
 class Chooser:
@@ -106,12 +108,12 @@ class Chooser:
             raise UnsupportedOpError(
                 f"algorithm: {collective} {algorithm!r} needs a commutative op; "
                 f"{op.name!r} is not. Algorithms that keep rank order: {', '.join(able)}"
-                + (", native" if self.backend.has_native else ""))
+                + (", native" if collective in self.backend.native else ""))
         if uneven and registered.even_only:
             able = [a.name for a in REGISTRY[collective].values() if not a.even_only]
             raise InvalidArgumentError(
                 f"algorithm: {collective} {algorithm!r} needs equal blocks; for uneven "
-                f"counts use one of {', '.join(able + (['native'] if self.backend.has_native else []))}")
+                f"counts use one of {', '.join(able + (['native'] if collective in self.backend.native else []))}")
         if options:
             options = self._options(collective, algorithm, registered, options)
             return functools.partial(fn, **options), algorithm
@@ -120,7 +122,7 @@ class Chooser:
     def auto(self, collective: str, nbytes: int, op: Op | None, dtype: np.dtype | None,
              uneven: bool) -> str:
         """What "auto" runs: cached by the values that decide it."""
-        native_ok = self.native_serves(op, dtype)
+        native_ok = collective in self.backend.native and self.native_serves(op, dtype)
         key = (collective, nbytes, op is None or op.commutative, native_ok, uneven)
         picked = self._auto.get(key)
         if picked is None:
@@ -154,13 +156,15 @@ class Chooser:
         if algorithm == "native":
             fn = self.backend.native.get(collective)
             if fn is None:
+                name = self.backend.name
                 raise InvalidArgumentError(
-                    f"algorithm: 'native' needs a library collective; backend "
-                    f"{self.backend.name!r} has none")
+                    f"algorithm: 'native' needs a library collective; backend {name!r} has "
+                    + (f"no {collective}; use one of {', '.join(algorithms(collective, name))}"
+                       if self.backend.has_native else "none"))
             return fn, None
         registered = REGISTRY[collective].get(algorithm) if isinstance(algorithm, str) else None
         if registered is None:
-            names = algorithms(collective, self.backend.has_native)
+            names = algorithms(collective, self.backend.name)
             raise InvalidArgumentError(
                 f"algorithm: unknown {collective} algorithm {algorithm!r}; expected "
                 f"'auto' or one of {', '.join(names)}")

@@ -467,6 +467,38 @@ def reduce_scatter(c: Any, call: Call, x: Any, op: Any, counts: Any, algorithm: 
     return give(v, result, out, back)
 
 
+def scan(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
+         options: dict[str, Any], collective: str = "scan") -> Any:
+    """scan, or exscan (``collective="exscan"``): rank r's prefix of ranks 0..r, or
+    0..r-1, with ``op``; avg divides it by the number of ranks it combines. Exscan's rank 0
+    takes part with workspace and gets None (MPI leaves its result undefined); its out=
+    is checked but left as it was."""
+    t = c._backend.transport
+    v, x, back, opd, fn = _reduction(c, call, collective, x, op, algorithm, options)
+    nothing = collective == "exscan" and t.rank == 0
+    result = None
+    if not v and (out is not None or not nothing):
+        result = validate.out(v, out, x.shape, x.dtype, like=x)
+    agree.settle(c, call, v, (algorithm, options), op=op, dtype=getattr(x, "dtype", None),
+                 shape=getattr(x, "shape", None))
+    if nothing:
+        result = None
+    dst = result.reshape(-1) if result is not None else _stand_in(t, x.size, x.dtype, x)
+    # in place: every scan algorithm allows src is dst
+    src = dst if result is x else _input(t, flat(x), dst if out is not None else None)
+    t.use(x)
+    _reducing(c, call, opd, fn, t, src, dst, opd)
+    if result is not None:  # avg: divided by the number of ranks combined
+        combined = t.rank + 1 if collective == "scan" else t.rank
+        average(result, opd, fn, combined, c._backend.averages_itself)
+    return give(v, result, out, back)
+
+
+def exscan(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
+           options: dict[str, Any]) -> Any:
+    return scan(c, call, x, op, algorithm, out, options, "exscan")
+
+
 def all_to_all(c: Any, call: Call, x: Any, algorithm: Any, out: Any,
                options: dict[str, Any]) -> Any:
     b = c._backend
