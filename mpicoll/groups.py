@@ -35,7 +35,24 @@ def _int(value: Any) -> bool:
 
 
 class Groups:
-    """The Communicator's methods that make sub-communicators (see ``mpicoll.groups``)."""
+    """The Communicator's methods that make sub-communicators (see ``mpicoll.groups``),
+    and the nodes its ranks are on."""
+
+    @property
+    def node(self) -> int:
+        """This rank's node: nodes are numbered in the order of their first rank. Agreed
+        by every rank when the Communicator is made, from ``MPICOLL_RANKS_PER_NODE=k``
+        (consecutive blocks of k ranks of the job: nodes simulated on one machine), SLURM's
+        node of the task under srun, else the host MPI names."""
+        return self._node_of[self.rank]
+
+    @property
+    def nodes(self) -> tuple[tuple[int, ...], ...]:
+        """The ranks of each node, in node order (uneven nodes are normal)."""
+        ranks: dict[int, list[int]] = {}
+        for rank, node in enumerate(self._node_of):
+            ranks.setdefault(node, []).append(rank)
+        return tuple(tuple(r) for _, r in sorted(ranks.items()))
 
     def split(self, color: int | None, key: int = 0) -> Any:
         """The Communicator of the ranks that give the same ``color`` (None: this rank

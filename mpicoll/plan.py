@@ -43,7 +43,7 @@ _UNSET = object()
 
 # what a plan binds besides x: the collectives that take out=
 _TAKES_OUT = frozenset(("scatter", "gather", "all_gather", "reduce", "all_reduce",
-                        "reduce_scatter", "all_to_all"))
+                        "reduce_scatter", "all_to_all", "scan", "exscan"))
 # a v-variant's algorithms are its collective's
 _ALGORITHMS_OF = {"all_gather_v": "all_gather", "gather_v": "gather", "scatter_v": "scatter",
                   "all_to_all_v": "all_to_all"}
@@ -157,7 +157,7 @@ def _bound_result(comm: Any, collective: str, args: tuple, kwargs: dict) -> Any:
         shape = x.shape[1:] if counts is None else (int(list(counts)[rank]),)
     elif spec.result_rows and not spec.input_rows:  # gather, all_gather
         shape = (size, *x.shape)
-    else:  # reduce, all_reduce, all_to_all
+    else:  # reduce, all_reduce, all_to_all, scan, exscan
         shape = x.shape
     return empty(shape, x.dtype, like=x)
 

@@ -50,4 +50,13 @@ for n in $RANKS; do
     timeout -k 10 "$TIMEOUT" $MPIEXEC -n "$n" $PY -m mpi4py -m pytest --with-mpi -m mpi \
         -q -rfEs -p no:cacheprovider tests
 done
+# nodes simulated on this machine (MPICOLL_RANKS_PER_NODE): even (2 + 2) and uneven
+# (3 + 2) nodes, so the hierarchical algorithms and the groups run with several nodes
+for layout in "4 2" "5 3"; do
+    set -- $layout
+    echo "== pytest under mpiexec -n $1 with MPICOLL_RANKS_PER_NODE=$2"
+    MPICOLL_RANKS_PER_NODE=$2 timeout -k 10 "$TIMEOUT" $MPIEXEC -n "$1" $PY -m mpi4py -m pytest \
+        --with-mpi -m mpi -q -rfEs -p no:cacheprovider tests/test_mpi.py tests/test_mpi_groups_p2p.py \
+        tests/test_mpi_dist.py tests/test_mpi_agreement.py tests/test_mpi_plans.py
+done
 echo "== all test runs passed"

@@ -208,3 +208,19 @@ def test_a_mesh_gives_each_dimension_its_group(world):
         world.mesh((world.size + 1,))
     mesh.free()
     _next_call_is_right(world)
+
+
+def test_nodes_are_agreed_and_follow_ranks_per_node(world):
+    import os
+    import zlib
+
+    nodes = world.nodes
+    assert sorted(r for node in nodes for r in node) == list(range(world.size))
+    assert world.rank in nodes[world.node]
+    k = os.environ.get("MPICOLL_RANKS_PER_NODE")
+    if k:  # blocks of k ranks of the job (here the job is this Communicator's ranks)
+        k = int(k)
+        assert nodes == tuple(tuple(range(s, min(s + k, world.size)))
+                              for s in range(0, world.size, k))
+    mine = np.array([zlib.crc32(repr(nodes).encode())])
+    assert (world.all_gather(mine) == mine).all(), "every rank sees the same nodes"

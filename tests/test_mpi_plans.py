@@ -87,8 +87,7 @@ def test_a_plan_started_again_and_again_on_refilled_input(world, collective, alg
         if form == "call" and collective in DECIDED:  # starts 2 and 3 ran as decided
             assert plan._bound is not None
     assert plan.starts == 3
-    # (mpicoll.plan binds no result for scan and exscan yet: each start makes its own)
-    if results and collective not in ("broadcast", "scatter", "scan", "exscan") or \
+    if results and collective not in ("broadcast", "scatter") or \
             (collective == "scatter" and r == 0):
         assert all(res is results[0] for res in results), "the plan's result is bound once"
 

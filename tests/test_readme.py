@@ -29,6 +29,8 @@ GIVEN = {
     "x.dtype == matrix": "x = np.zeros(3, matrix)\nx['m'] = np.eye(2, dtype=np.int64) + comm.rank\n",
     "comm.all_reduce(grad,": ("grad = np.ones(1000, np.float32)\n"
                               "def compute_something_else():\n    return 0.0\n"),
+    "pairs = np.zeros(n, mpicoll.loc_dtype": ("n = 4\nlocal_values = np.arange(4.0) * comm.rank\n"
+                                               "offset = 4 * comm.rank\n"),
     "comm.all_reduce_init(grad,": ("grad = np.ones(1000, np.float32)\nsteps = 3\n"
                                    "def compute_gradient(step):\n    return step\n"),
 }

@@ -261,7 +261,7 @@ def test_every_algorithm_has_a_cost_line():
 def test_algorithms_lists_names_for_each_backend():
     assert mpicoll.algorithms("all_reduce") == [
         "ring", "recursive_doubling", "reduce_broadcast", "rabenseifner", "ring_pipelined",
-        "allgather_reduce", "native"]
+        "allgather_reduce", "hierarchical", "native"]
     assert "native" not in mpicoll.algorithms("all_reduce", "local")
     with pytest.raises(mpicoll.InvalidArgumentError, match="collective: unknown"):
         mpicoll.algorithms("allreduce")

@@ -53,6 +53,9 @@ class Algorithm:
     commutative_only: bool = False
     even_only: bool = False
     options: tuple[str, ...] = ()  # keyword-only tuning parameters, e.g. ("radix",)
+    # an option naming the algorithm of a phase (hierarchical's intra=, inter=): the
+    # collectives in which that name must be registered
+    phases: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
@@ -62,13 +65,16 @@ OPTION_MINIMUM = {"radix": 2, "segment_bytes": 1}
 
 
 def register(collective: str, name: str, *, commutative_only: bool = False,
-             even_only: bool = False):
+             even_only: bool = False, phases: dict[str, tuple[str, ...]] | None = None):
     """File the decorated function as ``algorithm=name`` of ``collective``.
 
     The cost is the docstring line that starts with ``Cost:``; every algorithm has one.
     ``commutative_only``: it reorders operands, so a non-commutative op is refused.
     ``even_only``: it needs equal blocks, so the v-variants refuse it.
+    ``phases``: options that name the algorithm of a phase, and the collectives that
+    phase runs (the name must be registered for each).
     """
+    phases = phases or {}
 
     def decorate(fn: Callable[..., None]) -> Callable[..., None]:
         doc = fn.__doc__ or ""
@@ -78,11 +84,11 @@ def register(collective: str, name: str, *, commutative_only: bool = False,
             raise ValueError(f"{fn.__name__}: docstring needs a 'Cost:' line")
         options = tuple(name for name, param in inspect.signature(fn).parameters.items()
                         if param.kind is inspect.Parameter.KEYWORD_ONLY)
-        unknown = set(options) - set(OPTION_MINIMUM)
+        unknown = set(options) - set(OPTION_MINIMUM) - set(phases)
         if unknown:
             raise ValueError(f"{fn.__name__}: options {unknown} need an OPTION_MINIMUM")
         REGISTRY[collective][name] = Algorithm(collective, name, fn, cost, commutative_only,
-                                               even_only, options)
+                                               even_only, options, tuple(phases.items()))
         return fn
 
     return decorate

@@ -11,7 +11,8 @@ import numpy as np
 
 from ..buffers import rotated_bounds
 from ..transport import Transport
-from . import register
+from ..transport.subset import Subset, node_layout
+from . import REGISTRY, register
 from .fold import Fold
 
 
@@ -97,3 +98,48 @@ def bruck_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ...]) -> 
         split = total - bounds[rank]  # positions 0.. hold blocks rank..p-1, then 0..rank-1
         buf[bounds[rank]:] = work[:split]
         buf[:bounds[rank]] = work[split:]
+
+
+def _node_packing(bounds: tuple[int, ...], ranks: tuple[int, ...]) -> tuple[int, ...]:
+    """The offsets of ``ranks``' blocks packed one after another (in that order)."""
+    offsets = [0]
+    for r in ranks:
+        offsets.append(offsets[-1] + bounds[r + 1] - bounds[r])
+    return tuple(offsets)
+
+
+@register("all_gather", "hierarchical",
+          phases={"intra": ("gather", "broadcast"), "inter": ("all_gather",)})
+def hierarchical_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ...], *,
+                            intra: str = "binomial", inter: str = "ring") -> None:
+    """Gather each node's blocks on its first rank, all-gather the nodes' packs among
+    those leaders, then broadcast the whole result inside each node: each node's data
+    crosses between nodes once per other node, not once per rank.
+
+    Steps: the intra algorithm's gather and broadcast among the q ranks of a node, the
+    inter algorithm's all_gather among the N leaders (below: binomial and ring).
+    Cost: 2*ceil(lg q)*alpha_intra + (q-1)/p*n*beta_intra + (N-1)*alpha + (N-1)/N*n*beta + ceil(lg q)*(alpha_intra + n*beta_intra)
+    """
+    mine, leaders, nodes = node_layout(t)
+    node = Subset(t, mine)
+    members = [tuple(r for r in range(t.size) if nodes[r] == nodes[lead]) for lead in leaders]
+    with t.workspace() as ws:
+        packs = ws.take(bounds[-1], buf.dtype)  # every node's blocks, node after node
+        pack_bounds = _node_packing(bounds, tuple(r for group in members for r in group))
+        n = leaders.index(next(lead for lead in leaders if nodes[lead] == nodes[t.rank]))
+        first = sum(len(group) for group in members[:n])
+        pack = packs[pack_bounds[first]:pack_bounds[first + len(mine)]]
+        own = buf[bounds[t.rank]:bounds[t.rank + 1]]
+        REGISTRY["gather"][intra].fn(node, own, pack if node.rank == 0 else None,
+                                     _node_packing(bounds, mine), 0)
+        if node.rank == 0:
+            if len(leaders) > 1:
+                node_bounds = tuple(pack_bounds[sum(len(g) for g in members[:k])]
+                                    for k in range(len(members) + 1))
+                REGISTRY["all_gather"][inter].fn(Subset(t, leaders), packs, node_bounds)
+            k = 0
+            for group in members:  # the packs into their ranks' places
+                for r in group:
+                    buf[bounds[r]:bounds[r + 1]] = packs[pack_bounds[k]:pack_bounds[k + 1]]
+                    k += 1
+    REGISTRY["broadcast"][intra].fn(node, buf, 0)

@@ -11,7 +11,8 @@ import numpy as np
 from ..buffers import chunk_bounds, even_bounds
 from ..ops import Op
 from ..transport import Transport
-from . import register
+from ..transport.subset import Subset, node_layout
+from . import REGISTRY, register
 from .all_gather import recursive_doubling_all_gather, ring_all_gather
 from .broadcast import binomial_broadcast, segment_bounds
 from .fold import Fold
@@ -181,3 +182,23 @@ def allgather_reduce_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, 
         op(everyone[:m], everyone[m:2 * m], out=dst)
         for r in range(2, p):
             op(dst, everyone[r * m:(r + 1) * m], out=dst)
+
+
+@register("all_reduce", "hierarchical", commutative_only=True,
+          phases={"intra": ("reduce", "broadcast"), "inter": ("all_reduce",)})
+def hierarchical_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op, *,
+                            intra: str = "binomial", inter: str = "ring") -> None:
+    """Reduce inside each node to its first rank, all-reduce among those leaders, then
+    broadcast inside each node (MPICH's SMP-aware all_reduce, Horovod's hierarchical one):
+    the links between nodes carry one rank's share per node, not every rank's.
+
+    Steps: the intra algorithm's reduce and broadcast among the q ranks of a node, the
+    inter algorithm's all_reduce among the N leaders (below: binomial and ring).
+    Cost: 2*ceil(lg q)*(alpha_intra + n*beta_intra) + ceil(lg q)*n*gamma + 2*(N-1)*alpha + 2*(N-1)/N*n*beta + (N-1)/N*n*gamma
+    """
+    mine, leaders, _ = node_layout(t)
+    node = Subset(t, mine)
+    REGISTRY["reduce"][intra].fn(node, src, dst, op, 0)  # dst: the partial at the leader
+    if node.rank == 0 and len(leaders) > 1:
+        REGISTRY["all_reduce"][inter].fn(Subset(t, leaders), dst, dst, op)
+    REGISTRY["broadcast"][intra].fn(node, dst, 0)

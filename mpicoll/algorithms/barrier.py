@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..transport import Transport
-from . import register
+from ..transport.subset import Subset, node_layout
+from . import REGISTRY, register
 from .trees import knomial_children, knomial_parent
 
 _EMPTY = np.empty(0, np.uint8)
@@ -81,3 +82,21 @@ def knomial_barrier(t: Transport, *, radix: int = 4) -> None:
         t.send(_EMPTY, parent)
         t.recv(_EMPTY, parent)
     t.waitall([t.isend(_EMPTY, child) for child in children])
+
+
+@register("barrier", "hierarchical", phases={"intra": ("barrier",), "inter": ("barrier",)})
+def hierarchical_barrier(t: Transport, *, intra: str = "dissemination",
+                         inter: str = "dissemination") -> None:
+    """A barrier inside each node, one among the nodes' first ranks, and one inside each
+    node again: no rank leaves before every node's leader knew its node had arrived.
+
+    Steps: twice the intra algorithm among the q ranks of a node, once the inter
+    algorithm among the N leaders (below: dissemination for both).
+    Cost: 2*ceil(lg q)*alpha_intra + ceil(lg N)*alpha
+    """
+    mine, leaders, _ = node_layout(t)
+    node = Subset(t, mine)
+    REGISTRY["barrier"][intra].fn(node)
+    if node.rank == 0 and len(leaders) > 1:
+        REGISTRY["barrier"][inter].fn(Subset(t, leaders))
+    REGISTRY["barrier"][intra].fn(node)

@@ -10,7 +10,8 @@ import numpy as np
 
 from ..buffers import chunk_bounds
 from ..transport import Transport
-from . import register
+from ..transport.subset import Subset, heads_for, node_layout
+from . import REGISTRY, register
 from .all_gather import ring_all_gather
 from .trees import knomial_children, knomial_parent
 
@@ -144,3 +145,22 @@ def knomial_broadcast(t: Transport, buf: np.ndarray, root: int, *, radix: int = 
     children = knomial_children(rel, p, radix)
     # the children with the largest subtrees first: they have the most forwarding to do
     t.waitall([t.isend(buf, (child + root) % p) for child, _ in reversed(children)])
+
+
+@register("broadcast", "hierarchical", phases={"intra": ("broadcast",), "inter": ("broadcast",)})
+def hierarchical_broadcast(t: Transport, buf: np.ndarray, root: int, *, intra: str = "binomial",
+                           inter: str = "binomial") -> None:
+    """The root sends to one rank per node (itself for its own node), each of which then
+    broadcasts inside its node (MPICH's SMP-aware broadcast, Open MPI's han): the data
+    crosses between nodes N-1 times, not p-1.
+
+    Steps: the inter algorithm among the N node heads, then the intra algorithm among the
+    q ranks of each node (below: binomial for both).
+    Cost: ceil(lg N)*(alpha + n*beta) + ceil(lg q)*(alpha_intra + n*beta_intra)
+    """
+    mine, leaders, nodes = node_layout(t)
+    heads = heads_for(root, leaders, nodes)
+    if t.rank in heads and len(heads) > 1:
+        REGISTRY["broadcast"][inter].fn(Subset(t, heads), buf, heads.index(root))
+    head = next(h for h in heads if nodes[h] == nodes[t.rank])
+    REGISTRY["broadcast"][intra].fn(Subset(t, mine), buf, mine.index(head))

@@ -13,7 +13,8 @@ import numpy as np
 from ..buffers import chunk_bounds
 from ..ops import Op
 from ..transport import Transport
-from . import register
+from ..transport.subset import Subset, heads_for, node_layout
+from . import REGISTRY, register
 from .gather import binomial_gather
 from .reduce_scatter import recursive_halving_reduce_scatter
 from .trees import knomial_children, knomial_parent
@@ -138,3 +139,26 @@ def rabenseifner_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, o
         chunk = dst[lo:hi] if dst is not None else ws.take(hi - lo, src.dtype)
         recursive_halving_reduce_scatter(t, src, bounds, op, chunk)
         binomial_gather(t, chunk, dst if rank == root else None, bounds, root)
+
+
+@register("reduce", "hierarchical", commutative_only=True,
+          phases={"intra": ("reduce",), "inter": ("reduce",)})
+def hierarchical_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, op: Op, root: int,
+                        *, intra: str = "binomial", inter: str = "binomial") -> None:
+    """Reduce inside each node to one rank (the root in its own node), then reduce among
+    those heads to the root: one partial crosses between nodes per node.
+
+    Steps: the intra algorithm among the q ranks of a node, then the inter algorithm among
+    the N heads (below: binomial for both).
+    Cost: ceil(lg q)*(alpha_intra + n*beta_intra + n*gamma) + ceil(lg N)*(alpha + n*beta + n*gamma)
+    """
+    mine, leaders, nodes = node_layout(t)
+    heads = heads_for(root, leaders, nodes)
+    head = next(h for h in heads if nodes[h] == nodes[t.rank])
+    with t.workspace() as ws:
+        partial = dst if t.rank == root else \
+            ws.take(src.size, src.dtype) if t.rank == head else None
+        REGISTRY["reduce"][intra].fn(Subset(t, mine), src, partial, op, mine.index(head))
+        if t.rank in heads and len(heads) > 1:
+            REGISTRY["reduce"][inter].fn(Subset(t, heads), partial, dst if t.rank == root else None,
+                                         op, heads.index(root))

@@ -12,7 +12,8 @@ import numpy as np
 
 from ..ops import Op
 from ..transport import Transport
-from . import register
+from ..transport.subset import Subset, node_layout
+from . import REGISTRY, register
 from .fold import Fold
 
 
@@ -214,3 +215,48 @@ def recursive_doubling_reduce_scatter(t: Transport, src: np.ndarray, bounds: tup
             t.send(work[lo:lo + below], rank - 1)
             lo += below
         dst[...] = work[lo:hi]
+
+
+@register("reduce_scatter", "hierarchical", commutative_only=True,
+          phases={"intra": ("reduce", "scatter"), "inter": ("reduce_scatter",)})
+def hierarchical_reduce_scatter(t: Transport, src: np.ndarray, bounds: tuple[int, ...], op: Op,
+                                dst: np.ndarray, *, intra: str = "binomial",
+                                inter: str = "ring") -> None:
+    """Reduce inside each node to its first rank, reduce-scatter among those leaders so
+    each gets its node's blocks, then scatter them inside the node.
+
+    Steps: the intra algorithm's reduce and scatter among the q ranks of a node, the
+    inter algorithm's reduce_scatter among the N leaders (below: binomial and ring).
+    Cost: ceil(lg q)*(alpha_intra + n*beta_intra + n*gamma) + (N-1)*alpha + (N-1)/N*n*beta + (N-1)/N*n*gamma + ceil(lg q)*alpha_intra + (q-1)/p*n*beta_intra
+    """
+    mine, leaders, nodes = node_layout(t)
+    node = Subset(t, mine)
+    members = [tuple(r for r in range(t.size) if nodes[r] == nodes[lead]) for lead in leaders]
+    order = tuple(r for group in members for r in group)
+    with t.workspace() as ws:
+        partial = ws.take(src.size, src.dtype) if node.rank == 0 else None
+        REGISTRY["reduce"][intra].fn(node, src, partial, op, 0)
+        mine_bounds = tuple(0 if not i else sum(bounds[r + 1] - bounds[r] for r in mine[:i])
+                            for i in range(len(mine) + 1))
+        ours = None
+        if node.rank == 0:
+            ours = ws.take(mine_bounds[-1], src.dtype)  # this node's blocks, in rank order
+            if len(leaders) > 1:
+                packed = ws.take(src.size, src.dtype)  # the blocks, node after node
+                k = 0
+                for r in order:
+                    size = bounds[r + 1] - bounds[r]
+                    packed[k:k + size] = partial[bounds[r]:bounds[r + 1]]
+                    k += size
+                node_bounds = [0]
+                for group in members:
+                    node_bounds.append(node_bounds[-1] + sum(bounds[r + 1] - bounds[r] for r in group))
+                REGISTRY["reduce_scatter"][inter].fn(Subset(t, leaders), packed,
+                                                     tuple(node_bounds), op, ours)
+            else:
+                k = 0
+                for r in mine:
+                    size = bounds[r + 1] - bounds[r]
+                    ours[k:k + size] = partial[bounds[r]:bounds[r + 1]]
+                    k += size
+        REGISTRY["scatter"][intra].fn(node, ours, dst, mine_bounds, 0)

@@ -29,6 +29,7 @@ import re
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from ..algorithms import COLLECTIVES, REGISTRY
 from ..config import config_file
@@ -44,6 +45,9 @@ class Params:
     gamma: float = 1 / 4e9
     ranks: int = 0  # the number of ranks the fit ran at (0: not measured)
     source: str = "default"
+    # inside a node (hierarchical algorithms' intra-node phases): alpha and beta when None
+    alpha_intra: float | None = None
+    beta_intra: float | None = None
 
 
 def default_path() -> Path:
@@ -59,7 +63,8 @@ def load_params(path: str | Path | None = None) -> Params | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    fields = {k: data[k] for k in ("alpha", "beta", "gamma", "ranks") if k in data}
+    fields = {k: data[k] for k in ("alpha", "beta", "gamma", "ranks", "alpha_intra",
+                                   "beta_intra") if k in data}
     return Params(**fields, source=str(path))
 
 
@@ -88,7 +93,8 @@ def _lg(x: float) -> float:
 
 def python_expression(cost: str) -> str:
     """A docstring cost line rewritten as a Python expression."""
-    expr = cost.replace("ceil(lg p)", "_ceil_log(p, 2)").replace("ceil(log_k p)", "_ceil_log(p, k)")
+    expr = re.sub(r"ceil\(lg (\w+)\)", r"_ceil_log(\1, 2)", cost).replace(
+        "ceil(log_k p)", "_ceil_log(p, k)")
     expr = re.sub(r"\blg (\w+)", r"_lg(\1)", expr)
     expr = re.sub(r"\[([^\]]+)\]", r"(\1)", expr)
     return expr
@@ -122,9 +128,10 @@ def native_stand_in(collective: str, nbytes: int, p: int) -> str:
 
 
 def predict(collective: str, algorithm: str, nbytes: int, p: int,
-            params: Params | None = None, **options: int) -> float:
+            params: Params | None = None, nodes: int = 1, **options: Any) -> float:
     """The model's time in seconds for ``algorithm`` on ``nbytes`` (the benchmark's size:
-    nccl-tests' meaning) at ``p`` ranks."""
+    nccl-tests' meaning) at ``p`` ranks on ``nodes`` nodes (N in the cost lines; q the
+    ranks of a node, alpha_intra and beta_intra its link's)."""
     params = params or Params()
     if algorithm == "native":
         algorithm = native_stand_in(collective, nbytes, p)
@@ -132,8 +139,12 @@ def predict(collective: str, algorithm: str, nbytes: int, p: int,
     k = values.get("radix", 2)
     segments = max(1, math.ceil(nbytes / values["segment_bytes"])) if "segment_bytes" in values else 1
     p2 = 1 << (max(p, 1).bit_length() - 1)
+    nodes = min(max(int(nodes), 1), max(p, 1))
     scope = {"p": p, "p2": p2, "n": float(nbytes), "k": k, "S": segments,
              "alpha": params.alpha, "beta": params.beta, "gamma": params.gamma,
+             "N": nodes, "q": math.ceil(p / nodes),
+             "alpha_intra": params.alpha if params.alpha_intra is None else params.alpha_intra,
+             "beta_intra": params.beta if params.beta_intra is None else params.beta_intra,
              "_lg": _lg, "_ceil_log": _ceil_log, "ceil": math.ceil}
     if p == 1:
         return 0.0

@@ -348,10 +348,13 @@ def check_setting(value: Any) -> tuple[bool, MpicollError | None]:
 
 # the settings a Communicator is made with, in the order of their fields in the table
 SETTINGS = ("check", "timeout", "MPICOLL_FLIGHT_RECORDER", "trace", "MPICOLL_CUDA_AWARE",
-            "MPICOLL_DUMP_DIR")
+            "MPICOLL_DUMP_DIR", "MPICOLL_RANKS_PER_NODE")
 _REFUSED_CONFIG, _REFUSED_ARGUMENT = 1, 2  # a setting's field: ConfigError, InvalidArgumentError
 _TRACE_FILE, _TRACE_BY_ENV = 2, 4  # the trace field: 0 off, 1 recorded, 2 and a file; + 4
-_SETTINGS_ROW = len(SETTINGS) + 2 + _TEXT_BYTES // 8  # + check, trace, first refusal's text
+# + check, trace, node key, first refusal's text
+_SETTINGS_ROW = len(SETTINGS) + 3 + _TEXT_BYTES // 8
+# a node key: where it came from (and MPICOLL_RANKS_PER_NODE's k) above the node's number
+_BY_BLOCKS, _BY_SLURM, _BY_HOST, _SOURCE_SHIFT, _K_SHIFT = 1, 2, 3, 56, 36
 
 
 class Settings:
@@ -365,6 +368,7 @@ class Settings:
         self.trace: bool | str = False  # True: record; a path: and merge into that file
         self.trace_by_env = False  # from MPICOLL_TRACE, not trace=
         self.cuda_aware: bool | None = None  # MPICOLL_CUDA_AWARE where it is set
+        self.node_key = 0  # which node this rank is on (see node_key), as a number
         self.refusals: dict[str, MpicollError] = {}  # by name in SETTINGS, in that order
 
 
@@ -395,7 +399,50 @@ def read_settings(backend: Any, check: Any, trace: Any, timeout: Any) -> Setting
     if problem:
         s.refusals["MPICOLL_DUMP_DIR"] = ConfigError(
             f"MPICOLL_DUMP_DIR: cannot write the hang reports to {folder}: {problem}")
+    try:
+        s.node_key = node_key(backend)
+    except MpicollError as exc:
+        s.refusals["MPICOLL_RANKS_PER_NODE"] = exc
     return s
+
+
+def node_key(backend: Any) -> int:
+    """A number naming this rank's node, the same for the ranks of one node, from (in
+    this order) ``MPICOLL_RANKS_PER_NODE=k`` (consecutive blocks of k ranks of the job:
+    nodes simulated on one machine), SLURM's node of the task under srun, else the host.
+    Its source is part of it, so ranks that read different sources never agree."""
+    text = os.environ.get("MPICOLL_RANKS_PER_NODE", "").strip()
+    if backend.name == "local":
+        job_rank = backend.transport.rank
+    else:
+        from mpi4py import MPI
+
+        job_rank = MPI.COMM_WORLD.Get_rank()
+    if text:
+        if not text.isdigit() or not 1 <= int(text) < 1 << 20:
+            raise ConfigError(f"MPICOLL_RANKS_PER_NODE: expected a number of ranks >= 1, got {text!r}")
+        k = int(text)
+        return (_BY_BLOCKS << _SOURCE_SHIFT) | (k << _K_SHIFT) | (job_rank // k)
+    name = os.environ.get("SLURMD_NODENAME") if os.environ.get("SLURM_PROCID") else None
+    if name:
+        return (_BY_SLURM << _SOURCE_SHIFT) | crc(name)
+    if backend.name == "local":
+        return _BY_HOST << _SOURCE_SHIFT
+    from mpi4py import MPI
+
+    return (_BY_HOST << _SOURCE_SHIFT) | crc(MPI.Get_processor_name())
+
+
+def node_indices(keys: np.ndarray) -> tuple[int, ...]:
+    """Each rank's node index from every rank's node key: nodes numbered in the order of
+    their first rank. Raises ConfigError where the ranks read different sources."""
+    sources = keys >> _SOURCE_SHIFT
+    blocks = keys >> _K_SHIFT
+    if (sources != sources[0]).any() or (sources[0] == _BY_BLOCKS and (blocks != blocks[0]).any()):
+        raise ConfigError("MPICOLL_RANKS_PER_NODE: it must be the same on every rank (set on "
+                          "some ranks only, or to different numbers)")
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(int(k), len(first)) for k in keys.tolist())
 
 
 def _read_trace(s: Settings, backend: Any, trace: Any) -> None:
@@ -457,9 +504,10 @@ def settings(c: Any, mine: Settings) -> None:
     row[n] = int(mine.check)
     row[n + 1] = (0 if mine.trace is False else _TRACE_FILE if isinstance(mine.trace, str)
                   else 1) | (_TRACE_BY_ENV if mine.trace_by_env else 0)
+    row[n + 2] = mine.node_key
     first = next(iter(mine.refusals.values()), None)
     if first is not None:
-        row[n + 2:] = _text(" ".join(str(first).split()), _TEXT_BYTES)
+        row[n + 3:] = _text(" ".join(str(first).split()), _TEXT_BYTES)
     t.begin()
     all_gather(c, table, _SETTINGS_ROW)
     rows = table.reshape(t.size, _SETTINGS_ROW)
@@ -468,7 +516,7 @@ def settings(c: Any, mine: Settings) -> None:
         groups: dict[str, list[int]] = {}
         for r in np.flatnonzero(refused.any(axis=1)).tolist():
             names = [SETTINGS[i] for i in np.flatnonzero(refused[r]).tolist()]
-            text = _untext(rows[r, n + 2:])
+            text = _untext(rows[r, n + 3:])
             if len(names) > 1:
                 text += f" (and its {', '.join(names[1:])})"
             groups.setdefault(text, []).append(r)
@@ -487,6 +535,8 @@ def settings(c: Any, mine: Settings) -> None:
         kind = ConfigError if (rows[:, n + 1] & _TRACE_BY_ENV).any() else MismatchError
         raise kind(f"trace: tracing must be the same on every rank (MPICOLL_TRACE or trace=; "
                    f"rank 0 writes the file, at its path): {detail}")
+    c._node_of = node_indices(rows[:, n + 2])
+    c._backend.transport.nodes = c._node_of  # what hierarchical algorithms split by
 
 
 def tables(c: Any) -> selection.Tables:

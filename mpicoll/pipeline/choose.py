@@ -139,17 +139,26 @@ class Chooser:
     @staticmethod
     def _options(collective: str, algorithm: str, registered: Any,
                  options: dict[str, Any]) -> dict[str, int]:
+        phases = dict(registered.phases)
         for name, value in options.items():
             if name not in registered.options:
                 takes = ", ".join(registered.options) or "none"
                 raise InvalidArgumentError(
                     f"{name}: {collective} {algorithm!r} takes no option {name!r} "
                     f"(its options: {takes})")
+            if name in phases:  # the algorithm of a phase, by name
+                able = [a for a in REGISTRY[phases[name][0]] if a != algorithm
+                        and all(a in REGISTRY[c] for c in phases[name])]
+                if value not in able:
+                    raise InvalidArgumentError(
+                        f"{name}: expected one of {', '.join(able)} (the algorithm of "
+                        f"{algorithm}'s {' and '.join(phases[name])} phase), got {value!r}")
+                continue
             if (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))
                     or value < OPTION_MINIMUM[name]):
                 raise InvalidArgumentError(
                     f"{name}: expected an int >= {OPTION_MINIMUM[name]}, got {value!r}")
-        return {k: int(v) for k, v in options.items()}
+        return {k: v if k in phases else int(v) for k, v in options.items()}
 
     def _lookup(self, collective: str, algorithm: Any) -> tuple[Callable[..., None], Any]:
         """(function, registry entry) of a name; the entry is None for "native"."""
