@@ -214,10 +214,10 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
         tuple(f"dim{d}" for d in range(len(shape)))
     mesh = world.comm.mesh(shape, names)
     groups = {}
-    for name in names:
-        comm = mesh[name]
-        ranks = comm.all_gather(np.array([world.comm.rank]))[:, 0].tolist()
-        groups[name] = ProcessGroup(comm, ranks)
+    for d, name in enumerate(names):  # the ranks along dimension d through this rank
+        stride = int(np.prod(shape[d + 1:]))
+        first = world.comm.rank - mesh.coordinates[d] * stride
+        groups[name] = ProcessGroup(mesh[name], [first + k * stride for k in range(shape[d])])
     return DeviceMesh(mesh, groups, shape, names)
 
 

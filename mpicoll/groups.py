@@ -87,7 +87,19 @@ def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int
     # agree: every rank's (faults, color, key, fingerprint) in one numbered all_gather
     mine = np.array([faults, -1 if color is None or faults else color,
                      0 if faults else key, fingerprint], np.int64)
-    table = comm.all_gather(mine).reshape(comm.size, 4)
+    if comm._backend.separate_control:  # NCCL moves device arrays: agree over its MPI side
+        from .pipeline import agree
+
+        table = np.zeros(4 * comm.size, np.int64)
+        table[4 * comm.rank:4 * comm.rank + 4] = mine
+        call = Call(comm._seq, "split")
+        call.at(site)
+        with comm._watch.aside(call):
+            comm._backend.control.begin()
+            agree.all_gather(comm, table, 4)
+        table = table.reshape(comm.size, 4)
+    else:  # a numbered call (check mode fingerprints it)
+        table = comm.all_gather(mine).reshape(comm.size, 4)
     bad = np.flatnonzero(table[:, 0]).tolist()
     if bad:
         reasons = sorted({_REASONS[f] for r in bad for f in _REASONS if table[r, 0] & f})

@@ -545,3 +545,25 @@ def test_bruck_index_arrays_live_on_the_blocks_device(fake_cupy):
         steps, arrived = all_to_all._bruck_plan(4, 1, x.device.id)
         assert arrived.device.id == device
         assert all(moving.device.id == device for _, moving in steps)
+
+
+@pytest.mark.mpi
+def test_split_and_new_group_on_the_nccl_backend(fake_cupy):
+    """Groups of an NCCL Communicator agree over its MPI side (a bad color raises on every
+    rank before any NCCL communicator is made) and get an NCCL communicator of their own
+    (made here at one rank: the stand-in's NCCL spans MPI.COMM_WORLD only)."""
+    from mpi4py import MPI
+
+    comm = mpicoll.Communicator(MPI.COMM_WORLD, backend="nccl")
+    with pytest.raises(mpicoll.InvalidArgumentError, match=r"rank\(s\) 0: color"):
+        comm.split("red" if comm.rank == 0 else 1)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="not on the nccl backend"):
+        comm.send(fake_cupy.zeros(2), 0)
+    if comm.size == 1:
+        sub = comm.split(0)
+        assert sub.backend == "nccl" and (sub.rank, sub.size) == (0, 1)
+        got = sub.all_reduce(fake_cupy.asarray(np.full(4, 3.0)), algorithm="native")
+        assert np.all(got.get() == 3.0)
+        assert comm.new_group([0]).size == 1
+        sub.free()
+    comm.free()
