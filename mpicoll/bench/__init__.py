@@ -453,6 +453,42 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
 OVERHEAD_ITERS = 100  # calls per -n: small calls need many to time well (-n 20: 2000)
 
 
+def mpi_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
+             root: int) -> Callable[[], object] | None:
+    """mpi4py's own call of ``collective`` on ready host buffers, with nothing of mpicoll
+    around it (the overhead table's baseline), or None off the mpi backend, for GPU
+    buffers, or where MPI cannot reduce the dtype."""
+    if comm.backend != "mpi" or type(x) is not np.ndarray:
+        return None
+    from mpi4py import MPI
+
+    from mpicoll.native import check_op, mpi_op
+
+    record, mpi = RECORDS[collective], comm.transport.comm
+    out = np.empty(result_shape(collective, x, comm.size), x.dtype)
+    is_root = comm.rank == root
+    if record.reduces:
+        opd = resolve_op(op, x.dtype)
+        try:
+            check_op(opd, x.dtype)
+        except mpicoll.MpicollError:
+            return None
+        mop = mpi_op(opd, x.dtype)[1]
+    calls = {
+        "broadcast": lambda: mpi.Bcast([out, MPI.BYTE], root),
+        "scatter": lambda: mpi.Scatter([x, MPI.BYTE] if is_root else None, [out, MPI.BYTE], root),
+        "gather": lambda: mpi.Gather([x, MPI.BYTE], [out, MPI.BYTE] if is_root else None, root),
+        "all_gather": lambda: mpi.Allgather([x, MPI.BYTE], [out, MPI.BYTE]),
+        "all_to_all": lambda: mpi.Alltoall([x, MPI.BYTE], [out, MPI.BYTE]),
+        "reduce": lambda: mpi.Reduce(x, out if is_root else None, mop, root),
+        "all_reduce": lambda: mpi.Allreduce(x, out, mop),
+        "reduce_scatter": lambda: mpi.Reduce_scatter_block(x, out, mop),
+        "scan": lambda: mpi.Scan(x, out, mop),
+        "exscan": lambda: mpi.Exscan(x, out, mop),
+    }
+    return calls.get(collective)
+
+
 def default_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
                  root: int) -> Callable[[], object]:
     """The call as a user writes it first: no algorithm, no out= (broadcast in place)."""
@@ -469,7 +505,7 @@ def default_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
 
 def overhead(comm: Communicator, args: argparse.Namespace, say: Callable[..., None]) -> int:
     """The per-call overhead table: every collective at ``-b`` bytes (default 8 B), the MPI
-    library's call on ready buffers against mpicoll's default call, ``native`` and a plan
+    call itself (mpi4py's, on ready buffers) against mpicoll's default call, ``native`` and a plan
     (``plan()``), each timed back to back over 100 x ``-n`` calls (2000 by default), in
     one run."""
     dtype, iters = np.dtype(args.datatype), args.iters * OVERHEAD_ITERS
@@ -485,15 +521,16 @@ def overhead(comm: Communicator, args: argparse.Namespace, say: Callable[..., No
             say(f"  {collective:>14} (the library has no {collective})")
             continue
         if collective == "barrier":
-            runs = {"library": functools.partial(comm.native_collective("barrier"),
-                                                 comm.transport),
+            runs = {"library": comm.control_comm.Barrier if comm.backend == "mpi" else
+                    functools.partial(comm.native_collective("barrier"), comm.transport),
                     "default": comm.barrier,
                     "native": lambda: comm.barrier(algorithm="native"),
                     "plan": comm.barrier_init()}
         else:
             x = on_buffer(make_input(comm, collective, nbytes, dtype, args.op), args.buffer)
             call = Call(comm, collective, x, args.op, args.root)
-            runs = {"library": library_call(comm, collective, x, args.op, args.root),
+            direct = mpi_call(comm, collective, x, args.op, args.root)
+            runs = {"library": direct or library_call(comm, collective, x, args.op, args.root),
                     "default": default_call(comm, collective, x, args.op, args.root),
                     "native": functools.partial(call.run, "native"),
                     "plan": functools.partial(call.run_plan, "auto")}
