@@ -474,7 +474,40 @@ def _bind_barrier(plan: Plan) -> Any:
     return _recorded(plan, name, 0, lambda call: fn(t))
 
 
+def _bind_scan(plan: Plan) -> Any:
+    """scan and exscan: the chosen function on the bound input and result (exscan's rank
+    0 takes part with workspace and gets None), avg divided by the ranks combined."""
+    from .pipeline.run import _input, _reducing
+
+    if not _host_plan(plan):
+        return None
+    comm, args, kwargs, collective = plan.comm, plan._args, plan._kwargs, plan.collective
+    x = args[0]
+    out = _result(plan, x.shape, x.dtype)
+    if out is None or (out is not x and np.may_share_memory(x, out)):
+        return None
+    op = args[1] if len(args) > 1 else kwargs.get("op", "sum")
+    opd = resolve_op(op, x.dtype)
+    fn, name = comm._chooser._resolve(collective, kwargs.get("algorithm", "auto"), x.nbytes, opd,
+                                      _options(kwargs), x.dtype, False)
+    t, flat_x = comm._backend.transport, x.reshape(-1)
+    nothing = collective == "exscan" and comm.rank == 0
+    combined = comm.rank + 1 if collective == "scan" else comm.rank
+    divide = not nothing and opd.average and fn not in comm._backend.averages_itself
+
+    def run(call: Any) -> Any:
+        dst = out.reshape(-1) if not nothing else t.take(x.size, x.dtype)
+        src = dst if out is x and not nothing else _input(t, flat_x, dst)
+        _reducing(comm, call, opd, fn, t, src, dst, opd)
+        if divide:
+            np.true_divide(dst, combined, out=dst)
+        return None if nothing else out
+
+    return _recorded(plan, name, x.nbytes, run)
+
+
 # broadcast and scatter keep the whole path: the root's header goes with every call
 _BINDERS = {"all_reduce": _bind_all_reduce, "reduce": _bind_reduce,
             "reduce_scatter": _bind_reduce_scatter, "all_gather": _bind_all_gather,
-            "gather": _bind_gather, "all_to_all": _bind_all_to_all, "barrier": _bind_barrier}
+            "gather": _bind_gather, "all_to_all": _bind_all_to_all, "barrier": _bind_barrier,
+            "scan": _bind_scan, "exscan": _bind_scan}

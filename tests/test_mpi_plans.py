@@ -17,7 +17,7 @@ CASES = [(c, a) for c in mpicoll.COLLECTIVES for a in [*REGISTRY[c], "native", "
 # the plans whose later starts run as the first decided (broadcast and scatter send the
 # root's header with every start, so they keep the whole path)
 DECIDED = ("all_reduce", "reduce", "reduce_scatter", "all_gather", "gather", "all_to_all",
-           "barrier")
+           "barrier", "scan", "exscan")
 
 
 def _fill(x: np.ndarray, rank: int, step: int) -> None:
@@ -242,3 +242,19 @@ def test_one_rank_on_the_whole_path_meets_the_others_decided_starts(world, algor
             want = (world.size - 1) * (step + 1.0)
             np.testing.assert_array_equal(plan(), np.full(4, want))
         assert (plan._bound is None) == (world.rank == 0)
+
+
+@pytest.mark.parametrize("collective", ["scan", "exscan"])
+@pytest.mark.parametrize("algorithm", [*REGISTRY["scan"], "native"])
+def test_decided_scan_plans_average_by_the_ranks_combined(world, collective, algorithm):
+    x = np.zeros(3)
+    init = getattr(world, f"{collective}_init")
+    with init(x, "avg", algorithm=algorithm) as plan:
+        for step in range(3):
+            x[...] = world.rank + step
+            got = plan()
+            upto = world.rank + 1 if collective == "scan" else world.rank
+            if upto == 0:
+                assert got is None
+            else:
+                np.testing.assert_allclose(got, np.full(3, np.mean(np.arange(upto)) + step))
