@@ -237,6 +237,23 @@ def _maybe(work: Any, async_op: bool) -> Any:
     return work if async_op else None
 
 
+def _shaped(tensor: Any, name: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """(``tensor``'s memory in ``shape``, what copies a result into it afterwards): a view
+    where the reshape is one, else a new array copied into the tensor at the end."""
+    view = _view(tensor, name)
+    shaped = view.reshape(shape)
+    same = np.shares_memory(shaped, view) if type(view) is np.ndarray else \
+        shaped.data.ptr == view.data.ptr
+    if same or view.size == 0:
+        return shaped, lambda result: None
+    shaped = module_of(view).empty(shape, view.dtype)
+
+    def copy_back(result: Any) -> None:
+        view[...] = shaped.reshape(view.shape)
+
+    return shaped, copy_back
+
+
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
                algorithm: str = "auto") -> Any:
     """Reduce ``tensor`` across the group, in place."""
@@ -292,10 +309,11 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
                algorithm: str = "auto") -> Any:
     """Every rank's ``tensor`` into ``tensor_list[rank]``, on every rank."""
     g = _group(group)
-    if len(tensor_list) != g.comm.size:
-        raise InvalidArgumentError(f"tensor_list: expected {g.comm.size} tensors, got {len(tensor_list)}")
 
-    def finish(rows: Any) -> None:
+    def finish(rows: Any) -> None:  # where this rank receives: it took part, now it refuses
+        if len(tensor_list) != g.comm.size:
+            raise InvalidArgumentError(
+                f"tensor_list: expected {g.comm.size} tensors, got {len(tensor_list)}")
         for i, t in enumerate(tensor_list):
             _view(t, f"tensor_list[{i}]")[...] = rows[i]
 
@@ -308,9 +326,9 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     """Every rank's input, concatenated (or stacked) in rank order, into ``output_tensor``."""
     g = _group(group)
     x = _view(input_tensor, "input_tensor")
-    out = _view(output_tensor, "output_tensor").reshape(g.comm.size, *x.shape)
-    return _maybe(g.comm.all_gather(input_tensor, out=out, algorithm=algorithm,
-                                    async_op=async_op), async_op)
+    out, copy_back = _shaped(output_tensor, "output_tensor", (g.comm.size, *x.shape))
+    result = g.comm.all_gather(input_tensor, out=out, algorithm=algorithm, async_op=async_op)
+    return _then(result, copy_back, async_op)
 
 
 def reduce_scatter(output: Any, input_list: list[Any], op: Any = ReduceOp.SUM,
@@ -331,7 +349,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # no
     """Reduce ``input`` (the group's blocks, concatenated) and keep this rank's block."""
     g = _group(group)
     out = _view(output, "output")
-    x = _view(input, "input").reshape(g.comm.size, *out.shape)
+    x = _view(input, "input").reshape(g.comm.size, *out.shape)  # read: a copy is fine
     return _maybe(g.comm.reduce_scatter(x, _op(op), out=output, algorithm=algorithm,
                                         async_op=async_op), async_op)
 
@@ -345,8 +363,10 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     x, out = _view(input, "input"), _view(output, "output")
     p = g.comm.size
     if output_split_sizes is None and input_split_sizes is None:
-        return _maybe(g.comm.all_to_all(x.reshape(p, -1), out=out.reshape(p, -1),
-                                        algorithm=algorithm, async_op=async_op), async_op)
+        rows, copy_back = _shaped(output, "output", (p, out.size // max(p, 1)))
+        result = g.comm.all_to_all(x.reshape(p, -1), out=rows, algorithm=algorithm,
+                                   async_op=async_op)
+        return _then(result, copy_back, async_op)
     send = list(input_split_sizes) if input_split_sizes is not None else [x.shape[0] // p] * p
 
     def finish(result: Any) -> None:
@@ -382,14 +402,22 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int = 0,
     """``scatter_list[j]`` of ``src`` into rank j's ``tensor``."""
     g = _group(group)
     root = g.local(src, "src")
-    stacked = None
+    stacked, refusal = None, None
     if g.comm.rank == root:
         if scatter_list is None or len(scatter_list) != g.comm.size:
-            raise InvalidArgumentError(f"scatter_list: the source gives {g.comm.size} tensors")
-        rows = [_view(t, f"scatter_list[{i}]") for i, t in enumerate(scatter_list)]
-        stacked = module_of(rows[0]).stack(rows)
-    return _maybe(g.comm.scatter(stacked, root, out=tensor, algorithm=algorithm,
-                                 async_op=async_op), async_op)
+            refusal = InvalidArgumentError(
+                f"scatter_list: the source gives {g.comm.size} tensors, got "
+                f"{'None' if scatter_list is None else len(scatter_list)}")
+        else:
+            rows = [_view(t, f"scatter_list[{i}]") for i, t in enumerate(scatter_list)]
+            stacked = module_of(rows[0]).stack(rows)
+    try:  # a refused list travels in the root's header: every rank raises
+        return _maybe(g.comm.scatter(stacked, root, out=tensor, algorithm=algorithm,
+                                     async_op=async_op), async_op)
+    except InvalidArgumentError as exc:
+        if refusal is not None:
+            raise refusal from exc
+        raise
 
 
 def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int = 0, group: Any = None,

@@ -25,8 +25,8 @@ from .errors import InvalidArgumentError, MismatchError
 from .watchdog import Call
 
 _BAD_COLOR, _BAD_KEY, _BAD_RANKS = 1, 2, 4
-_REASONS = {_BAD_COLOR: "color: expected an int >= 0 or None",
-            _BAD_KEY: "key: expected an int",
+_REASONS = {_BAD_COLOR: "color: expected an int in 0..2**31-1 or None",
+            _BAD_KEY: "key: expected an int in -2**31..2**31-1",
             _BAD_RANKS: "ranks: expected distinct ints in range"}
 
 
@@ -57,8 +57,8 @@ class Groups:
     def split(self, color: int | None, key: int = 0) -> Any:
         """The Communicator of the ranks that give the same ``color`` (None: this rank
         joins none and gets None), ordered by ``key`` then by rank (MPI_Comm_split)."""
-        faults = 0 if color is None or (_int(color) and color >= 0) else _BAD_COLOR
-        faults |= 0 if _int(key) else _BAD_KEY
+        faults = 0 if color is None or (_int(color) and 0 <= color < 1 << 31) else _BAD_COLOR
+        faults |= 0 if _int(key) and -(1 << 31) <= key < 1 << 31 else _BAD_KEY
         return _split(self, color, key, faults, 0, sys._getframe(1))
 
     def new_group(self, ranks: Iterable[int]) -> Any:
@@ -85,8 +85,8 @@ class Groups:
 def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int,
            site: Any) -> Any:
     # agree: every rank's (faults, color, key, fingerprint) in one numbered all_gather
-    mine = np.array([faults, -1 if color is None or faults else color,
-                     0 if faults else key, fingerprint], np.int64)
+    mine = np.array([faults, -1 if color is None or faults else int(color),
+                     0 if faults else int(key), fingerprint], np.int64)
     if comm._backend.separate_control:  # NCCL moves device arrays: agree over its MPI side
         from .pipeline import agree
 
@@ -127,8 +127,9 @@ def _make(comm: Any, color: int | None, key: int, colors: np.ndarray, keys: np.n
         members = sorted((int(keys[r]), r) for r in range(comm.size) if colors[r] == color)
         rank = [r for _, r in members].index(comm.rank)
         world = b.transport.world.subworld(comm._splits, int(color), len(members))
-        return Communicator(world.endpoint(rank), backend="local", check=comm.check,
-                            timeout=comm.timeout)
+        endpoint = world.endpoint(rank)
+        endpoint.job_rank = b.transport.job_rank  # its node is the job rank's
+        return Communicator(endpoint, backend="local", check=comm.check, timeout=comm.timeout)
     from mpi4py import MPI
 
     parent = b.control.comm  # the private duplicate: every rank is at this same point

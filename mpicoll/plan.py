@@ -305,7 +305,8 @@ def _result(plan: Plan, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray |
 
 
 def _options(kwargs: dict) -> dict | None:
-    return {k: v for k, v in kwargs.items() if k not in ("op", "algorithm", "out", "counts")} or None
+    return {k: v for k, v in kwargs.items()
+            if k not in ("op", "algorithm", "out", "counts", "root")} or None
 
 
 def _recorded(plan: Plan, name: str, nbytes: int, run: Any) -> Any:

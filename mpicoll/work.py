@@ -131,13 +131,16 @@ class ProgressThread:
     def other_thread_pending(self) -> bool:
         """Whether calls another thread submitted are still pending."""
         with self.lock:
-            return self.pending > 0 and self.owner != threading.get_ident()
+            return self.pending > 0 and self.owner not in (None, threading.get_ident())
 
-    def submit(self, name: str, call: Callable[[Any], Any]) -> Work:
+    def submit(self, name: str, call: Callable[[Any], Any], claim: bool = True) -> Work:
+        """Queue ``call``; ``claim``: the submitting thread owns the pending calls (not a
+        refused submission, which only takes its number)."""
         work = Work(name, self.comm.timeout)
         with self.lock:
             self.pending += 1
-            self.owner = threading.get_ident()
+            if claim:
+                self.owner = threading.get_ident()
         self._calls.put((work, call))
         return work
 
@@ -275,7 +278,7 @@ def _refused(progress: ProgressThread, name: str, args: tuple, kwargs: dict, str
     every stage refuses (in check mode on every rank; else here, and the next call
     checks that the others refused it too)."""
     progress.submit(name, lambda duplicate: getattr(duplicate, name)(
-        *args, _site=site, _refusal=refusal, **kwargs))
+        *args, _site=site, _refusal=refusal, **kwargs), claim=False)
 
 
 def queued_on_stream(name: str, call: Callable[[Any], Any], stream: Any,

@@ -148,3 +148,106 @@ def test_ranks_per_node_malformed_or_on_some_ranks_only_raises_everywhere(monkey
     monkeypatch.setenv("MPICOLL_RANKS_PER_NODE", "zero")
     with pytest.raises(mpicoll.ConfigError, match="MPICOLL_RANKS_PER_NODE"):
         run_local(2, lambda comm: None, timeout=10)
+
+
+# -- what a review found ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("inter", ["linear", "binomial", "knomial"])
+@pytest.mark.parametrize("nodes", [(0, 0, 1), (0, 1, 0, 1), (1, 0, 0, 1, 2)])
+def test_hierarchical_reduce_with_the_root_on_a_later_node(nodes, inter):
+    """Nodes that are not blocks of ranks, and an inter phase that writes its result
+    before it has read its input (linear): the root's partial must not be its result."""
+    size = len(nodes)
+
+    def body(comm):
+        comm._backend.transport.nodes = nodes  # as if agreed: the same on every rank
+        out = []
+        for root in range(size):
+            got = comm.reduce(np.arange(4.0) + comm.rank, root=root, algorithm="hierarchical",
+                              inter=inter)
+            out.append(None if got is None else got.tolist())
+        return out
+
+    for rank, results in enumerate(run_local(size, body, timeout=10)):
+        for root, got in enumerate(results):
+            want = (size * np.arange(4.0) + sum(range(size))).tolist()
+            assert got == (want if rank == root else None), (rank, root)
+
+
+def test_a_plan_with_root_by_keyword_runs_as_decided():
+    def body(comm):
+        x = np.full(3, comm.rank + 1.0)
+        with comm.reduce_init(x, op="sum", root=1) as plan, comm.gather_init(x, root=1) as g:
+            for _ in range(3):
+                got, rows = plan(), g()
+        return None if got is None else (got.tolist(), rows.tolist())
+
+    results = run_local(3, body, timeout=10)
+    assert results[1] == ([6.0] * 3, [[1.0] * 3, [2.0] * 3, [3.0] * 3]) and results[0] is None
+
+
+def test_split_colors_and_keys_beyond_a_c_int_raise_on_every_rank():
+    def body(comm):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="color"):
+            comm.split(2**40 if comm.rank == 0 else 0)
+        with pytest.raises(mpicoll.InvalidArgumentError, match="key"):
+            comm.split(0, key=2**70 if comm.rank == 1 else 0)
+        return comm.all_reduce(np.ones(1))[0]
+
+    assert run_local(2, body, timeout=10) == [2.0, 2.0]
+
+
+def test_receives_match_in_the_order_they_were_posted():
+    def body(comm):
+        if comm.rank == 0:
+            comm.send(np.array([1.0]), 1, tag=4)
+            comm.send(np.array([2.0]), 1, tag=4)
+            return None
+        a, b = np.zeros(1), np.zeros(1)
+        first, second = comm.irecv(a, 0, tag=4), comm.irecv(b, 0, tag=4)
+        second.wait()  # waited first, posted second: gets the second message
+        first.wait()
+        return a[0], b[0]
+
+    assert run_local(2, body, timeout=10)[1] == (1.0, 2.0)
+
+
+def test_a_split_of_thread_ranks_keeps_their_job_nodes(monkeypatch):
+    monkeypatch.setenv("MPICOLL_RANKS_PER_NODE", "2")
+
+    def body(comm):
+        sub = comm.split(comm.rank % 2)  # job ranks 0, 2 (nodes 0, 1) and 1, 3 (0, 1)
+        return sub.nodes
+
+    assert run_local(4, body, timeout=10) == [((0,), (1,))] * 4
+
+
+def test_ranks_per_node_that_only_looks_like_a_number_is_a_config_error(monkeypatch):
+    monkeypatch.setenv("MPICOLL_RANKS_PER_NODE", "\u00b2")
+    with pytest.raises(mpicoll.ConfigError, match="MPICOLL_RANKS_PER_NODE"):
+        run_local(2, lambda comm: None, timeout=10)
+
+
+def test_a_refused_second_thread_does_not_take_the_first_threads_calls():
+    import threading
+    import time
+
+    def body(comm):
+        def slow(a, b, out):
+            time.sleep(0.3)
+            np.add(a, b, out=out)
+
+        first = comm.all_reduce(np.ones(2), mpicoll.Op(slow), algorithm="ring", async_op=True)
+        refused = []
+        thread = threading.Thread(target=lambda: refused.append(
+            pytest.raises(mpicoll.ConcurrentCallError, comm.all_reduce, np.ones(2),
+                          async_op=True)))
+        thread.start()
+        thread.join()
+        second = comm.all_reduce(np.full(2, 3.0), algorithm="ring", async_op=True)  # first's
+        first.wait()
+        return second.wait().tolist(), len(refused)
+
+    results = run_local(2, body, timeout=10)
+    assert all(r == ([6.0, 6.0], 1) for r in results), results

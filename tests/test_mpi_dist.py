@@ -113,3 +113,31 @@ def test_a_device_mesh_and_batched_point_to_point(initialized):
     for w in works:
         w.wait()
     assert got[0] == left
+
+
+def test_a_bad_list_on_one_rank_raises_without_leaving_the_others_waiting(initialized):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    got = np.zeros(2)
+    with pytest.raises(mpicoll.MpicollError):  # the source's list travels in its header
+        dist.scatter(got, [np.zeros(2)] * (size + 1) if rank == 0 else None, src=0)
+    short = [np.zeros(2) for _ in range(size - 1 if rank == size - 1 else size)]
+    if rank == size - 1:  # it takes part, then refuses its own list
+        with pytest.raises(mpicoll.InvalidArgumentError, match="tensor_list"):
+            dist.all_gather(short, np.full(2, float(rank)))
+    else:
+        dist.all_gather(short, np.full(2, float(rank)))
+        assert [s[0] for s in short] == list(range(size))
+    dist.barrier()
+
+
+def test_outputs_that_are_not_contiguous_get_the_result(initialized):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    whole = np.zeros((size, 4))
+    out = whole[:, :2]  # a strided view: its reshape would be a copy
+    dist.all_to_all_single(out, np.arange(size * 2, dtype=float) + 100 * rank)
+    np.testing.assert_array_equal(out, [[100 * r + 2 * rank, 100 * r + 2 * rank + 1]
+                                        for r in range(size)])
+    assert (whole[:, 2:] == 0).all()
+    gathered = np.zeros((size, 3))[:, ::2]
+    dist.all_gather_into_tensor(gathered, np.full(2, float(rank)))
+    np.testing.assert_array_equal(gathered, np.repeat(np.arange(size, dtype=float)[:, None], 2, 1))

@@ -156,7 +156,9 @@ def hierarchical_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, o
     heads = heads_for(root, leaders, nodes)
     head = next(h for h in heads if nodes[h] == nodes[t.rank])
     with t.workspace() as ws:
-        partial = dst if t.rank == root else \
+        # the root's partial is its result only where no inter phase follows: an inter
+        # algorithm may write its result before it has read its input (linear does)
+        partial = dst if t.rank == root and len(heads) == 1 else \
             ws.take(src.size, src.dtype) if t.rank == head else None
         REGISTRY["reduce"][intra].fn(Subset(t, mine), src, partial, op, mine.index(head))
         if t.rank in heads and len(heads) > 1:

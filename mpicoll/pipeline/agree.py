@@ -413,13 +413,13 @@ def node_key(backend: Any) -> int:
     Its source is part of it, so ranks that read different sources never agree."""
     text = os.environ.get("MPICOLL_RANKS_PER_NODE", "").strip()
     if backend.name == "local":
-        job_rank = backend.transport.rank
+        job_rank = getattr(backend.transport, "job_rank", backend.transport.rank)
     else:
         from mpi4py import MPI
 
         job_rank = MPI.COMM_WORLD.Get_rank()
     if text:
-        if not text.isdigit() or not 1 <= int(text) < 1 << 20:
+        if not (text.isascii() and text.isdigit()) or not 1 <= int(text) < 1 << 20:
             raise ConfigError(f"MPICOLL_RANKS_PER_NODE: expected a number of ranks >= 1, got {text!r}")
         k = int(text)
         return (_BY_BLOCKS << _SOURCE_SHIFT) | (k << _K_SHIFT) | (job_rank // k)

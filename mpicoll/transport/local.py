@@ -122,11 +122,27 @@ class LocalPeers:
         self.transport, self.rank = transport, transport.rank
         self.board = transport.world.board
         self.max_tag = (1 << 31) - 1
+        self.posted: list[LocalPeerRequest] = []  # irecvs not yet matched, in posting order
+
+    def _earlier(self, source: int, tag: int, before: Any = None) -> None:
+        """Complete the posted receives (before ``before``) that a message for (source,
+        tag) could also match: as MPI, messages go to receives in the order they were
+        posted."""
+        for request in list(self.posted):
+            if request is before:
+                break
+            if not request.finished and request.tag == tag and (
+                    request.source < 0 or source < 0 or request.source == source):
+                request.wait()
 
     def send(self, buf: Any, dest: int, tag: int) -> None:
         self.board.post(self.rank, dest, tag, _host_bytes(buf))
 
     def recv(self, buf: Any, source: int, tag: int) -> int:
+        self._earlier(source, tag)
+        return self._take(buf, source, tag)
+
+    def _take(self, buf: Any, source: int, tag: int) -> int:
         t = self.transport
         got = self.board.take(self.rank, source, tag, buf, t.timeout or float("inf"),
                               t.world.aborted)
@@ -148,7 +164,9 @@ class LocalPeers:
         return LocalPeerRequest(self, None, -1, tag, done=True)
 
     def irecv(self, buf: Any, source: int, tag: int) -> LocalPeerRequest:
-        return LocalPeerRequest(self, buf, source, tag)
+        request = LocalPeerRequest(self, buf, source, tag)
+        self.posted.append(request)
+        return request
 
     def free(self) -> None:
         """Nothing to release."""
@@ -160,19 +178,29 @@ class LocalPeerRequest:
         self.peers, self.buf, self.source, self.tag = peers, buf, source, tag
         self.finished, self.got = done, None
 
+    def _done(self, got: int) -> None:
+        self.got, self.finished = got, True
+        if self in self.peers.posted:
+            self.peers.posted.remove(self)
+
     def wait(self) -> int | None:
         if not self.finished:
-            self.got = self.peers.recv(self.buf, self.source, self.tag)
-            self.finished = True
+            self.peers._earlier(self.source, self.tag, before=self)
+            self._done(self.peers._take(self.buf, self.source, self.tag))
         return self.got
 
     def test(self) -> bool:
         if not self.finished:
             p = self.peers
+            earlier = [r for r in p.posted[:p.posted.index(self)] if not r.finished
+                       and r.tag == self.tag and (r.source < 0 or self.source < 0
+                                                  or r.source == self.source)]
+            if not all(r.test() for r in earlier):
+                return False  # an earlier receive takes the next such message first
             got = p.board.take(p.rank, self.source, self.tag, self.buf, 0,
                                p.transport.world.aborted)
             if got is not None:
-                self.got, self.finished = got, True
+                self._done(got)
         return self.finished
 
 
@@ -199,13 +227,16 @@ class LocalTransport(Workspace):
         self.timeout = world.timeout  # seconds a receive waits (0: no limit); Communicator(timeout=)
         self.step, self.wait_kind, self.wait_peer = 0, None, -1  # for the watchdog's reports
         self.side_tags = 1 << 40  # the pipeline's resync tags: above every call's
+        self.job_rank = rank  # this thread-rank in the first world (a split's endpoint: its)
         self._duplicates = 0
 
     def duplicate(self) -> LocalTransport:
         """This rank's endpoint of a duplicate world (every rank calls it in turn, as
         MPI_Comm_dup)."""
         self._duplicates += 1
-        return self.world.duplicate(self._duplicates).endpoint(self.rank)
+        twin = self.world.duplicate(self._duplicates).endpoint(self.rank)
+        twin.job_rank = self.job_rank
+        return twin
 
     def begin(self, like: Any = None) -> None:
         self.tag += 1
