@@ -175,7 +175,9 @@ def new_group(ranks: Sequence[int] | None = None, timeout: Any = None, backend: 
     """The group of ``ranks`` (sorted, as torch's; all ranks when None). Every rank of the
     job calls it; the others get ``GroupMember.NON_GROUP_MEMBER``."""
     world = _group(None)
-    members = sorted(int(r) for r in ranks) if ranks is not None else list(world.ranks)
+    members = list(world.ranks) if ranks is None else list(ranks)
+    if all(isinstance(r, (int, np.integer)) and not isinstance(r, bool) for r in members):
+        members = sorted(int(r) for r in members)  # as torch's; else refused on every rank
     comm = world.comm.new_group(members)
     return GroupMember.NON_GROUP_MEMBER if comm is None else ProcessGroup(comm, members)
 

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .arrays import as_array, empty
+from .arrays import same as _same
 from .errors import InvalidArgumentError, MpicollError
 from .ops import resolve_op
 from .pipeline.entry import numbered
@@ -144,14 +145,17 @@ def _bound_result(comm: Any, collective: str, args: tuple, kwargs: dict) -> Any:
     if collective not in _TAKES_OUT or kwargs.get("out") is not None or not args:
         return None
     spec = SPECS[collective]
-    x, _ = as_array(args[0], "x")
+    x, back = as_array(args[0], "x")
+    if not type(args[0]).__module__.startswith("torch"):
+        back = _same  # a torch tensor's result is a tensor over the same memory; JAX's are
+        # immutable, so any other kind binds an array of x's library
     rank, size = comm.rank, comm.size
     root = args[2] if spec.rooted and spec.reduces and len(args) > 2 else \
         args[1] if spec.rooted and not spec.reduces and len(args) > 1 else kwargs.get("root", 0)
     if spec.result_at_root_only and rank != root:
         return None
     if collective == "scatter":
-        return None if rank != root else empty(x.shape[1:], x.dtype, like=x)
+        return None if rank != root else back(empty(x.shape[1:], x.dtype, like=x))
     if collective == "reduce_scatter":
         counts = kwargs.get("counts")
         shape = x.shape[1:] if counts is None else (int(list(counts)[rank]),)
@@ -159,7 +163,7 @@ def _bound_result(comm: Any, collective: str, args: tuple, kwargs: dict) -> Any:
         shape = (size, *x.shape)
     else:  # reduce, all_reduce, all_to_all, scan, exscan
         shape = x.shape
-    return empty(shape, x.dtype, like=x)
+    return back(empty(shape, x.dtype, like=x))  # the caller's kind: a tensor for a tensor
 
 
 def make_plan(comm: Any, collective: str, args: tuple, kwargs: dict, frame: Any) -> Plan:
