@@ -58,6 +58,7 @@ EXAMPLES = {
                       "--bucket-mb", "0.1"),
     "tensor_parallel_mlp": ("equal the unsharded MLP's", "--hidden", "10"),
     "moe_all_to_all": ("every token came back processed by its expert",),
+    "dist_tutorial": ("equal single-process training",),
 }
 
 
