@@ -36,7 +36,9 @@ def _abort_after(print_exception: Any) -> Any:
             mark(world_rank(0))
             lines.append(f"mpicoll: flight recorder written to {path}")
         report("\n".join(lines))
-        abort_job(EXIT_UNCAUGHT, grace=0.5 if dump_dir() else 0.0)
+        # a moment before MPI_Abort: every rank that raised prints its traceback, and the
+        # launcher forwards it, before the first abort kills them all
+        abort_job(EXIT_UNCAUGHT, grace=0.5 if dump_dir() else 0.2)
 
     return hook
 
