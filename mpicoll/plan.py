@@ -36,6 +36,7 @@ from .arrays import as_array, empty
 from .arrays import same as _same
 from .errors import InvalidArgumentError, MpicollError
 from .ops import resolve_op
+from .pipeline.deliver import average
 from .pipeline.entry import numbered
 from .spec import SPECS
 from .work import Site, Work, submit
@@ -230,6 +231,12 @@ def _unbound(plan: Plan) -> None:
     return None
 
 
+def _op_of(plan: Plan, dtype: np.dtype) -> Any:
+    """The plan's op (its second positional argument, or op=) resolved for ``dtype``."""
+    args = plan._args
+    return resolve_op(args[1] if len(args) > 1 else plan._kwargs.get("op", "sum"), dtype)
+
+
 def _bind_all_reduce(plan: Plan) -> Any:
     """all_reduce on host NumPy arrays: the chosen function on the bound x and result."""
     comm, args, kwargs = plan.comm, plan._args, plan._kwargs
@@ -241,14 +248,13 @@ def _bind_all_reduce(plan: Plan) -> Any:
             or (out is not x and np.may_share_memory(x, out))):
         return None
     options = {k: v for k, v in kwargs.items() if k not in ("op", "algorithm", "out")}
-    op = args[1] if len(args) > 1 else kwargs.get("op", "sum")
-    opd = resolve_op(op, x.dtype)
+    opd = _op_of(plan, x.dtype)
     fn, name = comm._chooser._resolve("all_reduce", kwargs.get("algorithm", "auto"), x.nbytes,
                                       opd, options or None, x.dtype, False)
     t, watch, nbytes, size = comm._backend.transport, comm._watch, x.nbytes, comm.size
     dst = out.reshape(-1)
     src = dst if out is x else x.reshape(-1)
-    divide = opd.average and fn not in comm._backend.averages_itself
+    averages_itself = comm._backend.averages_itself
     if not opd.builtin:  # a user's op: guarded, its failures agreed (mpicoll.ops)
         from .pipeline.run import _reducing
 
@@ -270,8 +276,7 @@ def _bind_all_reduce(plan: Plan) -> Any:
         rec = watch.current  # the flight recorder's algorithm and bytes, as choose writes
         rec.algorithm, rec.nbytes = name, nbytes
         reduce(call)
-        if divide:
-            np.true_divide(dst, size, out=dst)
+        average(out, opd, fn, size, averages_itself)
         return out
 
     return start
@@ -334,23 +339,22 @@ def _bind_reduce(plan: Plan) -> Any:
         return None
     comm, args, kwargs = plan.comm, plan._args, plan._kwargs
     x = args[0]
-    op = args[1] if len(args) > 1 else kwargs.get("op", "sum")
     root = args[2] if len(args) > 2 else kwargs.get("root", 0)
     is_root = comm.rank == root
     out = _result(plan, x.shape, x.dtype) if is_root else None
     if is_root and out is None:
         return None
-    opd = resolve_op(op, x.dtype)
+    opd = _op_of(plan, x.dtype)
     fn, name = comm._chooser._resolve("reduce", kwargs.get("algorithm", "auto"), x.nbytes, opd,
                                       _options(kwargs), x.dtype, False)
     t, size, flat_x = comm._backend.transport, comm.size, x.reshape(-1)
     dst = None if out is None else out.reshape(-1)
-    divide = is_root and opd.average and fn not in comm._backend.averages_itself
+    averages_itself = comm._backend.averages_itself
 
     def run(call: Any) -> Any:
         _reducing(comm, call, opd, fn, t, _input(t, flat_x, dst), dst, opd, root)
-        if divide:
-            np.true_divide(dst, size, out=dst)
+        if out is not None:  # the root's result
+            average(out, opd, fn, size, averages_itself)
         return out
 
     return _recorded(plan, name, x.nbytes, run)
@@ -375,17 +379,15 @@ def _bind_reduce_scatter(plan: Plan) -> Any:
     out = _result(plan, shape, x.dtype)
     if out is None:
         return None
-    op = args[1] if len(args) > 1 else kwargs.get("op", "sum")
-    opd = resolve_op(op, x.dtype)
+    opd = _op_of(plan, x.dtype)
     fn, name = comm._chooser._resolve("reduce_scatter", kwargs.get("algorithm", "auto"),
                                       x.nbytes, opd, _options(kwargs), x.dtype, counts is not None)
     t, size, flat_x, dst = comm._backend.transport, comm.size, x.reshape(-1), out.reshape(-1)
-    divide = opd.average and fn not in comm._backend.averages_itself
+    averages_itself = comm._backend.averages_itself
 
     def run(call: Any) -> Any:
         _reducing(comm, call, opd, fn, t, _input(t, flat_x, dst), bounds, opd, dst)
-        if divide:
-            np.true_divide(dst, size, out=dst)
+        average(out, opd, fn, size, averages_itself)
         return out
 
     return _recorded(plan, name, x.nbytes, run)
@@ -491,22 +493,22 @@ def _bind_scan(plan: Plan) -> Any:
     out = _result(plan, x.shape, x.dtype)
     if out is None or (out is not x and np.may_share_memory(x, out)):
         return None
-    op = args[1] if len(args) > 1 else kwargs.get("op", "sum")
-    opd = resolve_op(op, x.dtype)
+    opd = _op_of(plan, x.dtype)
     fn, name = comm._chooser._resolve(collective, kwargs.get("algorithm", "auto"), x.nbytes, opd,
                                       _options(kwargs), x.dtype, False)
     t, flat_x = comm._backend.transport, x.reshape(-1)
     nothing = collective == "exscan" and comm.rank == 0
     combined = comm.rank + 1 if collective == "scan" else comm.rank
-    divide = not nothing and opd.average and fn not in comm._backend.averages_itself
+    averages_itself = comm._backend.averages_itself
 
     def run(call: Any) -> Any:
         dst = out.reshape(-1) if not nothing else t.take(x.size, x.dtype)
         src = dst if out is x and not nothing else _input(t, flat_x, dst)
         _reducing(comm, call, opd, fn, t, src, dst, opd)
-        if divide:
-            np.true_divide(dst, combined, out=dst)
-        return None if nothing else out
+        if nothing:
+            return None
+        average(out, opd, fn, combined, averages_itself)  # by the ranks combined
+        return out
 
     return _recorded(plan, name, x.nbytes, run)
 
