@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: lint, pytest in one process (local transport, units, MPI at 1 rank,
-# the real CuPy/NCCL APIs), then the MPI tests under mpiexec at 2, 3, 4, 5 and 8 ranks, each
-# under a timeout. The one-process run includes tests/test_slurm.py: the jobs/ scripts on a
+# the real CuPy/NCCL APIs), then the MPI tests under mpiexec at 2, 3, 4, 5 and 8 ranks, and
+# with simulated nodes (MPICOLL_RANKS_PER_NODE), each under a timeout. The one-process run includes tests/test_slurm.py: the jobs/ scripts on a
 # two-node SLURM cluster that it starts on this host (scripts/slurm-cluster.sh).
 # A failing rank aborts its job (python -m mpi4py), so nothing hangs.
 set -euo pipefail
