@@ -82,6 +82,7 @@ class Communicator(PointToPoint, Groups):
         self._backend = backend if isinstance(backend, Backend) else make_backend(backend, comm)
         self._watch: Watch | None = None
         self._tracer: Tracer | None = None
+        self._decisions: dict[tuple, Any] | None = None  # default calls' (pipeline.decided)
         self._progress: ProgressThread | None = None  # runs the async_op=True calls
         self._seq = 0  # calls so far: the same on every rank that makes the same calls
         self._refused_alone = 0  # a call this rank refused alone; the next one resyncs
@@ -115,6 +116,8 @@ class Communicator(PointToPoint, Groups):
         # broadcast's first message: the header, and the data when it fits
         self._packet = np.zeros(agree.HEADER_BYTES + max(self._backend.packed_bytes, 0), np.uint8)
         self._packet_header = self._packet[:agree.HEADER_BYTES].view(np.int64)
+        if not (self.check or self._tracer is not None or self._backend.separate_control):
+            self._decisions = {}  # what a default call decided, for the next like it
 
     @property
     def rank(self) -> int:

@@ -30,13 +30,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import numpy as np
-
 from .arrays import as_array, empty
 from .arrays import same as _same
 from .errors import InvalidArgumentError, MpicollError
-from .ops import resolve_op
-from .pipeline.deliver import average
+from .pipeline.decided import decide
 from .pipeline.entry import numbered
 from .spec import SPECS
 from .work import Site, Work, submit
@@ -113,13 +110,18 @@ class Plan:
                 f"plan(): this {self.collective} plan is already started; wait() for it first")
         self.starts += 1
         comm = self.comm
-        if self._bound is not None and not comm._refused_alone:
+        if self._bound is not None:
             return numbered(comm, self.collective, self._site, self._args, self._kwargs,
-                            None, bound=self._bound)
+                            getattr(type(comm), self.collective).__wrapped__,
+                            decision=self._bound,
+                            x=self._args[0] if self._args else None, out=self._kwargs.get("out"))
         result = getattr(comm, self.collective)(*self._args, stream=self._stream,
                                                 _site=self._site, **self._kwargs)
-        if self._bound is None and self.starts == 1:  # decided and agreed: keep it
-            self._bound = _BINDERS.get(self.collective, _unbound)(self)
+        if self.starts == 1 and self._stream is None:  # decided and agreed: keep it
+            try:
+                self._bound = decide(comm, self.collective, self._args, self._kwargs)
+            except Exception:  # noqa: BLE001 - its starts take the whole path
+                self._bound = None
         return result
 
     def free(self) -> None:
@@ -218,303 +220,7 @@ def init_method(collective: str) -> Any:
     return init
 
 
-# -- plan(): what the first start decided, run again without deciding again -------------
-#
-# A start after the first one is still a numbered, watched call (the entry numbers it and
-# a rank that owes a resync takes the full path); only the stages that cannot decide
-# differently on bound buffers (validation, the op, the choice of algorithm) are skipped.
-# Where any of it could differ (check mode, traces, a GPU stream, a strided or
-# overlapping buffer) the plan keeps the full path on every start.
-
-
-def _unbound(plan: Plan) -> None:
-    return None
-
-
-def _op_of(plan: Plan, dtype: np.dtype) -> Any:
-    """The plan's op (its second positional argument, or op=) resolved for ``dtype``."""
-    args = plan._args
-    return resolve_op(args[1] if len(args) > 1 else plan._kwargs.get("op", "sum"), dtype)
-
-
-def _bind_all_reduce(plan: Plan) -> Any:
-    """all_reduce on host NumPy arrays: the chosen function on the bound x and result."""
-    comm, args, kwargs = plan.comm, plan._args, plan._kwargs
-    x, out = args[0], kwargs.get("out")
-    if (comm.check or comm._tracer is not None or plan._stream is not None
-            or type(x) is not np.ndarray or type(out) is not np.ndarray
-            or not x.flags.c_contiguous or not x.flags.writeable
-            or not out.flags.c_contiguous or x.dtype != out.dtype or x.shape != out.shape
-            or (out is not x and np.may_share_memory(x, out))):
-        return None
-    options = {k: v for k, v in kwargs.items() if k not in ("op", "algorithm", "out")}
-    opd = _op_of(plan, x.dtype)
-    fn, name = comm._chooser._resolve("all_reduce", kwargs.get("algorithm", "auto"), x.nbytes,
-                                      opd, options or None, x.dtype, False)
-    t, watch, nbytes, size = comm._backend.transport, comm._watch, x.nbytes, comm.size
-    dst = out.reshape(-1)
-    src = dst if out is x else x.reshape(-1)
-    averages_itself = comm._backend.averages_itself
-    if not opd.builtin:  # a user's op: guarded, its failures agreed (mpicoll.ops)
-        from .pipeline.run import _reducing
-
-        def reduce(call: Any) -> None:
-            _reducing(comm, call, opd, fn, t, src, dst, opd)
-    elif name == "native" and comm.backend == "mpi":
-        # the MPI library's MPI_Allreduce with its arguments made once: the very call the
-        # whole path makes (never MPI's persistent MPI_Allreduce_init, which does not match
-        # a blocking MPI_Allreduce: a rank taking the whole path must meet the same call)
-        allreduce, send, recv, mop = _native_all_reduce(t, src, dst, opd)
-
-        def reduce(call: Any) -> None:
-            allreduce(send, recv, mop)
-    else:
-        def reduce(call: Any) -> None:
-            fn(t, src, dst, opd)
-
-    def start(call: Any) -> Any:
-        rec = watch.current  # the flight recorder's algorithm and bytes, as choose writes
-        rec.algorithm, rec.nbytes = name, nbytes
-        reduce(call)
-        average(out, opd, fn, size, averages_itself)
-        return out
-
-    return start
-
-
-def _native_all_reduce(t: Any, src: np.ndarray, dst: np.ndarray, op: Any) -> tuple:
-    """(comm.Allreduce, send, receive, op) as ``native.native_all_reduce`` makes them."""
-    from mpi4py import MPI
-
-    from .native import mpi_op
-
-    datatype, mop = mpi_op(op, src.dtype)
-    recv = dst if datatype is None else [dst, dst.size, datatype]
-    send = MPI.IN_PLACE if src is dst else src if datatype is None else [src, src.size, datatype]
-    return t.comm.Allreduce, send, recv, mop
-
-
-def _host_plan(plan: Plan) -> bool:
-    """Whether the plan's starts may run as decided: no check mode, traces or stream
-    (each start then decides as a call), and a contiguous host input."""
-    comm, args = plan.comm, plan._args
-    x = args[0] if args else None
-    return not (comm.check or comm._tracer is not None or plan._stream is not None
-                or comm._backend.separate_control
-                or type(x) is not np.ndarray or not x.flags.c_contiguous)
-
-
-def _result(plan: Plan, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
-    """The plan's bound out= where it is a contiguous host array of the result's shape."""
-    out = plan._kwargs.get("out")
-    if type(out) is not np.ndarray or not out.flags.c_contiguous or out.shape != shape \
-            or out.dtype != dtype:
-        return None
-    return out
-
-
-def _options(kwargs: dict) -> dict | None:
-    return {k: v for k, v in kwargs.items()
-            if k not in ("op", "algorithm", "out", "counts", "root")} or None
-
-
-def _recorded(plan: Plan, name: str, nbytes: int, run: Any) -> Any:
-    """A start: the flight recorder's algorithm and bytes (as choose writes), then run."""
-    watch = plan.comm._watch
-
-    def start(call: Any) -> Any:
-        rec = watch.current
-        rec.algorithm, rec.nbytes = name, nbytes
-        return run(call)
-
-    return start
-
-
-def _bind_reduce(plan: Plan) -> Any:
-    """reduce: the chosen function on the bound input and (at the root) result, with the
-    whole path's copy of an input the result overlaps, and its average."""
-    from .pipeline.run import _input, _reducing
-
-    if not _host_plan(plan):
-        return None
-    comm, args, kwargs = plan.comm, plan._args, plan._kwargs
-    x = args[0]
-    root = args[2] if len(args) > 2 else kwargs.get("root", 0)
-    is_root = comm.rank == root
-    out = _result(plan, x.shape, x.dtype) if is_root else None
-    if is_root and out is None:
-        return None
-    opd = _op_of(plan, x.dtype)
-    fn, name = comm._chooser._resolve("reduce", kwargs.get("algorithm", "auto"), x.nbytes, opd,
-                                      _options(kwargs), x.dtype, False)
-    t, size, flat_x = comm._backend.transport, comm.size, x.reshape(-1)
-    dst = None if out is None else out.reshape(-1)
-    averages_itself = comm._backend.averages_itself
-
-    def run(call: Any) -> Any:
-        _reducing(comm, call, opd, fn, t, _input(t, flat_x, dst), dst, opd, root)
-        if out is not None:  # the root's result
-            average(out, opd, fn, size, averages_itself)
-        return out
-
-    return _recorded(plan, name, x.nbytes, run)
-
-
-def _bind_reduce_scatter(plan: Plan) -> Any:
-    """reduce_scatter: even rows (or the bound counts) of the bound input into the result."""
-    from .buffers import counts_bounds, even_bounds
-    from .pipeline.run import _input, _reducing
-
-    if not _host_plan(plan):
-        return None
-    comm, args, kwargs = plan.comm, plan._args, plan._kwargs
-    x, counts = args[0], kwargs.get("counts")
-    if counts is None:
-        if x.ndim == 0 or x.shape[0] != comm.size:
-            return None
-        bounds, shape = even_bounds(x[0].size, comm.size), x.shape[1:]
-    else:
-        counts = [int(c) for c in counts]
-        bounds, shape = counts_bounds(counts), (counts[comm.rank],)
-    out = _result(plan, shape, x.dtype)
-    if out is None:
-        return None
-    opd = _op_of(plan, x.dtype)
-    fn, name = comm._chooser._resolve("reduce_scatter", kwargs.get("algorithm", "auto"),
-                                      x.nbytes, opd, _options(kwargs), x.dtype, counts is not None)
-    t, size, flat_x, dst = comm._backend.transport, comm.size, x.reshape(-1), out.reshape(-1)
-    averages_itself = comm._backend.averages_itself
-
-    def run(call: Any) -> Any:
-        _reducing(comm, call, opd, fn, t, _input(t, flat_x, dst), bounds, opd, dst)
-        average(out, opd, fn, size, averages_itself)
-        return out
-
-    return _recorded(plan, name, x.nbytes, run)
-
-
-def _bind_all_gather(plan: Plan) -> Any:
-    """all_gather: this rank's block copied into the bound result, then the chosen function."""
-    from .arrays import same_memory
-    from .buffers import even_bounds
-
-    if not _host_plan(plan):
-        return None
-    comm, kwargs = plan.comm, plan._kwargs
-    x = plan._args[0]
-    out = _result(plan, (comm.size, *x.shape), x.dtype)
-    if out is None:
-        return None
-    fn, name = comm._chooser._resolve("all_gather", kwargs.get("algorithm", "auto"),
-                                      x.nbytes * comm.size, None, _options(kwargs), None, False)
-    t, src, buf = comm._backend.transport, x.reshape(-1), out.reshape(-1)
-    bounds = even_bounds(src.size, comm.size)
-    mine = buf[bounds[comm.rank]:bounds[comm.rank + 1]]
-    in_place = same_memory(src, mine)
-
-    def run(call: Any) -> Any:
-        if not in_place:
-            mine[...] = src
-        fn(t, buf, bounds)
-        return out
-
-    return _recorded(plan, name, x.nbytes * comm.size, run)
-
-
-def _bind_gather(plan: Plan) -> Any:
-    """gather: the bound input to the root's bound result."""
-    from .buffers import even_bounds
-    from .pipeline.run import _input
-
-    if not _host_plan(plan):
-        return None
-    comm, args, kwargs = plan.comm, plan._args, plan._kwargs
-    x = args[0]
-    root = args[1] if len(args) > 1 else kwargs.get("root", 0)
-    out = _result(plan, (comm.size, *x.shape), x.dtype) if comm.rank == root else None
-    if comm.rank == root and out is None:
-        return None
-    fn, name = comm._chooser._resolve("gather", kwargs.get("algorithm", "auto"),
-                                      x.nbytes * comm.size, None, _options(kwargs), None, False)
-    t, src = comm._backend.transport, x.reshape(-1)
-    dst = None if out is None else out.reshape(-1)
-    bounds = even_bounds(src.size, comm.size)
-
-    def run(call: Any) -> Any:
-        fn(t, _input(t, src, dst), dst, bounds, root)
-        return out
-
-    return _recorded(plan, name, x.nbytes * comm.size, run)
-
-
-def _bind_all_to_all(plan: Plan) -> Any:
-    """all_to_all: row j of the bound input to rank j, into the bound result."""
-    from .buffers import even_bounds
-    from .pipeline.run import _input
-
-    if not _host_plan(plan):
-        return None
-    comm, kwargs = plan.comm, plan._kwargs
-    x = plan._args[0]
-    out = _result(plan, x.shape, x.dtype)
-    if out is None or x.ndim == 0 or x.shape[0] != comm.size:
-        return None
-    fn, name = comm._chooser._resolve("all_to_all", kwargs.get("algorithm", "auto"), x.nbytes,
-                                      None, _options(kwargs), None, False)
-    t, src, dst = comm._backend.transport, x.reshape(-1), out.reshape(-1)
-    bounds = even_bounds(src.size // comm.size, comm.size)
-
-    def run(call: Any) -> Any:
-        fn(t, _input(t, src, dst), bounds, dst, bounds)
-        return out
-
-    return _recorded(plan, name, x.nbytes, run)
-
-
-def _bind_barrier(plan: Plan) -> Any:
-    comm = plan.comm
-    if comm.check or comm._tracer is not None or comm._backend.separate_control:
-        return None
-    fn, name = comm._chooser._resolve("barrier", plan._kwargs.get("algorithm", "auto"), 0,
-                                      None, _options(plan._kwargs), None, False)
-    t = comm._backend.transport
-    return _recorded(plan, name, 0, lambda call: fn(t))
-
-
-def _bind_scan(plan: Plan) -> Any:
-    """scan and exscan: the chosen function on the bound input and result (exscan's rank
-    0 takes part with workspace and gets None), avg divided by the ranks combined."""
-    from .pipeline.run import _input, _reducing
-
-    if not _host_plan(plan):
-        return None
-    comm, args, kwargs, collective = plan.comm, plan._args, plan._kwargs, plan.collective
-    x = args[0]
-    out = _result(plan, x.shape, x.dtype)
-    if out is None or (out is not x and np.may_share_memory(x, out)):
-        return None
-    opd = _op_of(plan, x.dtype)
-    fn, name = comm._chooser._resolve(collective, kwargs.get("algorithm", "auto"), x.nbytes, opd,
-                                      _options(kwargs), x.dtype, False)
-    t, flat_x = comm._backend.transport, x.reshape(-1)
-    nothing = collective == "exscan" and comm.rank == 0
-    combined = comm.rank + 1 if collective == "scan" else comm.rank
-    averages_itself = comm._backend.averages_itself
-
-    def run(call: Any) -> Any:
-        dst = out.reshape(-1) if not nothing else t.take(x.size, x.dtype)
-        src = dst if out is x and not nothing else _input(t, flat_x, dst)
-        _reducing(comm, call, opd, fn, t, src, dst, opd)
-        if nothing:
-            return None
-        average(out, opd, fn, combined, averages_itself)  # by the ranks combined
-        return out
-
-    return _recorded(plan, name, x.nbytes, run)
-
-
-# broadcast and scatter keep the whole path: the root's header goes with every call
-_BINDERS = {"all_reduce": _bind_all_reduce, "reduce": _bind_reduce,
-            "reduce_scatter": _bind_reduce_scatter, "all_gather": _bind_all_gather,
-            "gather": _bind_gather, "all_to_all": _bind_all_to_all, "barrier": _bind_barrier,
-            "scan": _bind_scan, "exscan": _bind_scan}
+# plan(): a start after the first runs what the first decided (mpicoll.pipeline.decided)
+# on the bound buffers: still a numbered, watched call (the entry numbers it, and a rank
+# that owes a resync takes the whole path); where anything could decide differently
+# (check mode, traces, a GPU stream, the NCCL backend) every start takes the whole path.

@@ -22,7 +22,7 @@ from ..errors import (
     OpError,
 )
 from ..watchdog import PARAMETERS
-from . import agree
+from . import agree, decided
 from .validate import Verdict
 
 
@@ -46,9 +46,11 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
     (see ``mpicoll.work`` for how it progresses). The input must not change until then.
     """
     name = method.__name__
+    signature = decided.SIGNATURES[name] = inspect.signature(method)
     PARAMETERS[name] = tuple(  # the positional parameters after self, call and x
-        n for n, p in list(inspect.signature(method).parameters.items())[3:]
+        n for n, p in list(signature.parameters.items())[3:]
         if p.kind is p.POSITIONAL_OR_KEYWORD)
+    keeps = name in decided.DECIDED  # whether a default call's decision is kept
 
     @functools.wraps(method)
     def collective(self: Any, *args: Any, stream: Any = None, async_op: bool = False,
@@ -57,22 +59,38 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         # submission, numbered here (both from mpicoll.work.submit)
         if async_op:
             return self._submit(name, args, kwargs, stream, sys._getframe(1))
-        return numbered(self, name, _site or sys._getframe(1), args, kwargs, method, stream,
-                        _refusal)
+        site = _site or sys._getframe(1)
+        decisions = self._decisions
+        if keeps and decisions is not None and stream is None and _refusal is None:
+            key = decided.key(name, args, kwargs)
+            if key is not None:  # a call whose decision is kept: run it, or keep it
+                decision = decisions.get(key)
+                if decision is None or decision is decided.DECLINED:
+                    return numbered(self, name, site, args, kwargs, method,
+                                    keep=key if decision is None else None)
+                return numbered(self, name, site, args, kwargs, method, decision=decision,
+                                x=args[0] if args else None, out=kwargs.get("out"))
+        return numbered(self, name, site, args, kwargs, method, stream, _refusal)
 
     return collective
 
 
 def numbered(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
              stream: Any = None, refusal: Exception | None = None,
-             bound: Callable[[Any], Any] | None = None) -> Any:
+             decision: Callable[..., Any] | None = None, x: Any = None, out: Any = None,
+             keep: tuple | None = None) -> Any:
     """One call of ``c``, made at ``site``: numbered, watched, one thread at a time, with
     its refusal (if any) settled as every stage's, then ``method(c, call, *args,
-    **kwargs)``, or ``bound(call)``: a plan's start as its first start decided it
-    (``mpicoll.plan``). Nothing but mpicoll's errors leaves it."""
+    **kwargs)``: the whole path. Or ``decision(call, x, out)``: what an earlier call
+    with the same values decided, on this call's buffers (``mpicoll.pipeline.decided``:
+    the default call's, or a plan's); it may decline them, and the whole path runs.
+    ``keep``: the key under which the whole path's decision is kept once it succeeds.
+    Nothing but mpicoll's errors leaves it."""
     if not c._entry.acquire(False):
         raise ConcurrentCallError(busy(c, name))
     b, tracer, watch = c._backend, c._tracer, c._watch
+    if c._refused_alone:
+        decision = None  # the resync first, and the whole path after it
     try:
         c._seq += 1
         # the call's record: the flight recorder's entry, with the watchdog's clock
@@ -94,12 +112,18 @@ def numbered(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: An
             refused = Verdict()
             refused.refuse("params", refusal)
             agree.settle(c, call, refused, "refused")
-        if bound is not None:
-            return bound(call)
+        if decision is not None:
+            result = decision(call, x, out)
+            if result is not decided.MISS:
+                return result
         if stream is None:
-            return method(c, call, *args, **kwargs)
-        with stream:
-            return method(c, call, *args, **kwargs)
+            result = method(c, call, *args, **kwargs)
+        else:
+            with stream:
+                result = method(c, call, *args, **kwargs)
+        if keep is not None:
+            decided.keep(c, name, args, kwargs, keep)
+        return result
     except (OpError, CollectiveError) as exc:
         c._refused_alone = c._seq  # failed mid-call here: the others may wait in it
         watch.failed(exc)

@@ -120,6 +120,7 @@ def broadcast(c: Any, call: Call, x: Any, root: Any, algorithm: Any,
             pack_fn(t, packet, root)
 
     if is_root:
+        header[:] = 0  # every word defined: a receiver compares the whole header
         if v.input is not None:
             agree.header_of(None, None, agree.BAD_INPUT, header)
         else:
@@ -139,6 +140,17 @@ def broadcast(c: Any, call: Call, x: Any, root: Any, algorithm: Any,
         return back(x)
     t.use(x)
     send_packet()
+    return back(broadcast_received(c, call, x, root, algorithm, options, v))
+
+
+def broadcast_received(c: Any, call: Call, x: Any, root: int, algorithm: Any,
+                       options: dict[str, Any], v: Verdict | None = None) -> Any:
+    """A receiver's broadcast once the root's packet has come: the root's dtype and shape
+    from its header, the data from the packet or the chosen algorithm (``v``: this rank's
+    verdict on its receive buffer ``x`` so far)."""
+    b = c._backend
+    t, v = b.transport, v or Verdict()
+    packet, header, limit = c._packet, c._packet_header, b.packed_bytes
     dtype, shape, device = agree.unpack_header(header, root, call)
     nbytes = math.prod(shape) * dtype.itemsize
     packed = nbytes <= limit
@@ -173,7 +185,7 @@ def broadcast(c: Any, call: Call, x: Any, root: Any, algorithm: Any,
         buf = empty(x.size, x.dtype, like=x)
         fn(t, buf, root)
         x[...] = buf.reshape(x.shape)
-    return back(x)
+    return x
 
 
 def _root_header(c: Any, call: Call, v: Verdict, is_root: bool, header: np.ndarray,

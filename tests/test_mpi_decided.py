@@ -1,0 +1,184 @@
+"""The default call's kept decisions (``mpicoll.pipeline.decided``) under mpiexec.
+
+A call that repeats an earlier call's values (collective, shape, dtype, op, root,
+algorithm, options) runs what that call decided on its new buffers. It must send exactly
+the messages the whole path sends (recorded here at the transport, call by call), give
+the same results, and stay right when one rank takes the whole path while the others
+run their decisions, when the root of a broadcast changes what it sends, when ``out=``
+changes between calls, and when one rank refuses a call between decided ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from test_mpi_plans import _expected, _fill
+
+import mpicoll
+from mpicoll.algorithms import REGISTRY
+from mpicoll.errors import MpicollError
+from mpicoll.pipeline import decided
+
+pytestmark = pytest.mark.mpi
+
+CASES = [(c, a) for c in sorted(decided.DECIDED) for a in [*REGISTRY[c], "native", "auto"]]
+_MESSAGES = ("send", "recv", "sendrecv", "isend", "irecv")
+
+
+@contextlib.contextmanager
+def recorded(comm: mpicoll.Communicator) -> Iterator[list]:
+    """Every point-to-point message ``comm``'s transport moves: (kind, bytes and peers)."""
+    t, log = comm._backend.transport, []
+
+    def recording(kind: str, fn):
+        def wrapped(*args):
+            log.append((kind, *(getattr(a, "nbytes", a) for a in args)))
+            return fn(*args)
+
+        return wrapped
+
+    for kind in _MESSAGES:
+        setattr(t, kind, recording(kind, getattr(t, kind)))
+    try:
+        yield log
+    finally:
+        for kind in _MESSAGES:
+            delattr(t, kind)
+
+
+def _call(world, collective: str, algorithm: str, step: int, out_kind: str = "none"):
+    """One default call of ``collective`` on a fresh input filled for ``step``:
+    (what it returned, the key of its decision)."""
+    p, r = world.size, world.rank
+    spec = mpicoll.spec.SPECS[collective]
+    shape = (p, 3) if spec.input_rows else (5,)
+    x = np.empty(shape)
+    _fill(x, r, step)
+    args: tuple = (x,)
+    kwargs: dict = {"algorithm": algorithm}
+    if collective == "barrier":
+        args = ()
+    elif collective == "broadcast":
+        args = (x if r == 0 else None, 0)
+    elif collective == "gather":
+        args = (x, 0)
+    elif collective == "reduce":
+        args = (x, "sum", 0)
+    elif spec.reduces:
+        args = (x, "sum")
+    if out_kind == "in_place" and collective in ("all_reduce", "scan", "all_to_all"):
+        kwargs["out"] = x
+    elif out_kind == "given" and collective in ("all_reduce", "scan", "all_gather"):
+        kwargs["out"] = np.full((p, 5) if collective == "all_gather" else shape, -1.0)
+    got = getattr(world, collective)(*args, **kwargs)
+    return got, decided.key(collective, args, kwargs)
+
+
+def _check(world, collective: str, step: int, got) -> None:
+    p, r = world.size, world.rank
+    spec = mpicoll.spec.SPECS[collective]
+    if collective == "barrier":
+        assert got is None
+        return
+    nothing = (spec.result_at_root_only and r != 0) or (collective == "exscan" and r == 0)
+    if nothing:
+        assert got is None
+        return
+    shape = (p, 3) if spec.input_rows else (5,)
+    np.testing.assert_array_equal(got, _expected(collective, p, r, step, shape))
+
+
+@pytest.mark.parametrize(("collective", "algorithm"), CASES)
+def test_a_kept_decision_sends_the_messages_of_the_whole_path(world, collective, algorithm):
+    world._decisions.clear()  # every rank alike: the first call below takes the whole path
+    logs = []
+    for step in range(3):
+        with recorded(world) as log:
+            got, key = _call(world, collective, algorithm, step)
+        _check(world, collective, step, got)
+        logs.append(log)
+        decision = world._decisions.get(key)
+        assert decision is not None and decision is not decided.DECLINED
+    assert logs[1] == logs[0] and logs[2] == logs[0]
+
+
+@pytest.mark.parametrize("out_kind", ["in_place", "given", "none"])
+@pytest.mark.parametrize("collective", sorted(decided.DECIDED))
+def test_out_may_change_between_decided_calls(world, collective, out_kind):
+    world._decisions.clear()
+    kinds = ["none", out_kind, "none", out_kind, out_kind]
+    for step, kind in enumerate(kinds):
+        got, _ = _call(world, collective, "auto", step, kind)
+        _check(world, collective, step, got)
+
+
+@pytest.mark.parametrize("collective", sorted(decided.DECIDED - {"barrier"}))
+def test_one_rank_on_the_whole_path_meets_the_others_decisions(world, collective):
+    """Rank 0's input is a strided view (never kept): its calls take the whole path while
+    the others run their decisions."""
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    p, r = world.size, world.rank
+    spec = mpicoll.spec.SPECS[collective]
+    shape = (p, 3) if spec.input_rows else (5,)
+    for step in range(3):
+        whole = np.empty((*shape[:-1], 2 * shape[-1]))
+        x = whole[..., ::2] if r == 0 else np.empty(shape)
+        _fill(x, r, step)
+        if collective == "broadcast":
+            got = world.broadcast(x, 0) if r == 0 else world.broadcast(None, 0)
+        elif collective == "gather":
+            got = world.gather(x, 0)
+        elif collective == "reduce":
+            got = world.reduce(x, "sum", 0)
+        else:
+            got = getattr(world, collective)(x)
+        _check(world, collective, step, got)
+
+
+@pytest.mark.parametrize("algorithm", [*REGISTRY["broadcast"], "native", "auto"])
+def test_receivers_follow_a_root_that_changes_what_it_sends(world, algorithm):
+    """A receiver's decision expects the root's header of its first call; when the root
+    sends another (shape, dtype, a size past the packet), the receiver goes on as the
+    whole path does."""
+    world._decisions.clear()
+    r = world.rank
+    for step, (n, dtype) in enumerate([(5, "f8"), (5, "f8"), (7, "f8"), (5, "i4"), (5, "f8"),
+                                       (3000, "f8"), (5, "f8"), (0, "u1"), (5, "f8")]):
+        want = (np.arange(n) + step).astype(dtype)
+        got = world.broadcast(want.copy() if r == 0 else None, algorithm=algorithm)
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == want.dtype
+
+
+def test_a_refusal_on_one_rank_between_decided_calls(world):
+    """Rank 1's out= of the wrong shape: its call declines the decision and refuses as
+    the whole path does (taking part, then raising); every rank's next call is right."""
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    world._decisions.clear()
+    p, r = world.size, world.rank
+    x = np.full(4, r + 1.0)
+    total = p * (p + 1) / 2
+    for _ in range(2):
+        np.testing.assert_array_equal(world.all_reduce(x), np.full(4, total))
+    if r == 1:
+        with pytest.raises(MpicollError):
+            world.all_reduce(x, out=np.empty(3))
+    else:
+        np.testing.assert_array_equal(world.all_reduce(x), np.full(4, total))
+    for _ in range(2):
+        np.testing.assert_array_equal(world.all_reduce(x), np.full(4, total))
+
+
+def test_a_user_op_is_never_kept(world):
+    """A user's Op is not a key: the table would keep it alive (and its MPI op)."""
+    op = mpicoll.Op(lambda a, b, out: np.add(a, b, out=out), commutative=True, name="plus")
+    world._decisions.clear()
+    x = np.ones(3)
+    for _ in range(2):
+        np.testing.assert_array_equal(world.all_reduce(x, op), np.full(3, world.size))
+    assert not world._decisions
