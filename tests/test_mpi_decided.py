@@ -61,7 +61,7 @@ def _call(world, collective: str, algorithm: str, step: int, out_kind: str = "no
     kwargs: dict = {"algorithm": algorithm}
     if collective == "barrier":
         args = ()
-    elif collective == "broadcast":
+    elif collective in ("broadcast", "scatter"):
         args = (x if r == 0 else None, 0)
     elif collective == "gather":
         args = (x, 0)
@@ -71,8 +71,9 @@ def _call(world, collective: str, algorithm: str, step: int, out_kind: str = "no
         args = (x, "sum")
     if out_kind == "in_place" and collective in ("all_reduce", "scan", "all_to_all"):
         kwargs["out"] = x
-    elif out_kind == "given" and collective in ("all_reduce", "scan", "all_gather"):
-        kwargs["out"] = np.full((p, 5) if collective == "all_gather" else shape, -1.0)
+    elif out_kind == "given" and collective in ("all_reduce", "scan", "all_gather", "scatter"):
+        kwargs["out"] = np.full((p, 5) if collective == "all_gather" else
+                                (3,) if collective == "scatter" else shape, -1.0)
     got = getattr(world, collective)(*args, **kwargs)
     return got, decided.key(collective, args, kwargs)
 
@@ -128,8 +129,8 @@ def test_one_rank_on_the_whole_path_meets_the_others_decisions(world, collective
         whole = np.empty((*shape[:-1], 2 * shape[-1]))
         x = whole[..., ::2] if r == 0 else np.empty(shape)
         _fill(x, r, step)
-        if collective == "broadcast":
-            got = world.broadcast(x, 0) if r == 0 else world.broadcast(None, 0)
+        if collective in ("broadcast", "scatter"):
+            got = getattr(world, collective)(x if r == 0 else None, 0)
         elif collective == "gather":
             got = world.gather(x, 0)
         elif collective == "reduce":
@@ -139,17 +140,22 @@ def test_one_rank_on_the_whole_path_meets_the_others_decisions(world, collective
         _check(world, collective, step, got)
 
 
-@pytest.mark.parametrize("algorithm", [*REGISTRY["broadcast"], "native", "auto"])
-def test_receivers_follow_a_root_that_changes_what_it_sends(world, algorithm):
+@pytest.mark.parametrize(("collective", "algorithm"),
+                         [(c, a) for c in ("broadcast", "scatter")
+                          for a in [*REGISTRY[c], "native", "auto"]])
+def test_receivers_follow_a_root_that_changes_what_it_sends(world, collective, algorithm):
     """A receiver's decision expects the root's header of its first call; when the root
     sends another (shape, dtype, a size past the packet), the receiver goes on as the
     whole path does."""
     world._decisions.clear()
-    r = world.rank
+    p, r = world.size, world.rank
     for step, (n, dtype) in enumerate([(5, "f8"), (5, "f8"), (7, "f8"), (5, "i4"), (5, "f8"),
                                        (3000, "f8"), (5, "f8"), (0, "u1"), (5, "f8")]):
-        want = (np.arange(n) + step).astype(dtype)
-        got = world.broadcast(want.copy() if r == 0 else None, algorithm=algorithm)
+        shape = (n,) if collective == "broadcast" else (p, n)
+        sent = (np.arange(np.prod(shape)).reshape(shape) + step).astype(dtype)
+        got = getattr(world, collective)(sent.copy() if r == 0 else None,
+                                         algorithm=algorithm)
+        want = sent if collective == "broadcast" else sent[r]
         np.testing.assert_array_equal(got, want)
         assert got.dtype == want.dtype
 

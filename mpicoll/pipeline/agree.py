@@ -236,6 +236,7 @@ HEADER_LEN = 4 + 32  # [status, dtype code, itemsize, ndim | on device, dim 0, d
 HEADER_BYTES = HEADER_LEN * 8
 MAX_NDIM = HEADER_LEN - 4
 ON_DEVICE = 1 << 16  # in the ndim field: the root's array is on the GPU
+IN_PACKET = 1 << 17  # in the ndim field: the data follows the header in its packet
 OK, BAD_INPUT, TOO_MANY_DIMS, NO_CODE = range(4)
 REFUSALS = {
     BAD_INPUT: "the root refused its own input",

@@ -458,10 +458,104 @@ def _broadcast(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
     return receive
 
 
+def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
+    """As broadcast: the root sends the header (with every row, when "auto" and small)
+    it sent before; a receiver that gets another goes on as the whole path does."""
+    root, algorithm, options = a["root"], a["algorithm"], a["options"]
+    if type(root) is not int or not 0 <= root < c.size:
+        return None
+    b = c._backend
+    t, watch, packet, header, size, rank = b.transport, c._watch, c._packet, \
+        c._packet_header, c.size, c.rank
+    if rank == root:
+        if x is None or x.ndim == 0 or x.shape[0] != size:
+            return None
+        words = agree.header_of(x.dtype, x.shape[1:])
+        if words[0] != agree.OK:
+            return None
+        if algorithm == "auto" and x.nbytes <= b.packed_bytes:
+            words[3] |= agree.IN_PACKET
+        dtype, shape = x.dtype, x.shape[1:]
+    else:  # a receiver's x is not read (its result is out=, or made)
+        words = header.copy()  # the root's header of the call that just ran
+        if words[0] != agree.OK:
+            return None
+        from ..errors import MpicollError
+
+        try:
+            dtype, shape, device = agree.unpack_header(words, root, None)
+        except MpicollError:
+            return None
+        if device:
+            return None
+    in_packet = bool(words[3] & agree.IN_PACKET)
+    count = int(np.prod(shape, dtype=np.int64))
+    nbytes = count * dtype.itemsize * size
+    bounds = even_bounds(count, size)
+    fn = name = None
+    if not in_packet:
+        fn, name = _resolve(c, "scatter", algorithm, nbytes, None, options, None)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    first, last = (agree.HEADER_BYTES + i * dtype.itemsize for i in (lo, hi))
+    end = agree.HEADER_BYTES + nbytes
+
+    def result_for(out: Any, x: Any) -> Any:
+        if out is None:
+            return np.empty(shape, dtype)
+        if (type(out) is np.ndarray and out.shape == shape and out.dtype == dtype
+                and out.flags.c_contiguous and out.flags.writeable):
+            return out
+        return None
+
+    if rank == root:
+        def start(call: Any, x: Any, out: Any) -> Any:
+            result = result_for(out, x)
+            if result is None:
+                return MISS
+            src, dst = x.reshape(-1), result.reshape(-1)
+            mine = src[lo:hi]
+            if out is not None and np.may_share_memory(src, dst) and not same_memory(dst, mine):
+                return MISS  # the whole path's stand-in
+            rec = watch.current
+            rec.algorithm, rec.nbytes = name or "packet", nbytes
+            header[:] = words
+            if in_packet:
+                packet[agree.HEADER_BYTES:end] = src.view(np.uint8)
+            agree.broadcast(c, packet, root)
+            if in_packet:
+                if not same_memory(dst, mine):
+                    dst[...] = mine
+            else:
+                fn(t, src, dst, bounds, root)
+            return result
+
+        return start
+
+    expected = words.tobytes()
+    from .run import scatter_received
+
+    def receive(call: Any, x: Any, out: Any) -> Any:
+        result = result_for(out, x)
+        if result is None:
+            return MISS
+        rec = watch.current
+        rec.algorithm, rec.nbytes = name or "packet", nbytes
+        agree.broadcast(c, packet, root)
+        if header.tobytes() != expected:  # the root sent another header: as the whole path
+            return scatter_received(c, call, root, algorithm, out, options)
+        if in_packet:
+            result.reshape(-1).view(np.uint8)[...] = packet[first:last]
+        else:
+            fn(t, None, result.reshape(-1), bounds, root)
+        return result
+
+    return receive
+
+
 _DECIDERS: dict[str, Callable[..., Any]] = {
     "all_reduce": _all_reduce, "reduce": _reduce, "reduce_scatter": _reduce_scatter,
     "all_gather": _all_gather, "gather": _gather, "all_to_all": _all_to_all,
-    "barrier": _barrier, "broadcast": _broadcast,
+    "barrier": _barrier, "broadcast": _broadcast, "scatter": _scatter,
     "scan": lambda c, a, x: _scan(c, a, x, "scan"),
     "exscan": lambda c, a, x: _scan(c, a, x, "exscan"),
 }

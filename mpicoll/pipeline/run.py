@@ -189,13 +189,15 @@ def broadcast_received(c: Any, call: Call, x: Any, root: int, algorithm: Any,
 
 
 def _root_header(c: Any, call: Call, v: Verdict, is_root: bool, header: np.ndarray,
-                 root: int) -> tuple[np.dtype, tuple[int, ...], bool]:
-    """Broadcast the root's header; the root raises its own input refusal after sending
-    it, the others a RemoteError."""
+                 root: int, packet: np.ndarray | None = None,
+                 ) -> tuple[np.dtype, tuple[int, ...], bool]:
+    """Broadcast the root's header (in ``packet`` when given: the header and what goes
+    with it); the root raises its own input refusal after sending it, the others a
+    RemoteError."""
     if is_root and v.input is not None:
         header[:4] = (agree.BAD_INPUT, 0, 0, 0)
     c._backend.control.use(None)
-    agree.broadcast(c, header, root)
+    agree.broadcast(c, header if packet is None else packet, root)
     if is_root and v.input is not None:
         raise v.input
     if is_root and header[0] != agree.OK:
@@ -210,8 +212,9 @@ def scatter(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
     root = validate.root(v, root, t.size)
     c._chooser.pick(v, "scatter", algorithm, 0, options=options)  # a bad name: before messages
     is_root, back, result = t.rank == root, same, None
-    header = np.zeros(agree.HEADER_LEN, np.int64)
+    packet, header, limit = c._packet, c._packet_header, b.packed_bytes
     if is_root:
+        header[:] = 0  # every word defined: a receiver compares the whole header
         x, back = validate.array(v, x, "input", nccl=b.like is not None)
         if validate.rows(v, x, t.size, "scatter"):
             agree.header_of(x.dtype, x.shape[1:], header=header, device=type(x) is not np.ndarray)
@@ -222,41 +225,79 @@ def scatter(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
                  shape=x.shape[1:] if is_root and x is not None and x.ndim
                  else getattr(theirs, "shape", None),
                  input_travels=True)
-    dtype, shape, device = _root_header(c, call, v, is_root, header, root)
-    fn = c._chooser.function("scatter", algorithm, math.prod(shape) * dtype.itemsize * t.size,
-                             options=options)
+    if is_root and v.input is None and header[0] == agree.OK and algorithm == "auto" \
+            and x.nbytes <= limit:
+        # small, and "auto": every row goes in the packet with the header (one round)
+        header[3] |= agree.IN_PACKET
+        packet[agree.HEADER_BYTES:agree.HEADER_BYTES + x.nbytes] = to_host(flat(x)).view(np.uint8)
+    _root_header(c, call, v, is_root, header, root, packet)
+    if is_root:
+        return _scatter_root(c, x, root, algorithm, out, options, v, result, back)
+    return scatter_received(c, call, root, algorithm, out, options, v)
+
+
+def _scatter_root(c: Any, x: Any, root: int, algorithm: Any, out: Any,
+                  options: dict[str, Any], v: Verdict, result: Any, back: Any) -> Any:
+    """The root's scatter once its header has gone: its own row, and the others' rows
+    unless they went with the header."""
+    t = c._backend.transport
+    count = x[0].size
+    bounds = even_bounds(count, t.size)
+    src = flat(x)
+    mine = src[bounds[root]:bounds[root + 1]]
+    whole = None if result is None else result.reshape(-1)
+    if c._packet_header[3] & agree.IN_PACKET:
+        if whole is not None and not same_memory(whole, mine):
+            whole[...] = mine
+        return give(v, result, out, back)
+    fn = c._chooser.function("scatter", algorithm, x.nbytes, options=options)
+    if whole is None:  # the root's out refused: take part, then raise
+        dst = _stand_in(t, count, x.dtype, x)
+    elif out is not None and may_share_memory(src, whole) and not same_memory(whole, mine):
+        dst = _stand_in(t, count, x.dtype, x)  # overlaps x elsewhere than its own row
+    else:
+        dst = whole  # may be x[root] itself: MPI's in-place scatter
+    t.use(x)
+    fn(t, src, dst, bounds, root)
+    if whole is not None and dst is not whole:
+        whole[...] = dst
+    return give(v, result, out, back)
+
+
+def scatter_received(c: Any, call: Call, root: int, algorithm: Any, out: Any,
+                     options: dict[str, Any], v: Verdict | None = None) -> Any:
+    """A receiver's scatter once the root's header has come: its row from the packet, or
+    by the chosen algorithm (``v``: this rank's verdict so far)."""
+    b = c._backend
+    t, v = b.transport, v or Verdict()
+    header = c._packet_header
+    dtype, shape, device = agree.unpack_header(header, root, call)
     count = math.prod(shape)
     bounds = even_bounds(count, t.size)
-    if is_root:
-        src = flat(x)
-        mine = src[bounds[root]:bounds[root + 1]]
-        whole = None if result is None else result.reshape(-1)
-        if whole is None:  # the root's out refused: take part, then raise
-            dst = _stand_in(t, count, x.dtype, x)
-        elif out is not None and may_share_memory(src, whole) and not same_memory(whole, mine):
-            dst = _stand_in(t, count, x.dtype, x)  # overlaps x elsewhere than its own row
-        else:
-            dst = whole  # may be x[root] itself: MPI's in-place scatter
-        t.use(x)
-        fn(t, src, dst, bounds, root)
-        if whole is not None and dst is not whole:
-            whole[...] = dst
-        return give(v, result, out, back)
+    in_packet = bool(header[3] & agree.IN_PACKET)
+    fn = None if in_packet else c._chooser.function(
+        "scatter", algorithm, count * dtype.itemsize * t.size, options=options)
     like = b.like if out is None else out
     if out is None and device and like is None:
         try:
             like = device_like()
         except MpicollError as exc:
             v.refuse("receive", exc)
+    result = None
     if v.receive is None:
         result = validate.out(v, out, shape, dtype, like)
     if v.receive is not None:  # take part with workspace of the root's items, then refuse
-        items = _items_like(dtype, b.like is not None)
-        stand_in = _stand_in(t, count * dtype.itemsize // items.itemsize, items, b.like)
-        fn(t, None, stand_in, even_bounds(stand_in.size, t.size), root)
+        if fn is not None:
+            items = _items_like(dtype, b.like is not None)
+            stand_in = _stand_in(t, count * dtype.itemsize // items.itemsize, items, b.like)
+            fn(t, None, stand_in, even_bounds(stand_in.size, t.size), root)
         raise v.receive
-    t.use(result)
-    fn(t, None, result.reshape(-1), bounds, root)
+    if in_packet:
+        lo, hi = (agree.HEADER_BYTES + i * dtype.itemsize for i in bounds[t.rank:t.rank + 2])
+        assign_from_host(result.reshape(-1).view(np.uint8), c._packet[lo:hi])
+    else:
+        t.use(result)
+        fn(t, None, result.reshape(-1), bounds, root)
     return give(v, result, out, same)
 
 
