@@ -112,15 +112,33 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         raise InvalidArgumentError(f"backend: expected 'mpi' or 'nccl' (or 'gloo'), got {backend!r}")
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
     comm = Communicator(backend=name, timeout=seconds)
+    problem = ""
     for variable, mine in (("WORLD_SIZE", comm.size), ("RANK", comm.rank)):
         given = world_size if variable == "WORLD_SIZE" else rank
         text = os.environ.get(variable)
-        if (given not in (-1, None) and int(given) != mine) or (text and text.isdigit()
-                                                                 and int(text) != mine):
-            comm.free()
-            raise InvalidArgumentError(
-                f"init_process_group: {variable.lower()} {given if given not in (-1, None) else text} "
-                f"differs from the MPI launcher's {mine}; start the job with mpiexec or srun")
+        try:
+            wrong = (given not in (-1, None) and int(given) != mine) or (
+                bool(text) and text.isdigit() and int(text) != mine)
+        except (TypeError, ValueError):
+            wrong = True
+        if wrong and not problem:
+            problem = (f"{variable.lower()} {given if given not in (-1, None) else text} "
+                       f"differs from the MPI launcher's {mine}")
+    # agreed: a rank whose RANK or WORLD_SIZE is off makes every rank raise, naming it
+    bad = np.array([1 if problem else 0], np.int64)
+    flags = np.zeros(comm.size, np.int64)
+    control = comm.control_comm
+    if control is not None:
+        control.Allgather(bad, flags)
+    else:
+        flags[comm.rank] = bad[0]
+    if flags.any():
+        ranks = [int(r) for r in np.flatnonzero(flags)]
+        comm.free()
+        raise InvalidArgumentError(
+            f"init_process_group: rank(s) {ranks} were given a rank or world size that is not "
+            f"the MPI launcher's{': ' + problem if problem else ''}; start the job with "
+            "mpiexec or srun")
     world = ProcessGroup(comm, list(range(comm.size)))
     _STATE["world"], _STATE["backend"] = world, name
     GroupMember.WORLD = world

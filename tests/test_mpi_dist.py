@@ -12,6 +12,21 @@ import mpicoll.dist as dist
 pytestmark = pytest.mark.mpi
 
 
+def test_a_wrong_rank_on_one_rank_raises_on_every_rank():
+    """init_process_group(rank=...) that is off on the last rank only: every rank raises,
+    naming it (none goes on to wait in a call the other never makes); then it works."""
+    from mpi4py import MPI
+
+    size, me = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
+    wrong = size if me == size - 1 else me
+    with pytest.raises(mpicoll.InvalidArgumentError, match=rf"rank\(s\) \[{size - 1}\]"):
+        dist.init_process_group("gloo", rank=wrong, world_size=size)
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", rank=me, world_size=size)
+    assert dist.get_rank() == me
+    dist.destroy_process_group()
+
+
 @pytest.fixture(scope="module")
 def initialized():
     dist.init_process_group("gloo")
