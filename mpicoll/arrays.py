@@ -96,13 +96,52 @@ def same_memory(a: Any, b: Any) -> bool:
     return a.nbytes == b.nbytes and address(a) == address(b)
 
 
+# torch dtypes NumPy has no name of its own for: (the integer of their width, ml_dtypes')
+_TORCH_AS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "float8_e4m3fn"),
+             "float8_e5m2": ("uint8", "float8_e5m2")}
+
+
+def torch_numpy(x: Any) -> np.ndarray | None:
+    """A NumPy view of the torch CPU tensor ``x`` (no copy; ``Tensor.numpy()``, far cheaper
+    than a DLPack import), bfloat16 and float8 as ml_dtypes' types; None where NumPy
+    cannot view it (a tensor that needs grad, a conjugate one: DLPack then says why)."""
+    try:
+        return x.numpy()
+    except TypeError:  # a dtype NumPy lacks
+        name = str(x.dtype).removeprefix("torch.")
+        if name not in _TORCH_AS:
+            return None
+        import ml_dtypes
+        import torch
+
+        width, kind = _TORCH_AS[name]
+        try:
+            return x.view(getattr(torch, width)).numpy().view(getattr(ml_dtypes, kind))
+        except Exception:  # noqa: BLE001 - needs grad, or a view torch cannot make
+            return None
+    except Exception:  # noqa: BLE001 - needs grad, conjugate, negative bit
+        return None
+
+
+def to_torch(result: Any) -> Any:
+    """A torch tensor over ``result``'s memory (NumPy or CuPy; ml_dtypes' types as torch's)."""
+    import torch
+
+    if result is None:
+        return None
+    if type(result) is np.ndarray:
+        for name, (width, kind) in _TORCH_AS.items():
+            if result.dtype.name == kind:
+                return torch.from_numpy(result.view(width)).view(getattr(torch, name))
+        return torch.from_numpy(result)
+    return torch.from_dlpack(result)
+
+
 def _back_to(x: Any) -> Callable[[Any], Any]:
     """A function giving a result the kind of the foreign array ``x`` (torch, JAX, ...)."""
     package = type(x).__module__.split(".")[0]
     if package == "torch":
-        import torch
-
-        return lambda result: None if result is None else torch.from_dlpack(result)
+        return to_torch
     if package in ("jax", "jaxlib"):
         import jax.numpy as jnp
 
@@ -159,7 +198,9 @@ def as_array(x: Any, name: str) -> tuple[Any, Callable[[Any], Any]]:
     elif isinstance(x, np.ndarray):  # a subclass (np.matrix, memmap): its base class
         array, back = x.view(np.ndarray), same
     elif hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
-        array, back = _from_dlpack(x, name), _back_to(x)
+        array = torch_numpy(x) if type(x).__module__.startswith("torch") and \
+            getattr(x, "is_cpu", False) else None
+        array, back = array if array is not None else _from_dlpack(x, name), _back_to(x)
     else:
         raise InvalidArgumentError(
             f"{name}: expected a NumPy or CuPy array (or any __dlpack__ tensor), "

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import same_memory
+from ..arrays import same_memory, to_torch, torch_numpy
 from ..buffers import counts_bounds, even_bounds
 from ..ops import ReduceOp, resolve_op
 from . import agree
@@ -70,6 +70,41 @@ def key(name: str, args: tuple, kwargs: dict) -> tuple | None:
                 rest.append((k, v))
         return (*head, args[1:], *rest)
     return (*head, args[1:])
+
+
+def from_torch(args: tuple, kwargs: dict) -> tuple[tuple, dict, Callable[[Any], Any] | None]:
+    """A torch CPU tensor's call as the same call on NumPy views of its tensors (no copy:
+    ``Tensor.numpy()``, far cheaper than a DLPack import), and how to give the result back
+    (the caller's own tensor where the result is its memory, else a tensor over the
+    result's); ``back`` None: not such a call (a GPU tensor, one that needs grad, a dtype
+    NumPy lacks), which takes the whole path as it is."""
+    x = args[0]
+    if not type(x).__module__.startswith("torch") or not getattr(x, "is_cpu", False):
+        return args, kwargs, None
+    out = kwargs.get("out")
+    host = torch_numpy(x)
+    if host is None:
+        return args, kwargs, None
+    host_out = None
+    if out is not None:
+        host_out = host if out is x else torch_numpy(out) \
+            if type(out).__module__.startswith("torch") and getattr(out, "is_cpu", False) \
+            else None
+        if host_out is None:
+            return args, kwargs, None
+
+    def back(result: Any) -> Any:
+        if result is None:
+            return None
+        if result is host_out:
+            return out
+        if result is host:
+            return x
+        return to_torch(result)
+
+    if out is not None:
+        kwargs = {**kwargs, "out": host_out}
+    return (host, *args[1:]), kwargs, back
 
 
 def keep(c: Any, name: str, args: tuple, kwargs: dict, key: tuple) -> None:

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ..errors import (
     CollectiveError,
     ConcurrentCallError,
@@ -62,14 +64,22 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         site = _site or sys._getframe(1)
         decisions = self._decisions
         if keeps and decisions is not None and stream is None and _refusal is None:
+            back = None
+            if args and type(args[0]) is not np.ndarray and args[0] is not None:
+                args, kwargs, back = decided.from_torch(args, kwargs)  # torch CPU tensors
             key = decided.key(name, args, kwargs)
-            if key is not None:  # a call whose decision is kept: run it, or keep it
+            if key is None:
+                result = numbered(self, name, site, args, kwargs, method)
+            else:  # a call whose decision is kept: run it, or keep it
                 decision = decisions.get(key)
                 if decision is None or decision is decided.DECLINED:
-                    return numbered(self, name, site, args, kwargs, method,
-                                    keep=key if decision is None else None)
-                return numbered(self, name, site, args, kwargs, method, decision=decision,
-                                x=args[0] if args else None, out=kwargs.get("out"))
+                    result = numbered(self, name, site, args, kwargs, method,
+                                      keep=key if decision is None else None)
+                else:
+                    result = numbered(self, name, site, args, kwargs, method,
+                                      decision=decision, x=args[0] if args else None,
+                                      out=kwargs.get("out"))
+            return result if back is None else back(result)
         return numbered(self, name, site, args, kwargs, method, stream, _refusal)
 
     return collective

@@ -1,0 +1,69 @@
+"""torch CPU tensors through the Communicator's calls (skipped where torch is not
+installed): the same results as NumPy arrays, the caller's own tensor back where the
+result is its memory, and the tensors NumPy cannot view (bfloat16, strided) through
+the whole path. Runs at 1 rank and under mpiexec."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpicoll
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.mpi
+
+
+def _x(world, shape=(6,)):
+    return torch.arange(int(np.prod(shape)), dtype=torch.float32).reshape(shape) + world.rank
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "native", "ring", "recursive_doubling"])
+def test_all_reduce_of_a_tensor_is_a_tensor_equal_to_numpys(world, algorithm):
+    for _ in range(3):  # the first takes the whole path, the next its decision
+        x = _x(world)
+        got = world.all_reduce(x, algorithm=algorithm)
+        want = world.all_reduce(x.numpy().copy(), algorithm=algorithm)
+        assert isinstance(got, torch.Tensor)
+        np.testing.assert_array_equal(got.numpy(), want)
+        same = world.all_reduce(x, out=x, algorithm=algorithm)
+        assert same is x
+        np.testing.assert_array_equal(x.numpy(), want)
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "scatter", "gather", "all_gather", "reduce",
+                                        "reduce_scatter", "all_to_all", "scan", "exscan"])
+def test_every_collective_takes_tensors(world, collective):
+    p, r = world.size, world.rank
+    spec = mpicoll.spec.SPECS[collective]
+    shape = (p, 3) if spec.input_rows else (4,)
+    for _ in range(3):
+        x = _x(world, shape)
+        args = (x, 0) if spec.rooted and not spec.reduces else \
+            (x, "sum", 0) if spec.rooted else (x,)
+        got = getattr(world, collective)(*args)
+        want = getattr(world, collective)(x.numpy().copy(), *args[1:])
+        if want is None:
+            assert got is None
+        else:
+            assert isinstance(got, torch.Tensor)
+            np.testing.assert_array_equal(got.numpy(), want)
+    if collective == "broadcast":
+        x = _x(world, shape) if r == 0 else torch.zeros(shape)
+        assert world.broadcast(x, 0) is x  # the root's input, a receiver's buffer itself
+        np.testing.assert_array_equal(x.numpy(), np.arange(4))
+
+
+def test_tensors_numpy_cannot_view_take_the_whole_path(world):
+    p = world.size
+    grad = torch.ones(3, requires_grad=True)  # refused on every rank, with the remedy
+    with pytest.raises(mpicoll.InvalidArgumentError, match="detach"):
+        world.all_reduce(grad)
+    np.testing.assert_array_equal(world.all_reduce(grad.detach()).numpy(), np.full(3, p))
+    strided = torch.ones(8)[::2]
+    np.testing.assert_array_equal(world.all_reduce(strided).numpy(), np.full(4, p))
+    half = torch.ones(5, dtype=torch.bfloat16)
+    got = world.all_reduce(half)
+    assert got.dtype == torch.bfloat16
+    np.testing.assert_array_equal(got.float().numpy(), np.full(5, p))
