@@ -12,6 +12,7 @@ median over iterations; iterations are separated by a barrier.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import statistics
@@ -494,7 +495,7 @@ def default_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
     """The call as a user writes it first: no algorithm, no out= (broadcast in place)."""
     record, fn = RECORDS[collective], getattr(comm, collective)
     if collective == "broadcast":
-        buf = x.copy()
+        buf = x.clone() if hasattr(x, "clone") else x.copy()  # a torch tensor, or an array
         return lambda: comm.broadcast(buf, root)
     if collective == "scatter":
         return lambda: comm.scatter(x if comm.rank == root else None, root)
@@ -507,13 +508,19 @@ def overhead(comm: Communicator, args: argparse.Namespace, say: Callable[..., No
     """The per-call overhead table: every collective at ``-b`` bytes (default 8 B), the MPI
     call itself (mpi4py's, on ready buffers) against mpicoll's default call, ``native`` and a plan
     (``plan()``), each timed back to back over 100 x ``-n`` calls (2000 by default), in
-    one run."""
+    one run. Where torch is installed (NumPy buffers), also the default call on torch CPU
+    tensors over the same memory, against the default call on the NumPy arrays."""
     dtype, iters = np.dtype(args.datatype), args.iters * OVERHEAD_ITERS
     nbytes = args.size_list[0]
+    torch = None
+    if args.buffer == "numpy" and comm.backend == "mpi":
+        with contextlib.suppress(ImportError):
+            import torch
     say(f"\n# per-call overhead at {report.human(nbytes)} ({dtype.name}, op {args.op}, "
         f"{comm.size} ranks; median of {iters} back-to-back calls, the slowest rank's)")
     say(f"# {'collective':>14} {'library(us)':>11} {'default(us)':>11} {'x':>5} "
-        f"{'native(us)':>10} {'x':>5} {'plan(us)':>9} {'x':>5}")
+        f"{'native(us)':>10} {'x':>5} {'plan(us)':>9} {'x':>5}"
+        + (f" {'torch(us)':>9} {'x numpy':>7}" if torch is not None else ""))
     barrier = lambda: comm.barrier(algorithm="native")  # noqa: E731
     worst = 0.0
     for collective in (*RECORDS, "barrier"):
@@ -534,13 +541,18 @@ def overhead(comm: Communicator, args: argparse.Namespace, say: Callable[..., No
                     "default": default_call(comm, collective, x, args.op, args.root),
                     "native": functools.partial(call.run, "native"),
                     "plan": functools.partial(call.run_plan, "auto")}
+            if torch is not None:
+                runs["torch"] = default_call(comm, collective, torch.from_numpy(x.copy()),
+                                             args.op, args.root)
         timed = time_interleaved(comm, runs, iters, args.warmup_iters, barrier, "back-to-back")
         us = {name: statistics.median(times) * 1e6 for name, times in timed.items()}
         ratio = {name: us[name] / us["library"] for name in us}
         worst = max(worst, ratio["default"])
         say(f"  {collective:>14} {us['library']:>11.2f} {us['default']:>11.2f} "
             f"{ratio['default']:>5.2f} {us['native']:>10.2f} {ratio['native']:>5.2f} "
-            f"{us['plan']:>9.2f} {ratio['plan']:>5.2f}")
+            f"{us['plan']:>9.2f} {ratio['plan']:>5.2f}"
+            + (f" {us['torch']:>9.2f} {us['torch'] / us['default']:>7.2f}" if "torch" in us
+               else ""))
     say(f"# the default call's overhead is at most {worst:.2f}x the library's call")
     return 0
 
