@@ -401,7 +401,8 @@ class Communicator(PointToPoint, Groups):
 
     @entry
     def all_reduce(self, call: Call, x: Any, op: str | ReduceOp | Op = "sum", *,
-                   algorithm: str = "auto", out: Any = None, **options: int) -> Any:
+                   algorithm: str = "auto", out: Any = None, compress: str | None = None,
+                   **options: int) -> Any:
         """Combine every rank's ``x`` elementwise with ``op``; every rank gets the result.
 
         Args:
@@ -410,13 +411,16 @@ class Communicator(PointToPoint, Groups):
                 or an ``mpicoll.Op`` (a non-commutative one is combined in rank order).
             algorithm: "auto", "native" or a name from ``algorithms("all_reduce")``.
             out: optional result buffer (``out=x`` reduces in place).
+            compress: "bf16" or "fp16" (float32/float64 input): every message carries
+                16-bit values, every reduction runs in x's precision (any algorithm but
+                "native"; see ``mpicoll.transport.compress``); the same on every rank.
             **options: the algorithm's tuning options (``segment_bytes=`` for
                 ring_pipelined).
 
         Returns:
             The reduction, shape x.shape, on every rank.
         """
-        return run.all_reduce(self, call, x, op, algorithm, out, options)
+        return run.all_reduce(self, call, x, op, algorithm, out, options, compress)
 
     @entry
     def reduce_scatter(self, call: Call, x: Any, op: str | ReduceOp | Op = "sum", *,

@@ -53,26 +53,28 @@ class Chooser:
 
     def function(self, collective: str, algorithm: Any, nbytes: int, op: Op | None = None,
                  options: dict[str, Any] | None = None, *, dtype: np.dtype | None = None,
-                 uneven: bool = False) -> Callable[..., None]:
+                 uneven: bool = False, library: bool = True) -> Callable[..., None]:
         """The function that runs ``algorithm`` (resolving "auto"), or a clear refusal.
 
         Refused: an unknown name; a non-commutative op on an algorithm that reorders
         operands; uneven blocks on an algorithm that needs equal ones; tuning options
         the algorithm does not take; "native" where the library cannot reduce the
-        dtype. "auto" never picks a refused one.
+        dtype. "auto" never picks a refused one, nor "native" where ``library`` is False
+        (a compressed call: the library would send the values uncompressed).
         """
         if not isinstance(algorithm, str):
             raise InvalidArgumentError(
                 f"algorithm: expected a name (str), got {type(algorithm).__name__}")
         if options or self.tracer is not None:
-            fn, name = self._resolve(collective, algorithm, nbytes, op, options, dtype, uneven)
+            fn, name = self._resolve(collective, algorithm, nbytes, op, options, dtype, uneven,
+                                     library)
         else:  # every call asks this: what was resolved once is looked up (auto by size)
             key = (collective, algorithm, nbytes if algorithm == "auto" else -1, _op_key(op),
-                   dtype, uneven)
+                   dtype, uneven, library)
             resolved = self._resolved.get(key)
             if resolved is None:
                 resolved = self._resolve(collective, algorithm, nbytes, op, options, dtype,
-                                         uneven)
+                                         uneven, library)
                 if len(self._resolved) > 4096:
                     self._resolved.clear()
                 self._resolved[key] = resolved
@@ -84,13 +86,13 @@ class Chooser:
 
     def _resolve(self, collective: str, algorithm: Any, nbytes: int, op: Op | None,
                  options: dict[str, Any] | None, dtype: np.dtype | None,
-                 uneven: bool) -> tuple[Callable[..., None], str]:
+                 uneven: bool, library: bool = True) -> tuple[Callable[..., None], str]:
         """(the function, the algorithm's name) for ``function``."""
         if algorithm == "auto":
             if options:
                 raise InvalidArgumentError(
                     f"{', '.join(options)}: tuning options need a named algorithm, not 'auto'")
-            algorithm = self.auto(collective, nbytes, op, dtype, uneven)
+            algorithm = self.auto(collective, nbytes, op, dtype, uneven, library)
         entry = self._functions.get((collective, algorithm))
         if entry is None:
             entry = self._functions[(collective, algorithm)] = self._lookup(collective, algorithm)
@@ -120,9 +122,10 @@ class Chooser:
         return fn, algorithm
 
     def auto(self, collective: str, nbytes: int, op: Op | None, dtype: np.dtype | None,
-             uneven: bool) -> str:
+             uneven: bool, library: bool = True) -> str:
         """What "auto" runs: cached by the values that decide it."""
-        native_ok = collective in self.backend.native and self.native_serves(op, dtype)
+        native_ok = library and collective in self.backend.native and \
+            self.native_serves(op, dtype)
         key = (collective, nbytes, op is None or op.commutative, native_ok, uneven)
         picked = self._auto.get(key)
         if picked is None:

@@ -30,6 +30,7 @@ import numpy as np
 from ..arrays import same_memory, to_torch, torch_numpy
 from ..buffers import counts_bounds, even_bounds
 from ..ops import ReduceOp, resolve_op
+from ..transport.compress import Compressing, wire_dtype
 from . import agree
 from .deliver import average
 
@@ -175,8 +176,14 @@ def _reduce_with(c: Any, opd: Any, fn: Callable[..., Any]) -> Callable[..., Any]
 
 def _all_reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any]:
     opd = resolve_op(a["op"], x.dtype)
-    fn, name = _resolve(c, "all_reduce", a["algorithm"], x.nbytes, opd, a["options"], x.dtype)
     t, watch, shape, dtype, nbytes = c._backend.transport, c._watch, x.shape, x.dtype, x.nbytes
+    if a["compress"] is None:
+        fn, name = _resolve(c, "all_reduce", a["algorithm"], nbytes, opd, a["options"], dtype)
+    else:  # as run.all_reduce: chosen for the wire's bytes, over the compressing transport
+        wire = wire_dtype(a["compress"])
+        fn, name = c._chooser._resolve("all_reduce", a["algorithm"], x.size * wire.itemsize,
+                                       opd, a["options"] or None, dtype, False, False)
+        t = Compressing(t, wire)
     size, averages_itself = c.size, c._backend.averages_itself
     reduce = _reduce_with(c, opd, fn)
     native_mpi = name == "native" and c.backend == "mpi" and opd.builtin

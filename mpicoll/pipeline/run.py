@@ -25,6 +25,7 @@ from ..arrays import (
 from ..buffers import counts_bounds, dtype_code, even_bounds, flat
 from ..errors import InvalidArgumentError, MpicollError
 from ..ops import guarded_ops, resolve_op
+from ..transport.compress import WIRE, Compressing, wire_dtype
 from . import agree, validate
 from .deliver import average, give
 from .describe import Call
@@ -438,7 +439,7 @@ def reduce(c: Any, call: Call, x: Any, op: Any, root: Any, algorithm: Any, out: 
 
 
 def all_reduce(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
-               options: dict[str, Any]) -> Any:
+               options: dict[str, Any], compress: Any = None) -> Any:
     # the most frequent call of all: the pipeline's stages written out without helpers
     t = c._backend.transport
     v = Verdict()
@@ -448,20 +449,26 @@ def all_reduce(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
         x, back = validate.array(v, x, nccl=c._backend.like is not None)
     opd = _op(v, op, x)
     fn = result = None
-    if opd is not None:
-        try:
+    wire = None if compress is None else _wire(v, compress, x, algorithm)
+    if opd is not None and (compress is None or wire is not None):
+        try:  # compressed: chosen for the bytes on the wire, where the library cannot go
             fn = c._chooser.function("all_reduce", algorithm, x.nbytes, opd, options,
-                                     dtype=x.dtype)
+                                     dtype=x.dtype) if wire is None else \
+                c._chooser.function("all_reduce", algorithm, x.size * wire.itemsize, opd,
+                                    options, dtype=x.dtype, library=False)
         except MpicollError as exc:
             v.refuse("params", exc)
+        if wire is not None:
+            t = Compressing(t, wire)
         if c._tracer is not None:
             opd = _traced(c, opd)
         if fn is not None:
             result = np.empty(x.shape, x.dtype) if out is None and type(x) is np.ndarray \
                 else validate.out(v, out, x.shape, x.dtype, like=x)
     if v.refused or c.check:
-        agree.settle(c, call, v, (algorithm, options), op=op, dtype=getattr(x, "dtype", None),
-                     shape=getattr(x, "shape", None))
+        agree.settle(c, call, v, (algorithm, options if compress is None else
+                                  {**options, "compress": compress}),
+                     op=op, dtype=getattr(x, "dtype", None), shape=getattr(x, "shape", None))
     if result is None:
         result = _stand_in(t, x.size, x.dtype, x)
     dst = result.reshape(-1)
@@ -484,6 +491,23 @@ def all_reduce(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
     if v.strided is not None:
         v.strided[...] = result
     return out if out is not None else result if back is same else back(result)
+
+
+def _wire(v: Verdict, compress: Any, x: Any, algorithm: Any) -> np.dtype | None:
+    """The wire dtype of ``compress=`` (None, with the refusal kept in ``v``)."""
+    if compress not in WIRE:
+        v.refuse("params", InvalidArgumentError(
+            f"compress: expected one of {sorted(WIRE)} or None, got {compress!r}"))
+    elif x is not None and x.dtype not in (np.float32, np.float64):
+        v.refuse("params", InvalidArgumentError(
+            f"compress: float32 or float64 data only, got {x.dtype}"))
+    elif algorithm == "native":
+        v.refuse("params", InvalidArgumentError(
+            "compress: the library's own all_reduce ('native') sends x's own values; "
+            "compress with one of mpicoll's algorithms (or 'auto')"))
+    else:
+        return wire_dtype(compress)
+    return None
 
 
 def reduce_scatter(c: Any, call: Call, x: Any, op: Any, counts: Any, algorithm: Any,

@@ -1,0 +1,78 @@
+"""Compressed all_reduce (``compress="bf16"|"fp16"``) under mpiexec: every algorithm,
+16-bit values on the wire (half of float32's bytes, a quarter of float64's, counted at
+the transport), accumulation in the input's precision, and the error within the wire
+format's rounding; refusals on every rank; the default call's kept decision compresses
+too."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_mpi_decided import recorded
+
+import mpicoll
+from mpicoll.algorithms import REGISTRY
+
+pytestmark = pytest.mark.mpi
+
+UNIT = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}  # the wire format's unit roundoff
+
+
+def _x(world, dtype, step=0):
+    rng = np.random.default_rng(1000 * step + world.rank)
+    return (rng.random(1001) + 0.5).astype(dtype)  # positive: no cancellation
+
+
+@pytest.mark.parametrize("compress", ["bf16", "fp16"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("algorithm", [*REGISTRY["all_reduce"], "auto"])
+def test_every_algorithm_compresses_within_the_wire_rounding(world, algorithm, dtype, compress):
+    p = world.size
+    for step in range(3):  # the whole path, then the kept decision
+        x = _x(world, dtype, step)
+        exact = world.all_reduce(x.astype(np.float64), algorithm="native")
+        with recorded(world) as plain:
+            world.all_reduce(x, algorithm=algorithm if algorithm != "auto" else "ring")
+        with recorded(world) as log:
+            got = world.all_reduce(x, compress=compress, algorithm=algorithm)
+        assert got.dtype == dtype and got.shape == x.shape
+        error = np.max(np.abs(got - exact) / exact)
+        # each value is rounded once per hop it travels: at most 2p hops in any algorithm
+        assert error <= 2 * p * UNIT[compress], error
+        if p > 1:
+            assert error > 1e-5  # it did travel as 16-bit values (float32 rounds at 6e-8)
+        if algorithm != "auto":
+            sent = sum(m[1] for m in log if m[0] in ("send", "isend")) + \
+                sum(m[1] for m in log if m[0] == "sendrecv")
+            plain_sent = sum(m[1] for m in plain if m[0] in ("send", "isend")) + \
+                sum(m[1] for m in plain if m[0] == "sendrecv")
+            assert sent * np.dtype(dtype).itemsize == plain_sent * 2
+
+
+def test_compressed_in_place_and_avg(world):
+    x = _x(world, np.float32)
+    want = world.all_reduce(x.astype(np.float64), "avg")
+    got = world.all_reduce(x, "avg", out=x, compress="fp16", algorithm="ring")
+    assert got is x
+    np.testing.assert_allclose(x, want, rtol=2 * world.size * UNIT["fp16"])
+
+
+@pytest.mark.parametrize(("x", "kwargs", "text"), [
+    (np.ones(4, np.int32), {"compress": "bf16"}, "float32 or float64"),
+    (np.ones(4, np.float32), {"compress": "int8"}, "expected one of"),
+    (np.ones(4, np.float32), {"compress": "bf16", "algorithm": "native"}, "native"),
+])
+def test_refusals_on_every_rank_then_the_next_call(world, x, kwargs, text):
+    with pytest.raises(mpicoll.InvalidArgumentError, match=text):
+        world.all_reduce(x, **kwargs)
+    np.testing.assert_array_equal(world.all_reduce(np.ones(3)), np.full(3, world.size))
+
+
+def test_a_plan_compresses_every_start(world):
+    x = np.zeros(100, np.float32)
+    with world.all_reduce_init(x, compress="bf16", algorithm="recursive_doubling") as plan:
+        for step in range(3):
+            x[...] = _x(world, np.float32, step)[:100]
+            exact = world.all_reduce(x.astype(np.float64), algorithm="native")
+            got = plan()
+            assert np.max(np.abs(got - exact) / exact) <= 2 * world.size * UNIT["bf16"]
