@@ -246,3 +246,17 @@ def test_overhead_table_names_every_collective(world, capsys):
         assert "per-call overhead at 8B" in out
         for collective in (*RECORDS, "barrier"):
             assert any(line.split()[:1] == [collective] for line in out.splitlines()), collective
+
+
+def test_compressed_rows_beside_the_plain_ones_with_their_error(world, shared_dir, capsys):
+    out_json = os.path.join(shared_dir, "compress.json")
+    assert main(["all_reduce", *SMALL, "--compress", "bf16", "--algo", "ring,auto",
+                 "--json", out_json]) == 0
+    world.barrier()
+    rows = json.load(open(out_json))["rows"]
+    names = {r["algorithm"] for r in rows}
+    assert {"ring", "ring+bf16", "auto+bf16", "mpi_library"} <= names
+    assert "native+bf16" not in names  # the library does not compress
+    assert all(r["wrong"] == 0 for r in rows)
+    if world.rank == 0:
+        assert "ring+bf16: largest error" in capsys.readouterr().out

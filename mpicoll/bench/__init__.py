@@ -417,6 +417,7 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
             if args.check:
                 call.reset()
                 wrongs[planned] = count_wrong(comm, runs[planned](), reference)
+        errors = _compressed_rows(comm, collective, x, args, names, reference, runs, wrongs)
         wrong_total += sum(wrongs.values())
         if args.buffer == "cupy":
             from mpicoll.cuda import current_stream
@@ -428,9 +429,12 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
         for name, (times, wrong) in measured.items():
             seconds = statistics.median(times)
             algbw = size / seconds / 1e9 if seconds > 0 else 0.0
-            stand_in = name.removesuffix(PLAN_SUFFIX)
+            stand_in, wire_size = name.removesuffix(PLAN_SUFFIX), size
+            if args.compress and stand_in.endswith(f"+{args.compress}"):  # 16-bit values
+                stand_in, wire_size = stand_in.rsplit("+", 1)[0], size * 2 // dtype.itemsize
+            automatic = stand_in == "auto"
             stand_in = "native" if stand_in in (library_name, "auto") else stand_in
-            if name.removesuffix(PLAN_SUFFIX) == "auto":
+            if automatic:
                 stand_in = comm.auto_algorithm(collective, size, args.op if record.reduces
                                                else None, dtype)
             rows.append(Row(
@@ -439,7 +443,7 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
                 name, seconds * 1e6, min(times) * 1e6, max(times) * 1e6,
                 float(np.percentile(times, 99)) * 1e6, algbw,
                 algbw * record.busbw_factor(comm.size), wrong,
-                model.predict(collective, stand_in, size, comm.size, params) * 1e6,
+                model.predict(collective, stand_in, wire_size, comm.size, params) * 1e6,
                 mean_us=statistics.fmean(times) * 1e6,
                 inplace=inplace and collective in INPLACE))
         baseline = measured.get(library_name, measured.get("native", ([math.nan], 0)))[0]
@@ -447,8 +451,41 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
             row.vs_native = statistics.median(baseline) * 1e6 / row.time_us
         for row in rows[-len(measured):]:
             say(report.table_row(row))
+        for name, (error, bound) in errors.items():
+            say(f"#   {name}: largest error {error:.2e} of the largest result "
+                f"(the wire's rounding allows {bound:.2e})")
         sys.stdout.flush()
     return rows, wrong_total
+
+
+def _compressed_rows(comm: Communicator, collective: str, x: Any, args: argparse.Namespace,
+                     names: list[str], reference: Any, runs: dict, wrongs: dict,
+                     ) -> dict[str, tuple[float, float]]:
+    """``--compress``: each algorithm's all_reduce with compress=, added to ``runs`` as
+    NAME+bf16; its error against the uncompressed reference (wrong: the elements past the
+    wire's rounding bound, 2p units of 16-bit rounding of the largest result)."""
+    if args.compress is None or collective != "all_reduce" or \
+            np.dtype(args.datatype) not in (np.float32, np.float64):
+        return {}
+    unit = 2.0 ** -8 if args.compress == "bf16" else 2.0 ** -11
+    bound = 2 * comm.size * unit
+    out = empty(x.shape, x.dtype, like=x)
+    errors = {}
+    for name in names:
+        if name in (report.library_row(args.backend), "native"):
+            continue
+        row = f"{name}+{args.compress}"
+        runs[row] = functools.partial(comm.all_reduce, x, args.op, algorithm=name,
+                                      compress=args.compress, out=out)
+        wrongs[row] = 0
+        if reference is not None:
+            got, want = to_host(runs[row]()), to_host(reference)
+            scale = max(float(np.max(np.abs(want))), np.finfo(want.dtype).tiny) if want.size \
+                else 1.0
+            error = float(np.max(np.abs(got - want))) / scale if want.size else 0.0
+            wrongs[row] = int(np.count_nonzero(np.abs(got - want) > bound * scale))
+            errors[row] = (error, bound)
+    return errors
 
 
 OVERHEAD_ITERS = 100  # calls per -n: small calls need many to time well (-n 20: 2000)
@@ -623,6 +660,9 @@ def _parser() -> _Parser:
     parser.add_argument("--backend", default="mpi", choices=["mpi", "nccl"])
     parser.add_argument("--buffer", default="numpy", choices=["numpy", "cupy"])
     parser.add_argument("--inplace", action="store_true", help="result over the input")
+    parser.add_argument("--compress", choices=["bf16", "fp16"], default=None,
+                        help="all_reduce of float32/float64: also each algorithm with "
+                             "compress= (rows NAME+bf16), its error beside it")
     parser.add_argument("--plan", action="store_true",
                         help="also time each algorithm through a persistent plan "
                              "(<collective>_init, started by plan()): rows NAME+plan")
