@@ -274,6 +274,10 @@ _OMPI: dict[str, tuple[tuple[int, dict[str, int]], ...]] = {
     "reduce": ((11, {"linear": 1, "rabenseifner": 7}),),
     "reduce_scatter": ((12, {}), (13, {"recursive_doubling": 2, "recursive_halving": 3})),
     "scatter": ((15, {"linear": 1, "binomial": 2}),),
+    # Open MPI 5's tuned scan and exscan (coll_tuned_{scan,exscan}_decision.c): linear
+    # and recursive doubling, both in rank order, so right for every op
+    "scan": ((14, {"linear": 1, "recursive_doubling": 2}),),
+    "exscan": ((8, {"linear": 1, "recursive_doubling": 2}),),
 }
 _OMPI_SEGMENTED = ("ring_pipelined", "pipelined_chain")  # given a 64 KiB segment size
 

@@ -164,7 +164,8 @@ def read_ompi_rules(text: str) -> dict[int, list[tuple[int, list[tuple[int, int,
 
 
 # Open MPI 4.1/5.0's algorithm ids per collective id (coll_tuned_*_decision.c)
-OMPI_ALGORITHMS = {0: 6, 2: 6, 3: 5, 6: 6, 7: 9, 9: 3, 11: 7, 12: 4, 13: 4, 15: 3}
+OMPI_ALGORITHMS = {0: 6, 2: 6, 3: 5, 6: 6, 7: 9, 8: 2, 9: 3, 11: 7, 12: 4, 13: 4, 14: 2,
+                   15: 3}
 
 
 def test_ompi_rules_follow_open_mpi_reader():
@@ -177,7 +178,8 @@ def test_ompi_rules_follow_open_mpi_reader():
     table.set("all_reduce", 4, [{"below": 8, "algorithm": "rabenseifner"},
                                 {"below": None, "algorithm": "ring"}])
     rules = read_ompi_rules(tuning.to_ompi_rules(table))
-    assert set(rules) == {0, 2, 3, 7, 9, 11, 12, 13, 15}
+    assert set(rules) == {0, 2, 3, 7, 8, 9, 11, 12, 13, 14, 15}
+    assert rules[14][1][1][2] == (1 << 20, 2, 0, 0)  # scan's recursive doubling
     for collective_id, sizes in rules.items():
         comm_sizes = [c for c, _ in sizes]
         assert comm_sizes == sorted(set(comm_sizes))
