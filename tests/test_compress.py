@@ -76,3 +76,17 @@ def test_a_plan_compresses_every_start(world):
             exact = world.all_reduce(x.astype(np.float64), algorithm="native")
             got = plan()
             assert np.max(np.abs(got - exact) / exact) <= 2 * world.size * UNIT["bf16"]
+
+
+def test_check_mode_catches_one_rank_compressing(world):
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    checked = mpicoll.Communicator(check=True)
+    try:
+        x = np.ones(8, np.float32)
+        with pytest.raises(mpicoll.MismatchError):
+            checked.all_reduce(x, compress="bf16" if world.rank == 0 else None, algorithm="ring")
+        np.testing.assert_array_equal(checked.all_reduce(x, compress="fp16", algorithm="ring"),
+                                      np.full(8, world.size))
+    finally:
+        checked.free()
