@@ -260,3 +260,13 @@ def test_compressed_rows_beside_the_plain_ones_with_their_error(world, shared_di
     assert all(r["wrong"] == 0 for r in rows)
     if world.rank == 0:
         assert "ring+bf16: largest error" in capsys.readouterr().out
+
+
+def test_gloo_comparison_runs_where_torch_is(world, capsys):
+    pytest.importorskip("torch")
+    from mpicoll.bench import gloo
+
+    assert gloo.main(["-b", "8", "-e", "64", "-n", "2", "-w", "1"]) == 0
+    if world.rank == 0:
+        out = capsys.readouterr().out
+        assert "gloo/dist" in out and "64B" in out
