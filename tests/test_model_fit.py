@@ -1,0 +1,40 @@
+"""``python -m mpicoll.model fit``'s parts: the rings it times inside nodes and between
+them, and a fit under mpiexec (with ``MPICOLL_RANKS_PER_NODE`` the test command's runs
+simulate several nodes: then the intra-node parameters are measured too)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpicoll.model.fit import _pairs, fit
+
+
+def test_pairs_inside_nodes_and_between_them():
+    nodes = ((0, 1, 2), (3, 4, 5))
+    assert _pairs(nodes, 0) == ((1, 2), (3, 3))
+    assert _pairs(nodes, 4) == ((5, 3), (1, 1))
+    uneven = ((0, 1, 2), (3,), (4, 5))  # only the first place of each node pairs across
+    assert _pairs(uneven, 0) == ((1, 2), (3, 4))
+    assert _pairs(uneven, 3) == (None, (4, 0))
+    assert _pairs(uneven, 2) == ((0, 1), None)
+    assert _pairs(((0, 1, 2, 3),), 1) == ((2, 0), None)  # one node: no ring between nodes
+    assert _pairs(((0,), (1,)), 1) == (None, (0, 0))
+
+
+def test_every_rank_pairs_with_a_rank_that_pairs_back():
+    for nodes in (((0, 1), (2, 3), (4, 5)), ((0, 1, 2), (3,), (4, 5)), ((0,), (1, 2, 3))):
+        ranks = [r for n in nodes for r in n]
+        for which in (0, 1):
+            for r in ranks:
+                pair = _pairs(nodes, r)[which]
+                if pair is not None:
+                    assert _pairs(nodes, pair[0])[which][1] == r  # my right's left is me
+
+
+@pytest.mark.mpi
+def test_fit_measures_the_links_inside_and_between_nodes(world):
+    params = fit(world, sizes=(1, 256, 1 << 16, 1 << 18), iters=2)
+    assert params.alpha > 0 and params.beta > 0 and params.gamma > 0
+    several = len(world.nodes) > 1 and any(len(n) > 1 for n in world.nodes)
+    assert (params.alpha_intra is not None) == several
+    assert (params.beta_intra is not None) == several
