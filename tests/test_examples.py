@@ -59,6 +59,9 @@ EXAMPLES = {
     "tensor_parallel_mlp": ("equal the unsharded MLP's", "--hidden", "10"),
     "moe_all_to_all": ("every token came back processed by its expert",),
     "dist_tutorial": ("equal single-process training",),
+    "mesh_mlp": ("slices of W1, b1, W2, b2 equal single-process training",),
+    "zero_step": ("block of the parameters equals single-process training with Adam",),
+    "pipeline_parallel": ("every stage's layer equals single-process training",),
 }
 
 
@@ -70,6 +73,41 @@ def test_example(name, n):
     done = mpiexec(n, "-m", f"mpicoll.examples.{name}", *args)
     assert done.returncode == 0, done.stderr
     assert expected in done.stdout, done.stdout
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("per_node,placement", [
+    ("2", "nodes [[0, 1], [2, 3]]: every tp group inside one node"),
+    ("1", "nodes [[0], [1], [2], [3]]: some tp group spans nodes"),
+])
+def test_mesh_mlp_says_where_its_tp_groups_are(monkeypatch, per_node, placement):
+    """The mesh is row-major: tp groups are consecutive ranks, so with (simulated) nodes
+    of two ranks each tp group is one node, and with nodes of one rank it is not."""
+    monkeypatch.setenv("MPICOLL_RANKS_PER_NODE", per_node)
+    done = mpiexec(4, "-m", "mpicoll.examples.mesh_mlp")
+    assert done.returncode == 0, done.stderr
+    assert ("mesh dp=2 x tp=2: tp groups [[0, 1], [2, 3]], dp groups [[0, 2], [1, 3]]; "
+            + placement) in done.stdout, done.stdout
+    assert "equal single-process training" in done.stdout
+
+
+@needs_mpiexec
+def test_mesh_mlp_refuses_a_tp_that_does_not_divide_the_ranks():
+    done = mpiexec(4, "-m", "mpicoll.examples.mesh_mlp", "--tp", "3", timeout=60)
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()  # one line, from rank 0 only
+    assert line.endswith("error: --tp 3 does not divide the 4 ranks; choose a divisor of 4"), \
+        done.stderr
+
+
+@needs_mpiexec
+def test_pipeline_example_draws_the_gpipe_schedule():
+    """At 3 stages: all forwards, then all backwards in reverse, the bubble 2/(M+2)."""
+    done = mpiexec(3, "-m", "mpicoll.examples.pipeline_parallel", "--micro-batches", "2")
+    assert done.returncode == 0, done.stderr
+    assert "each stage idles 2/4 of a step" in done.stdout
+    assert "\n  stage 0: F0 F1 .. .. .. .. B1 B0\n  stage 1: .. F0 F1 .. .. B1 B0 ..\n" \
+           "  stage 2: .. .. F0 F1 B1 B0 .. ..\n" in done.stdout, done.stdout
 
 
 @needs_mpiexec
