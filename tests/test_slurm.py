@@ -178,11 +178,14 @@ def test_compare_cpu_on_two_nodes(cluster, tmp_path):
     with open(results / "bench.json") as f:
         header = json.load(f)["header"]
     assert header["slurm_nodes"] == ["c1", "c2"] and header["ranks"] == 4, header
+    assert header["nodes"] == [2, 2], header  # mpicoll's node-aware algorithms see them too
     with open(results / "bench.csv") as f:
         rows = list(csv.DictReader(f))
     for collective in RECORDS:
         names = {r["algorithm"] for r in rows if r["collective"] == collective}
         assert names == set(_algorithm_names(collective, "all")), collective
+    assert {r["collective"] for r in rows if r["algorithm"] == "hierarchical"} >= {
+        "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"}
     assert rows and all(r["wrong"] == "0" for r in rows)
     summary = (results / "summary.txt").read_text().splitlines()
     assert [line.split(":")[0] for line in summary] == \

@@ -63,6 +63,9 @@ def header(comm: Any, args: Any, dtype: Any, params: Any) -> dict[str, Any]:
         "host_names": hosts,
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "slurm_nodes": slurm_nodes,
+        # the nodes mpicoll's node-aware algorithms see (comm.nodes: MPICOLL_RANKS_PER_NODE,
+        # SLURM's nodes under srun, else hosts), as ranks per node
+        "nodes": [len(n) for n in comm.nodes],
         "backend": args.backend,
         "buffer": args.buffer,
         "dtype": dtype.name,
@@ -106,7 +109,8 @@ def header_lines(h: dict[str, Any]) -> list[str]:
     return [
         f"# mpicoll {h['mpicoll']} | {h['mpi_library']} | mpi4py {h['mpi4py']} | numpy {h['numpy']}",
         *gpu,
-        f"# {h['ranks']} ranks on {h['hosts']} host(s){slurm} | backend {h['backend']} "
+        f"# {h['ranks']} ranks on {h['hosts']} host(s){slurm} | {len(h['nodes'])} node(s) of "
+        f"{'+'.join(map(str, h['nodes']))} ranks | backend {h['backend']} "
         f"({h['buffer']} buffers) | dtype {h['dtype']} | op {h['op']} | root {h['root']}"
         f"{' | in place' if h['inplace'] else ''}",
         f"# {h['iterations']} iterations after {h['warmup']} warm-up; time: per iteration the "
