@@ -17,11 +17,18 @@ rank r holding chunk r reduced (the block ``reduce_scatter`` gives rank r), so a
 rank r sends chunk r - 1. Algorithms made of two phases (ring all_reduce: reduce-scatter,
 then all-gather) have their phases labelled above the steps: the first phase is the steps
 whose messages the receiver reduces, the second the steps that only pass results on.
+
+``--ranks-per-node K`` runs it with ``MPICOLL_RANKS_PER_NODE=K`` (nodes of K consecutive
+ranks, as the node-aware algorithms see them) and draws the node boundaries: a line
+between the rows of two nodes, each row labelled with its node, and the messages that
+cross a boundary drawn bold (``=>`` in ``--ascii``): the ones a slower network carries.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +99,8 @@ PHASES: dict[tuple[str, str], tuple[str, str]] = {
     ("all_reduce", "ring"): ("reduce-scatter", "all-gather"),
     ("all_reduce", "ring_pipelined"): ("reduce-scatter", "all-gather"),
     ("all_reduce", "rabenseifner"): ("reduce-scatter", "all-gather"),
+    ("all_reduce", "swing_bandwidth"): ("reduce-scatter", "all-gather"),
+    ("all_reduce", "bine_bandwidth"): ("reduce-scatter", "all-gather"),
     ("all_reduce", "reduce_broadcast"): ("reduce", "broadcast"),
 }
 
@@ -123,15 +132,39 @@ class Flow:
         return ""
 
 
-def trace_flow(collective: str, algorithm: str, ranks: int, per_chunk: int = 4) -> Flow:
-    """Run the call once, traced, on the local transport; its messages by round."""
+@contextlib.contextmanager
+def _ranks_per_node(k: int | None) -> Any:
+    """``MPICOLL_RANKS_PER_NODE=k`` while the traced run makes its Communicators."""
+    before = os.environ.get("MPICOLL_RANKS_PER_NODE")
+    if k is not None:
+        os.environ["MPICOLL_RANKS_PER_NODE"] = str(k)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MPICOLL_RANKS_PER_NODE", None)
+        else:
+            os.environ["MPICOLL_RANKS_PER_NODE"] = before
+
+
+def node_of(ranks: int, ranks_per_node: int | None) -> tuple[int, ...]:
+    """Each rank's node: consecutive blocks of ``ranks_per_node`` (one node when None)."""
+    return tuple(0 if ranks_per_node is None else r // ranks_per_node for r in range(ranks))
+
+
+def trace_flow(collective: str, algorithm: str, ranks: int, per_chunk: int = 4,
+               ranks_per_node: int | None = None) -> Flow:
+    """Run the call once, traced, on the local transport (with nodes of
+    ``ranks_per_node`` consecutive ranks when given); its messages by round."""
     if collective not in mpicoll.COLLECTIVES:
         raise mpicoll.InvalidArgumentError(f"collective: unknown collective {collective!r}")
     if algorithm not in mpicoll.algorithms(collective, "local"):
         raise mpicoll.InvalidArgumentError(
             f"algorithm: {collective} has no algorithm {algorithm!r} to draw; choose from "
             f"{', '.join(mpicoll.algorithms(collective, 'local'))}")
-    traced = run_local(ranks, _run, collective, algorithm, per_chunk, timeout=30, trace=True)
+    with _ranks_per_node(ranks_per_node):
+        traced = run_local(ranks, _run, collective, algorithm, per_chunk, timeout=30,
+                           trace=True)
     # a receive is reduced when the rank's next event after it is a reduction
     reduced: set[int] = set()
     holds: dict[int, int | None] = {}
@@ -181,26 +214,39 @@ def _phase_title(name: str, first: int, last: int, note: str, sep: str = ", ") -
 
 
 def ascii_diagram(collective: str, algorithm: str, ranks: int, steps: Steps,
-                  phases: list[tuple[str, int, int]] = (), note: str = "") -> str:
+                  phases: list[tuple[str, int, int]] = (), note: str = "",
+                  nodes: tuple[int, ...] = ()) -> str:
     """The steps as text; ``phases`` (name, first, last step) head their steps, and
-    ``note`` follows the first phase's name."""
+    ``note`` follows the first phase's name; with ``nodes`` (each rank's node), a message
+    between two nodes is ``=>``."""
+    nodes = nodes or (0,) * ranks
     lines = [f"{collective} {algorithm}, {ranks} rank(s), {len(steps)} step(s): "
              f"sender->receiver [chunk] bytes; {CHUNKS}"]
+    if len(set(nodes)) > 1:
+        members = [[r for r in range(ranks) if nodes[r] == n] for n in sorted(set(nodes))]
+        lines.append("nodes: " + " | ".join(f"node {n}: ranks {m[0]}-{m[-1]}"
+                                              for n, m in enumerate(members))
+                     + "; => crosses nodes")
     starts = {first: (name, first, last) for name, first, last in phases}
     for k, messages in enumerate(steps):
         if k + 1 in starts:
             name, first, last = starts[k + 1]
             lines.append(_phase_title(name, first, last, note if first == 1 else ""))
-        cells = "  ".join(f"{s}->{d} [{'-' if c is None else c}] {b}" for s, d, c, b in messages)
+        cells = "  ".join(f"{s}{'=>' if nodes[s] != nodes[d] else '->'}{d} "
+                          f"[{'-' if c is None else c}] {b}" for s, d, c, b in messages)
         lines.append(f"step {k + 1:>2}: {cells}")
     return "\n".join(lines)
 
 
 def diagram(collective: str, algorithm: str, ranks: int, steps: Steps,
-            phases: list[tuple[str, int, int]] = (), note: str = "") -> Any:
+            phases: list[tuple[str, int, int]] = (), note: str = "",
+            nodes: tuple[int, ...] = ()) -> Any:
     """The diagram as a matplotlib Figure: ranks as rows, one column per step, a block per
     message coloured by its chunk with an arrow to the receiver; ``phases`` bracketed and
-    named above their steps, ``note`` under the first phase's name."""
+    named above their steps, ``note`` under the first phase's name; with ``nodes`` (each
+    rank's node), a line between nodes and the messages that cross it bold."""
+    nodes = nodes or (0,) * ranks
+    several = len(set(nodes)) > 1
     import matplotlib
 
     matplotlib.use("Agg")
@@ -217,13 +263,18 @@ def diagram(collective: str, algorithm: str, ranks: int, steps: Steps,
             ax.add_patch(Rectangle((k + 0.05, sender - 0.3), 0.4, 0.6, color=color))
             ax.text(k + 0.25, sender, "" if chunk is None else str(chunk), ha="center",
                     va="center", fontsize=8, color="white")
+            crosses = nodes[sender] != nodes[receiver]
             ax.add_patch(FancyArrowPatch((k + 0.45, sender), (k + 0.95, receiver),
                                          arrowstyle="-|>", mutation_scale=10, color=color,
-                                         linewidth=1.2))
+                                         linewidth=2.6 if crosses else 1.2))
     ax.set_xlim(0, max(len(steps), 1))
     ax.set_ylim(ranks - 0.5, top)
     ax.set_xticks([k + 0.5 for k in range(len(steps))], [f"step {k + 1}" for k in range(len(steps))])
-    ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
+    ax.set_yticks(range(ranks), [f"rank {r}" + (f" (node {nodes[r]})" if several else "")
+                                 for r in range(ranks)])
+    for r in range(1, ranks):
+        if nodes[r] != nodes[r - 1]:  # a node boundary: the slower network lies across it
+            ax.axhline(r - 0.5, color="0.2", linewidth=1.6)
     bounds = {first - 1 for _, first, _ in phases[1:]}
     for k in range(1, len(steps)):
         if k in bounds:  # between phases: a firm line
@@ -244,11 +295,12 @@ def diagram(collective: str, algorithm: str, ranks: int, steps: Steps,
 
 
 def draw(collective: str, algorithm: str, ranks: int, steps: Steps, path: str,
-         phases: list[tuple[str, int, int]] = (), note: str = "") -> None:
+         phases: list[tuple[str, int, int]] = (), note: str = "",
+         nodes: tuple[int, ...] = ()) -> None:
     """The diagram (see ``diagram``) as a PNG."""
     import matplotlib.pyplot as plt
 
-    fig = diagram(collective, algorithm, ranks, steps, phases, note)
+    fig = diagram(collective, algorithm, ranks, steps, phases, note, nodes)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -262,21 +314,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", type=int, default=4, help="elements per rank-chunk")
     parser.add_argument("-o", "--output", help="the PNG to write")
     parser.add_argument("--ascii", action="store_true", help="print the steps instead")
+    parser.add_argument("--ranks-per-node", type=int, default=None, metavar="K",
+                        help="nodes of K consecutive ranks (MPICOLL_RANKS_PER_NODE): drawn")
     args = parser.parse_args(argv)
     if args.ranks < 1:
         parser.error("-n: at least 1 rank")
+    if args.ranks_per_node is not None and args.ranks_per_node < 1:
+        parser.error("--ranks-per-node: at least 1")
     if not args.ascii and not args.output:
         parser.error("give -o FILE.png, or --ascii")
     try:
-        traced = trace_flow(args.collective, args.algorithm, args.ranks, args.chunks)
+        traced = trace_flow(args.collective, args.algorithm, args.ranks, args.chunks,
+                            args.ranks_per_node)
     except mpicoll.InvalidArgumentError as exc:
         parser.error(str(exc))
     steps, phases = traced.steps, traced.phases(args.collective, args.algorithm)
-    note = traced.owner_note()
+    note, nodes = traced.owner_note(), node_of(args.ranks, args.ranks_per_node)
     if args.ascii:
-        print(ascii_diagram(args.collective, args.algorithm, args.ranks, steps, phases, note))
+        print(ascii_diagram(args.collective, args.algorithm, args.ranks, steps, phases, note,
+                            nodes))
     if args.output:
-        draw(args.collective, args.algorithm, args.ranks, steps, args.output, phases, note)
+        draw(args.collective, args.algorithm, args.ranks, steps, args.output, phases, note,
+             nodes)
         print(f"wrote {args.output} ({len(steps)} steps)")
     return 0
 

@@ -217,3 +217,27 @@ def test_mpicoll_trace_variable_writes_one_file_per_communicator(tmp_path):
     assert [(r["collective"], r["algorithm"], r["ranks"], r["steps"]) for r in first] == \
         [("all_reduce", "ring", 3, 4)]
     assert [(r["collective"], r["steps"]) for r in second] == [("all_gather", 2)]
+
+
+def test_viz_draws_node_boundaries_and_the_messages_that_cross_them(capsys, tmp_path):
+    import os
+
+    from mpicoll import viz
+
+    before = os.environ.get("MPICOLL_RANKS_PER_NODE")
+    assert viz.main(["all_reduce", "--algorithm", "hierarchical", "-n", "6",
+                     "--ranks-per-node", "3", "--ascii"]) == 0
+    out = capsys.readouterr().out
+    assert "node 0: ranks 0-2 | node 1: ranks 3-5" in out
+    crossing = [m for line in out.splitlines() if line.startswith("step")
+                for m in line.split(":", 1)[1].split("  ") if "=>" in m]
+    # only the leaders (ranks 0 and 3) talk across the nodes, and nothing inside a node
+    # is drawn as crossing
+    assert crossing and all(m.strip().split("=>")[0] in ("0", "3") for m in crossing)
+    assert os.environ.get("MPICOLL_RANKS_PER_NODE") == before  # put back
+    flat = viz.trace_flow("all_reduce", "ring", 4, ranks_per_node=2).steps
+    nodes = viz.node_of(4, 2)
+    assert any(nodes[s] != nodes[d] for step in flat for s, d, _, _ in step)
+    assert viz.main(["all_reduce", "--algorithm", "ring", "-n", "4", "--ranks-per-node", "2",
+                     "-o", str(tmp_path / "ring.png")]) == 0
+    assert (tmp_path / "ring.png").read_bytes().startswith(b"\x89PNG")
