@@ -164,14 +164,15 @@ def serves(collective: str, name: str, commutative: bool, has_native: bool,
     return (commutative or not spec.commutative_only) and not (uneven and spec.even_only)
 
 def select(collective: str, nbytes: int, size: int, op: Op | None, has_native: bool,
-           uneven: bool = False, tables: Tables | None = None) -> str:
+           uneven: bool = False, tables: Tables | None = None, nodes: int = 1) -> str:
     """The algorithm name ``auto`` runs for this call: a function of its arguments and
     ``tables`` only (default: this process's own reading of the files), so ranks that
     pass the same values pick the same algorithm.
 
     ``has_native``: the library's collective can run this call (it knows dtype and op).
     A non-commutative op gets an algorithm that keeps rank order; uneven blocks one that
-    takes them.
+    takes them. ``nodes``: how many nodes the ranks are on (agreed when the Communicator
+    was made), for the cost model, whose node-aware algorithms' costs depend on it.
     """
     commutative = op is None or op.commutative
     tables = _local_tables() if tables is None else tables
@@ -184,5 +185,5 @@ def select(collective: str, nbytes: int, size: int, op: Op | None, has_native: b
     if params is not None:
         candidates = [n for n in [*REGISTRY[collective], "native"]
                       if serves(collective, n, commutative, has_native, uneven)]
-        return model.best(collective, nbytes, size, params, candidates)
+        return model.best(collective, nbytes, size, params, candidates, nodes)
     return mpich_default(collective, nbytes, size, op, has_native, uneven)

@@ -260,8 +260,9 @@ def test_every_algorithm_has_a_cost_line():
 
 def test_algorithms_lists_names_for_each_backend():
     assert mpicoll.algorithms("all_reduce") == [
-        "ring", "recursive_doubling", "reduce_broadcast", "rabenseifner", "ring_pipelined",
-        "allgather_reduce", "hierarchical", "native"]
+        "ring", "recursive_doubling", "swing_latency", "swing_bandwidth", "bine_latency",
+        "bine_bandwidth", "reduce_broadcast", "rabenseifner", "ring_pipelined",
+        "allgather_reduce", "hierarchical", "double_binary_tree", "native"]
     assert "native" not in mpicoll.algorithms("all_reduce", "local")
     with pytest.raises(mpicoll.InvalidArgumentError, match="collective: unknown"):
         mpicoll.algorithms("allreduce")
@@ -413,6 +414,23 @@ def test_selection_prefers_tuning_then_model_then_mpich(tmp_path, monkeypatch):
         assert selection.select("broadcast", 64, 2, None, True) == "native"  # MPICH's rules
     finally:
         selection.reload()
+
+
+def test_the_model_picks_by_the_number_of_nodes():
+    """With a slow network between nodes, the model's auto takes the node-aware
+    algorithm only where there are several nodes (the tables give their number)."""
+    from mpicoll import model
+
+    params = model.Params(alpha=50e-6, beta=1 / 1e9, gamma=1 / 1e10, alpha_intra=0.5e-6,
+                          beta_intra=1 / 2e10)
+    tables = selection.Tables(tuning=None, params=params)
+    op = resolve_op("sum", np.dtype("f4"))
+    candidates = [n for n in mpicoll.algorithms("all_reduce") if n != "native"]
+    on_one = model.best("all_reduce", 8, 64, params, candidates, nodes=1)
+    on_two = model.best("all_reduce", 8, 64, params, candidates, nodes=2)
+    assert on_two == "hierarchical" != on_one  # one node: every message on the fast link
+    assert selection.select("all_reduce", 8, 64, op, False, tables=tables, nodes=2) == on_two
+    assert selection.select("all_reduce", 8, 64, op, False, tables=tables) == on_one
 
 
 def test_no_mpi_library_says_what_to_install():

@@ -140,20 +140,25 @@ def predict(collective: str, algorithm: str, nbytes: int, p: int,
     segments = max(1, math.ceil(nbytes / values["segment_bytes"])) if "segment_bytes" in values else 1
     p2 = 1 << (max(p, 1).bit_length() - 1)
     nodes = min(max(int(nodes), 1), max(p, 1))
+    alpha_intra = params.alpha if params.alpha_intra is None else params.alpha_intra
+    beta_intra = params.beta if params.beta_intra is None else params.beta_intra
+    # on one node every message stays inside it: the node's own link for every algorithm
+    alpha, beta = (alpha_intra, beta_intra) if nodes == 1 else (params.alpha, params.beta)
     scope = {"p": p, "p2": p2, "n": float(nbytes), "k": k, "S": segments,
-             "alpha": params.alpha, "beta": params.beta, "gamma": params.gamma,
+             "alpha": alpha, "beta": beta, "gamma": params.gamma,
              "N": nodes, "q": math.ceil(p / nodes),
-             "alpha_intra": params.alpha if params.alpha_intra is None else params.alpha_intra,
-             "beta_intra": params.beta if params.beta_intra is None else params.beta_intra,
+             "alpha_intra": alpha_intra, "beta_intra": beta_intra,
              "_lg": _lg, "_ceil_log": _ceil_log, "ceil": math.ceil}
     if p == 1:
         return 0.0
     return float(eval(_compiled(collective, algorithm), {"__builtins__": {}}, scope))
 
 
-def best(collective: str, nbytes: int, p: int, params: Params, candidates: list[str]) -> str:
-    """The candidate with the smallest predicted time."""
-    return min(candidates, key=lambda name: predict(collective, name, nbytes, p, params))
+def best(collective: str, nbytes: int, p: int, params: Params, candidates: list[str],
+         nodes: int = 1) -> str:
+    """The candidate with the smallest predicted time (on ``nodes`` nodes)."""
+    return min(candidates, key=lambda name: predict(collective, name, nbytes, p, params,
+                                                    nodes=nodes))
 
 
 def table(params: Params, p: int, sizes: tuple[int, ...] = (8, 1 << 12, 1 << 16, 1 << 20, 1 << 24),

@@ -136,8 +136,13 @@ class Chooser:
             picked = self._auto[key] = (
                 "native" if native_ok and self.backend.auto_prefers_native
                 else selection.select(collective, nbytes, self.size, op, native_ok, uneven,
-                                      tables=self.tables))
+                                      tables=self.tables, nodes=self._nodes()))
         return picked
+
+    def _nodes(self) -> int:
+        """How many nodes the ranks are on (the transport's agreed node of each rank)."""
+        nodes = getattr(self.backend.transport, "nodes", None)
+        return len(set(nodes)) if nodes else 1
 
     @staticmethod
     def _options(collective: str, algorithm: str, registered: Any,
