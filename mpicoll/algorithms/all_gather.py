@@ -12,7 +12,7 @@ import numpy as np
 from ..buffers import rotated_bounds
 from ..transport import Transport
 from ..transport.subset import Subset, node_layout
-from . import REGISTRY, register
+from . import REGISTRY, register, swing
 from .fold import Fold
 
 
@@ -98,6 +98,102 @@ def bruck_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ...]) -> 
         split = total - bounds[rank]  # positions 0.. hold blocks rank..p-1, then 0..rank-1
         buf[bounds[rank]:] = work[:split]
         buf[:bounds[rank]] = work[split:]
+
+
+@register("all_gather", "swing")
+def swing_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ...]) -> None:
+    """Swing (De Sensi et al., NSDI 2024): double the blocks held at each step, trading
+    everything held with the rank rho(k) away, k = lg p - 1 down to 0 (rho = 1, -1, 3,
+    -5, ...: ahead of even ranks, behind odd ones): the reduce-scatter's steps backwards.
+
+    The biggest exchange, of n/2, comes last and goes to a neighbour. The blocks a rank
+    holds are scattered in rank order, so they are gathered in the order of Bine's
+    labels, where each step's blocks are one contiguous range (algorithms/swing.py), and
+    put in rank order at the end. Any p: the extra ranks are folded onto p2 (2 more steps).
+    Steps: lg p2 (+2 if folded); bytes: (p-1)/p n per rank, plus a local copy of n.
+    Cost: (lg p2 + 2*[p != p2])*alpha + (p-1)/p*n*beta + [p != p2]*(n/p + n)*beta
+    """
+    p, rank = t.size, t.rank
+    fold = Fold(p)
+    bits = fold.p2.bit_length() - 1
+    label, rank_of = swing.labels(fold.p2)
+    if fold.sits_out(rank):  # fold: give my block to the odd rank above, get all back
+        t.send(buf[bounds[rank]:bounds[rank + 1]], rank + 1)
+        t.recv(buf, rank + 1)
+        return
+    with t.workspace() as ws:
+        # position q of work holds the blocks of the (new) rank labelled q
+        spans = [(bounds[fold.first_block(i)], bounds[fold.end_block(i)]) for i in rank_of]
+        position = [0]
+        for lo, hi in spans:
+            position.append(position[-1] + hi - lo)
+        work = ws.take(bounds[p], buf.dtype)
+        new = fold.new_rank(rank)
+        mine = label[new]
+        at = position[mine]
+        if rank < 2 * fold.rem:  # the even rank below's block comes first
+            at += bounds[rank] - bounds[rank - 1]
+            t.recv(work[position[mine]:at], rank - 1)
+        work[at:position[mine + 1]] = buf[bounds[rank]:bounds[rank + 1]]
+        for step in reversed(range(bits)):
+            there = swing.peer(new, step, fold.p2)
+            have = swing.window(mine, step + 1, bits)
+            get = swing.window(label[there], step + 1, bits)
+            partner = fold.old_rank(there)
+            t.sendrecv(work[position[have[0]]:position[have[1]]], partner,
+                       work[position[get[0]]:position[get[1]]], partner)
+        for q, (lo, hi) in enumerate(spans):
+            buf[lo:hi] = work[position[q]:position[q + 1]]
+    if rank < 2 * fold.rem:  # unfold: the whole result to the even rank below
+        t.send(buf, rank - 1)
+
+
+@register("all_gather", "bine")
+def bine_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ...]) -> None:
+    """Bine (De Sensi et al., SC 2025): recursive doubling over the Bine butterfly, in
+    place in the result, after one step that gives each rank the block it starts from.
+
+    Bine labels rank r with nu(r) (algorithms/swing.py), and r plays the part of rank
+    nu(r) of recursive doubling: first it gets block nu(r) from that rank, then at steps
+    k = lg p - 1 down to 0 it trades all it holds with its Swing peer (rho(k) away: ...,
+    3, -1, 1), whose window of blocks is the twin of its own. The windows are ranges of
+    the result in rank order, so nothing is copied; the biggest exchange, of n/2, goes
+    to a neighbour. Any p: extra ranks are folded onto p2; the first step also gathers
+    the folded ranks' blocks.
+    Steps: lg p2 + 1 (+1 if folded); bytes: (p2-1)/p2 n + n/p2 per rank (+n folded).
+    Cost: (lg p2 + 1 + [p != p2])*alpha + (p2-1)/p2*n*beta + n/p2*beta + [p != p2]*n*beta
+    """
+    p, rank = t.size, t.rank
+    fold = Fold(p)
+    bits = fold.p2.bit_length() - 1
+    label, rank_of = swing.labels(fold.p2)
+
+    def span(labels: tuple[int, int]) -> tuple[int, int]:
+        """The elements of the blocks of new ranks labels[0]..labels[1]-1."""
+        return bounds[fold.first_block(labels[0])], bounds[fold.end_block(labels[1] - 1)]
+
+    # my block is part of new rank j's, which the rank labelled j starts from
+    j = fold.new_rank(rank + 1 if fold.sits_out(rank) else rank)
+    holder = fold.old_rank(rank_of[j])
+    own = buf[bounds[rank]:bounds[rank + 1]]
+    if fold.sits_out(rank):
+        t.waitall([t.isend(own, holder)])
+        t.recv(buf, rank + 1)
+        return
+    new = fold.new_rank(rank)
+    mine = label[new]
+    requests = [] if holder == rank else [t.isend(own, holder)]
+    requests += [t.irecv(buf[bounds[owner]:bounds[owner + 1]], owner)
+                 for owner in range(fold.first_block(mine), fold.end_block(mine)) if owner != rank]
+    t.waitall(requests)
+    for step in reversed(range(bits)):
+        there = swing.peer(new, step, fold.p2)
+        lo, hi = span(swing.window(mine, step + 1, bits))
+        plo, phi = span(swing.window(label[there], step + 1, bits))
+        partner = fold.old_rank(there)
+        t.sendrecv(buf[lo:hi], partner, buf[plo:phi], partner)
+    if rank < 2 * fold.rem:  # unfold: the whole result to the even rank below
+        t.send(buf, rank - 1)
 
 
 def _node_packing(bounds: tuple[int, ...], ranks: tuple[int, ...]) -> tuple[int, ...]:

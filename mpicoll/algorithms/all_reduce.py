@@ -12,12 +12,13 @@ from ..buffers import chunk_bounds, even_bounds
 from ..ops import Op
 from ..transport import Transport
 from ..transport.subset import Subset, node_layout
-from . import REGISTRY, register
+from . import REGISTRY, register, swing
 from .all_gather import recursive_doubling_all_gather, ring_all_gather
 from .broadcast import binomial_broadcast, segment_bounds
 from .fold import Fold
 from .reduce import binomial_reduce
 from .reduce_scatter import recursive_halving_reduce_scatter, ring_reduce_scatter_steps
+from .trees import double_binary_tree
 
 
 @register("all_reduce", "ring", commutative_only=True)
@@ -76,6 +77,139 @@ def recursive_doubling_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray
             dst[...] = src
         if rank < 2 * fold.rem:
             t.send(dst, rank - 1)
+
+
+@register("all_reduce", "swing_latency", commutative_only=True)
+def swing_latency_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op) -> None:
+    """Swing for small messages: recursive doubling with Swing's peers (De Sensi et al.,
+    NSDI 2024).
+
+    At step k every rank exchanges its whole partial result with the rank rho(k) = 1, -1,
+    3, -5, 11, ... away (ahead of an even rank, behind an odd one; see algorithms/swing.py)
+    and adds it in: after lg p steps each rank holds the sum of all. The distances grow
+    as about 2^(k+1)/3 rather than 2^k, so on a ring or torus fewer links carry each
+    message. Each rank sums circular ranges of ranks, so the operands come in no rank
+    order: commutative ops only. Any p: the extra ranks are folded onto the largest
+    power of two p2 (2 more steps).
+    Steps: lg p2 (+2 if folded); bytes: n lg p2 per rank; reductions: n lg p2.
+    Cost: (lg p2 + 2*[p != p2])*(alpha + n*beta) + (lg p2 + [p != p2])*n*gamma
+    """
+    p, rank = t.size, t.rank
+    fold = Fold(p)
+    with t.workspace() as ws:
+        incoming = ws.take(src.size, src.dtype)
+        cur = src
+        if rank < 2 * fold.rem:
+            if fold.sits_out(rank):
+                t.send(src, rank + 1)
+                t.recv(dst, rank + 1)
+                return
+            t.recv(incoming, rank - 1)
+            op(incoming, src, out=dst)
+            cur = dst
+        new = fold.new_rank(rank)
+        for step in range(fold.p2.bit_length() - 1):
+            partner = fold.old_rank(swing.peer(new, step, fold.p2))
+            t.sendrecv(cur, partner, incoming, partner)
+            op(incoming, cur, out=dst)
+            cur = dst
+        if cur is not dst:  # one rank: nothing was exchanged
+            dst[...] = src
+        if rank < 2 * fold.rem:
+            t.send(dst, rank - 1)
+
+
+@register("all_reduce", "swing_bandwidth", commutative_only=True)
+def swing_bandwidth_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op) -> None:
+    """Swing for large messages: a reduce-scatter then an all-gather over Swing's peers,
+    as Rabenseifner's over recursive halving and doubling (De Sensi et al., NSDI 2024).
+
+    The vector is cut into p chunks and each rank ends the reduce-scatter owning one.
+    At step k a rank keeps the half of its chunks that its own later peers will own and
+    sends the peer the other half, whose partial sums it adds into its own; the
+    all-gather runs the steps backwards. The biggest halves go between the nearest
+    ranks (the first peer is a neighbour). Chunk j belongs to the rank whose Bine label
+    is j (algorithms/swing.py), so every half is one contiguous range of the buffer.
+    Commutative ops only. Any p: the extra ranks are folded onto p2 once, before and
+    after both phases (2 more steps, not Rabenseifner's 4).
+    Steps: 2 lg p2 (+2 if folded); bytes: 2 (p2-1)/p2 n per rank (+2n folded);
+    reductions: (p2-1)/p2 n (+n folded).
+    Cost: (2*lg p2 + 2*[p != p2])*alpha + 2*(p2-1)/p2*n*beta + (p2-1)/p2*n*gamma + [p != p2]*(2*n*beta + n*gamma)
+    """
+    p, rank = t.size, t.rank
+    fold = Fold(p)
+    bits = fold.p2.bit_length() - 1
+    label, _ = swing.labels(fold.p2)
+    bounds = chunk_bounds(src.size, fold.p2)  # chunk j: the one the rank labelled j owns
+    with t.workspace() as ws:
+        incoming = ws.take(src.size, src.dtype)
+        cur = src  # the partial sums so far; dst from the first reduction on
+        if rank < 2 * fold.rem:
+            if fold.sits_out(rank):
+                t.send(src, rank + 1)
+                t.recv(dst, rank + 1)
+                return
+            t.recv(incoming, rank - 1)
+            op(incoming, src, out=dst)
+            cur = dst
+        new = fold.new_rank(rank)
+        mine = label[new]
+        # reduce-scatter: the chunks kept shrink to the subtree of the steps still to come
+        for step in range(bits):
+            there = swing.peer(new, step, fold.p2)
+            keep = swing.window(mine, step + 1, bits)
+            give = swing.window(label[there], step + 1, bits)
+            lo, hi = bounds[keep[0]], bounds[keep[1]]
+            partial = incoming[: hi - lo]
+            partner = fold.old_rank(there)
+            t.sendrecv(cur[bounds[give[0]]:bounds[give[1]]], partner, partial, partner)
+            op(partial, cur[lo:hi], out=dst[lo:hi])
+            cur = dst  # the halves sent later lie inside this one, now summed in dst
+        if cur is not dst:  # one rank: nothing was exchanged
+            dst[...] = src
+        # all-gather: the same pairs backwards, each sending all it holds
+        for step in reversed(range(bits)):
+            there = swing.peer(new, step, fold.p2)
+            have = swing.window(mine, step + 1, bits)
+            get = swing.window(label[there], step + 1, bits)
+            partner = fold.old_rank(there)
+            t.sendrecv(dst[bounds[have[0]]:bounds[have[1]]], partner,
+                       dst[bounds[get[0]]:bounds[get[1]]], partner)
+        if rank < 2 * fold.rem:
+            t.send(dst, rank - 1)
+
+
+@register("all_reduce", "bine_latency", commutative_only=True)
+def bine_latency_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op) -> None:
+    """Bine for small messages: the whole vector exchanged along a distance-doubling
+    Bine butterfly (De Sensi et al., SC 2025).
+
+    At step k a rank exchanges with the rank at the negabinary distance 1...1 (k+1
+    ones: 1, -1, 3, -5, ...), forward from even ranks and backward from odd ones, which
+    keeps most traffic between nearby ranks. These are Swing's peers and steps: the
+    same messages as ``swing_latency``, under the name the Bine paper gives them (its
+    own code runs this very schedule). Commutative ops only; any p, by folding onto p2.
+    Steps: lg p2 (+2 if folded); bytes: n lg p2 per rank; reductions: n lg p2.
+    Cost: (lg p2 + 2*[p != p2])*(alpha + n*beta) + (lg p2 + [p != p2])*n*gamma
+    """
+    swing_latency_all_reduce(t, src, dst, op)
+
+
+@register("all_reduce", "bine_bandwidth", commutative_only=True)
+def bine_bandwidth_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op) -> None:
+    """Bine for large messages: a reduce-scatter then an all-gather over the Bine
+    butterfly (De Sensi et al., SC 2025).
+
+    Bine labels rank r with nu(r), the bit-reversed Gray code of r (odd r) or -r (even
+    r) in negabinary; chunk nu(r) is rank r's, so the chunks a rank keeps at each step
+    are one aligned range of labels and every message is contiguous. The peers are
+    Swing's, so these are ``swing_bandwidth``'s messages, under the Bine paper's name.
+    Commutative ops only; any p, by folding onto p2 once.
+    Steps: 2 lg p2 (+2 if folded); bytes: 2 (p2-1)/p2 n per rank (+2n folded);
+    reductions: (p2-1)/p2 n (+n folded).
+    Cost: (2*lg p2 + 2*[p != p2])*alpha + 2*(p2-1)/p2*n*beta + (p2-1)/p2*n*gamma + [p != p2]*(2*n*beta + n*gamma)
+    """
+    swing_bandwidth_all_reduce(t, src, dst, op)
 
 
 @register("all_reduce", "reduce_broadcast")
@@ -202,3 +336,80 @@ def hierarchical_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: 
     if node.rank == 0 and len(leaders) > 1:
         REGISTRY["all_reduce"][inter].fn(Subset(t, leaders), dst, dst, op)
     REGISTRY["broadcast"][intra].fn(node, dst, 0)
+
+
+@register("all_reduce", "double_binary_tree", commutative_only=True)
+def double_binary_tree_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op, *,
+                                  segment_bytes: int = 1 << 16) -> None:
+    """Double binary tree (NCCL's tree all-reduce; Sanders, Speck and Traeff 2009): each
+    half of the data is reduced up its own binary tree to that tree's top and broadcast
+    back down it, cut into S/2 segments that follow each other up and then down.
+
+    Both trees span all ranks (rank r is label r+1; tree 2 is tree 1 mirrored for even
+    p, shifted by one for odd p: ``trees``), so a rank is interior in at most one: it
+    combines and forwards at most n bytes each way, where one binary tree's interior
+    ranks would handle 2n and its leaves nothing. In a tree of height H, a rank of height
+    h (0 at a leaf) and depth d (0 at the top) in round r sends its partial result of
+    segment r-h to its parent (a leaf: its input), receives segment r-h' from each child
+    of height h' and combines it after the round, receives the result of segment
+    r-H-d+1 from its parent, and sends the result of segment r-H-d to its children: the
+    top turns a segment around in the round after it is complete. A round's messages are
+    posted together (tree 1's first) and waited for together, so two ranks agree on the
+    order of the messages between them and NCCL issues one group per round; a partial
+    result sent up is out before the result lands on it. The trees reorder the operands:
+    commutative ops only.
+    Steps: about 4 ceil(lg p) + 2 S segment times; bytes: at most 2n into and out of a
+    rank; reductions: at most n per rank.
+    Cost: (4*ceil(lg p) + 2*S)*(alpha + n/S*beta) + n*gamma
+    """
+    p, rank = t.size, t.rank
+    with t.workspace() as ws:
+        if p == 1:
+            if dst is not src:
+                dst[...] = src
+            return
+        trees = double_binary_tree(p)
+        halves = chunk_bounds(src.size, 2)
+        segment = max(1, segment_bytes // src.itemsize)
+        # segments as offsets into their half; the partial results build up in dst
+        cuts = [segment_bounds(0, halves[k + 1] - halves[k], segment) for k in (0, 1)]
+        inputs = [src[halves[k]:halves[k + 1]] for k in (0, 1)]
+        results = [dst[halves[k]:halves[k + 1]] for k in (0, 1)]
+        landing, first = [], []
+        for k, tree in enumerate(trees):
+            kids = tree.children[rank]
+            landing.append([ws.take(halves[k + 1] - halves[k], src.dtype) for _ in kids])
+            # the child whose segments come first (the lowest) combines with the input
+            heights = [tree.height[child] for child in kids]
+            first.append(heights.index(min(heights)) if kids else 0)
+        # the round after which this rank has done its part of both trees
+        rounds = max(len(cuts[k]) + trees[k].height[trees[k].top] + trees[k].depth[rank]
+                     for k in (0, 1))
+        for r in range(rounds):
+            requests, arrived = [], []
+            for k, tree in enumerate(trees):  # sends: my partial up, results down
+                kids, parent = tree.children[rank], tree.parent[rank]
+                j = r - tree.height[rank]
+                if parent is not None and 0 <= j < len(cuts[k]):
+                    lo, hi = cuts[k][j]
+                    requests.append(t.isend((results if kids else inputs)[k][lo:hi], parent))
+                j = r - tree.height[tree.top] - tree.depth[rank]
+                if 0 <= j < len(cuts[k]):
+                    lo, hi = cuts[k][j]
+                    requests += [t.isend(results[k][lo:hi], child) for child in kids]
+            for k, tree in enumerate(trees):  # receives: partials up, results down
+                for i, child in enumerate(tree.children[rank]):
+                    j = r - tree.height[child]
+                    if 0 <= j < len(cuts[k]):
+                        lo, hi = cuts[k][j]
+                        requests.append(t.irecv(landing[k][i][lo:hi], child))
+                        arrived.append((k, i, lo, hi))
+                j = r - tree.height[tree.top] - tree.depth[rank] + 1
+                if tree.parent[rank] is not None and 0 <= j < len(cuts[k]):
+                    lo, hi = cuts[k][j]
+                    requests.append(t.irecv(results[k][lo:hi], tree.parent[rank]))
+            if requests:
+                t.waitall(requests)
+            for k, i, lo, hi in arrived:
+                mine = inputs[k] if i == first[k] else results[k]
+                op(mine[lo:hi], landing[k][i][lo:hi], out=results[k][lo:hi])

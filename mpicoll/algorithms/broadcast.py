@@ -13,7 +13,7 @@ from ..transport import Transport
 from ..transport.subset import Subset, heads_for, node_layout
 from . import REGISTRY, register
 from .all_gather import ring_all_gather
-from .trees import knomial_children, knomial_parent
+from .trees import BineTree, double_binary_tree, knomial_children, knomial_parent
 
 
 @register("broadcast", "linear")
@@ -164,3 +164,71 @@ def hierarchical_broadcast(t: Transport, buf: np.ndarray, root: int, *, intra: s
         REGISTRY["broadcast"][inter].fn(Subset(t, heads), buf, heads.index(root))
     head = next(h for h in heads if nodes[h] == nodes[t.rank])
     REGISTRY["broadcast"][intra].fn(Subset(t, mine), buf, mine.index(head))
+
+
+@register("broadcast", "bine")
+def bine_broadcast(t: Transport, buf: np.ndarray, root: int) -> None:
+    """Bine tree (De Sensi et al., SC 2025): a binomial tree whose step-s edges are
+    rho(s) = 1, -1, 3, -5, 11, ... ranks long (forward from an even relative rank,
+    backward from an odd one) instead of 2^s, so the data crosses fewer links of a ring
+    or torus.
+
+    Each rank receives the buffer from its parent, then sends it to its children, the
+    one with the largest subtree (the farthest) first. Any p: the binomial tree of the
+    labels < p, laid out in negabinary value order (``trees``, Bine trees), so no edge
+    is longer than in the paper's tree of the next power of two. Steps: ceil(lg p)
+    rounds; bytes: n per message, (p-1) n in all, as binomial; the alpha-beta model does
+    not see that the messages travel about a third less far.
+    Cost: ceil(lg p)*(alpha + n*beta)
+    """
+    tree = BineTree(t.size, root)
+    me = tree.label(t.rank)
+    parent = tree.parent(me)
+    if parent is not None:
+        t.recv(buf, tree.rank(parent))
+    t.waitall([t.isend(buf, tree.rank(child)) for child in reversed(tree.children(me))])
+
+
+@register("broadcast", "double_binary_tree")
+def double_binary_tree_broadcast(t: Transport, buf: np.ndarray, root: int, *,
+                                 segment_bytes: int = 1 << 16) -> None:
+    """Double binary tree (Sanders, Speck and Traeff 2009; NCCL's tree): each half of the
+    buffer goes down its own binary tree, cut into S/2 segments that follow each other,
+    so every level of both trees carries a segment at once.
+
+    Any p, any root: the other p-1 ranks, labelled rel = (rank - root) mod p, form both
+    trees, in-order binary trees over the labels 1..p-1 where tree 2 is tree 1 mirrored
+    (p-1 even) or shifted by one (p-1 odd) (``trees``). So a rank is interior in at most
+    one tree: it forwards at most n bytes (two children times half the data), where one
+    binary tree's interior ranks would forward 2n and its leaves nothing. The root sends
+    half 1 to tree 1's top and half 2 to tree 2's top, a segment of each in turn.
+
+    Rounds: in round r a rank at depth d (the root's is 0) sends segment r-d of each half
+    to its children in that tree and receives segment r-d+1 from its parent; a round's
+    messages are posted together, tree 1's first, and waited for together, so two ranks
+    always agree on the order of the messages between them (one tag per call) and NCCL
+    issues one group per round. Steps: about 2 ceil(lg p) + S segment times (two sends per
+    level); bytes: n into every rank but the root, at most n out of any rank.
+    Cost: (2*ceil(lg p) + S)*(alpha + n/S*beta)
+    """
+    p, rank = t.size, t.rank
+    if p == 1:
+        return
+    trees = double_binary_tree(p, root)
+    halves = chunk_bounds(buf.size, 2)
+    segment = max(1, segment_bytes // buf.itemsize)
+    cuts = [segment_bounds(halves[k], halves[k + 1], segment) for k in (0, 1)]
+    for r in range(max(len(cuts[k]) + trees[k].depth[rank] for k in (0, 1))):
+        requests = []
+        for tree, segments in zip(trees, cuts, strict=True):
+            j = r - tree.depth[rank]  # received last round (the root holds them all)
+            if 0 <= j < len(segments):
+                lo, hi = segments[j]
+                requests += [t.isend(buf[lo:hi], child) for child in tree.children[rank]]
+        for tree, segments in zip(trees, cuts, strict=True):
+            j = r - tree.depth[rank] + 1
+            if tree.parent[rank] is not None and 0 <= j < len(segments):
+                lo, hi = segments[j]
+                requests.append(t.irecv(buf[lo:hi], tree.parent[rank]))
+        if requests:
+            t.waitall(requests)

@@ -15,9 +15,10 @@ from ..ops import Op
 from ..transport import Transport
 from ..transport.subset import Subset, heads_for, node_layout
 from . import REGISTRY, register
+from .broadcast import segment_bounds
 from .gather import binomial_gather
 from .reduce_scatter import recursive_halving_reduce_scatter
-from .trees import knomial_children, knomial_parent
+from .trees import BineTree, bine_layout, double_binary_tree, knomial_children, knomial_parent
 
 
 @register("reduce", "linear")
@@ -164,3 +165,103 @@ def hierarchical_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, o
         if t.rank in heads and len(heads) > 1:
             REGISTRY["reduce"][inter].fn(Subset(t, heads), partial, dst if t.rank == root else None,
                                          op, heads.index(root))
+
+
+@register("reduce", "bine")
+def bine_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, op: Op, root: int) -> None:
+    """Bine tree (De Sensi et al., SC 2025): a binomial reduce whose step-s edges are
+    rho(s) = 1, -1, 3, -5, 11, ... ranks long instead of 2^s (``trees``, Bine trees).
+
+    Each rank combines its children's results, nearest child first, then sends to its
+    parent. Every subtree is a contiguous range of the tree's positions, and each child's
+    range adjoins, left or right, the range combined so far: combined on that side, the
+    operands stay in position order. For a non-commutative op the tree is rooted where
+    position j is rank j, and the result is sent on to the root (one step more), so they
+    stay in rank order. Steps: ceil(lg p); bytes: n per message; reductions: n per
+    received message.
+    Cost: ceil(lg p)*(alpha + n*beta + n*gamma)
+    """
+    p, rank = t.size, t.rank
+    position = bine_layout(p)[0]
+    tree_root = root if op.commutative else position[0]  # then position j is rank j
+    tree = BineTree(p, tree_root)
+    me = tree.label(rank)
+    with t.workspace() as ws:
+        incoming = ws.take(src.size, src.dtype)
+        acc = dst if dst is not None else ws.take(src.size, src.dtype)
+        cur = src
+        lo = position[me]  # the first position combined into cur so far
+        for child in tree.children(me):
+            t.recv(incoming, tree.rank(child))
+            child_lo, child_hi = tree.span(child)
+            if child_hi == lo:  # the child's range lies left of mine
+                op(incoming, cur, out=acc)
+                lo = child_lo
+            else:
+                op(cur, incoming, out=acc)
+            cur = acc
+        parent = tree.parent(me)
+        if parent is not None:
+            t.send(cur, tree.rank(parent))
+        _deliver(t, cur, src, dst, root, tree_root)
+
+
+@register("reduce", "double_binary_tree", commutative_only=True)
+def double_binary_tree_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, op: Op,
+                              root: int, *, segment_bytes: int = 1 << 16) -> None:
+    """Double binary tree (Sanders, Speck and Traeff 2009; NCCL's tree): each half of the
+    input is reduced up its own binary tree to the root, cut into S/2 segments that
+    follow each other, so every level of both trees works on a segment at once.
+
+    The trees of ``double_binary_tree_broadcast``, the messages going up: a rank is
+    interior in at most one tree, so it receives and combines at most n bytes. Rounds: in
+    round r a rank of height h (0 at a leaf) sends its partial result of segment r-h of
+    each half to its parent (a leaf: its input itself), and receives segment r-h' from
+    each child of height h'; it combines them once the round's messages are in. The
+    trees reorder the operands: commutative ops only.
+    Steps: about 2 ceil(lg p) + S segment times; bytes: at most n into a rank, n out of
+    every rank but the root; reductions: at most n per rank.
+    Cost: (2*ceil(lg p) + S)*(alpha + n/S*beta + n/S*gamma)
+    """
+    p, rank = t.size, t.rank
+    with t.workspace() as ws:
+        if p == 1:
+            if dst is not src:
+                dst[...] = src
+            return
+        trees = double_binary_tree(p, root)
+        halves = chunk_bounds(src.size, 2)
+        segment = max(1, segment_bytes // src.itemsize)
+        # segments as offsets into their half
+        cuts = [segment_bounds(0, halves[k + 1] - halves[k], segment) for k in (0, 1)]
+        inputs = [src[halves[k]:halves[k + 1]] for k in (0, 1)]
+        partial, landing, first = [], [], []
+        for k, tree in enumerate(trees):
+            kids, size = tree.children[rank], halves[k + 1] - halves[k]
+            # this rank's subtree's partial result of half k: the root's is its result,
+            # a leaf's is its input
+            partial.append(dst[halves[k]:halves[k + 1]] if rank == root else
+                           ws.take(size, src.dtype) if kids else inputs[k])
+            landing.append([ws.take(size, src.dtype) for _ in kids])
+            # the child whose segments come first (the lowest) combines with the input
+            heights = [tree.height[child] for child in kids]
+            first.append(heights.index(min(heights)) if kids else 0)
+        for r in range(max(len(cuts[k]) + trees[k].height[rank] for k in (0, 1))):
+            requests, arrived = [], []
+            for k, tree in enumerate(trees):
+                j = r - tree.height[rank]
+                if tree.parent[rank] is not None and 0 <= j < len(cuts[k]):
+                    lo, hi = cuts[k][j]
+                    requests.append(t.isend(partial[k][lo:hi], tree.parent[rank]))
+            for k, tree in enumerate(trees):
+                for i, child in enumerate(tree.children[rank]):
+                    j = r - tree.height[child]
+                    if 0 <= j < len(cuts[k]):
+                        lo, hi = cuts[k][j]
+                        requests.append(t.irecv(landing[k][i][lo:hi], child))
+                        arrived.append((k, i, lo, hi))
+            if requests:
+                t.waitall(requests)
+            for k, i, lo, hi in arrived:
+                mine = inputs[k] if i == first[k] else partial[k]
+                op(mine[lo:hi], landing[k][i][lo:hi], out=partial[k][lo:hi])

@@ -13,7 +13,7 @@ import numpy as np
 from ..ops import Op
 from ..transport import Transport
 from ..transport.subset import Subset, node_layout
-from . import REGISTRY, register
+from . import REGISTRY, register, swing
 from .fold import Fold
 
 
@@ -215,6 +215,134 @@ def recursive_doubling_reduce_scatter(t: Transport, src: np.ndarray, bounds: tup
             t.send(work[lo:lo + below], rank - 1)
             lo += below
         dst[...] = work[lo:hi]
+
+
+@register("reduce_scatter", "swing", commutative_only=True)
+def swing_reduce_scatter(t: Transport, src: np.ndarray, bounds: tuple[int, ...], op: Op,
+                         dst: np.ndarray) -> None:
+    """Swing (De Sensi et al., NSDI 2024): halve the blocks held at each step, trading
+    with the rank rho(k) = 1, -1, 3, -5, ... away (ahead of even ranks, behind odd ones).
+
+    At step k a rank keeps the blocks of the ranks its later steps reach (its subtree)
+    and sends the peer those of the peer's subtree, adding in what the peer sends; the
+    biggest halves go to the nearest ranks. A subtree's blocks are scattered in rank
+    order, so the input is first copied into the order of Bine's labels, where every
+    subtree is one contiguous range (algorithms/swing.py): one message per step.
+    Commutative ops only. Any p: extra ranks are folded onto p2 (2 more steps).
+    Steps: lg p2 (+2 if folded); bytes and reductions: (p2-1)/p2 n per rank, plus n sent
+    and reduced and one block sent back when folded, and a local copy of n.
+    Cost: (lg p2 + 2*[p != p2])*alpha + (p2-1)/p2*n*(beta + gamma) + [p != p2]*(n*(beta + gamma) + n/p*beta)
+    """
+    p, rank = t.size, t.rank
+    fold = Fold(p)
+    bits = fold.p2.bit_length() - 1
+    label, rank_of = swing.labels(fold.p2)
+    total = bounds[p]
+    with t.workspace() as ws:
+        incoming = ws.take(total, src.dtype)
+        if fold.sits_out(rank):
+            t.send(src, rank + 1)
+            t.recv(dst, rank + 1)
+            return
+        # position q of work holds the blocks of the (new) rank labelled q
+        spans = [(bounds[fold.first_block(i)], bounds[fold.end_block(i)]) for i in rank_of]
+        position = [0]
+        for lo, hi in spans:
+            position.append(position[-1] + hi - lo)
+        work = ws.take(total, src.dtype)
+        if rank < 2 * fold.rem:  # fold: add the even rank below's input on the way
+            t.recv(incoming, rank - 1)
+            for q, (lo, hi) in enumerate(spans):
+                op(incoming[lo:hi], src[lo:hi], out=work[position[q]:position[q + 1]])
+        else:
+            for q, (lo, hi) in enumerate(spans):
+                work[position[q]:position[q + 1]] = src[lo:hi]
+        new = fold.new_rank(rank)
+        mine = label[new]
+        for step in range(bits):
+            there = swing.peer(new, step, fold.p2)
+            keep = swing.window(mine, step + 1, bits)
+            give = swing.window(label[there], step + 1, bits)
+            kept = work[position[keep[0]]:position[keep[1]]]
+            partial = incoming[: kept.size]
+            partner = fold.old_rank(there)
+            t.sendrecv(work[position[give[0]]:position[give[1]]], partner, partial, partner)
+            op(partial, kept, out=kept)
+        # what is left is position `mine`: this new rank's blocks
+        lo, hi = position[mine], position[mine + 1]
+        if rank < 2 * fold.rem:  # hand the even rank below its block
+            below = bounds[rank] - bounds[rank - 1]
+            t.send(work[lo:lo + below], rank - 1)
+            lo += below
+        dst[...] = work[lo:hi]
+
+
+@register("reduce_scatter", "bine", commutative_only=True)
+def bine_reduce_scatter(t: Transport, src: np.ndarray, bounds: tuple[int, ...], op: Op,
+                        dst: np.ndarray) -> None:
+    """Bine (De Sensi et al., SC 2025): recursive halving over the Bine butterfly, on the
+    blocks as they lie, then one step that hands each summed block to its owner.
+
+    Bine labels rank r with nu(r) (algorithms/swing.py) and lets it play the part of
+    rank nu(r) in recursive halving: at step k it keeps the half of its window of blocks
+    that holds block nu(r) and sends the other half to its Swing peer (1, -1, 3, -5, ...
+    away), whose label differs in that bit. The windows are ranges of the input in rank
+    order, so nothing is copied; it ends holding block nu(r) summed, and one more
+    exchange sends it to rank nu(r). Commutative ops only. Any p: extra ranks are folded
+    onto p2, and the last step gives each folded rank its block directly.
+    Steps: lg p2 + 1 (+1 if folded); bytes and reductions: (p2-1)/p2 n per rank, plus a
+    block of n/p2 delivered, and n sent and reduced when folded.
+    Cost: (lg p2 + 1 + [p != p2])*alpha + (p2-1)/p2*n*(beta + gamma) + n/p2*beta + [p != p2]*n*(beta + gamma)
+    """
+    p, rank = t.size, t.rank
+    fold = Fold(p)
+    bits = fold.p2.bit_length() - 1
+    label, rank_of = swing.labels(fold.p2)
+    total = bounds[p]
+
+    def span(labels: tuple[int, int]) -> tuple[int, int]:
+        """The elements of the blocks of new ranks labels[0]..labels[1]-1."""
+        return bounds[fold.first_block(labels[0])], bounds[fold.end_block(labels[1] - 1)]
+
+    # my block is part of new rank j's, summed by the rank labelled j
+    j = fold.new_rank(rank + 1 if fold.sits_out(rank) else rank)
+    holder = fold.old_rank(rank_of[j])
+    with t.workspace() as ws:
+        incoming = ws.take(total, src.dtype)
+        if fold.sits_out(rank):
+            t.send(src, rank + 1)
+            t.recv(dst, holder)
+            return
+        cur = src  # the partial sums so far; workspace after the first reduction
+        if rank < 2 * fold.rem:
+            work = ws.take(total, src.dtype)
+            t.recv(incoming, rank - 1)
+            op(incoming, src, out=work)  # the lower rank's data is the left operand
+            cur = work
+        new = fold.new_rank(rank)
+        mine = label[new]
+        for step in range(bits):
+            there = swing.peer(new, step, fold.p2)
+            klo, khi = span(swing.window(mine, step + 1, bits))
+            glo, ghi = span(swing.window(label[there], step + 1, bits))
+            partial = incoming[: khi - klo]
+            partner = fold.old_rank(there)
+            t.sendrecv(cur[glo:ghi], partner, partial, partner)
+            before = cur[klo:khi]
+            if cur is src:  # the first reduction reads the input and writes the workspace
+                cur = ws.take(total, src.dtype)
+            op(partial, before, out=cur[klo:khi])
+        # deliver: block `mine` (one old block, or two when folded) to its owners
+        requests = []
+        for owner in range(fold.first_block(mine), fold.end_block(mine)):
+            summed = cur[bounds[owner]:bounds[owner + 1]]
+            if owner == rank:
+                dst[...] = summed
+            else:
+                requests.append(t.isend(summed, owner))
+        if holder != rank:
+            requests.append(t.irecv(dst, holder))
+        t.waitall(requests)
 
 
 @register("reduce_scatter", "hierarchical", commutative_only=True,

@@ -15,7 +15,7 @@ from ..buffers import rotated_bounds
 from ..transport import Transport, Workspace
 from . import register
 from .broadcast import binomial_scatter
-from .trees import knomial_children, knomial_parent, knomial_subtree_end
+from .trees import BineTree, knomial_children, knomial_parent, knomial_subtree_end
 
 
 @register("scatter", "linear")
@@ -98,4 +98,64 @@ def knomial_scatter(t: Transport, src: np.ndarray | None, dst: np.ndarray,
             if hi > lo:  # an empty subtree gets no message (its ranks know from bounds)
                 sends.append(t.isend(work[lo:hi], (child + root) % p))
         dst[...] = work[:dst.size]
+        t.waitall(sends)
+
+
+@register("scatter", "bine")
+def bine_scatter(t: Transport, src: np.ndarray | None, dst: np.ndarray,
+                 bounds: tuple[int, ...], root: int) -> None:
+    """Bine tree (De Sensi et al., SC 2025): a binomial scatter whose step-s edges are
+    rho(s) = 1, -1, 3, -5, 11, ... ranks long instead of 2^s (``trees``, Bine trees).
+
+    A rank receives its subtree's blocks in one message and hands each child its
+    subtree's share, the farthest child first. Blocks travel laid out by position
+    (negabinary value order, position j being rank ``tree.start`` + j), where every
+    subtree's blocks are one slice. The root sends straight from its buffer, except to a
+    child whose ranks wrap past rank p-1 (at most one): those blocks are staged in
+    workspace, one copy. A leaf receives straight into its result.
+    Steps: ceil(lg p); bytes: (p-1)/p n leave the root, halving at each level.
+    Cost: ceil(lg p)*alpha + (p-1)/p*n*beta
+    """
+    p, rank = t.size, t.rank
+    tree = BineTree(p, root)
+    at = rotated_bounds(bounds, tree.start)  # the blocks laid out by position
+    me = tree.label(rank)
+    parent, children = tree.parent(me), tree.children(me)
+    with t.workspace() as ws:
+        if parent is None:  # the root
+            assert src is not None
+            sends = []
+            for child in reversed(children):
+                lo, hi = tree.span(child)
+                first, count = (tree.start + lo) % p, hi - lo  # its ranks, from first on
+                if at[hi] == at[lo]:
+                    continue  # empty blocks: no message (the child knows from bounds)
+                if first + count <= p:
+                    piece = src[bounds[first]:bounds[first + count]]
+                else:  # ranks first..p-1, then 0..
+                    piece = ws.take(at[hi] - at[lo], src.dtype)
+                    split = bounds[p] - bounds[first]
+                    piece[:split] = src[bounds[first]:]
+                    piece[split:] = src[:bounds[first + count - p]]
+                sends.append(t.isend(piece, tree.rank(child)))
+            dst[...] = src[bounds[root]:bounds[root + 1]]
+            t.waitall(sends)
+            return
+        if not children:  # a leaf
+            if dst.size:
+                t.recv(dst, tree.rank(parent))
+            return
+        lo, hi = tree.span(me)
+        base = at[lo]
+        work = ws.take(at[hi] - base, dst.dtype)
+        if work.size:
+            t.recv(work, tree.rank(parent))
+        sends = []
+        for child in reversed(children):
+            child_lo, child_hi = tree.span(child)
+            if at[child_hi] > at[child_lo]:
+                sends.append(t.isend(work[at[child_lo] - base:at[child_hi] - base],
+                                     tree.rank(child)))
+        mine = tree.position[me]
+        dst[...] = work[at[mine] - base:at[mine + 1] - base]
         t.waitall(sends)
