@@ -45,6 +45,7 @@ class CollectiveSpec:
     busbw_factor: Callable[[int], float]  # nccl-tests' doc/PERFORMANCE.md, by ranks
     signature: str  # every algorithm's signature (see mpicoll.algorithms)
     native_on: tuple[str, ...] = ("mpi", "nccl")  # the backends whose library has it
+    module: str = ""  # its algorithms' file in mpicoll/algorithms/ ("": its own name)
 
 
 SPECS: dict[str, CollectiveSpec] = {s.name: s for s in (
@@ -70,7 +71,7 @@ SPECS: dict[str, CollectiveSpec] = {s.name: s for s in (
     CollectiveSpec("scan", False, True, False, False, False, False,
                    "out=x", _same, "(t, src, dst, op)", ("mpi",)),
     CollectiveSpec("exscan", False, True, False, False, False, False,
-                   "out=x", _same, "(t, src, dst, op)", ("mpi",)),
+                   "out=x", _same, "(t, src, dst, op)", ("mpi",), module="scan"),
 )}
 
 COLLECTIVES: tuple[str, ...] = tuple(SPECS)

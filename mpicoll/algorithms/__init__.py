@@ -39,7 +39,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..spec import COLLECTIVES
+from ..spec import COLLECTIVES, SPECS
 
 
 @dataclass(frozen=True)
@@ -94,16 +94,14 @@ def register(collective: str, name: str, *, commutative_only: bool = False,
     return decorate
 
 
-# importing the modules fills the registry
-from . import (  # noqa: E402,F401
-    all_gather,
-    all_reduce,
-    all_to_all,
-    barrier,
-    broadcast,
-    gather,
-    reduce,
-    reduce_scatter,
-    scan,
-    scatter,
-)
+def _import_every_module() -> None:
+    """Import each collective's module, which files its algorithms: a collective's file
+    here is all it takes (named after it, or its spec's ``module``: exscan's are beside
+    scan's; helpers such as ``fold`` or ``trees`` are imported by the modules using them)."""
+    import importlib
+
+    for collective in COLLECTIVES:
+        importlib.import_module(f"{__name__}.{SPECS[collective].module or collective}")
+
+
+_import_every_module()
