@@ -25,6 +25,9 @@ NATIVE_BELOW = {
 }
 
 
+# the collectives these rules know; auto takes the cost model's pick for any other
+RULED = frozenset((*NATIVE_BELOW, "barrier"))
+
 # reduce: Rabenseifner's reduce_scatter + gather beats the binomial tree from here (bytes)
 RABENSEIFNER_REDUCE_FROM = 1 << 22  # measured at 2 and 4 ranks: binomial wins at 1 MiB
 # scan, exscan: the binomial tree beats recursive doubling from here (bytes)

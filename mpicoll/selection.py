@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from . import model, tuning
 from .algorithms import REGISTRY
 from .errors import ConfigError
-from .mpich_rules import mpich_default
+from .mpich_rules import RULED, mpich_default
 from .ops import Op
 
 
@@ -182,6 +182,8 @@ def select(collective: str, nbytes: int, size: int, op: Op | None, has_native: b
         if name is not None and serves(collective, name, commutative, has_native, uneven):
             return name
     params = tables.params
+    if params is None and collective not in RULED:  # a collective MPICH's rules lack
+        params = model.Params()
     if params is not None:
         candidates = [n for n in [*REGISTRY[collective], "native"]
                       if serves(collective, n, commutative, has_native, uneven)]

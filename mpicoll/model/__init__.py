@@ -33,7 +33,7 @@ from typing import Any
 
 from ..algorithms import COLLECTIVES, REGISTRY
 from ..config import config_file
-from ..mpich_rules import mpich_default
+from ..mpich_rules import RULED, mpich_default
 
 
 @dataclass(frozen=True)
@@ -122,8 +122,10 @@ def option_defaults(collective: str, algorithm: str) -> dict[str, int]:
 
 def native_stand_in(collective: str, nbytes: int, p: int) -> str:
     """The algorithm MPICH's default selection runs for this call: the thresholds of
-    ``mpich_rules.mpich_default`` (where ``auto`` falls back to), without its ``native``."""
-
+    ``mpich_rules.mpich_default`` (where ``auto`` falls back to), without its ``native``;
+    for a collective those rules lack, its first registered algorithm."""
+    if collective not in RULED:
+        return next(iter(REGISTRY[collective]))
     return mpich_default(collective, nbytes, p, None, has_native=False)
 
 
