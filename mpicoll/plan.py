@@ -33,8 +33,8 @@ from typing import Any
 from .arrays import as_array, empty
 from .arrays import same as _same
 from .errors import InvalidArgumentError, MpicollError
-from .pipeline.decided import decide
-from .pipeline.entry import numbered
+from .pipeline.decided import Decision, decide
+from .pipeline.entry import numbered, run_decided
 from .spec import SPECS
 from .work import Site, Work, submit
 
@@ -111,18 +111,30 @@ class Plan:
         self.starts += 1
         comm = self.comm
         if self._bound is not None:
-            return numbered(comm, self.collective, self._site, self._args, self._kwargs,
-                            getattr(type(comm), self.collective).__wrapped__,
-                            decision=self._bound,
-                            x=self._args[0] if self._args else None, out=self._kwargs.get("out"))
+            if comm._refused_alone:  # the resync first: the whole path
+                return numbered(comm, self.collective, self._site, self._args, self._kwargs,
+                                self._method)
+            return run_decided(comm, self.collective, self._site, self._args, self._kwargs,
+                               self._method, self._bound, None, None)
         result = getattr(comm, self.collective)(*self._args, stream=self._stream,
                                                 _site=self._site, **self._kwargs)
         if self.starts == 1 and self._stream is None:  # decided and agreed: keep it
-            try:
-                self._bound = decide(comm, self.collective, self._args, self._kwargs)
-            except Exception:  # noqa: BLE001 - its starts take the whole path
-                self._bound = None
+            self._bound = self._decided()
         return result
+
+    def _decided(self) -> Any:
+        """What the first start decided, bound to the plan's buffers once: every later
+        ``plan()`` runs it (None: they take the whole path)."""
+        try:
+            decision = decide(self.comm, self.collective, self._args, self._kwargs)
+            run = None if decision is None else decision(
+                self._args[0] if self._args else None, self._kwargs.get("out"))
+        except Exception:  # noqa: BLE001 - its starts take the whole path
+            return None
+        if run is None:
+            return None
+        self._method = getattr(type(self.comm), self.collective).__wrapped__  # the whole path
+        return Decision(lambda x, out: run)
 
     def free(self) -> None:
         """Let go of the plan (an active start is waited for first)."""

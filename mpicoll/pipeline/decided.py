@@ -6,13 +6,16 @@ the shape and dtype, the op, the root, the algorithm and its options, the number
 and the tables agreed when the Communicator was made. Once a call with those values has
 run the whole pipeline, the decision is kept and run again:
 
-- by a persistent plan (``mpicoll.plan``), on its bound buffers at every start;
+- by a persistent plan (``mpicoll.plan``), bound to the plan's buffers once and run at
+  every start;
 - by the default call (``comm.all_reduce(x)``), from the Communicator's table of
-  decisions keyed by those values (``key``), on the new call's buffers.
+  decisions keyed by those values (``key``), bound to each call's buffers.
 
-A decision runs exactly what the whole path runs for the same values (the same
-function on the same views, so the same messages: the other ranks cannot tell a hit from
-a miss), numbered and watched by the entry like every call. It declines (``MISS``,
+A decision is ``bind(x, out)``: the run of the call on those buffers (``run(call)``,
+which returns the result), with every check of the buffers made in the binding. It
+runs exactly what the whole path runs for the same values (the same function on the
+same views, so the same messages: the other ranks cannot tell a hit from a miss),
+numbered and watched by the entry like every call. It declines (``bind`` gives None,
 before any message) a buffer it was not made for (not a contiguous host NumPy array of
 its shape and dtype, an ``out=`` of another shape or overlapping the input), and the
 whole path runs that call. Check mode, traces, CUDA streams, the NCCL backend, user ops
@@ -34,7 +37,6 @@ from ..transport.compress import Compressing, wire_dtype
 from . import agree
 from .deliver import average
 
-MISS = object()  # a decision declined the call's buffers: the whole path runs it
 DECLINED = object()  # in the table: such calls take the whole path
 
 # a default call is kept only when every argument but x and out is one of these: values
@@ -52,6 +54,8 @@ def key(name: str, args: tuple, kwargs: dict) -> tuple | None:
         if type(x) is np.ndarray:
             if not x.flags.c_contiguous:
                 return None
+            if len(args) == 1 and not kwargs:  # comm.all_reduce(x): the most frequent
+                return (name, x.shape, x.dtype)
             head: tuple = (name, x.shape, x.dtype)
         elif x is None:
             head = (name, None)
@@ -70,7 +74,7 @@ def key(name: str, args: tuple, kwargs: dict) -> tuple | None:
                     return None
                 rest.append((k, v))
         return (*head, args[1:], *rest)
-    return (*head, args[1:])
+    return (*head, args[1:]) if len(args) > 1 else head
 
 
 def from_torch(args: tuple, kwargs: dict) -> tuple[tuple, dict, Callable[[Any], Any] | None]:
@@ -114,9 +118,10 @@ def keep(c: Any, name: str, args: tuple, kwargs: dict, key: tuple) -> None:
     if len(decisions) >= _LIMIT:
         decisions.clear()
     try:
-        decisions[key] = decide(c, name, args, kwargs) or DECLINED
+        decision = decide(c, name, args, kwargs)
     except Exception:  # noqa: BLE001 - the call succeeded: its later ones take the whole path
-        decisions[key] = DECLINED
+        decision = None
+    decisions[key] = DECLINED if decision is None else decision
 
 
 def decide(c: Any, name: str, args: tuple, kwargs: dict) -> Callable[..., Any] | None:
@@ -135,26 +140,49 @@ def decide(c: Any, name: str, args: tuple, kwargs: dict) -> Callable[..., Any] |
     x = a.get("x")
     if x is not None and (type(x) is not np.ndarray or not x.flags.c_contiguous):
         return None
-    return decider(c, a, x)
+    decision = decider(c, a, x)
+    return decision if decision is None or isinstance(decision, Decision) else Decision(decision)
 
 
-def _out(out: Any, shape: tuple[int, ...], dtype: np.dtype, x: np.ndarray) -> bool:
-    """Whether ``out`` is a result buffer a decision serves: a contiguous, writeable
-    host array of the result's shape and dtype, not overlapping ``x`` (unless it is x)."""
+# A decision is ``bind(x, out)``: the runner of the call on these buffers, ``run(call)``
+# returning the call's result, or None where it declines them (nothing was sent). The
+# default call binds each call's buffers; a plan binds its own once.
+
+
+class Decision:
+    """``bind(x, out)`` (see above), and ``fresh(call, x)`` where the decision has one:
+    the call without ``out=`` run at once, on a new result, with no runner made."""
+
+    __slots__ = ("bind", "fresh")
+
+    def __init__(self, bind: Callable[..., Any], fresh: Callable[..., Any] | None = None):
+        self.bind, self.fresh = bind, fresh
+
+    def __call__(self, x: Any, out: Any) -> Callable[[Any], Any] | None:
+        return self.bind(x, out)
+
+
+def _fits(out: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
+    """Whether ``out`` is a result buffer a decision serves: a contiguous, writeable host
+    array of the result's shape and dtype."""
     return (type(out) is np.ndarray and out.shape == shape and out.dtype == dtype
-            and out.flags.c_contiguous and out.flags.writeable
-            and (out is x or not np.may_share_memory(out, x)))
+            and out.flags.c_contiguous and out.flags.writeable)
 
 
-def _src(t: Any, x: np.ndarray, dst: Any) -> Any:
-    """x, flat, as the algorithms may read it: ``run._input``'s rule (a copy in workspace
-    when it overlaps the result or cannot be written)."""
+def _reader(t: Any, x: np.ndarray, dst: Any) -> Callable[[], Any]:
+    """How each run reads x, flat: ``run._input``'s rule, decided once (a copy in the
+    call's workspace where x overlaps the result ``dst`` or cannot be written; some
+    algorithms stage blocks in their input)."""
     src = x.reshape(-1)
-    if not x.flags.writeable or (dst is not None and np.may_share_memory(src, dst)):
+    if x.flags.writeable and (dst is None or not np.may_share_memory(src, dst)):
+        return lambda: src
+
+    def copied() -> Any:
         copy = t.take(src.size, src.dtype)
         copy[...] = src
         return copy
-    return src
+
+    return copied
 
 
 def _resolve(c: Any, collective: str, algorithm: str, nbytes: int, op: Any, options: dict,
@@ -171,6 +199,15 @@ def _reduce_with(c: Any, opd: Any, fn: Callable[..., Any]) -> Callable[..., Any]
     return lambda call, *args: _reducing(c, call, opd, fn, *args)
 
 
+def _noted(watch: Any, name: str, nbytes: int) -> Callable[[], None]:
+    """The flight recorder's algorithm and bytes of a run, as choose writes them."""
+    def note() -> None:
+        rec = watch.current
+        rec.algorithm, rec.nbytes = name, nbytes
+
+    return note
+
+
 # -- the collectives where every rank contributes: x's shape and dtype decide -------------
 
 
@@ -184,7 +221,7 @@ def _all_reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any]:
         fn, name = c._chooser._resolve("all_reduce", a["algorithm"], x.size * wire.itemsize,
                                        opd, a["options"] or None, dtype, False, False)
         t = Compressing(t, wire)
-    size, averages_itself = c.size, c._backend.averages_itself
+    size, averages_itself, average_it = c.size, c._backend.averages_itself, opd.average
     reduce = _reduce_with(c, opd, fn)
     native_mpi = name == "native" and c.backend == "mpi" and opd.builtin
     if native_mpi:  # MPI_Allreduce called directly: what native.native_all_reduce calls
@@ -196,30 +233,73 @@ def _all_reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any]:
         native_mpi = datatype is None
         allreduce, in_place = t.comm.Allreduce, MPI.IN_PLACE
 
-    def start(call: Any, x: Any, out: Any) -> Any:
-        if out is None:
-            result = np.empty(shape, dtype)
-            dst = result.reshape(-1)
-            src = x.reshape(-1) if x.flags.writeable else _src(t, x, None)
-        elif out is x and x.flags.writeable:
-            result, src = x, x.reshape(-1)
-            dst = src
-        elif _out(out, shape, dtype, x):
-            result, dst = out, out.reshape(-1)
-            src = _src(t, x, dst)
-        else:
-            return MISS
-        rec = watch.current  # the flight recorder's algorithm and bytes, as choose writes
+    def fresh(call: Any, x: Any) -> Any:
+        rec = watch.current
         rec.algorithm, rec.nbytes = name, nbytes
+        result = np.empty(shape, dtype)
+        src = x.reshape(-1)
+        if not x.flags.writeable:  # some algorithms stage blocks in their input
+            src = t.take(src.size, dtype)
+            src[...] = x.reshape(-1)
         if native_mpi:
-            allreduce(in_place if src is dst else src, dst, mop)
+            allreduce(src, result, mop)
         else:
-            reduce(call, t, src, dst, opd)
-        if opd.average:
+            reduce(call, t, src, result.reshape(-1), opd)
+        if average_it:
             average(result, opd, fn, size, averages_itself)
         return result
 
-    return start
+    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
+        if out is None:  # a new result every run
+            read = _reader(t, x, None)
+            if native_mpi:
+                def run(call: Any) -> Any:
+                    rec = watch.current
+                    rec.algorithm, rec.nbytes = name, nbytes
+                    result = np.empty(shape, dtype)
+                    allreduce(read(), result, mop)
+                    if average_it:
+                        average(result, opd, fn, size, averages_itself)
+                    return result
+
+                return run
+
+            def run(call: Any) -> Any:
+                rec = watch.current
+                rec.algorithm, rec.nbytes = name, nbytes
+                result = np.empty(shape, dtype)
+                reduce(call, t, read(), result.reshape(-1), opd)
+                if average_it:
+                    average(result, opd, fn, size, averages_itself)
+                return result
+
+            return run
+        if out is x:  # in place
+            if not x.flags.writeable:
+                return None
+            dst = x.reshape(-1)
+            read = lambda: dst  # noqa: E731 - every all_reduce algorithm allows src is dst
+        elif _fits(out, shape, dtype) and not np.may_share_memory(out, x):
+            dst = out.reshape(-1)
+            read = _reader(t, x, dst)
+        else:
+            return None
+
+        def run(call: Any) -> Any:
+            rec = watch.current
+            rec.algorithm, rec.nbytes = name, nbytes
+            if native_mpi:
+                src = read()
+                allreduce(in_place if src is dst else src, dst, mop)
+            else:
+                reduce(call, t, read(), dst, opd)
+            if average_it:
+                average(out, opd, fn, size, averages_itself)
+            return out
+
+        return run
+
+    return Decision(bind, fresh)
 
 
 def _scan(c: Any, a: dict, x: np.ndarray, collective: str) -> Callable[..., Any]:
@@ -230,28 +310,36 @@ def _scan(c: Any, a: dict, x: np.ndarray, collective: str) -> Callable[..., Any]
     nothing = collective == "exscan" and c.rank == 0
     combined = c.rank + 1 if collective == "scan" else c.rank
     averages_itself, reduce = c._backend.averages_itself, _reduce_with(c, opd, fn)
+    note = _noted(watch, name, nbytes)
 
-    def start(call: Any, x: Any, out: Any) -> Any:
-        if out is None:
-            result = None if nothing else np.empty(shape, dtype)
-        elif out is x and x.flags.writeable or _out(out, shape, dtype, x):
-            result = out
-        else:
-            return MISS
-        rec = watch.current
-        rec.algorithm, rec.nbytes = name, nbytes
-        if nothing:
-            dst = t.take(x.size, dtype)
-            reduce(call, t, _src(t, x, dst), dst, opd)
+    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
+        if out is not None and not (out is x and x.flags.writeable or
+                                    _fits(out, shape, dtype) and not np.may_share_memory(out, x)):
             return None
-        dst = result.reshape(-1)
-        src = dst if result is x else _src(t, x, dst)
-        reduce(call, t, src, dst, opd)
-        if opd.average:
-            average(result, opd, fn, combined, averages_itself)
-        return result
+        if nothing:  # exscan's rank 0: workspace, and None
+            read = _reader(t, x, None)
 
-    return start
+            def run(call: Any) -> Any:
+                note()
+                dst = t.take(x.size, dtype)
+                reduce(call, t, read(), dst, opd)
+                return None
+
+            return run
+        read = (lambda: out.reshape(-1)) if out is x else _reader(t, x, None)
+
+        def run(call: Any) -> Any:
+            note()
+            result = np.empty(shape, dtype) if out is None else out
+            dst = result.reshape(-1)
+            reduce(call, t, dst if out is x else read(), dst, opd)
+            if opd.average:
+                average(result, opd, fn, combined, averages_itself)  # by the ranks combined
+            return result
+
+        return run
+
+    return bind
 
 
 def _reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
@@ -263,28 +351,36 @@ def _reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     t, watch, shape, dtype, nbytes = c._backend.transport, c._watch, x.shape, x.dtype, x.nbytes
     is_root, size = c.rank == root, c.size
     averages_itself, reduce = c._backend.averages_itself, _reduce_with(c, opd, fn)
+    note = _noted(watch, name, nbytes)
 
-    def start(call: Any, x: Any, out: Any) -> Any:
-        result = dst = None
-        if is_root:
-            if out is None:
-                result = np.empty(shape, dtype)
-            elif out is x and x.flags.writeable or _out(out, shape, dtype, x):
-                result = out
-            else:
-                return MISS
-            dst = result.reshape(-1)
-        elif out is not None:
-            return MISS  # the whole path checks and ignores a non-root's out
-        rec = watch.current
-        rec.algorithm, rec.nbytes = name, nbytes
+    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
+        if not is_root:
+            if out is not None:
+                return None  # the whole path checks and ignores a non-root's out
+            read = _reader(t, x, None)
+
+            def run(call: Any) -> Any:
+                note()
+                reduce(call, t, read(), None, opd, root)
+                return None
+
+            return run
+        if out is not None and not (out is x and x.flags.writeable or _fits(out, shape, dtype)):
+            return None
         # linear reduce reads x after writing out: x is copied where it is the result
-        reduce(call, t, _src(t, x, dst), dst, opd, root)
-        if result is not None and opd.average:
-            average(result, opd, fn, size, averages_itself)
-        return result
+        read = _reader(t, x, None if out is None else out.reshape(-1))
 
-    return start
+        def run(call: Any) -> Any:
+            note()
+            result = np.empty(shape, dtype) if out is None else out
+            reduce(call, t, read(), result.reshape(-1), opd, root)
+            if opd.average:
+                average(result, opd, fn, size, averages_itself)
+            return result
+
+        return run
+
+    return bind
 
 
 def _reduce_scatter(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
@@ -301,25 +397,27 @@ def _reduce_scatter(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None
     opd = resolve_op(a["op"], x.dtype)
     fn, name = _resolve(c, "reduce_scatter", a["algorithm"], x.nbytes, opd, a["options"],
                         x.dtype, counts is not None)
-    t, watch, dtype, nbytes, size = c._backend.transport, c._watch, x.dtype, x.nbytes, c.size
+    t, dtype, size = c._backend.transport, x.dtype, c.size
     averages_itself, reduce = c._backend.averages_itself, _reduce_with(c, opd, fn)
+    note = _noted(c._watch, name, x.nbytes)
 
-    def start(call: Any, x: Any, out: Any) -> Any:
-        if out is None:
-            result = np.empty(shape, dtype)
-        elif _out(out, shape, dtype, x):
-            result = out
-        else:
-            return MISS
-        dst = result.reshape(-1)
-        rec = watch.current
-        rec.algorithm, rec.nbytes = name, nbytes
-        reduce(call, t, _src(t, x, dst), bounds, opd, dst)
-        if opd.average:
-            average(result, opd, fn, size, averages_itself)
-        return result
+    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
+        if out is not None and not (_fits(out, shape, dtype) and
+                                    not np.may_share_memory(out, x)):
+            return None
+        read = _reader(t, x, None)
 
-    return start
+        def run(call: Any) -> Any:
+            note()
+            result = np.empty(shape, dtype) if out is None else out
+            reduce(call, t, read(), bounds, opd, result.reshape(-1))
+            if opd.average:
+                average(result, opd, fn, size, averages_itself)
+            return result
+
+        return run
+
+    return bind
 
 
 def _all_gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
@@ -328,32 +426,35 @@ def _all_gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     size, rank = c.size, c.rank
     nbytes = x.nbytes * size
     fn, name = _resolve(c, "all_gather", a["algorithm"], nbytes, None, a["options"], None)
-    t, watch, dtype, shape = c._backend.transport, c._watch, x.dtype, (size, *x.shape)
+    t, dtype, shape = c._backend.transport, x.dtype, (size, *x.shape)
     bounds = even_bounds(x.size, size)
     lo, hi = bounds[rank], bounds[rank + 1]
+    note = _noted(c._watch, name, nbytes)
 
-    def start(call: Any, x: Any, out: Any) -> Any:
-        if out is None:
-            result = np.empty(shape, dtype)
-        elif (type(out) is np.ndarray and out.shape == shape and out.dtype == dtype
-              and out.flags.c_contiguous and out.flags.writeable):
-            result = out  # x may be its own row (in place), not any other part of it
-        else:
-            return MISS
-        buf = result.reshape(-1)
-        mine, src = buf[lo:hi], x.reshape(-1)
-        if out is not None and not same_memory(src, mine):
-            if np.may_share_memory(src, buf):
-                return MISS
-            mine[...] = src
-        elif out is None:
-            mine[...] = src
-        rec = watch.current
-        rec.algorithm, rec.nbytes = name, nbytes
-        fn(t, buf, bounds)
-        return result
+    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
+        src = x.reshape(-1)
+        copy_in = True
+        if out is not None:
+            if not _fits(out, shape, dtype):
+                return None
+            mine = out.reshape(-1)[lo:hi]
+            if same_memory(src, mine):  # x is its own row of out: in place
+                copy_in = False
+            elif np.may_share_memory(src, out):
+                return None
 
-    return start
+        def run(call: Any) -> Any:
+            note()
+            result = np.empty(shape, dtype) if out is None else out
+            buf = result.reshape(-1)
+            if copy_in:
+                buf[lo:hi] = src
+            fn(t, buf, bounds)
+            return result
+
+        return run
+
+    return bind
 
 
 def _gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
@@ -363,66 +464,89 @@ def _gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     size = c.size
     nbytes = x.nbytes * size
     fn, name = _resolve(c, "gather", a["algorithm"], nbytes, None, a["options"], None)
-    t, watch, dtype, shape = c._backend.transport, c._watch, x.dtype, (size, *x.shape)
+    t, dtype, shape = c._backend.transport, x.dtype, (size, *x.shape)
     is_root, bounds = c.rank == root, even_bounds(x.size, size)
+    note = _noted(c._watch, name, nbytes)
 
-    def start(call: Any, x: Any, out: Any) -> Any:
-        result = dst = None
-        if is_root:
-            if out is None:
-                result = np.empty(shape, dtype)
-            elif (type(out) is np.ndarray and out.shape == shape and out.dtype == dtype
-                  and out.flags.c_contiguous and out.flags.writeable):
-                result = out  # x=out[root] is the in-place form: _src copies an overlap
-            else:
-                return MISS
-            dst = result.reshape(-1)
-        elif out is not None:
-            return MISS
-        rec = watch.current
-        rec.algorithm, rec.nbytes = name, nbytes
-        fn(t, _src(t, x, dst if out is not None else None), dst, bounds, root)
-        return result
+    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
+        if not is_root:
+            if out is not None:
+                return None
+            read = _reader(t, x, None)
 
-    return start
+            def run(call: Any) -> Any:
+                note()
+                fn(t, read(), None, bounds, root)
+                return None
+
+            return run
+        if out is not None and not _fits(out, shape, dtype):
+            return None
+        # x=out[root] is the in-place form: the reader copies an overlapping x
+        read = _reader(t, x, None if out is None else out.reshape(-1))
+
+        def run(call: Any) -> Any:
+            note()
+            result = np.empty(shape, dtype) if out is None else out
+            fn(t, read(), result.reshape(-1), bounds, root)
+            return result
+
+        return run
+
+    return bind
 
 
 def _all_to_all(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     if x.ndim == 0 or x.shape[0] != c.size:
         return None
     fn, name = _resolve(c, "all_to_all", a["algorithm"], x.nbytes, None, a["options"], None)
-    t, watch, dtype, shape, nbytes = c._backend.transport, c._watch, x.dtype, x.shape, x.nbytes
+    t, dtype, shape = c._backend.transport, x.dtype, x.shape
     bounds = even_bounds(x.size // c.size, c.size)
+    note = _noted(c._watch, name, x.nbytes)
 
-    def start(call: Any, x: Any, out: Any) -> Any:
-        if out is None:
-            result = np.empty(shape, dtype)
-        elif out is x and x.flags.writeable or _out(out, shape, dtype, x):
-            result = out
-        else:
-            return MISS
-        dst = result.reshape(-1)
-        rec = watch.current
-        rec.algorithm, rec.nbytes = name, nbytes
-        fn(t, _src(t, x, dst if out is not None else None), bounds, dst, bounds)
-        return result
+    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
+        if out is not None and not (out is x and x.flags.writeable or _fits(out, shape, dtype)):
+            return None
+        read = _reader(t, x, None if out is None else out.reshape(-1))
 
-    return start
+        def run(call: Any) -> Any:
+            note()
+            result = np.empty(shape, dtype) if out is None else out
+            fn(t, read(), bounds, result.reshape(-1), bounds)
+            return result
+
+        return run
+
+    return bind
 
 
 def _barrier(c: Any, a: dict, x: Any) -> Callable[..., Any]:
     fn, name = _resolve(c, "barrier", a["algorithm"], 0, None, a["options"], None)
-    t, watch = c._backend.transport, c._watch
+    t, note = c._backend.transport, _noted(c._watch, name, 0)
 
-    def start(call: Any, x: Any, out: Any) -> None:
-        rec = watch.current
-        rec.algorithm, rec.nbytes = name, 0
+    def run(call: Any) -> None:
+        note()
         fn(t)
 
-    return start
+    return lambda x, out: run
 
 
-# -- broadcast: the root's header still goes first, with the data when it fits ------------
+# -- broadcast and scatter: the root's header still goes first, with the data when it fits
+
+
+def _header_of_last_call(c: Any, root: int) -> tuple[np.ndarray, Any, Any] | None:
+    """A receiver's decision: the root's header of the call that just ran, and its dtype
+    and shape (None where a receiver cannot decide from it: a refusal, GPU data)."""
+    words = c._packet_header.copy()
+    if words[0] != agree.OK:
+        return None
+    from ..errors import MpicollError
+
+    try:
+        dtype, shape, device = agree.unpack_header(words, root, None)
+    except MpicollError:
+        return None
+    return None if device else (words, dtype, shape)
 
 
 def _broadcast(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
@@ -445,16 +569,11 @@ def _broadcast(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
             return None
         nbytes, shape, dtype = x.nbytes, x.shape, x.dtype
     else:
-        words = header.copy()  # the root's header of the call that just ran
-        if words[0] != agree.OK:
+        last = _header_of_last_call(c, root)
+        if last is None:
             return None
-        from ..errors import MpicollError
-
-        try:
-            dtype, shape, device = agree.unpack_header(words, root, None)
-        except MpicollError:
-            return None
-        if device or (x is not None and (x.shape != shape or x.dtype != dtype)):
+        words, dtype, shape = last
+        if x is not None and (x.shape != shape or x.dtype != dtype):
             return None
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     packed = nbytes <= limit
@@ -462,42 +581,52 @@ def _broadcast(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
     if not packed:
         fn, name = _resolve(c, "broadcast", algorithm, nbytes, None, options, None)
     end = agree.HEADER_BYTES + nbytes
-    expected = words.tobytes()
 
     if c.rank == root:
-        def start(call: Any, x: Any, out: Any) -> Any:
-            rec = watch.current
-            header[:] = words
-            if packed:
-                packet[agree.HEADER_BYTES:end] = x.reshape(-1).view(np.uint8)
-            rec.algorithm, rec.nbytes = pack_name, agree.HEADER_BYTES + limit
-            pack_fn(t, packet, root)
-            if not packed:
-                rec.algorithm, rec.nbytes = name, nbytes
-                fn(t, _src(t, x, None), root)
-            return x
+        def bind_root(x: Any, out: Any) -> Callable[[Any], Any]:
+            src = x.reshape(-1)
+            read = _reader(t, x, None)
 
-        return start
+            def run(call: Any) -> Any:
+                rec = watch.current
+                header[:] = words
+                if packed:
+                    packet[agree.HEADER_BYTES:end] = src.view(np.uint8)
+                rec.algorithm, rec.nbytes = pack_name, agree.HEADER_BYTES + limit
+                pack_fn(t, packet, root)
+                if not packed:
+                    rec.algorithm, rec.nbytes = name, nbytes
+                    fn(t, read(), root)
+                return x
 
+            return run
+
+        return bind_root
+
+    expected = words.tobytes()
     from .run import broadcast_received
 
-    def receive(call: Any, x: Any, out: Any) -> Any:
+    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
         if x is not None and not x.flags.writeable:
-            return MISS  # the whole path refuses it
-        rec = watch.current
-        rec.algorithm, rec.nbytes = pack_name, agree.HEADER_BYTES + limit
-        pack_fn(t, packet, root)
-        if header.tobytes() != expected:  # the root sent another header: as the whole path
-            return broadcast_received(c, call, x, root, algorithm, options)
-        result = np.empty(shape, dtype) if x is None else x
-        if packed:
-            result.reshape(-1).view(np.uint8)[...] = packet[agree.HEADER_BYTES:end]
-        else:
-            rec.algorithm, rec.nbytes = name, nbytes
-            fn(t, result.reshape(-1), root)
-        return result
+            return None  # the whole path refuses it
 
-    return receive
+        def receive(call: Any) -> Any:
+            rec = watch.current
+            rec.algorithm, rec.nbytes = pack_name, agree.HEADER_BYTES + limit
+            pack_fn(t, packet, root)
+            if header.tobytes() != expected:  # the root sent another header: as the whole path
+                return broadcast_received(c, call, x, root, algorithm, options)
+            result = np.empty(shape, dtype) if x is None else x
+            if packed:
+                result.reshape(-1).view(np.uint8)[...] = packet[agree.HEADER_BYTES:end]
+            else:
+                rec.algorithm, rec.nbytes = name, nbytes
+                fn(t, result.reshape(-1), root)
+            return result
+
+        return receive
+
+    return bind
 
 
 def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
@@ -519,79 +648,74 @@ def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
             words[3] |= agree.IN_PACKET
         dtype, shape = x.dtype, x.shape[1:]
     else:  # a receiver's x is not read (its result is out=, or made)
-        words = header.copy()  # the root's header of the call that just ran
-        if words[0] != agree.OK:
+        last = _header_of_last_call(c, root)
+        if last is None:
             return None
-        from ..errors import MpicollError
-
-        try:
-            dtype, shape, device = agree.unpack_header(words, root, None)
-        except MpicollError:
-            return None
-        if device:
-            return None
+        words, dtype, shape = last
     in_packet = bool(words[3] & agree.IN_PACKET)
     count = int(np.prod(shape, dtype=np.int64))
     nbytes = count * dtype.itemsize * size
     bounds = even_bounds(count, size)
-    fn = name = None
+    fn = None
+    name = "packet"
     if not in_packet:
         fn, name = _resolve(c, "scatter", algorithm, nbytes, None, options, None)
     lo, hi = bounds[rank], bounds[rank + 1]
-    first, last = (agree.HEADER_BYTES + i * dtype.itemsize for i in (lo, hi))
+    first, last_byte = (agree.HEADER_BYTES + i * dtype.itemsize for i in (lo, hi))
     end = agree.HEADER_BYTES + nbytes
-
-    def result_for(out: Any, x: Any) -> Any:
-        if out is None:
-            return np.empty(shape, dtype)
-        if (type(out) is np.ndarray and out.shape == shape and out.dtype == dtype
-                and out.flags.c_contiguous and out.flags.writeable):
-            return out
-        return None
+    note = _noted(watch, name, nbytes)
 
     if rank == root:
-        def start(call: Any, x: Any, out: Any) -> Any:
-            result = result_for(out, x)
-            if result is None:
-                return MISS
-            src, dst = x.reshape(-1), result.reshape(-1)
+        def bind_root(x: Any, out: Any) -> Callable[[Any], Any] | None:
+            if out is not None and not _fits(out, shape, dtype):
+                return None
+            src = x.reshape(-1)
             mine = src[lo:hi]
-            if out is not None and np.may_share_memory(src, dst) and not same_memory(dst, mine):
-                return MISS  # the whole path's stand-in
-            rec = watch.current
-            rec.algorithm, rec.nbytes = name or "packet", nbytes
-            header[:] = words
-            if in_packet:
-                packet[agree.HEADER_BYTES:end] = src.view(np.uint8)
-            agree.broadcast(c, packet, root)
-            if in_packet:
-                if not same_memory(dst, mine):
-                    dst[...] = mine
-            else:
-                fn(t, src, dst, bounds, root)
-            return result
+            own_row = out is not None and same_memory(out.reshape(-1), mine)
+            if out is not None and not own_row and np.may_share_memory(src, out):
+                return None  # the whole path's stand-in
 
-        return start
+            def run(call: Any) -> Any:
+                note()
+                result = np.empty(shape, dtype) if out is None else out
+                dst = result.reshape(-1)
+                header[:] = words
+                if in_packet:
+                    packet[agree.HEADER_BYTES:end] = src.view(np.uint8)
+                agree.broadcast(c, packet, root)
+                if in_packet:
+                    if not own_row:
+                        dst[...] = mine
+                else:
+                    fn(t, src, dst, bounds, root)
+                return result
+
+            return run
+
+        return bind_root
 
     expected = words.tobytes()
     from .run import scatter_received
 
-    def receive(call: Any, x: Any, out: Any) -> Any:
-        result = result_for(out, x)
-        if result is None:
-            return MISS
-        rec = watch.current
-        rec.algorithm, rec.nbytes = name or "packet", nbytes
-        agree.broadcast(c, packet, root)
-        if header.tobytes() != expected:  # the root sent another header: as the whole path
-            return scatter_received(c, call, root, algorithm, out, options)
-        if in_packet:
-            result.reshape(-1).view(np.uint8)[...] = packet[first:last]
-        else:
-            fn(t, None, result.reshape(-1), bounds, root)
-        return result
+    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
+        if out is not None and not _fits(out, shape, dtype):
+            return None
 
-    return receive
+        def receive(call: Any) -> Any:
+            note()
+            agree.broadcast(c, packet, root)
+            if header.tobytes() != expected:  # the root sent another header: as the whole path
+                return scatter_received(c, call, root, algorithm, out, options)
+            result = np.empty(shape, dtype) if out is None else out
+            if in_packet:
+                result.reshape(-1).view(np.uint8)[...] = packet[first:last_byte]
+            else:
+                fn(t, None, result.reshape(-1), bounds, root)
+            return result
+
+        return receive
+
+    return bind
 
 
 _DECIDERS: dict[str, Callable[..., Any]] = {

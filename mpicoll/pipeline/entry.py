@@ -68,17 +68,13 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             if args and type(args[0]) is not np.ndarray and args[0] is not None:
                 args, kwargs, back = decided.from_torch(args, kwargs)  # torch CPU tensors
             key = decided.key(name, args, kwargs)
-            if key is None:
-                result = numbered(self, name, site, args, kwargs, method)
-            else:  # a call whose decision is kept: run it, or keep it
-                decision = decisions.get(key)
-                if decision is None or decision is decided.DECLINED:
-                    result = numbered(self, name, site, args, kwargs, method,
-                                      keep=key if decision is None else None)
-                else:
-                    result = numbered(self, name, site, args, kwargs, method,
-                                      decision=decision, x=args[0] if args else None,
-                                      out=kwargs.get("out"))
+            decision = None if key is None else decisions.get(key)
+            if decision is None or decision is decided.DECLINED or self._refused_alone:
+                result = numbered(self, name, site, args, kwargs, method,
+                                  keep=key if decision is None else None)
+            else:  # what an earlier call with these values decided
+                result = run_decided(self, name, site, args, kwargs, method, decision,
+                                     args[0] if args else None, kwargs.get("out"))
             return result if back is None else back(result)
         return numbered(self, name, site, args, kwargs, method, stream, _refusal)
 
@@ -91,8 +87,8 @@ def numbered(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: An
              keep: tuple | None = None) -> Any:
     """One call of ``c``, made at ``site``: numbered, watched, one thread at a time, with
     its refusal (if any) settled as every stage's, then ``method(c, call, *args,
-    **kwargs)``: the whole path. Or ``decision(call, x, out)``: what an earlier call
-    with the same values decided, on this call's buffers (``mpicoll.pipeline.decided``:
+    **kwargs)``: the whole path. Or what an earlier call with the same values decided,
+    bound to this call's buffers: ``decision(x, out)(call)`` (``mpicoll.pipeline.decided``:
     the default call's, or a plan's); it may decline them, and the whole path runs.
     ``keep``: the key under which the whole path's decision is kept once it succeeds.
     Nothing but mpicoll's errors leaves it."""
@@ -123,9 +119,9 @@ def numbered(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: An
             refused.refuse("params", refusal)
             agree.settle(c, call, refused, "refused")
         if decision is not None:
-            result = decision(call, x, out)
-            if result is not decided.MISS:
-                return result
+            run = decision(x, out)  # None: it declines these buffers, before any message
+            if run is not None:
+                return run(call)
         if stream is None:
             result = method(c, call, *args, **kwargs)
         else:
@@ -150,6 +146,41 @@ def numbered(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: An
         watch.leave()
         if tracer is not None:
             tracer.end_call()
+        c._call = None
+        c._entry.release()
+
+
+def run_decided(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
+                decision: Callable[..., Any], x: Any, out: Any) -> Any:
+    """``numbered`` for a call that runs a kept decision (``mpicoll.pipeline.decided``):
+    the same number, record, tag, watch and errors, without the stages a decided call
+    cannot need (no stream, no refusal, no trace, no resync owed: the caller checked);
+    the decision bound to ``x`` and ``out``, or the whole path where it declines them."""
+    if not c._entry.acquire(False):
+        raise ConcurrentCallError(busy(c, name))
+    watch = c._watch
+    try:
+        c._seq += 1
+        call = c._call = watch.enter(c._seq, name, site, args, kwargs)
+        c._backend.transport.begin()  # the call's tag: every rank advances it
+        if out is None and decision.fresh is not None:
+            return decision.fresh(call, x)
+        run = decision.bind(x, out)  # None: it declines these buffers, before any message
+        return run(call) if run is not None else method(c, call, *args, **kwargs)
+    except (OpError, CollectiveError) as exc:
+        c._refused_alone = c._seq  # failed mid-call here: the others may wait in it
+        watch.failed(exc)
+        raise
+    except MpicollError as exc:
+        watch.failed(exc, refused=True)
+        raise
+    except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
+        c._refused_alone = c._seq
+        watch.failed(exc)
+        raise CollectiveError(f"{name} (call #{c._seq}) failed on rank {c.rank}: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        watch.leave()
         c._call = None
         c._entry.release()
 
