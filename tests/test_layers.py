@@ -24,7 +24,7 @@ LAYERS = [
     ("api", ["communicator", "monitored", "work", "plan", "p2p", "groups", "bucketer",
              "local", "dist", ""]),
     ("tools", ["bench", "trace", "tracefile", "hang", "viz", "examples", "model.__main__",
-               "model.fit"]),
+               "model.fit", "model.topology"]),
 ]
 
 

@@ -2,9 +2,15 @@
 
     mpiexec -n 4 python -m mpicoll.model fit [-o model.json] [-n 20]
     python -m mpicoll.model table [--params model.json] [-p 8]
+    python -m mpicoll.model table --topology torus:8x8 [-p 64] [--link-bandwidth GBPS]
+        [--hop-latency US] [--alpha US] [--reduce-bandwidth GBPS] [--collective all_reduce]
 
 ``fit`` writes ``MPICOLL_MODEL`` or ``~/.config/mpicoll/model.json``, the file ``auto``
-reads; ``table`` reads that same file unless ``--params`` names another.
+reads; ``table`` reads that same file unless ``--params`` names another. With
+``--topology`` (``torus:AxB[xC...]``, ``fattree:k[,ratio]``, ``dragonfly:g,a,t``) it prints
+the topology model's times instead (``mpicoll.model.topology``: every message of each
+algorithm's real schedule routed over the topology, with link contention), for 64..1024
+ranks that fit (or ``-p``), 32 B .. 128 MiB.
 """
 
 from __future__ import annotations
@@ -27,7 +33,20 @@ def main(argv: list[str] | None = None) -> int:
     show = sub.add_parser("table", help="print predicted times")
     show.add_argument("--params", default=None,
                       help=f"a fitted JSON file (default {default_path()}, as auto reads)")
-    show.add_argument("-p", "--ranks", type=int, default=8)
+    show.add_argument("-p", "--ranks", type=int, default=None,
+                      help="ranks (default 8; with --topology: 64..1024 that fit)")
+    show.add_argument("--topology", default=None,
+                      help="torus:8x8, torus:4x4x4, fattree:16[,2], dragonfly:9,4,4 (groups, "
+                           "routers, nodes a router)")
+    show.add_argument("--collective", default="all_reduce", help="with --topology")
+    show.add_argument("--link-bandwidth", type=float, default=None, metavar="GBPS",
+                      help="GB/s a link (default: the model's 1/beta)")
+    show.add_argument("--hop-latency", type=float, default=None, metavar="US",
+                      help="microseconds a hop (default 0.1)")
+    show.add_argument("--alpha", type=float, default=None, metavar="US",
+                      help="microseconds a message (default: the model's)")
+    show.add_argument("--reduce-bandwidth", type=float, default=None, metavar="GBPS",
+                      help="GB/s reduced (default: the model's 1/gamma; 0: free)")
     args = parser.parse_args(argv)
     if args.command == "fit":
         if args.iters < 1:
@@ -45,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                       "read this one")
             print(table(params, params.ranks))
         return 0
-    if args.ranks < 1:
+    if args.ranks is not None and args.ranks < 1:
         parser.error("-p: at least 1 rank")
     path = Path(args.params) if args.params else default_path()
     params = load_params(path)
@@ -55,7 +74,43 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# no fitted parameters at {path} (python -m mpicoll.model fit writes them): "
               "the defaults")
         params = Params()
-    print(table(params, args.ranks))
+    if args.topology is None:
+        print(table(params, args.ranks or 8))
+        return 0
+    return _topology_table(parser, args, params)
+
+
+def _topology_table(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                    params: Params) -> int:
+    """``table --topology``: the topology model's table."""
+    from dataclasses import replace
+
+    from ..algorithms import REGISTRY
+    from . import topology
+
+    try:
+        network = topology.parse(args.topology)
+    except ValueError as exc:
+        parser.error(f"--topology: {exc}")
+    if args.collective not in REGISTRY:
+        parser.error(f"--collective: unknown collective {args.collective!r}")
+    if args.ranks is not None and args.ranks > network.nodes:
+        parser.error(f"-p: {args.ranks} ranks do not fit {network.spec} ({network.nodes} nodes)")
+    for name in ("link_bandwidth", "hop_latency", "alpha", "reduce_bandwidth"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')}: must be >= 0")
+    if args.link_bandwidth == 0:
+        parser.error("--link-bandwidth: must be > 0")
+    if args.alpha is not None:
+        params = replace(params, alpha=args.alpha * 1e-6, source=f"{params.source}, --alpha")
+    if args.reduce_bandwidth is not None:
+        params = replace(params, gamma=1 / (args.reduce_bandwidth * 1e9) if args.reduce_bandwidth
+                         else 0.0, source=f"{params.source}, --reduce-bandwidth")
+    print(topology.table(network, params, [args.ranks] if args.ranks else None,
+                         collective=args.collective,
+                         link_bandwidth=args.link_bandwidth * 1e9 if args.link_bandwidth else None,
+                         hop_latency=topology.HOP_LATENCY if args.hop_latency is None
+                         else args.hop_latency * 1e-6))
     return 0
 
 
