@@ -130,11 +130,25 @@ def to_torch(result: Any) -> Any:
     if result is None:
         return None
     if type(result) is np.ndarray:
-        for name, (width, kind) in _TORCH_AS.items():
-            if result.dtype.name == kind:
-                return torch.from_numpy(result.view(width)).view(getattr(torch, name))
-        return torch.from_numpy(result)
+        special = _ml_dtypes_as_torch().get(result.dtype)
+        if special is None:
+            return torch.from_numpy(result)
+        width, name = special
+        return torch.from_numpy(result.view(width)).view(getattr(torch, name))
     return torch.from_dlpack(result)
+
+
+_ML_AS_TORCH: dict[np.dtype, tuple[str, str]] = {}
+
+
+def _ml_dtypes_as_torch() -> dict[np.dtype, tuple[str, str]]:
+    """ml_dtypes' dtypes that torch has: (the integer of their width, torch's name)."""
+    if not _ML_AS_TORCH:
+        import ml_dtypes
+
+        for name, (width, kind) in _TORCH_AS.items():
+            _ML_AS_TORCH[np.dtype(getattr(ml_dtypes, kind))] = (width, name)
+    return _ML_AS_TORCH
 
 
 def _back_to(x: Any) -> Callable[[Any], Any]:

@@ -77,39 +77,41 @@ def key(name: str, args: tuple, kwargs: dict) -> tuple | None:
     return (*head, args[1:]) if len(args) > 1 else head
 
 
-def from_torch(args: tuple, kwargs: dict) -> tuple[tuple, dict, Callable[[Any], Any] | None]:
+def from_torch(args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple | None]:
     """A torch CPU tensor's call as the same call on NumPy views of its tensors (no copy:
-    ``Tensor.numpy()``, far cheaper than a DLPack import), and how to give the result back
-    (the caller's own tensor where the result is its memory, else a tensor over the
-    result's); ``back`` None: not such a call (a GPU tensor, one that needs grad, a dtype
-    NumPy lacks), which takes the whole path as it is."""
+    ``Tensor.numpy()``, far cheaper than a DLPack import), and what ``to_caller`` needs to
+    give the result back; None: not such a call (a GPU tensor, one that needs grad, a
+    dtype NumPy lacks), which takes the whole path as it is."""
     x = args[0]
     if not type(x).__module__.startswith("torch") or not getattr(x, "is_cpu", False):
         return args, kwargs, None
-    out = kwargs.get("out")
-    host = torch_numpy(x)
-    if host is None:
-        return args, kwargs, None
-    host_out = None
-    if out is not None:
-        host_out = host if out is x else torch_numpy(out) \
-            if type(out).__module__.startswith("torch") and getattr(out, "is_cpu", False) \
-            else None
-        if host_out is None:
+    try:
+        host = x.numpy()
+    except Exception:  # noqa: BLE001 - bfloat16 (through ml_dtypes), grad, conjugate
+        host = torch_numpy(x)
+        if host is None:
             return args, kwargs, None
+    out = kwargs.get("out")
+    if out is None:
+        return (host, *args[1:]), kwargs, (x, host, None, None)
+    host_out = host if out is x else torch_numpy(out) \
+        if type(out).__module__.startswith("torch") and getattr(out, "is_cpu", False) else None
+    if host_out is None:
+        return args, kwargs, None
+    return (host, *args[1:]), {**kwargs, "out": host_out}, (x, host, out, host_out)
 
-    def back(result: Any) -> Any:
-        if result is None:
-            return None
-        if result is host_out:
-            return out
-        if result is host:
-            return x
-        return to_torch(result)
 
-    if out is not None:
-        kwargs = {**kwargs, "out": host_out}
-    return (host, *args[1:]), kwargs, back
+def to_caller(result: Any, tensors: tuple) -> Any:
+    """A result of ``from_torch``'s call as torch's: the caller's own tensor where the
+    result is its memory (``out=``, a broadcast's buffer), else a tensor over it."""
+    if result is None:
+        return None
+    x, host, out, host_out = tensors
+    if result is host_out:
+        return out
+    if result is host:
+        return x
+    return to_torch(result)
 
 
 def keep(c: Any, name: str, args: tuple, kwargs: dict, key: tuple) -> None:

@@ -64,9 +64,9 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         site = _site or sys._getframe(1)
         decisions = self._decisions
         if keeps and decisions is not None and stream is None and _refusal is None:
-            back = None
+            tensors = None
             if args and type(args[0]) is not np.ndarray and args[0] is not None:
-                args, kwargs, back = decided.from_torch(args, kwargs)  # torch CPU tensors
+                args, kwargs, tensors = decided.from_torch(args, kwargs)  # torch CPU tensors
             key = decided.key(name, args, kwargs)
             decision = None if key is None else decisions.get(key)
             if decision is None or decision is decided.DECLINED or self._refused_alone:
@@ -75,7 +75,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             else:  # what an earlier call with these values decided
                 result = run_decided(self, name, site, args, kwargs, method, decision,
                                      args[0] if args else None, kwargs.get("out"))
-            return result if back is None else back(result)
+            return result if tensors is None else decided.to_caller(result, tensors)
         return numbered(self, name, site, args, kwargs, method, stream, _refusal)
 
     return collective
