@@ -153,7 +153,8 @@ def decide(c: Any, name: str, args: tuple, kwargs: dict) -> Callable[..., Any] |
 
 class Decision:
     """``bind(x, out)`` (see above), and ``fresh(call, x)`` where the decision has one:
-    the call without ``out=`` run at once, on a new result, with no runner made."""
+    the call without ``out=`` run at once, on a new result, with no runner made (or
+    DECLINED, before any message, for buffers it was not made for)."""
 
     __slots__ = ("bind", "fresh")
 
@@ -583,8 +584,27 @@ def _broadcast(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
     if not packed:
         fn, name = _resolve(c, "broadcast", algorithm, nbytes, None, options, None)
     end = agree.HEADER_BYTES + nbytes
+    # the data's place in the packet, as the caller's array (a view made once)
+    payload = packet[agree.HEADER_BYTES:end].view(dtype).reshape(shape) if packed else None
+    packet_bytes = agree.HEADER_BYTES + limit
 
     if c.rank == root:
+        def fresh_root(call: Any, x: Any) -> Any:
+            rec = watch.current
+            rec.algorithm, rec.nbytes = pack_name, packet_bytes
+            header[:] = words
+            if packed:
+                payload[...] = x
+            pack_fn(t, packet, root)
+            if not packed:
+                rec.algorithm, rec.nbytes = name, nbytes
+                src = x.reshape(-1)
+                if not x.flags.writeable:  # some algorithms stage blocks in their input
+                    src = t.take(src.size, dtype)
+                    src[...] = x.reshape(-1)
+                fn(t, src, root)
+            return x
+
         def bind_root(x: Any, out: Any) -> Callable[[Any], Any]:
             src = x.reshape(-1)
             read = _reader(t, x, None)
@@ -603,10 +623,28 @@ def _broadcast(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
 
             return run
 
-        return bind_root
+        return Decision(bind_root, fresh_root)
 
     expected = words.tobytes()
     from .run import broadcast_received
+
+    def fresh(call: Any, x: Any) -> Any:
+        if x is not None and not x.flags.writeable:
+            return DECLINED  # the whole path refuses it
+        rec = watch.current
+        rec.algorithm, rec.nbytes = pack_name, packet_bytes
+        pack_fn(t, packet, root)
+        if header.tobytes() != expected:  # the root sent another header: as the whole path
+            return broadcast_received(c, call, x, root, algorithm, options)
+        if packed:
+            if x is None:
+                return payload.copy()
+            x[...] = payload
+            return x
+        result = np.empty(shape, dtype) if x is None else x
+        rec.algorithm, rec.nbytes = name, nbytes
+        fn(t, result.reshape(-1), root)
+        return result
 
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
         if x is not None and not x.flags.writeable:
@@ -628,7 +666,7 @@ def _broadcast(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
 
         return receive
 
-    return bind
+    return Decision(bind, fresh)
 
 
 def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
@@ -666,8 +704,24 @@ def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
     first, last_byte = (agree.HEADER_BYTES + i * dtype.itemsize for i in (lo, hi))
     end = agree.HEADER_BYTES + nbytes
     note = _noted(watch, name, nbytes)
+    # views made once: the rows in the packet (the root's), this rank's row in it
+    rows = packet[agree.HEADER_BYTES:end].view(dtype).reshape((size, *shape)) \
+        if in_packet else None
+    my_row = packet[first:last_byte].view(dtype).reshape(shape) if in_packet else None
 
     if rank == root:
+        def fresh_root(call: Any, x: Any) -> Any:
+            note()
+            header[:] = words
+            if in_packet:
+                rows[...] = x
+                agree.broadcast(c, packet, root)
+                return my_row.copy()
+            agree.broadcast(c, packet, root)
+            result = np.empty(shape, dtype)
+            fn(t, x.reshape(-1), result.reshape(-1), bounds, root)
+            return result
+
         def bind_root(x: Any, out: Any) -> Callable[[Any], Any] | None:
             if out is not None and not _fits(out, shape, dtype):
                 return None
@@ -694,10 +748,21 @@ def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
 
             return run
 
-        return bind_root
+        return Decision(bind_root, fresh_root)
 
     expected = words.tobytes()
     from .run import scatter_received
+
+    def fresh(call: Any, x: Any) -> Any:
+        note()
+        agree.broadcast(c, packet, root)
+        if header.tobytes() != expected:  # the root sent another header: as the whole path
+            return scatter_received(c, call, root, algorithm, None, options)
+        if in_packet:
+            return my_row.copy()
+        result = np.empty(shape, dtype)
+        fn(t, None, result.reshape(-1), bounds, root)
+        return result
 
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
         if out is not None and not _fits(out, shape, dtype):
@@ -717,7 +782,7 @@ def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
 
         return receive
 
-    return bind
+    return Decision(bind, fresh)
 
 
 _DECIDERS: dict[str, Callable[..., Any]] = {

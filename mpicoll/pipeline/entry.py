@@ -164,7 +164,10 @@ def run_decided(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method:
         call = c._call = watch.enter(c._seq, name, site, args, kwargs)
         c._backend.transport.begin()  # the call's tag: every rank advances it
         if out is None and decision.fresh is not None:
-            return decision.fresh(call, x)
+            result = decision.fresh(call, x)
+            if result is not decided.DECLINED:
+                return result
+            return method(c, call, *args, **kwargs)
         run = decision.bind(x, out)  # None: it declines these buffers, before any message
         return run(call) if run is not None else method(c, call, *args, **kwargs)
     except (OpError, CollectiveError) as exc:
