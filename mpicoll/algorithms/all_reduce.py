@@ -249,9 +249,10 @@ def ring_pipelined_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op
     it arrives, while the next ones are still on the wire, and is sent on to the right
     neighbour at once (the next step's message), so reduction and transfer overlap
     across segments and across steps, as in NCCL's ring.
-    Steps: 2(p-1) of S segments each; bytes: 2 (p-1)/p n per rank; reductions:
-    (p-1)/p n per rank, overlapped with the transfers.
-    Cost: 2*(p-1)*S*alpha + 2*(p-1)/p*n*beta + (p-1)/p*n*gamma/S
+    Steps: 2(p-1) of ceil(S/p) segments each (S: the segments of the whole vector, so a
+    chunk of n/p has ceil(S/p)); bytes: 2 (p-1)/p n per rank; reductions: (p-1)/p n per
+    rank, overlapped with the transfers.
+    Cost: 2*(p-1)*ceil(S/p)*alpha + 2*(p-1)/p*n*beta + (p-1)/p*n*gamma/ceil(S/p)
     """
     p, rank = t.size, t.rank
     with t.workspace() as ws:
@@ -358,9 +359,10 @@ def double_binary_tree_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray
     order of the messages between them and NCCL issues one group per round; a partial
     result sent up is out before the result lands on it. The trees reorder the operands:
     commutative ops only.
-    Steps: about 4 ceil(lg p) + 2 S segment times; bytes: at most 2n into and out of a
-    rank; reductions: at most n per rank.
-    Cost: (4*ceil(lg p) + 2*S)*(alpha + n/S*beta) + n*gamma
+    Steps: about 2 ceil(lg p) + S rounds (up and down each tree's height, then one per
+    segment), each moving up to 2n/S into or out of a rank (a parent's and two children's
+    segments); bytes: at most 2n into and out of a rank; reductions: at most n per rank.
+    Cost: (2*ceil(lg p) + S)*(alpha + 2*n/S*beta) + n*gamma
     """
     p, rank = t.size, t.rank
     with t.workspace() as ws:
