@@ -47,7 +47,7 @@ def test_quickstart_names_the_algorithms_and_keeps_whole_rows():
     assert "-> [[6, 7], [106, 107], [206, 207], [306, 307]]" in done.stdout  # not cut
 
 
-# every example, its own check included, at 1, 2, 3 and 4 ranks
+# every example, its own check included, at 1, 3 and 4 ranks
 EXAMPLES = {
     "cheatsheet": ("no rank left before rank", "--algorithm", "ring"),
     "distributed_mean": ("np.mean on all of them",),
@@ -66,7 +66,7 @@ EXAMPLES = {
 
 
 @needs_mpiexec
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [1, 3, 4])  # one rank, an odd count, a power of two
 @pytest.mark.parametrize("name", list(EXAMPLES))
 def test_example(name, n):
     expected, *args = EXAMPLES[name]

@@ -89,7 +89,8 @@ def test_every_op_and_dtype(world, collective, algorithm):
             with pytest.raises(mpicoll.UnsupportedDtypeError, match="native.*MPI"):
                 run_case(world, collective, algorithm, (9,), dtype, op)
             continue
-        for root in _roots(world, collective):
+        # every root is run by the tests above and below; here the first and the last
+        for root in sorted({0, world.size - 1}) if collective in ROOTED else (0,):
             run_case(world, collective, algorithm, (9,), dtype, op, root)
 
 

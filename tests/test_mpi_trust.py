@@ -115,7 +115,8 @@ def test_no_call_keeps_a_user_op_alive(world, collective, algorithm):
     world.all_reduce(np.ones((world.size, 2)), op, async_op=True).wait()
     gone = weakref.ref(op)
     del op
-    gc.collect()
+    if gone() is not None:  # a reference cycle: the collector's to find (slow at 8 ranks)
+        gc.collect()
     assert gone() is None, "a cache, record or callback still holds the user's Op"
 
 
