@@ -6,6 +6,8 @@ result and may be ``src`` itself (in place). n is the message size in bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..buffers import chunk_bounds, even_bounds
@@ -40,17 +42,14 @@ def ring_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op) -> N
     ring_all_gather(t, dst, bounds)
 
 
-@register("all_reduce", "recursive_doubling")
-def recursive_doubling_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op) -> None:
-    """Recursive doubling: exchange the whole partial result with the rank 2^k away.
-
-    Any p: the extra ranks are folded onto the largest power of two p2 (2 more steps).
-    Operands are combined in rank order, so non-commutative ops are exact too.
-    Steps: lg p2 (+2 if folded); bytes: n lg p2 per rank; reductions: n lg p2.
-    Cost: (lg p2 + 2*[p != p2])*(alpha + n*beta) + (lg p2 + [p != p2])*n*gamma
-    """
-    p, rank = t.size, t.rank
-    fold = Fold(p)
+def _whole_vector_exchanges(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op,
+                            peer: Callable[[int, int, int], int], in_rank_order: bool) -> None:
+    """The steps of recursive doubling and of Swing's latency all_reduce: at step k the
+    whole partial result is exchanged with ``peer(new rank, k, p2)`` and added in (the
+    lower rank's operand first where ``in_rank_order``), over the largest power of two
+    p2, the extra ranks folded onto it (``Fold``: 2 more steps)."""
+    rank = t.rank
+    fold = Fold(t.size)
     with t.workspace() as ws:
         incoming = ws.take(src.size, src.dtype)
         cur = src
@@ -63,20 +62,31 @@ def recursive_doubling_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray
             op(incoming, src, out=dst)
             cur = dst
         new = fold.new_rank(rank)
-        mask = 1
-        while mask < fold.p2:
-            partner = fold.old_rank(new ^ mask)
+        for step in range(fold.p2.bit_length() - 1):
+            partner = fold.old_rank(peer(new, step, fold.p2))
             t.sendrecv(cur, partner, incoming, partner)
-            if partner < rank:
-                op(incoming, cur, out=dst)
-            else:
+            if in_rank_order and partner > rank:
                 op(cur, incoming, out=dst)
+            else:
+                op(incoming, cur, out=dst)
             cur = dst
-            mask <<= 1
         if cur is not dst:  # one rank: nothing was exchanged
             dst[...] = src
         if rank < 2 * fold.rem:
             t.send(dst, rank - 1)
+
+
+@register("all_reduce", "recursive_doubling")
+def recursive_doubling_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op) -> None:
+    """Recursive doubling: exchange the whole partial result with the rank 2^k away.
+
+    Any p: the extra ranks are folded onto the largest power of two p2 (2 more steps).
+    Operands are combined in rank order, so non-commutative ops are exact too.
+    Steps: lg p2 (+2 if folded); bytes: n lg p2 per rank; reductions: n lg p2.
+    Cost: (lg p2 + 2*[p != p2])*(alpha + n*beta) + (lg p2 + [p != p2])*n*gamma
+    """
+    _whole_vector_exchanges(t, src, dst, op, lambda new, step, p2: new ^ (1 << step),
+                            in_rank_order=True)
 
 
 @register("all_reduce", "swing_latency", commutative_only=True)
@@ -94,29 +104,7 @@ def swing_latency_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op:
     Steps: lg p2 (+2 if folded); bytes: n lg p2 per rank; reductions: n lg p2.
     Cost: (lg p2 + 2*[p != p2])*(alpha + n*beta) + (lg p2 + [p != p2])*n*gamma
     """
-    p, rank = t.size, t.rank
-    fold = Fold(p)
-    with t.workspace() as ws:
-        incoming = ws.take(src.size, src.dtype)
-        cur = src
-        if rank < 2 * fold.rem:
-            if fold.sits_out(rank):
-                t.send(src, rank + 1)
-                t.recv(dst, rank + 1)
-                return
-            t.recv(incoming, rank - 1)
-            op(incoming, src, out=dst)
-            cur = dst
-        new = fold.new_rank(rank)
-        for step in range(fold.p2.bit_length() - 1):
-            partner = fold.old_rank(swing.peer(new, step, fold.p2))
-            t.sendrecv(cur, partner, incoming, partner)
-            op(incoming, cur, out=dst)
-            cur = dst
-        if cur is not dst:  # one rank: nothing was exchanged
-            dst[...] = src
-        if rank < 2 * fold.rem:
-            t.send(dst, rank - 1)
+    _whole_vector_exchanges(t, src, dst, op, swing.peer, in_rank_order=False)
 
 
 @register("all_reduce", "swing_bandwidth", commutative_only=True)
