@@ -130,24 +130,35 @@ def numbered(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: An
         if keep is not None:
             decided.keep(c, name, args, kwargs, keep)
         return result
-    except (OpError, CollectiveError) as exc:
-        c._refused_alone = c._seq  # failed mid-call here: the others may wait in it
-        watch.failed(exc)
-        raise
-    except MpicollError as exc:
-        watch.failed(exc, refused=True)
-        raise
     except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
-        c._refused_alone = c._seq
-        watch.failed(exc)
-        raise CollectiveError(f"{name} (call #{c._seq}) failed on rank {c.rank}: "
-                              f"{type(exc).__name__}: {exc}") from exc
+        raise _ended(c, name, exc)  # noqa: B904 - _ended keeps exc as the cause
     finally:
         watch.leave()
         if tracer is not None:
             tracer.end_call()
         c._call = None
         c._entry.release()
+
+
+def _ended(c: Any, name: str, exc: Exception) -> MpicollError:
+    """What a call that raised ``exc`` raises, with its flight-recorder entry marked:
+    mpicoll's own error as it is (a refusal, or a failure mid-call: then the others may
+    wait in this call, and this rank's next call resyncs), anything else as a
+    CollectiveError naming the call and caused by it."""
+    watch = c._watch
+    if isinstance(exc, (OpError, CollectiveError)):
+        c._refused_alone = c._seq  # failed mid-call here: the others may wait in it
+        watch.failed(exc)
+        return exc
+    if isinstance(exc, MpicollError):
+        watch.failed(exc, refused=True)
+        return exc
+    c._refused_alone = c._seq
+    watch.failed(exc)
+    error = CollectiveError(f"{name} (call #{c._seq}) failed on rank {c.rank}: "
+                            f"{type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
 
 
 def run_decided(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
@@ -170,18 +181,8 @@ def run_decided(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method:
             return method(c, call, *args, **kwargs)
         run = decision.bind(x, out)  # None: it declines these buffers, before any message
         return run(call) if run is not None else method(c, call, *args, **kwargs)
-    except (OpError, CollectiveError) as exc:
-        c._refused_alone = c._seq  # failed mid-call here: the others may wait in it
-        watch.failed(exc)
-        raise
-    except MpicollError as exc:
-        watch.failed(exc, refused=True)
-        raise
     except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
-        c._refused_alone = c._seq
-        watch.failed(exc)
-        raise CollectiveError(f"{name} (call #{c._seq}) failed on rank {c.rank}: "
-                              f"{type(exc).__name__}: {exc}") from exc
+        raise _ended(c, name, exc)  # noqa: B904 - _ended keeps exc as the cause
     finally:
         watch.leave()
         c._call = None
