@@ -254,29 +254,7 @@ def _all_reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any]:
 
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
         if out is None:  # a new result every run
-            read = _reader(t, x, None)
-            if native_mpi:
-                def run(call: Any) -> Any:
-                    rec = watch.current
-                    rec.algorithm, rec.nbytes = name, nbytes
-                    result = np.empty(shape, dtype)
-                    allreduce(read(), result, mop)
-                    if average_it:
-                        average(result, opd, fn, size, averages_itself)
-                    return result
-
-                return run
-
-            def run(call: Any) -> Any:
-                rec = watch.current
-                rec.algorithm, rec.nbytes = name, nbytes
-                result = np.empty(shape, dtype)
-                reduce(call, t, read(), result.reshape(-1), opd)
-                if average_it:
-                    average(result, opd, fn, size, averages_itself)
-                return result
-
-            return run
+            return lambda call: fresh(call, x)
         if out is x:  # in place
             if not x.flags.writeable:
                 return None
@@ -606,22 +584,7 @@ def _broadcast(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
             return x
 
         def bind_root(x: Any, out: Any) -> Callable[[Any], Any]:
-            src = x.reshape(-1)
-            read = _reader(t, x, None)
-
-            def run(call: Any) -> Any:
-                rec = watch.current
-                header[:] = words
-                if packed:
-                    packet[agree.HEADER_BYTES:end] = src.view(np.uint8)
-                rec.algorithm, rec.nbytes = pack_name, agree.HEADER_BYTES + limit
-                pack_fn(t, packet, root)
-                if not packed:
-                    rec.algorithm, rec.nbytes = name, nbytes
-                    fn(t, read(), root)
-                return x
-
-            return run
+            return lambda call: fresh_root(call, x)
 
         return Decision(bind_root, fresh_root)
 
@@ -648,23 +611,8 @@ def _broadcast(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
 
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
         if x is not None and not x.flags.writeable:
-            return None  # the whole path refuses it
-
-        def receive(call: Any) -> Any:
-            rec = watch.current
-            rec.algorithm, rec.nbytes = pack_name, agree.HEADER_BYTES + limit
-            pack_fn(t, packet, root)
-            if header.tobytes() != expected:  # the root sent another header: as the whole path
-                return broadcast_received(c, call, x, root, algorithm, options)
-            result = np.empty(shape, dtype) if x is None else x
-            if packed:
-                result.reshape(-1).view(np.uint8)[...] = packet[agree.HEADER_BYTES:end]
-            else:
-                rec.algorithm, rec.nbytes = name, nbytes
-                fn(t, result.reshape(-1), root)
-            return result
-
-        return receive
+            return None  # the whole path refuses it (fresh would decline each run)
+        return lambda call: fresh(call, x)
 
     return Decision(bind, fresh)
 
@@ -723,28 +671,28 @@ def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
             return result
 
         def bind_root(x: Any, out: Any) -> Callable[[Any], Any] | None:
-            if out is not None and not _fits(out, shape, dtype):
+            if out is None:
+                return lambda call: fresh_root(call, x)
+            if not _fits(out, shape, dtype):
                 return None
-            src = x.reshape(-1)
+            src, dst = x.reshape(-1), out.reshape(-1)
             mine = src[lo:hi]
-            own_row = out is not None and same_memory(out.reshape(-1), mine)
-            if out is not None and not own_row and np.may_share_memory(src, out):
+            own_row = same_memory(dst, mine)  # out=x[root]: MPI's in-place scatter
+            if not own_row and np.may_share_memory(src, out):
                 return None  # the whole path's stand-in
 
             def run(call: Any) -> Any:
                 note()
-                result = np.empty(shape, dtype) if out is None else out
-                dst = result.reshape(-1)
                 header[:] = words
                 if in_packet:
-                    packet[agree.HEADER_BYTES:end] = src.view(np.uint8)
+                    rows[...] = x
                 agree.broadcast(c, packet, root)
                 if in_packet:
                     if not own_row:
                         dst[...] = mine
                 else:
                     fn(t, src, dst, bounds, root)
-                return result
+                return out
 
             return run
 
@@ -765,7 +713,9 @@ def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
         return result
 
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
-        if out is not None and not _fits(out, shape, dtype):
+        if out is None:
+            return lambda call: fresh(call, x)
+        if not _fits(out, shape, dtype):
             return None
 
         def receive(call: Any) -> Any:
@@ -773,12 +723,11 @@ def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
             agree.broadcast(c, packet, root)
             if header.tobytes() != expected:  # the root sent another header: as the whole path
                 return scatter_received(c, call, root, algorithm, out, options)
-            result = np.empty(shape, dtype) if out is None else out
             if in_packet:
-                result.reshape(-1).view(np.uint8)[...] = packet[first:last_byte]
+                out[...] = my_row
             else:
-                fn(t, None, result.reshape(-1), bounds, root)
-            return result
+                fn(t, None, out.reshape(-1), bounds, root)
+            return out
 
         return receive
 
