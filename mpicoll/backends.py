@@ -5,7 +5,8 @@ an object per backend instead of string branches through the Communicator).
 - ``mpi``: NumPy or CuPy arrays over mpi4py point-to-point messages; MPI's collectives
   as ``native``; host messages (headers, counts, fingerprints) on the same transport.
 - ``nccl``: CuPy arrays over ncclSend/ncclRecv; NCCL's collectives as ``native``; host
-  messages over MPI (the communicator that bootstrapped NCCL).
+  messages over MPI (the communicator that bootstrapped NCCL); the program's own
+  point-to-point messages on NCCL communicators per pair of ranks and tag.
 - ``local``: ranks as threads of one process; no ``native``.
 """
 
@@ -125,7 +126,7 @@ def nccl_backend(comm: Any = None) -> Backend:
     from .native import NATIVE as MPI_NATIVE
     from .native_nccl import AVERAGES_ITSELF, NATIVE, nccl_op
     from .transport.mpi import MPITransport
-    from .transport.nccl import NCCLTransport
+    from .transport.nccl import NCCLPeers, NCCLTransport
 
     require_nccl(comm)  # collective: a rank without CuPy or NCCL fails everywhere
     device = select_device(comm)
@@ -135,13 +136,19 @@ def nccl_backend(comm: Any = None) -> Backend:
     except Exception:
         control.free()
         raise
+    try:
+        peers = NCCLPeers(control.comm)
+    except Exception:
+        transport.free()
+        control.free()
+        raise
     backend = Backend("nccl", transport, NATIVE, nccl_op, control=control,
                       control_native=MPI_NATIVE, like=transport._device_like,
                       packed_bytes=-1,  # data always goes over NCCL, never in the host packet
                       queues_on_stream=True, auto_prefers_native=True, traceable=False,
                       averages_itself=AVERAGES_ITSELF,
                       make_duplicate=lambda: nccl_backend(control.comm))
-    backend.device = device
+    backend.device, backend.peers = device, peers
     return backend
 
 

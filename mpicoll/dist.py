@@ -16,7 +16,7 @@ What differs from torch: the job is started by an MPI launcher (mpiexec, srun), 
 torchrun's rendezvous (``init_method`` is accepted and ignored; torch's ``RANK`` and
 ``WORLD_SIZE``, when set, must agree with MPI's); backends are "mpi" (CPU and GPU
 arrays; "gloo" is taken as "mpi") and "nccl" (GPU arrays); ``recv`` needs ``src`` or
-receives from any rank and returns the sender, as torch's.
+receives from any rank (not on "nccl") and returns the sender, as torch's.
 """
 
 from __future__ import annotations

@@ -14,6 +14,17 @@ A receive takes a message of at most ``out``'s bytes. Every blocking step (a sen
 receive, a request's ``wait``) is watched: past the Communicator's timeout the rank
 reports what it waits for (the peer and the tag) and the job ends, as for every call.
 One thread at a time, as for the collectives.
+
+On the nccl backend (``NCCLPeers``) messages move GPU arrays on NCCL communicators made
+for each pair of ranks and tag at its first message (a meeting point of the two ranks),
+queued on the current CuPy stream: blocking calls synchronize it, a Request's ``wait``
+waits for an event recorded after the message. NCCL has no wildcard receive
+(``source=ANY`` is refused) and cannot tell a shorter message: a receive must be exactly
+as long as its send. A rank runs its messages in the order it issues them, so messages
+that two ranks exchange, or receive in another order than they were sent, go in one
+``sendrecv`` or ``batch_isend_irecv`` (one NCCL group), as with torch's NCCL backend.
+A backend's peers object says what it cannot do: ``any_source`` (default True) and
+``device_only`` (default False); ``batch`` where it starts a batch as one operation.
 """
 
 from __future__ import annotations
@@ -111,6 +122,16 @@ def _peers(comm: Any) -> Any:
     return peers
 
 
+def _source(comm: Any, peers: Any, value: Any, name: str = "source") -> int:
+    """A receive's source: a rank, or ANY where the backend can receive from any rank."""
+    source = _rank(comm, value, name, True)
+    if source == ANY and not getattr(peers, "any_source", True):
+        raise InvalidArgumentError(
+            f"{name}: mpicoll.ANY (any rank) is not on the {comm.backend} backend: NCCL "
+            "has no wildcard receive; name the sending rank")
+    return source
+
+
 def _rank(comm: Any, value: Any, name: str, any_ok: bool = False) -> int:
     if any_ok and value is None:
         return ANY
@@ -131,9 +152,18 @@ def _tag(peers: Any, tag: Any) -> int:
     return int(tag)
 
 
-def _outgoing(x: Any) -> Any:
+def _on_device(comm: Any, peers: Any, array: Any, name: str) -> Any:
+    """``array``, or a refusal of a host array where the backend moves GPU arrays only."""
+    if type(array) is np.ndarray and getattr(peers, "device_only", False):
+        raise InvalidArgumentError(
+            f"{name}: backend '{comm.backend}' moves GPU arrays (CuPy, or a CUDA __dlpack__ "
+            "tensor); got a host array: use backend 'mpi' for host memory")
+    return array
+
+
+def _outgoing(comm: Any, peers: Any, x: Any, name: str = "x") -> Any:
     """What a send sends: ``x``'s bytes as a flat contiguous array (a copy if strided)."""
-    array, _ = as_array(x, "x")
+    array = _on_device(comm, peers, as_array(x, name)[0], name)
     if not array.flags.c_contiguous:
         from .arrays import module_of
 
@@ -141,10 +171,10 @@ def _outgoing(x: Any) -> Any:
     return array.reshape(-1)
 
 
-def _incoming(out: Any, name: str = "out") -> Any:
+def _incoming(comm: Any, peers: Any, out: Any, name: str = "out") -> Any:
     """Where a receive lands: ``out``'s own memory, flat (it must be contiguous and
     writeable: the message is written into it in place)."""
-    array, _ = as_array(out, name)
+    array = _on_device(comm, peers, as_array(out, name)[0], name)
     if not array.flags.c_contiguous or (type(array) is np.ndarray and not array.flags.writeable):
         raise InvalidArgumentError(f"{name}: a receive buffer must be a writeable contiguous array")
     return array.reshape(-1)
@@ -156,7 +186,7 @@ class PointToPoint:
     def send(self, x: Any, dest: int, tag: int = 0) -> None:
         """Send ``x`` to rank ``dest``; returns once ``x`` may be reused."""
         peers = _peers(self)
-        dest, tag, buf = _rank(self, dest, "dest"), _tag(peers, tag), _outgoing(x)
+        dest, tag, buf = _rank(self, dest, "dest"), _tag(peers, tag), _outgoing(self, peers, x)
         if dest == self.rank:
             raise InvalidArgumentError("dest: a blocking send to this rank itself would wait "
                                        "forever; use isend and irecv")
@@ -164,10 +194,12 @@ class PointToPoint:
             peers.send(buf, dest, tag)
 
     def recv(self, out: Any, source: int = ANY, tag: int = 0) -> int:
-        """Receive a message of at most ``out``'s bytes from ``source`` (``mpicoll.ANY``:
-        any rank) into ``out`` in place; returns the rank that sent it."""
+        """Receive a message of at most ``out``'s bytes (on nccl: exactly) from ``source``
+        (``mpicoll.ANY``: any rank; not on nccl) into ``out`` in place; returns the rank
+        that sent it."""
         peers = _peers(self)
-        source, tag, buf = _rank(self, source, "source", True), _tag(peers, tag), _incoming(out)
+        source, tag = _source(self, peers, source), _tag(peers, tag)
+        buf = _incoming(self, peers, out)
         if source == self.rank:
             raise InvalidArgumentError("source: a blocking receive from this rank itself "
                                        "would wait forever; use isend and irecv")
@@ -179,9 +211,9 @@ class PointToPoint:
         """Send ``x`` to ``dest`` and receive into ``out`` from ``source`` at once (no
         deadlock when two ranks exchange); returns the rank the message came from."""
         peers = _peers(self)
-        dest, source = _rank(self, dest, "dest"), _rank(self, source, "source", True)
+        dest, source = _rank(self, dest, "dest"), _source(self, peers, source)
         send_tag, recv_tag = _tag(peers, send_tag), _tag(peers, recv_tag)
-        sendbuf, recvbuf = _outgoing(x), _incoming(out)
+        sendbuf, recvbuf = _outgoing(self, peers, x), _incoming(self, peers, out)
         with _watched(self, "sendrecv", _waiting("recv", source, recv_tag)):
             return peers.sendrecv(sendbuf, dest, send_tag, recvbuf, source, recv_tag)
 
@@ -189,7 +221,7 @@ class PointToPoint:
         """Start sending ``x`` to ``dest``: a Request; ``x`` must not change until its
         ``wait()``."""
         peers = _peers(self)
-        dest, tag, buf = _rank(self, dest, "dest"), _tag(peers, tag), _outgoing(x)
+        dest, tag, buf = _rank(self, dest, "dest"), _tag(peers, tag), _outgoing(self, peers, x)
         with _watched(self, "isend", _waiting("send", dest, tag)):
             return Request(self, "isend", dest, tag, peers.isend(buf, dest, tag), False)
 
@@ -197,12 +229,14 @@ class PointToPoint:
         """Start receiving into ``out`` from ``source``: a Request whose ``wait()`` gives
         the rank the message came from."""
         peers = _peers(self)
-        source, tag, buf = _rank(self, source, "source", True), _tag(peers, tag), _incoming(out)
+        source, tag = _source(self, peers, source), _tag(peers, tag)
+        buf = _incoming(self, peers, out)
         with _watched(self, "irecv", _waiting("recv", source, tag)):
             return Request(self, "irecv", source, tag, peers.irecv(buf, source, tag), True)
 
     def batch_isend_irecv(self, ops: Sequence[P2POp]) -> list[Request]:
-        """Start every message of ``ops`` (P2POps) and return their Requests, in order."""
+        """Start every message of ``ops`` (P2POps) and return their Requests, in order
+        (on nccl: every one checked first, then all in one NCCL group)."""
         ops = list(ops)
         kinds = []
         for i, p in enumerate(ops):
@@ -213,5 +247,24 @@ class PointToPoint:
             if name not in ("isend", "irecv"):
                 raise InvalidArgumentError(f"ops[{i}].op: expected 'isend' or 'irecv', got {p.op!r}")
             kinds.append(name)
-        return [self.isend(p.tensor, p.peer, p.tag) if kind == "isend"
-                else self.irecv(p.tensor, p.peer, p.tag) for kind, p in zip(kinds, ops, strict=True)]
+        peers = _peers(self)
+        if not hasattr(peers, "batch"):
+            return [self.isend(p.tensor, p.peer, p.tag) if kind == "isend"
+                    else self.irecv(p.tensor, p.peer, p.tag)
+                    for kind, p in zip(kinds, ops, strict=True)]
+        checked = []  # (is_send, buffer, peer, tag), every one before any message
+        for i, (kind, p) in enumerate(zip(kinds, ops, strict=True)):
+            tag = _tag(peers, p.tag)
+            if kind == "isend":
+                checked.append((True, _outgoing(self, peers, p.tensor, f"ops[{i}].tensor"),
+                                _rank(self, p.peer, f"ops[{i}].peer"), tag))
+            else:
+                checked.append((False, _incoming(self, peers, p.tensor, f"ops[{i}].tensor"),
+                                _source(self, peers, p.peer, f"ops[{i}].peer"), tag))
+        note = (f"starting {len(checked)} point-to-point messages with rank(s) "
+                f"{', '.join(str(r) for r in sorted({peer for _, _, peer, _ in checked}))}")
+        with _watched(self, "batch_isend_irecv", note):
+            started = peers.batch(checked)
+        return [Request(self, kind, peer, tag, request, not is_send)
+                for kind, (is_send, _, peer, tag), request in zip(kinds, checked, started,
+                                                                 strict=True)]

@@ -20,6 +20,10 @@ It fails where CuPy fails, so a test on it shows what a GPU would:
   knows bfloat16 (type 9); its methods carry CuPy's embedded C signatures (``size_t``
   counts). ``make_module(api=13)`` gives CuPy 13's tuple ids instead, and its ``int``
   count on ``broadcast``.
+- A communicator spans the ranks that make it from one id (all of MPI.COMM_WORLD, a
+  group, a pair), each waiting for the others as in ncclCommInitRank; a peer's messages
+  match in the order issued, and a receive not exactly as long as its send raises
+  NcclError (real NCCL cannot tell: a test must see it).
 - ``Stream.null``, ``Stream.ptds``, the default current stream and an ``ExternalStream``
   without ``device_id`` have ``device_id == -1``, as CuPy's: the stream of whichever
   device is current.
@@ -679,17 +683,88 @@ def groupEnd():  # noqa: N802
     _Group.depth -= 1
     if _Group.depth == 0:
         pending, _Group.pending = _Group.pending, []
-        posted = [call() for call in pending]  # point-to-point: all posted, then waited
-        from mpi4py import MPI
+        _moved([call() for call in pending])  # point-to-point: all posted, then waited
 
-        MPI.Request.Waitall([request for request, _ in posted if request is not None])
-        for _, after in posted:
-            if after is not None:
-                after()
+
+def _moved(posted: list) -> None:
+    """Wait for the posted (request, after) pairs, then run each ``after(status)``: a
+    receive's raises NcclError where its message was not exactly as long (real NCCL
+    cannot tell; a test must see it)."""
+    from mpi4py import MPI
+
+    requests = [MPI.REQUEST_NULL if request is None else request for request, _ in posted]
+    statuses = [MPI.Status() for _ in posted]
+    try:
+        MPI.Request.Waitall(requests, statuses)
+    except MPI.Exception as exc:  # a message longer than its receive
+        raise NcclError(5, f"NCCL_ERROR_INVALID_USAGE: the stand-in: {exc}") from exc
+    errors = []
+    for (_, after), status in zip(posted, statuses, strict=True):
+        if after is not None:
+            try:
+                after(status)
+            except NcclError as exc:
+                errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
+_ids = itertools.count(1)  # the unique ids this process made
+
+
+def _unique_id() -> bytes:
+    """NCCL's 128 bytes (some above 127, as real ids have): the first eight say which
+    rank of MPI.COMM_WORLD made the id and its number there, by which the ranks of the
+    communicator find each other (real NCCL: a socket address in the id)."""
+    from mpi4py import MPI
+
+    raw = bytearray(range(128, 256))
+    raw[:8] = np.array([MPI.COMM_WORLD.Get_rank(), next(_ids)], "<u4").tobytes()
+    return bytes(raw)
+
+
+_MEETING_TAGS = 1 << 24  # COMM_WORLD tags of the ranks meeting at an id: from here up
+
+
+def _members(ndev: int, raw: bytes, rank: int) -> tuple[list[int], int]:
+    """The MPI.COMM_WORLD ranks of a communicator's ranks 0..ndev-1, as the rank that
+    made the id (one of them, as in mpicoll) gathers and tells them, and the id's tag:
+    each rank of ``NcclCommunicator(ndev, id, rank)`` waits here for all of them, as in
+    ncclCommInitRank."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    maker, number = (int(v) for v in np.frombuffer(raw[:8], "<u4"))
+    tag = _MEETING_TAGS + number % (world.Get_attr(MPI.TAG_UB) - _MEETING_TAGS)
+    mine = np.array([rank, world.Get_rank()], np.int64)
+    members = np.full(ndev, -1, np.int64)
+    sent = world.Isend(mine, maker, tag)
+    if world.Get_rank() == maker:
+        came = []  # the world ranks that came, each told the outcome
+        for _ in range(ndev):
+            got = np.empty(2, np.int64)
+            world.Recv(got, MPI.ANY_SOURCE, tag)
+            came.append(int(got[1]))
+            if 0 <= got[0] < ndev and members[got[0]] < 0:
+                members[got[0]] = got[1]
+        if (members < 0).any():  # a rank twice, or out of range: every rank refuses
+            members[:] = -2
+        for r in came:
+            if r != maker:
+                world.Send(members, r, tag)
+    sent.Wait()
+    if world.Get_rank() != maker:
+        world.Recv(members, maker, tag)
+    if (members < 0).any():
+        raise NcclError(4, "NCCL_ERROR_INVALID_ARGUMENT: invalid argument (ranks)")
+    return members.tolist(), tag
 
 
 class NcclCommunicator:
-    """NCCL's communicator for the ranks of MPI.COMM_WORLD, moving bytes with MPI.
+    """NCCL's communicator for ranks of MPI.COMM_WORLD (all, or some: those that call it
+    with the same id), moving bytes with MPI on a communicator of their own, in NCCL's
+    rank order. As NCCL's, it matches a peer's messages in the order they are issued, and
+    a receive must be exactly as long as its send (here a mismatch raises NcclError).
 
     CuPy 14's signature; with ``api=13`` (``make_module(api=13)``), CuPy 13's tuple id.
     """
@@ -711,17 +786,22 @@ class NcclCommunicator:
         if len(commId) != 128:
             raise ValueError(f"commId length {len(commId)} != 128.")
         world = MPI.COMM_WORLD
-        if ndev != world.Get_size() or rank != world.Get_rank():
+        if not 0 <= rank < ndev <= world.Get_size():
             raise NcclError(4, "NCCL_ERROR_INVALID_ARGUMENT: invalid argument")
+        members, tag = _members(ndev, bytes(int(c) & 0xFF for c in commId), rank)
+        group = world.Get_group().Incl(members)
+        comm = world.Create_group(group, tag)
+        group.Free()
         # NCCL refuses two ranks on one GPU of a node (the device index tells, among the
         # ranks MPI puts on this node: under the two-node SLURM stand-in, per node)
-        node = world.Split_type(MPI.COMM_TYPE_SHARED, world.Get_rank())
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED, world.Get_rank())
         devices = node.allgather(current_device())
         node.Free()
         if devices.count(current_device()) > 1:
+            comm.Free()
             raise NcclError(5, "NCCL_ERROR_INVALID_USAGE: invalid usage (Duplicate GPU "
                                "detected)")
-        self._comm = world.Dup()
+        self._comm = comm
         self.device = current_device()
 
     def _check_device(self):
@@ -744,15 +824,11 @@ class NcclCommunicator:
         return buf
 
     def _queue(self, post, after=None):
-        """Post now (or at groupEnd); ``after`` runs once the messages have moved."""
+        """Post now (or at groupEnd); ``after(status)`` runs once the messages have moved."""
         if _Group.depth:
             _Group.pending.append(lambda: (post(), after))
         else:
-            request = post()
-            if request is not None:
-                request.Wait()
-            if after is not None:
-                after()
+            _moved([(post(), after)])
 
     def send(self, ptr, count, datatype, peer, stream):
         """NcclCommunicator.send(self, intptr_t sendbuf, size_t count, int datatype, int peer, intptr_t stream)"""  # noqa: E501 - CuPy 14's embedded signature
@@ -767,9 +843,19 @@ class NcclCommunicator:
         """NcclCommunicator.recv(self, intptr_t recvbuf, size_t count, int datatype, int peer, intptr_t stream)"""  # noqa: E501 - CuPy 14's embedded signature
         self._check_device()
         target = _memory(ptr, count, datatype)
-        arrived = np.empty_like(target)
-        self._queue(lambda: self._comm.Irecv(arrived, peer, 7),
-                    lambda: _land(_stream_of(stream), target, arrived))
+        arrived = np.empty(target.nbytes + 1, np.uint8)  # room to see a longer message
+
+        def land(status):
+            from mpi4py import MPI
+
+            got = status.Get_count(MPI.BYTE)
+            if got != target.nbytes:
+                raise NcclError(5, f"NCCL_ERROR_INVALID_USAGE: the stand-in: a receive of "
+                                   f"{target.nbytes} bytes from rank {peer} met a send of "
+                                   f"{'more' if got > target.nbytes else got} bytes")
+            _land(_stream_of(stream), target, arrived[:-1].view(target.dtype))
+
+        self._queue(lambda: self._comm.Irecv(arrived, peer, 7), land)
 
     def _collective(self, stream, compute, target):
         """A collective: computed over MPI now, landing in ``target`` later."""
@@ -780,7 +866,7 @@ class NcclCommunicator:
         def post():
             result.append(compute())
 
-        def land():
+        def land(status):
             if target is not None:
                 _land(_stream_of(stream), target, result[0].astype(target.dtype))
 
@@ -893,9 +979,9 @@ def make_module(api: int = 14) -> types.ModuleType:
     nccl.get_version = lambda: 23203
     nccl.NcclError = NcclError
     if api >= 14:
-        nccl.get_unique_id = lambda: bytes(range(128, 256))  # bytes above 127 too
-    else:
-        nccl.get_unique_id = lambda: tuple(range(-64, 64))
+        nccl.get_unique_id = _unique_id
+    else:  # C chars: signed on x86
+        nccl.get_unique_id = lambda: tuple(b - 256 if b > 127 else b for b in _unique_id())
     nccl.groupStart, nccl.groupEnd = groupStart, groupEnd
     members = {"api": api}
     if api < 14:  # CuPy 13 declares broadcast's count a C int (size_t from cupy#8562)

@@ -550,20 +550,23 @@ def test_bruck_index_arrays_live_on_the_blocks_device(fake_cupy):
 @pytest.mark.mpi
 def test_split_and_new_group_on_the_nccl_backend(fake_cupy):
     """Groups of an NCCL Communicator agree over its MPI side (a bad color raises on every
-    rank before any NCCL communicator is made) and get an NCCL communicator of their own
-    (made here at one rank: the stand-in's NCCL spans MPI.COMM_WORLD only)."""
+    rank before any NCCL communicator is made) and get an NCCL communicator of their own,
+    over their ranks only."""
     from mpi4py import MPI
 
     comm = mpicoll.Communicator(MPI.COMM_WORLD, backend="nccl")
     with pytest.raises(mpicoll.InvalidArgumentError, match=r"rank\(s\) 0: color"):
         comm.split("red" if comm.rank == 0 else 1)
-    with pytest.raises(mpicoll.InvalidArgumentError, match="not on the nccl backend"):
-        comm.send(fake_cupy.zeros(2), 0)
-    if comm.size == 1:
-        sub = comm.split(0)
-        assert sub.backend == "nccl" and (sub.rank, sub.size) == (0, 1)
-        got = sub.all_reduce(fake_cupy.asarray(np.full(4, 3.0)), algorithm="native")
-        assert np.all(got.get() == 3.0)
-        assert comm.new_group([0]).size == 1
-        sub.free()
+    sub = comm.split(comm.rank % 2)
+    members = [r for r in range(comm.size) if r % 2 == comm.rank % 2]
+    assert sub.backend == "nccl" and (sub.rank, sub.size) == (members.index(comm.rank),
+                                                              len(members))
+    got = sub.all_reduce(fake_cupy.asarray(np.full(4, 3.0)), algorithm="native")
+    assert np.all(got.get() == 3.0 * len(members))
+    first = comm.new_group([0])
+    assert (first is None) == (comm.rank != 0)
+    if first is not None:
+        assert first.size == 1
+        first.free()
+    sub.free()
     comm.free()

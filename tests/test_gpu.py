@@ -178,6 +178,24 @@ def test_a_stream_of_the_callers(comm):
         assert float(got[0]) == float(got[-1]) == comm.size * (comm.size + 1) / 2
 
 
+def test_point_to_point_on_the_gpu(comm):
+    """A ring of sendrecv, then a batch with both neighbours (on nccl: NCCL communicators
+    per pair of ranks and tag; at one rank, messages to itself in one group)."""
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    mine = cupy.arange(1 << 12, dtype=cupy.float32) + 100 * comm.rank
+    out = cupy.zeros_like(mine)
+    assert comm.sendrecv(mine, right, out, left, 3, 3) == left
+    assert float(out[1]) == 1 + 100 * left
+    from_left, from_right = cupy.zeros_like(mine), cupy.zeros_like(mine)
+    requests = comm.batch_isend_irecv([
+        mpicoll.P2POp("isend", mine, right, tag=1), mpicoll.P2POp("isend", mine, left, tag=2),
+        mpicoll.P2POp("irecv", from_left, left, tag=1),
+        mpicoll.P2POp("irecv", from_right, right, tag=2)])
+    assert [r.wait() for r in requests] == [None, None, left, right]
+    assert float(from_left[-1]) == (1 << 12) - 1 + 100 * left
+    assert float(from_right[-1]) == (1 << 12) - 1 + 100 * right
+
+
 @pytest.mark.parametrize("kind", ["null", "ptds", "current"])
 def test_async_on_a_stream_of_device_minus_1(comm, kind):
     """CuPy's default streams have device_id -1: an async call on one runs on the

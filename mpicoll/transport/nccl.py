@@ -16,6 +16,9 @@ Messages go counted in elements, as an NCCL type as wide as the buffer's items (
 a divisor of their width: 8, 4, 2 or 1 bytes), never in bytes where the dtype allows, so
 a count stays within what CuPy's binding takes (``count_limit``); every algorithm of
 mpicoll runs over this transport unchanged.
+
+The program's own messages (``comm.send``, ``recv``, ...) go by ``NCCLPeers``, on
+two-rank NCCL communicators made per pair of ranks and tag, never on this transport's.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..arrays import cupy_module
-from ..errors import InvalidArgumentError
+from ..errors import CollectiveError, InvalidArgumentError
 from . import Workspace
 
 NCCL_UINT8 = 1  # ncclDataType_t ncclUint8
@@ -77,13 +80,14 @@ def count_limit(communicator_type: type, method: str) -> int:
 
 
 def check_count(comm: Any, method: str, count: int, what: str) -> int:
-    """``count`` when ``comm.<method>`` takes it; else an InvalidArgumentError naming the
-    call (every rank of an NCCL collective holds the same count, so all refuse alike).
+    """``count`` when ``comm.<method>`` takes it (``comm``: an NcclCommunicator, or its
+    class); else an InvalidArgumentError naming the call (every rank of an NCCL
+    collective holds the same count, so all refuse alike).
 
     Raises:
         InvalidArgumentError: the count does not fit the binding's count type.
     """
-    limit = count_limit(type(comm), method)
+    limit = count_limit(comm if isinstance(comm, type) else type(comm), method)
     if count > limit:
         raise InvalidArgumentError(
             f"{what}: {count} elements for NcclCommunicator.{method}, but the installed "
@@ -112,6 +116,29 @@ def unique_id_for_cupy(raw: bytes, major: int, machine: str | None = None) -> by
     return tuple(b - 256 if b > 127 else b for b in raw)
 
 
+def _made_unique_id() -> tuple[np.ndarray, str]:
+    """NCCL's unique id made here, in a packet: a status word (0, or 1 where it could not
+    be made, with the reason) and the 128 raw bytes, as one message carries them."""
+    packet = np.zeros(8 + UNIQUE_ID_BYTES, np.uint8)
+    problem = ""
+    try:
+        from cupy.cuda import nccl
+
+        packet[8:] = np.frombuffer(unique_id_bytes(nccl.get_unique_id()), np.uint8)
+    except Exception as exc:  # noqa: BLE001 - NcclError, ImportError, a CUDA error
+        problem = f"{type(exc).__name__}: {exc}"
+        packet[:8].view(np.int64)[0] = 1
+    return packet, problem
+
+
+def _unique_id_in(packet: np.ndarray, problem: str, refusal: str) -> bytes:
+    """The 128 raw bytes of a ``_made_unique_id`` packet, or InvalidArgumentError(refusal)
+    where its maker could not make the id."""
+    if packet[:8].view(np.int64)[0] != 0:
+        raise InvalidArgumentError(refusal + (f" ({problem})" if problem else ""))
+    return packet[8:].tobytes()
+
+
 def unique_id_over_mpi(comm: Any) -> bytes:
     """Collective: rank 0 makes NCCL's unique id; MPI broadcasts it (128 raw bytes after
     a status word, no pickle), so a failure at rank 0 reaches every rank.
@@ -121,22 +148,13 @@ def unique_id_over_mpi(comm: Any) -> bytes:
     Raises:
         InvalidArgumentError: on every rank, when rank 0 could not make the id.
     """
-    packet = np.zeros(8 + UNIQUE_ID_BYTES, np.uint8)
-    problem = ""
     if comm.Get_rank() == 0:
-        try:
-            from cupy.cuda import nccl
-
-            packet[8:] = np.frombuffer(unique_id_bytes(nccl.get_unique_id()), np.uint8)
-        except Exception as exc:  # noqa: BLE001 - NcclError, ImportError, a CUDA error
-            problem = f"{type(exc).__name__}: {exc}"
-            packet[:8].view(np.int64)[0] = 1
+        packet, problem = _made_unique_id()
+    else:
+        packet, problem = np.zeros(8 + UNIQUE_ID_BYTES, np.uint8), ""
     comm.Bcast(packet, 0)
-    if packet[:8].view(np.int64)[0] != 0:
-        raise InvalidArgumentError(
-            "backend 'nccl' cannot start: rank 0 could not create NCCL's unique id"
-            + (f" ({problem})" if problem else ""))
-    return packet[8:].tobytes()
+    return _unique_id_in(packet, problem, "backend 'nccl' cannot start: rank 0 could not "
+                                          "create NCCL's unique id")
 
 
 class NCCLTransport(Workspace):
@@ -250,3 +268,178 @@ class NCCLTransport(Workspace):
         if getattr(self, "nccl", None) is not None:
             self.nccl.destroy()
             self.nccl = None
+
+
+# ---- the program's own point-to-point messages ----------------------------------------
+
+
+class NCCLPeers:
+    """The program's point-to-point messages (``comm.send``/``recv``, ...) over NCCL, on
+    NCCL communicators of their own, so they never meet a collective's messages.
+
+    NCCL has no tags and matches a pair's messages in the order they are issued on one
+    communicator, so, as torch's ProcessGroupNCCL does, each pair of ranks gets its own
+    two-rank communicator, and here one per tag too (messages of different tags never
+    match each other, as in MPI): made at the pair's first message on that tag, from a
+    unique id the lower rank makes and sends to the higher over a private duplicate of
+    the backend's MPI communicator (tag: the message's tag), in an exchange that also
+    tells the lower that the higher has come. So the first message of a pair on a tag is
+    a meeting point of the two; the communicators an operation needs are made in one
+    order on every rank (lower rank, higher rank, tag), so a ring of ``sendrecv``s makes
+    its pairs without a cycle.
+
+    Messages go on the current CuPy stream as one NCCL group per operation; a blocking
+    one synchronizes that stream, a started one records an event after it. What NCCL
+    cannot do is refused by ``mpicoll.p2p`` before any message: a receive from any rank
+    (``any_source``), host arrays (``device_only``). A receive must be as long as its
+    send, byte for byte: NCCL cannot tell a shorter message.
+    """
+
+    any_source = False  # NCCL has no wildcard receive
+    device_only = True  # device buffers only, as the backend's collectives
+
+    def __init__(self, comm: Any) -> None:
+        from cupy.cuda import nccl
+        from mpi4py import MPI
+
+        self._nccl = nccl
+        self.comm = comm.Dup()  # the unique ids' messages: no collective uses it
+        self.rank = self.comm.Get_rank()
+        tag_ub = self.comm.Get_attr(MPI.TAG_UB)
+        self.max_tag = int(tag_ub) if tag_ub else 32767
+        self.pairs: dict[tuple[int, int], Any] = {}  # (peer, tag): NcclCommunicator
+
+    def _make_pair(self, peer: int, tag: int) -> Any:
+        """The NCCL communicator of this rank and ``peer`` for ``tag`` (``peer`` itself:
+        one rank), made with ``peer`` (it makes the same one now)."""
+        lower, higher = min(self.rank, peer), max(self.rank, peer)
+        if self.rank == lower:
+            packet, problem = _made_unique_id()
+        else:
+            packet, problem = np.zeros(8 + UNIQUE_ID_BYTES, np.uint8), ""
+        if peer != self.rank:
+            # the two meet here, in MPI (a wait the watchdog sees: CuPy holds the GIL in
+            # ncclCommInitRank), so NCCL's init starts only once both have come
+            theirs = np.zeros_like(packet)
+            self.comm.Sendrecv(packet, peer, tag, theirs, peer, tag)
+            if self.rank == higher:
+                packet = theirs
+        pair = f"ranks {lower} and {higher}" if lower != higher else f"rank {lower}"
+        raw = _unique_id_in(packet, problem, f"point-to-point on backend 'nccl': rank {lower} "
+                                             f"could not create NCCL's unique id for {pair} "
+                                             f"(tag {tag})")
+        try:
+            return self._nccl.NcclCommunicator(1 if lower == higher else 2,
+                                               unique_id_for_cupy(raw, cupy_major()),
+                                               0 if self.rank == lower else 1)
+        except Exception as exc:  # noqa: BLE001 - NcclError, named
+            raise CollectiveError(
+                f"point-to-point on backend 'nccl': ncclCommInitRank of the communicator of "
+                f"{pair} (tag {tag}) failed on rank {self.rank} ({type(exc).__name__}: "
+                f"{exc})") from exc
+
+    def _issue(self, ops: Sequence[tuple[bool, Any, int, int]]) -> Any:
+        """Issue ``ops`` ((is_send, device buffer, peer, tag), ...) as one NCCL group on
+        the current stream, after making the communicators they need; the stream.
+
+        Raises:
+            InvalidArgumentError: before any message, where a count does not fit the
+                binding, or a message to this rank has no receive of its own in the group.
+        """
+        calls = []
+        for is_send, buf, peer, tag in ops:
+            count, datatype = wire(buf)
+            method = "send" if is_send else "recv"
+            check_count(self._nccl.NcclCommunicator, method, count,
+                        f"a send to rank {peer}" if is_send else f"a receive from rank {peer}")
+            calls.append((method, buf.data.ptr, count, datatype, peer, tag))
+        self._check_messages_to_self(ops)
+        needed = {(peer, tag) for _, _, peer, tag in ops}
+        for peer, tag in sorted(needed, key=lambda k: (min(k[0], self.rank),
+                                                       max(k[0], self.rank), k[1])):
+            if (peer, tag) not in self.pairs:
+                self.pairs[peer, tag] = self._make_pair(peer, tag)
+        stream = cupy_module().cuda.get_current_stream()
+        self._nccl.groupStart()
+        try:
+            for method, ptr, count, datatype, peer, tag in calls:
+                # the peer's rank in the pair's communicator: the lower rank is 0
+                getattr(self.pairs[peer, tag], method)(ptr, count, datatype,
+                                                       int(peer > self.rank), stream.ptr)
+        finally:
+            self._nccl.groupEnd()
+        return stream
+
+    def _check_messages_to_self(self, ops: Sequence[tuple[bool, Any, int, int]]) -> None:
+        """A message to this rank must meet its receive in the same NCCL group (the send
+        would otherwise wait for a receive queued behind it on the same stream)."""
+        sent: dict[int, list[int]] = {}
+        received: dict[int, list[int]] = {}
+        for is_send, buf, peer, tag in ops:
+            if peer == self.rank:
+                (sent if is_send else received).setdefault(tag, []).append(buf.nbytes)
+        if sent != received:
+            raise InvalidArgumentError(
+                f"rank {self.rank}: on backend 'nccl' a message to this rank itself goes in "
+                "one NCCL group with a receive of it, of as many bytes: use sendrecv, or "
+                "batch_isend_irecv with both")
+
+    @staticmethod
+    def _requests(stream: Any, ops: Sequence[tuple[bool, Any, int, int]]) -> list[NCCLPeerRequest]:
+        event = cupy_module().cuda.Event(block=False, disable_timing=True)
+        event.record(stream)
+        return [NCCLPeerRequest(event, peer, buf) for _, buf, peer, _ in ops]
+
+    def send(self, buf: Any, dest: int, tag: int) -> None:
+        self._issue([(True, buf, dest, tag)]).synchronize()
+
+    def recv(self, buf: Any, source: int, tag: int) -> int:
+        self._issue([(False, buf, source, tag)]).synchronize()
+        return source
+
+    def sendrecv(self, sendbuf: Any, dest: int, send_tag: int, recvbuf: Any, source: int,
+                 recv_tag: int) -> int:
+        self._issue([(True, sendbuf, dest, send_tag), (False, recvbuf, source, recv_tag)]
+                    ).synchronize()
+        return source
+
+    def isend(self, buf: Any, dest: int, tag: int) -> NCCLPeerRequest:
+        return self.batch([(True, buf, dest, tag)])[0]
+
+    def irecv(self, buf: Any, source: int, tag: int) -> NCCLPeerRequest:
+        return self.batch([(False, buf, source, tag)])[0]
+
+    def batch(self, ops: Sequence[tuple[bool, Any, int, int]]) -> list[NCCLPeerRequest]:
+        """Start ``ops`` ((is_send, device buffer, peer, tag), ...) in one NCCL group, so
+        their order on this rank and on their peers does not matter; a request each."""
+        return self._requests(self._issue(ops), ops)
+
+    def free(self) -> None:
+        """Destroy the pair communicators and free the private MPI communicator."""
+        pairs, self.pairs = self.pairs, {}
+        for communicator in pairs.values():
+            communicator.destroy()
+        from mpi4py import MPI
+
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.comm.Free()
+
+
+class NCCLPeerRequest:
+    """Messages ``NCCLPeers`` queued on a stream: ``wait()`` waits on the host for the
+    event recorded after them and gives the peer (a receive's source); ``test()`` asks
+    the event without waiting. The buffer is kept until then."""
+
+    def __init__(self, event: Any, peer: int, keep: Any) -> None:
+        self.event, self.peer, self.keep = event, peer, keep
+
+    def wait(self) -> int:
+        if self.keep is not None:
+            self.event.synchronize()
+            self.keep = None
+        return self.peer
+
+    def test(self) -> bool:
+        if self.keep is not None and self.event.done:
+            self.keep = None
+        return self.keep is None
