@@ -45,6 +45,9 @@ class Backend:
         queues_on_stream: calls are queued on a CUDA stream (async_op records an event).
         auto_prefers_native: "auto" takes the library's collective wherever it serves.
         traceable: the tracer can wrap the transport.
+        device: the GPU this rank runs on (NCCL: chosen once, when the first Communicator
+            is made, and kept by its sub-communicators and duplicates); None elsewhere.
+        peers: the program's point-to-point messages (None: not on this backend).
     """
 
     def __init__(self, name: str, transport: Any, native: dict[str, Callable[..., None]],
@@ -53,7 +56,8 @@ class Backend:
                  like: Any = None, packed_bytes: int = PACKED_BYTES,
                  queues_on_stream: bool = False, auto_prefers_native: bool = False,
                  traceable: bool = True, averages_itself: frozenset = frozenset(),
-                 make_duplicate: Callable[[], Backend]) -> None:
+                 make_duplicate: Callable[[], Backend],
+                 make_sub: Callable[[Any], Backend] | None = None) -> None:
         self.name, self.transport, self.native, self.op_check = name, transport, native, op_check
         self.control = transport if control is None else control
         self.control_native = native if control_native is None else control_native
@@ -65,12 +69,19 @@ class Backend:
         self.traceable = traceable
         self.averages_itself = averages_itself  # native functions that divide avg themselves
         self._make_duplicate = make_duplicate
-        self.peers: Any = None  # the program's point-to-point messages (None: not here)
+        self._make_sub = make_sub  # None: the backend splits its own way (local)
+        self.device: int | None = None
+        self.peers: Any = None
 
 
     def duplicate(self) -> Backend:
         """The same backend on a duplicate of its communicator (collective)."""
         return self._make_duplicate()
+
+    def sub(self, comm: Any) -> Backend:
+        """The same backend over ``comm``, an MPI communicator split from this one's
+        (collective over ``comm``), every rank keeping the GPU it runs on here."""
+        return self._make_sub(comm)
 
     def free(self) -> None:
         if self.peers is not None:
@@ -111,7 +122,7 @@ def mpi_backend(comm: Any = None) -> Backend:
 
     transport = MPITransport(comm)
     backend = Backend("mpi", transport, NATIVE, check_op,
-                      make_duplicate=lambda: mpi_backend(transport.comm))
+                      make_duplicate=lambda: mpi_backend(transport.comm), make_sub=mpi_backend)
     try:
         backend.peers = MPIPeers(transport)
     except Exception:
@@ -120,16 +131,18 @@ def mpi_backend(comm: Any = None) -> Backend:
     return backend
 
 
-def nccl_backend(comm: Any = None) -> Backend:
+def nccl_backend(comm: Any = None, device: int | None = None) -> Backend:
+    """The NCCL backend over ``comm`` (collective). ``device``: the GPU this rank
+    already runs on (a parent Communicator's), kept; None: chosen by ``select_device``."""
     comm = mpi_comm(comm)
-    from .cuda import require_nccl, select_device
+    from .cuda import keep_device, require_nccl, select_device
     from .native import NATIVE as MPI_NATIVE
     from .native_nccl import AVERAGES_ITSELF, NATIVE, nccl_op
     from .transport.mpi import MPITransport
     from .transport.nccl import NCCLPeers, NCCLTransport
 
     require_nccl(comm)  # collective: a rank without CuPy or NCCL fails everywhere
-    device = select_device(comm)
+    device = select_device(comm) if device is None else keep_device(device)
     control = MPITransport(comm)
     try:
         transport = NCCLTransport(control.comm)
@@ -147,7 +160,8 @@ def nccl_backend(comm: Any = None) -> Backend:
                       packed_bytes=-1,  # data always goes over NCCL, never in the host packet
                       queues_on_stream=True, auto_prefers_native=True, traceable=False,
                       averages_itself=AVERAGES_ITSELF,
-                      make_duplicate=lambda: nccl_backend(control.comm))
+                      make_duplicate=lambda: nccl_backend(control.comm, device),
+                      make_sub=lambda sub: nccl_backend(sub, device))
     backend.device, backend.peers = device, peers
     return backend
 

@@ -192,6 +192,9 @@ def select_device(comm: Any = None) -> int:
 
     A device other than 0 already current counts as the caller's choice; device 0 does
     not (every thread starts there, and any CuPy allocation makes a context on it).
+    This is for a rank's first choice only: a sub-communicator or a duplicate keeps its
+    parent's device (``keep_device``), since neither its rank there nor the device
+    current on the thread that makes it says which GPU the rank runs on.
 
     Raises:
         InvalidArgumentError: on every rank, when any rank has no CuPy, CUDA driver or
@@ -213,6 +216,19 @@ def select_device(comm: Any = None) -> int:
         except InvalidArgumentError as exc:
             code, detail = BAD_DEVICE, str(exc)
     agree(comm, code, detail, "select_device: not every rank has a GPU")
+    cupy_module().cuda.Device(device).use()
+    return device
+
+
+def keep_device(device: int) -> int:
+    """Make ``device``, the GPU this rank already runs on (its parent Communicator's),
+    current for this thread, and return it: nothing is chosen again.
+
+    A sub-communicator's ranks are not in their parent's order (``new_group`` of the
+    ranks reversed, ``split`` by key), and the thread that makes one may have any device
+    current (device 0 on a new thread), so choosing again by either would move a rank
+    onto a GPU another rank already uses.
+    """
     cupy_module().cuda.Device(device).use()
     return device
 

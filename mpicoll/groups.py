@@ -8,8 +8,8 @@ It is agreed first: every rank's (color, key) travels in one numbered all_gather
 bad color or key on one rank, or ``new_group`` ranks that differ between ranks, raise on
 every rank before anything is made; then MPI_Comm_split (or the local backend's own
 split) makes the group, and the new Communicator agrees its settings as any does. It
-has the parent's backend, check mode and timeout; its rank order follows ``key`` (ties
-by the parent's rank), as MPI_Comm_split's.
+has the parent's backend (on NCCL each rank keeps its GPU), check mode and timeout; its
+rank order follows ``key`` (ties by the parent's rank), as MPI_Comm_split's.
 """
 
 from __future__ import annotations
@@ -136,8 +136,8 @@ def _make(comm: Any, color: int | None, key: int, colors: np.ndarray, keys: np.n
     sub = parent.Split(MPI.UNDEFINED if color is None else int(color), int(key))
     if sub == MPI.COMM_NULL:
         return None
-    try:
-        return Communicator(sub, backend=b.name, check=comm.check, timeout=comm.timeout)
+    try:  # every rank keeps what it runs on (NCCL: its GPU), whatever its rank in the group
+        return Communicator(backend=b.sub(sub), check=comm.check, timeout=comm.timeout)
     finally:
         sub.Free()  # the new Communicator works on its own duplicate
 

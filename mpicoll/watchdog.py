@@ -414,18 +414,22 @@ _WATCHDOG = Watchdog()
 
 
 def abort_nccl() -> None:
-    """ncclCommAbort every NCCL communicator of this process, so no GPU kernel waits on."""
+    """ncclCommAbort every NCCL communicator of this process, so no GPU kernel waits on:
+    each backend's own (its collectives') and its peers' (``NCCLPeers``: the program's
+    point-to-point messages, one per pair of ranks and tag). A failing abort stops none
+    of the others."""
     dog = _WATCHDOG
     with dog.lock:
         watches = list(dog.watches)
     for watch in watches:
         nccl = getattr(watch.backend.transport, "nccl", None)
-        abort = getattr(nccl, "abort", None)
-        if abort is not None:
-            try:
-                abort()
-            except Exception:  # noqa: BLE001, S110 - ending the job matters more
-                pass
+        peers = getattr(watch.backend, "peers", None)
+        for abort in (getattr(nccl, "abort", None), getattr(peers, "abort", None)):
+            if abort is not None:
+                try:
+                    abort()
+                except Exception:  # noqa: BLE001, S110 - ending the job matters more
+                    pass
 
 
 def abort_job(code: int, grace: float = 0.0) -> None:

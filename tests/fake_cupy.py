@@ -935,6 +935,14 @@ class NcclCommunicator:
             self._comm.Free()
             self._comm = None
 
+    def abort(self):
+        """NcclCommunicator.abort(self)"""  # noqa: E501 - CuPy 14's embedded signature
+        # ncclCommAbort: ends the communicator at once, waiting for no peer; as CuPy's,
+        # once aborted (or destroyed) a later abort or destroy does nothing
+        if self._comm is not None:
+            self._comm.Free()
+            self._comm = None
+
 
 # ---- the module -------------------------------------------------------------------------
 

@@ -255,8 +255,8 @@ def test_p2p_after_split_and_new_group(comm, fake_cupy):
     assert half.sendrecv(fake_cupy.asarray(_values(comm.rank)), right, out, left) == left
     members = [r for r in range(comm.size) if r % 2 == comm.rank % 2]
     np.testing.assert_array_equal(out.get(), _values(members[left]))
-    # ranks p-1 .. 1, reversed (rank 0, on device 0, left out: select_device would move
-    # it onto the device of its rank in the group, which another rank uses)
+    # ranks p-1 .. 1, reversed: rank 0 is in no group (reordered groups of every rank:
+    # test_a_reordered_group_keeps_every_rank_on_its_device)
     group = comm.new_group(list(range(1, comm.size))[::-1]) if comm.size > 1 else None
     assert (group is None) == (comm.rank == 0)
     peers = [half._backend.peers]
@@ -276,4 +276,104 @@ def test_p2p_after_split_and_new_group(comm, fake_cupy):
     if group is not None:
         group.free()
     assert all(not p.pairs for p in peers) and all(c._comm is None for c in made)  # destroyed
+    _next_call_is_right(comm, fake_cupy)
+
+
+def _reordered(comm, fake_cupy, how: str) -> tuple[object, list[int]]:
+    """A sub-communicator (or duplicate) of ``comm`` in which ranks have other places
+    than in ``comm``, and its members (``comm``'s ranks in its order)."""
+    p = comm.size
+    other = (comm.device + 1) % fake_cupy.cuda.runtime.getDeviceCount()
+    if how == "new_group reversed":
+        return comm.new_group(list(reversed(range(p)))), list(reversed(range(p)))
+    if how == "split, keys reversed":
+        return comm.split(0, key=p - comm.rank), list(reversed(range(p)))
+    if how == "split in halves, keys reversed":
+        return comm.split(comm.rank % 2, key=-comm.rank), \
+            [r for r in reversed(range(p)) if r % 2 == comm.rank % 2]
+    if how == "split while another device is current":
+        with fake_cupy.cuda.Device(other):
+            return comm.split(0, key=p - comm.rank), list(reversed(range(p)))
+    if how == "dup while another device is current":
+        with fake_cupy.cuda.Device(other):
+            return comm.dup(), list(range(p))
+    assert how == "new_group of a split, reversed again"
+    half = comm.split(comm.rank % 2, key=-comm.rank)
+    members = [r for r in reversed(range(p)) if r % 2 == comm.rank % 2]
+    try:
+        return half.new_group(list(reversed(range(half.size)))), members[::-1]
+    finally:
+        half.free()
+
+
+@pytest.mark.parametrize("how", ["new_group reversed", "split, keys reversed",
+                                 "split in halves, keys reversed",
+                                 "split while another device is current",
+                                 "dup while another device is current",
+                                 "new_group of a split, reversed again"])
+def test_a_reordered_group_keeps_every_rank_on_its_device(comm, fake_cupy, how):
+    """Every rank of a sub-communicator stays on the GPU it runs on in its parent,
+    whatever its place in the group and whichever device is current when the group is
+    made: the group's NCCL starts (no rank moved onto another's GPU), its collectives and
+    point-to-point messages are right, and the rank's device is its parent's."""
+    device = comm.device
+    assert fake_cupy.cuda.runtime.getDevice() == device
+    group, members = _reordered(comm, fake_cupy, how)
+    try:
+        assert (group.rank, group.size) == (members.index(comm.rank), len(members))
+        assert group.device == device and fake_cupy.cuda.runtime.getDevice() == device
+        assert group._backend.transport.nccl.device == device
+        for algorithm in ("native", "ring"):
+            x = fake_cupy.asarray(np.full(3, comm.rank + 1.0))
+            got = group.all_reduce(x, algorithm=algorithm)
+            np.testing.assert_array_equal(got.get(), np.full(3, sum(members) + len(members)))
+            got = group.all_gather(fake_cupy.asarray(np.array([comm.rank])), algorithm=algorithm)
+            assert got.get().ravel().tolist() == members  # the group's order
+        right, left = (group.rank + 1) % group.size, (group.rank - 1) % group.size
+        out = fake_cupy.zeros(5)
+        assert group.sendrecv(fake_cupy.asarray(_values(comm.rank)), right, out, left) == left
+        np.testing.assert_array_equal(out.get(), _values(members[left]))
+        assert {c.device for c in group._backend.peers.pairs.values()} == {device}
+    finally:
+        group.free()
+    assert fake_cupy.cuda.runtime.getDevice() == device
+    _next_call_is_right(comm, fake_cupy)
+
+
+def test_a_timeout_aborts_the_pair_communicators_too(comm, fake_cupy, monkeypatch):
+    """The watchdog's abort as a timed-out job ends (``abort_nccl``, before MPI_Abort)
+    aborts every NCCL communicator of the backend: its collectives' and each pair's and
+    tag's of the program's own messages; one abort failing stops none of the others and
+    raises nothing."""
+    from mpicoll import watchdog
+
+    own = comm.dup()  # aborted alone: the module's Communicator goes on
+    right, left = (own.rank + 1) % own.size, (own.rank - 1) % own.size
+    for tag in (0, 5):
+        own.sendrecv(fake_cupy.asarray(_values(own.rank)), right, fake_cupy.zeros(5), left,
+                     tag, tag)
+    pairs = list(own._backend.peers.pairs.values())
+    assert len(pairs) >= 2
+    everything = [own._backend.transport.nccl, *pairs]
+    nccl = fake_cupy.cuda.nccl
+    aborted = []
+
+    def abort(self):
+        aborted.append(self)
+        if self is pairs[0]:
+            raise nccl.NcclError(3, "NCCL_ERROR_INTERNAL_ERROR: internal error")
+        real(self)
+
+    real = nccl.NcclCommunicator.abort
+    with monkeypatch.context() as m:
+        m.setattr(nccl.NcclCommunicator, "abort", abort)
+        m.setattr(watchdog.watchdog(), "watches", [own._watch])  # this Communicator's only
+        watchdog.abort_nccl()
+        assert sorted(map(id, aborted)) == sorted(map(id, everything))
+        assert all(c._comm is None for c in everything if c is not pairs[0])
+        aborted.clear()
+        own._backend.peers.abort()  # directly: the failing one raises nothing either
+        assert sorted(map(id, aborted)) == sorted(map(id, pairs))
+    own.free()  # destroys the one left, and nothing twice
+    assert all(c._comm is None for c in everything)
     _next_call_is_right(comm, fake_cupy)

@@ -23,6 +23,7 @@ two-rank NCCL communicators made per pair of ranks and tag, never on this transp
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import platform
 import re
@@ -413,6 +414,17 @@ class NCCLPeers:
         """Start ``ops`` ((is_send, device buffer, peer, tag), ...) in one NCCL group, so
         their order on this rank and on their peers does not matter; a request each."""
         return self._requests(self._issue(ops), ops)
+
+    def abort(self) -> None:
+        """ncclCommAbort every pair communicator, without waiting for their peers: the
+        watchdog's, as a timed-out job ends (``free`` later destroys nothing twice).
+
+        Safe from another thread than the one sending; a communicator whose abort fails
+        is passed over, the others are aborted all the same, and nothing is raised.
+        """
+        for communicator in list(self.pairs.values()):  # a pair may be being made now
+            with contextlib.suppress(Exception):  # the job is ending: abort the others
+                communicator.abort()
 
     def free(self) -> None:
         """Destroy the pair communicators and free the private MPI communicator."""
