@@ -101,10 +101,41 @@ _TORCH_AS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "floa
              "float8_e5m2": ("uint8", "float8_e5m2")}
 
 
+# small tensors' views, kept: id -> (the tensor, its data_ptr and shape then, the view).
+# Tensor.numpy() costs more than a small collective's own overhead; a view is given again
+# while the tensor still has that memory and shape. Each view holds its tensor: at most
+# _VIEWS_KEPT tensors of at most _VIEW_BYTES are kept alive by it (then it starts over).
+_VIEWS: dict[int, tuple] = {}
+_VIEW_BYTES, _VIEWS_KEPT = 1 << 16, 256
+
+
+def kept_view(x: Any) -> np.ndarray | None:
+    """The kept view of ``x`` (see torch_numpy), where ``x`` is a small CPU tensor still
+    on the memory and in the shape it was viewed in; else None."""
+    kept = _VIEWS.get(id(x))
+    if kept is not None and kept[0] is x and kept[1] == x.data_ptr() and kept[2] == x.shape \
+            and not x.requires_grad:  # as Tensor.numpy() refuses it
+        return kept[3]
+    return None
+
+
 def torch_numpy(x: Any) -> np.ndarray | None:
     """A NumPy view of the torch CPU tensor ``x`` (no copy; ``Tensor.numpy()``, far cheaper
-    than a DLPack import), bfloat16 and float8 as ml_dtypes' types; None where NumPy
-    cannot view it (a tensor that needs grad, a conjugate one: DLPack then says why)."""
+    than a DLPack import, and kept for small tensors), bfloat16 and float8 as ml_dtypes'
+    types; None where NumPy cannot view it (a tensor that needs grad, a conjugate one:
+    DLPack then says why)."""
+    view = kept_view(x)
+    if view is not None:
+        return view
+    view = _torch_numpy(x)
+    if view is not None and view.nbytes <= _VIEW_BYTES:
+        if len(_VIEWS) >= _VIEWS_KEPT:
+            _VIEWS.clear()
+        _VIEWS[id(x)] = (x, x.data_ptr(), x.shape, view)
+    return view
+
+
+def _torch_numpy(x: Any) -> np.ndarray | None:
     try:
         return x.numpy()
     except TypeError:  # a dtype NumPy lacks

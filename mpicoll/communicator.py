@@ -86,6 +86,7 @@ class Communicator(PointToPoint, Groups):
         self._progress: ProgressThread | None = None  # runs the async_op=True calls
         self._seq = 0  # calls so far: the same on every rank that makes the same calls
         self._refused_alone = 0  # a call this rank refused alone; the next one resyncs
+        self._freed = False  # free() was called: its plans refuse to start
         self._entry = threading.Lock()
         self._call: Call | None = None
         try:  # the settings as this rank reads them, nothing raised before they are agreed

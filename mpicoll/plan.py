@@ -30,15 +30,18 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import numpy as np
+
 from .arrays import as_array, empty
 from .arrays import same as _same
-from .errors import InvalidArgumentError, MpicollError
+from .errors import CollectiveError, ConcurrentCallError, InvalidArgumentError, MpicollError
 from .pipeline.decided import Decision, decide
-from .pipeline.entry import numbered, run_decided
+from .pipeline.entry import busy, ended, numbered
 from .spec import SPECS
 from .work import Site, Work, submit
 
 _UNSET = object()
+_PERSISTS = frozenset(("all_reduce",))  # the decisions with a persistent request (persist)
 
 # what a plan binds besides x: the collectives that take out=
 _TAKES_OUT = frozenset(("scatter", "gather", "all_gather", "reduce", "all_reduce",
@@ -61,6 +64,14 @@ class Plan:
         self._bound: Any = None  # plan(): the start as decided by the first (see _bind_*)
         self._freed = False
         self.starts = 0  # how many times it was started
+        self._decision: Decision | None = None  # what the first plan() decided
+        self._request: Any = None  # the MPI library's persistent request (see _persist)
+        self._lean: tuple | None = None  # plan()'s lean path, once settled (__call__)
+        self._kept: tuple = ()  # its flight-recorder entry (Watch.enter_kept)
+        # whether the second plan() votes on a persistent request: values every rank
+        # holds alike (the backend, check mode and traces are agreed when comm is made)
+        self._votes = collective in _PERSISTS and comm.backend == "mpi" and not comm.check \
+            and comm._tracer is None
 
     def __repr__(self) -> str:
         state = "freed" if self._freed else "active" if self._work is not None else "inactive"
@@ -104,23 +115,50 @@ class Plan:
 
     def __call__(self) -> Any:
         """Start and wait, in the calling thread: the result."""
+        lean = self._lean
+        if lean is not None:
+            comm = self.comm
+            if self._work is None and not comm._refused_alone and not comm._freed:
+                # what the first start decided (or the persistent request the second
+                # made), on the bound buffers: entry.run_decided's steps, its values fixed
+                entry, watch, begin, name, site, kept, run = lean
+                self.starts += 1
+                if not entry.acquire(False):
+                    raise ConcurrentCallError(busy(comm, f"{name} plan()"))
+                try:
+                    seq = comm._seq = comm._seq + 1
+                    call = comm._call = watch.enter_kept(seq, name, site, kept)
+                    begin()  # the call's tag: every rank advances it
+                    return run(call)
+                except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
+                    raise ended(comm, name, exc)  # noqa: B904 - keeps the cause
+                finally:
+                    watch.leave()
+                    comm._call = None
+                    entry.release()
         self._check_usable("__call__()")
         if self._work is not None:
             raise InvalidArgumentError(
                 f"plan(): this {self.collective} plan is already started; wait() for it first")
         self.starts += 1
         comm = self.comm
-        if self._bound is not None:
-            if comm._refused_alone:  # the resync first: the whole path
-                return numbered(comm, self.collective, self._site, self._args, self._kwargs,
-                                self._method)
-            return run_decided(comm, self.collective, self._site, self._args, self._kwargs,
-                               self._method, self._bound, None, None)
+        if self.starts == 2 and self._votes:
+            self._persist()
+        if self._bound is not None:  # settled: from the next start on, the lean path above
+            self._lean = (comm._entry, comm._watch, comm._backend.transport.begin,
+                          self.collective, self._site, self._kept, self._bound)
+            return numbered(comm, self.collective, self._site, self._args, self._kwargs,
+                            self._settled)  # the resync first, where a rank owes one
         result = getattr(comm, self.collective)(*self._args, stream=self._stream,
                                                 _site=self._site, **self._kwargs)
         if self.starts == 1 and self._stream is None:  # decided and agreed: keep it
             self._bound = self._decided()
         return result
+
+    def _settled(self, comm: Any, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """A start as the other ranks run it, as the whole path's method of ``numbered``."""
+        comm._watch.rewrite(self._kept)  # the entry as the first start wrote it
+        return self._bound(call)
 
     def _decided(self) -> Any:
         """What the first start decided, bound to the plan's buffers once: every later
@@ -133,8 +171,50 @@ class Plan:
             return None
         if run is None:
             return None
-        self._method = getattr(type(self.comm), self.collective).__wrapped__  # the whole path
-        return Decision(lambda x, out: run)
+        self._decision = decision
+        self._kept = self.comm._watch.kept()  # the first start's flight-recorder entry
+        return run
+
+    def _persist(self) -> None:
+        """The second ``plan()``: every rank says whether it can run the plan's buffers
+        through the MPI library's persistent collective (``MPI_Allreduce_init``: where
+        the first start decided ``native``, on host buffers it binds as they are), and
+        where all can, each makes it and every later start is its ``Start`` and ``Wait``.
+        The vote is one small all-reduce, once per plan, so no rank's buffers or stream
+        alone can make it run other messages than the others."""
+        comm, persist = self.comm, None
+        if self._bound is not None and self._stream is None and self._decision is not None \
+                and self._decision.persist is not None:
+            try:
+                persist = self._decision.persist(self._args[0] if self._args else None,
+                                                 self._kwargs.get("out"))
+            except Exception:  # noqa: BLE001 - this rank votes no
+                persist = None
+        from mpi4py import MPI
+
+        from .watchdog import Call
+
+        if not comm._entry.acquire(False):
+            raise ConcurrentCallError(busy(comm, f"{self.collective} plan"))
+        try:
+            vote = np.array([persist is not None], np.int32)
+            call = Call(comm._seq, f"{self.collective} plan")
+            call.at(self._site)
+            with comm._watch.aside(call, "waiting for every rank to start the plan the "
+                                         "second time (its vote on a persistent request)"):
+                t = comm._backend.transport
+                t.comm.Allreduce(MPI.IN_PLACE, vote, MPI.MIN)
+                if vote[0]:
+                    run, self._request = persist()
+        except MpicollError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - MPI's errors, named
+            raise CollectiveError(f"{self.collective} plan on rank {comm.rank}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            comm._entry.release()
+        if vote[0]:
+            self._bound = run
 
     def free(self) -> None:
         """Let go of the plan (an active start is waited for first)."""
@@ -146,6 +226,10 @@ class Plan:
         finally:
             self._freed = True
             self._args, self._kwargs, self._bound = (), {}, None
+            self._decision = self._lean = None
+            if self._request is not None:
+                self.comm._backend.transport.release(self._request)
+                self._request = None
 
     def __enter__(self) -> Plan:
         return self

@@ -216,6 +216,30 @@ class Watch:
         self.started = rec.start = _now()
         return call
 
+    def enter_kept(self, seq: int, collective: str, frame: Any, kept: tuple) -> Any:
+        """``enter`` for a call that runs a kept decision (``mpicoll.pipeline.decided``):
+        ``kept`` is the entry's (shape, dtype, args, op, root, algorithm, nbytes) as the
+        call that made the decision recorded them (a kept call has the same values)."""
+        rec = self.ring[seq % self.length]
+        self.current = rec
+        call = rec.call
+        call.seq, call.collective, call.code, call.offset = \
+            seq, collective, frame.f_code, frame.f_lasti
+        rec.shape, rec.dtype, rec.args, rec.op, rec.root, rec.algorithm, rec.nbytes = kept
+        rec.state = RUNNING
+        self.started = rec.start = _now()
+        return call
+
+    def kept(self) -> tuple:
+        """What ``enter_kept`` writes, as the current entry holds it."""
+        rec = self.current
+        return rec.shape, rec.dtype, rec.args, rec.op, rec.root, rec.algorithm, rec.nbytes
+
+    def rewrite(self, kept: tuple) -> None:
+        """Write ``kept`` (see ``kept``) into the current entry."""
+        rec = self.current
+        rec.shape, rec.dtype, rec.args, rec.op, rec.root, rec.algorithm, rec.nbytes = kept
+
     def leave(self) -> None:
         """The call ended (its state is done unless ``failed`` said otherwise)."""
         rec = self.current

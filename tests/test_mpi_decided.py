@@ -106,6 +106,31 @@ def test_a_kept_decision_sends_the_messages_of_the_whole_path(world, collective,
     assert logs[1] == logs[0] and logs[2] == logs[0]
 
 
+@pytest.mark.parametrize("collective", sorted(decided.DECIDED))
+def test_the_bare_default_call_repeated_on_writeable_and_read_only_input(world, collective):
+    """``comm.all_reduce(x)`` with no keyword (the entry's shortest path): the same
+    messages and results call after call, x never written, read-only or not."""
+    world._decisions.clear()
+    p, r = world.size, world.rank
+    spec = mpicoll.spec.SPECS[collective]
+    shape = (p, 3) if spec.input_rows else (5,)
+    logs = []
+    for step, writeable in enumerate([True, True, False, True, False]):
+        x = np.empty(shape)
+        _fill(x, r, step)
+        x.flags.writeable = writeable
+        before = x.copy()
+        args = {"barrier": (), "broadcast": (x if r == 0 else None, 0),
+                "scatter": (x if r == 0 else None, 0), "gather": (x, 0),
+                "reduce": (x, "sum", 0)}.get(collective, (x, "sum") if spec.reduces else (x,))
+        with recorded(world) as log:
+            got = getattr(world, collective)(*args)
+        _check(world, collective, step, got)
+        np.testing.assert_array_equal(x, before)
+        logs.append(log)
+    assert all(log == logs[0] for log in logs)
+
+
 @pytest.mark.parametrize("out_kind", ["in_place", "given", "none"])
 @pytest.mark.parametrize("collective", sorted(decided.DECIDED))
 def test_out_may_change_between_decided_calls(world, collective, out_kind):

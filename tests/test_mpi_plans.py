@@ -208,12 +208,15 @@ def test_a_decided_plan_with_a_raising_user_op_raises_everywhere(world):
         np.testing.assert_array_equal(plan(), np.full(4, float(world.size)))
 
 
-def test_a_plan_start_after_a_refusal_alone_resyncs_first(world):
-    """A rank that refused a call alone owes a resync: its next plan start takes the
-    whole path, so every rank still pairs its starts right."""
+@pytest.mark.parametrize("starts_before", [1, 2, 3])
+def test_a_plan_start_after_a_refusal_alone_resyncs_first(world, starts_before):
+    """A rank that refused a call alone owes a resync: its next plan start resyncs first
+    and then runs as the other ranks do (the whole path, the decided run or, from the
+    second start, MPI's persistent request), so every rank still pairs its starts right."""
     x = np.ones(3)
     with world.all_reduce_init(x, algorithm="native") as plan:
-        plan()
+        for _ in range(starts_before):
+            np.testing.assert_array_equal(plan(), np.full(3, float(world.size)))
         if world.rank == 0:
             with pytest.raises(mpicoll.InvalidArgumentError):
                 world.all_reduce("not an array")
@@ -240,6 +243,43 @@ def test_one_rank_on_the_whole_path_meets_the_others_decided_starts(world, algor
             want = (world.size - 1) * (step + 1.0)
             np.testing.assert_array_equal(plan(), np.full(4, want))
         assert (plan._bound is None) == (world.rank == 0)
+        assert plan._request is None  # rank 0 voted against MPI's persistent request
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("op", ["sum", "avg", "max"])
+def test_a_native_plan_runs_the_libraries_persistent_request(world, op, inplace):
+    """From the second plan() on, a native all_reduce plan whose buffers every rank binds
+    as they are starts MPI's persistent Allreduce (MPI_Allreduce_init): right on refilled
+    input, in place too, and freed with the plan."""
+    x = np.zeros(5)
+    ref = {"sum": np.sum, "avg": np.mean, "max": np.max}[op]
+    t = world._backend.transport
+    plan = world.all_reduce_init(x, op, algorithm="native", out=x if inplace else None)
+    for step in range(4):
+        x[...] = np.arange(5) + world.rank + step
+        got = plan()
+        np.testing.assert_allclose(got, ref([np.arange(5) + k + step
+                                             for k in range(world.size)], axis=0))
+        assert (got is x) == inplace
+        assert (plan._request is not None) == (step >= 1)
+    assert any(r is plan._request for r in t._persistent)
+    plan.free()
+    assert plan._request is None and not t._persistent
+    np.testing.assert_allclose(world.all_reduce(np.ones(2)), np.full(2, world.size))
+
+
+def test_a_persistent_plan_left_unfreed_goes_with_its_communicator(world):
+    comm = world.dup()
+    x = np.ones(2)
+    plan = comm.all_reduce_init(x, algorithm="native")
+    for _ in range(3):
+        np.testing.assert_array_equal(plan(), np.full(2, float(world.size)))
+    assert plan._request is not None
+    comm.free()  # frees the request before the communicator (MPI would warn at exit)
+    assert not comm._backend.transport._persistent
+    with pytest.raises(mpicoll.InvalidArgumentError, match="Communicator of this all_reduce"):
+        plan()
 
 
 @pytest.mark.parametrize("collective", ["scan", "exscan"])

@@ -67,3 +67,28 @@ def test_tensors_numpy_cannot_view_take_the_whole_path(world):
     got = world.all_reduce(half)
     assert got.dtype == torch.bfloat16
     np.testing.assert_array_equal(got.float().numpy(), np.full(5, p))
+
+
+def test_a_kept_view_follows_the_tensor_it_views(world):
+    """A small tensor's NumPy view is kept between calls (mpicoll.arrays.torch_numpy);
+    a tensor changed in place (new memory, new shape, needing grad) is viewed again or
+    refused as the first time, never through the old view."""
+    p = world.size
+    x = torch.ones(4)
+    for _ in range(2):
+        np.testing.assert_array_equal(world.all_reduce(x, out=x).numpy(), np.full(4, p))
+        x.fill_(1.0)
+    x.set_(torch.full((6,), 2.0))  # other memory, other shape
+    got = world.all_reduce(x, out=x)
+    assert got is x
+    np.testing.assert_array_equal(x.numpy(), np.full(6, 2.0 * p))
+    x.fill_(1.0)
+    x.unsqueeze_(0)  # the same memory in another shape
+    got = world.all_reduce(x)
+    assert tuple(got.shape) == (1, 6)
+    np.testing.assert_array_equal(got.numpy(), np.full((1, 6), float(p)))
+    x.requires_grad_(True)  # Tensor.numpy() refuses it: the whole path names it
+    with pytest.raises(mpicoll.MpicollError):
+        world.all_reduce(x)
+    x.requires_grad_(False)
+    np.testing.assert_array_equal(world.all_reduce(x).numpy(), np.full((1, 6), float(p)))

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import same_memory, to_torch, torch_numpy
+from ..arrays import kept_view, same_memory, to_torch, torch_numpy
 from ..buffers import counts_bounds, even_bounds
 from ..ops import ReduceOp, resolve_op
 from ..transport.compress import Compressing, wire_dtype
@@ -43,6 +43,7 @@ DECLINED = object()  # in the table: such calls take the whole path
 # that hash by what they are (never a user's Op, which the table would keep alive)
 _PLAIN = frozenset((str, int, float, bool, type(None), ReduceOp))
 _LIMIT = 256  # decisions one Communicator keeps; the table starts over beyond it
+_PIN_BYTES = 1 << 16  # a decision keeps its last binding of arrays up to this size
 
 SIGNATURES: dict[str, inspect.Signature] = {}  # each collective's method, from @entry
 
@@ -83,12 +84,11 @@ def from_torch(args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple | None]:
     give the result back; None: not such a call (a GPU tensor, one that needs grad, a
     dtype NumPy lacks), which takes the whole path as it is."""
     x = args[0]
-    if not type(x).__module__.startswith("torch") or not getattr(x, "is_cpu", False):
-        return args, kwargs, None
-    try:
-        host = x.numpy()
-    except Exception:  # noqa: BLE001 - bfloat16 (through ml_dtypes), grad, conjugate
-        host = torch_numpy(x)
+    host = kept_view(x)  # a small tensor's view, made at an earlier call
+    if host is None:
+        if not type(x).__module__.startswith("torch") or not getattr(x, "is_cpu", False):
+            return args, kwargs, None
+        host = torch_numpy(x)  # bfloat16 through ml_dtypes; None: grad, conjugate
         if host is None:
             return args, kwargs, None
     out = kwargs.get("out")
@@ -123,6 +123,8 @@ def keep(c: Any, name: str, args: tuple, kwargs: dict, key: tuple) -> None:
         decision = decide(c, name, args, kwargs)
     except Exception:  # noqa: BLE001 - the call succeeded: its later ones take the whole path
         decision = None
+    if decision is not None:
+        decision.kept = c._watch.kept()  # the entry the whole path wrote for these values
     decisions[key] = DECLINED if decision is None else decision
 
 
@@ -156,10 +158,27 @@ class Decision:
     the call without ``out=`` run at once, on a new result, with no runner made (or
     DECLINED, before any message, for buffers it was not made for)."""
 
-    __slots__ = ("bind", "fresh")
+    __slots__ = ("bind", "fresh", "persist", "kept", "last")
 
-    def __init__(self, bind: Callable[..., Any], fresh: Callable[..., Any] | None = None):
-        self.bind, self.fresh = bind, fresh
+    def __init__(self, bind: Callable[..., Any], fresh: Callable[..., Any] | None = None,
+                 persist: Callable[..., Any] | None = None):
+        self.bind, self.fresh, self.persist = bind, fresh, persist
+        self.kept: tuple = ()  # the flight recorder's entry of its calls (Watch.enter_kept)
+        self.last: tuple | None = None  # the last binding of small buffers (see bound)
+
+    def bound(self, x: Any, out: Any) -> Callable[[Any], Any] | None:
+        """``bind(x, out)``, where the last call bound the same small arrays in the same
+        state (a loop calling ``comm.all_reduce(x, out=y)`` binds once): the same runner.
+        Kept only for arrays of at most _PIN_BYTES, whose memory it keeps alive."""
+        last = self.last
+        if last is not None and last[0] is out and last[1] is x and out.flags.writeable \
+                and last[2] == x.flags.writeable:
+            return last[3]
+        run = self.bind(x, out)
+        if run is not None and type(out) is np.ndarray and type(x) is np.ndarray \
+                and out.nbytes <= _PIN_BYTES and x.nbytes <= _PIN_BYTES:
+            self.last = (out, x, x.flags.writeable, run)
+        return run
 
     def __call__(self, x: Any, out: Any) -> Callable[[Any], Any] | None:
         return self.bind(x, out)
@@ -188,6 +207,23 @@ def _reader(t: Any, x: np.ndarray, dst: Any) -> Callable[[], Any]:
     return copied
 
 
+def _flat(t: Any, x: np.ndarray) -> np.ndarray:
+    """x flat as a run without an ``out=`` reads it (``_reader``'s rule with no result to
+    overlap): its own memory, or a copy in the call's workspace where it cannot be written."""
+    src = x.reshape(-1)
+    if x.flags.writeable:
+        return src
+    copy = t.take(src.size, src.dtype)
+    copy[...] = src
+    return copy
+
+
+def _direct(c: Any, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``fn`` as a decided run calls it: MPI's own collective without the wrapper that
+    stages device buffers (a decision serves host arrays only)."""
+    return getattr(fn, "__wrapped__", fn) if name == "native" and c.backend == "mpi" else fn
+
+
 def _resolve(c: Any, collective: str, algorithm: str, nbytes: int, op: Any, options: dict,
              dtype: Any, uneven: bool = False) -> tuple[Callable[..., Any], str]:
     return c._chooser._resolve(collective, algorithm, nbytes, op, options or None, dtype, uneven)
@@ -202,21 +238,12 @@ def _reduce_with(c: Any, opd: Any, fn: Callable[..., Any]) -> Callable[..., Any]
     return lambda call, *args: _reducing(c, call, opd, fn, *args)
 
 
-def _noted(watch: Any, name: str, nbytes: int) -> Callable[[], None]:
-    """The flight recorder's algorithm and bytes of a run, as choose writes them."""
-    def note() -> None:
-        rec = watch.current
-        rec.algorithm, rec.nbytes = name, nbytes
-
-    return note
-
-
 # -- the collectives where every rank contributes: x's shape and dtype decide -------------
 
 
 def _all_reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any]:
     opd = resolve_op(a["op"], x.dtype)
-    t, watch, shape, dtype, nbytes = c._backend.transport, c._watch, x.shape, x.dtype, x.nbytes
+    t, shape, dtype, nbytes = c._backend.transport, x.shape, x.dtype, x.nbytes
     if a["compress"] is None:
         fn, name = _resolve(c, "all_reduce", a["algorithm"], nbytes, opd, a["options"], dtype)
     else:  # as run.all_reduce: chosen for the wire's bytes, over the compressing transport
@@ -237,16 +264,14 @@ def _all_reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any]:
         allreduce, in_place = t.comm.Allreduce, MPI.IN_PLACE
 
     def fresh(call: Any, x: Any) -> Any:
-        rec = watch.current
-        rec.algorithm, rec.nbytes = name, nbytes
         result = np.empty(shape, dtype)
-        src = x.reshape(-1)
-        if not x.flags.writeable:  # some algorithms stage blocks in their input
-            src = t.take(src.size, dtype)
-            src[...] = x.reshape(-1)
-        if native_mpi:
-            allreduce(src, result, mop)
+        if native_mpi:  # MPI reads x as it is (contiguous: the key's)
+            allreduce(x, result, mop)
         else:
+            src = x.reshape(-1)
+            if not x.flags.writeable:  # some algorithms stage blocks in their input
+                src = t.take(src.size, dtype)
+                src[...] = x.reshape(-1)
             reduce(call, t, src, result.reshape(-1), opd)
         if average_it:
             average(result, opd, fn, size, averages_itself)
@@ -267,8 +292,6 @@ def _all_reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any]:
             return None
 
         def run(call: Any) -> Any:
-            rec = watch.current
-            rec.algorithm, rec.nbytes = name, nbytes
             if native_mpi:
                 src = read()
                 allreduce(in_place if src is dst else src, dst, mop)
@@ -280,18 +303,68 @@ def _all_reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any]:
 
         return run
 
-    return Decision(bind, fresh)
+    def persist(x: Any, out: Any) -> Callable[[], tuple[Callable[[Any], Any], Any]] | None:
+        """Where MPI's own Allreduce runs these buffers: how to make MPI's persistent
+        Allreduce on them (see ``persistent``)."""
+        if not native_mpi or t is not c._backend.transport or type(x) is not np.ndarray \
+                or not x.flags.c_contiguous:
+            return None
+        if out is x:
+            if not x.flags.writeable:
+                return None
+            send, dst = in_place, x.reshape(-1)
+        elif _fits(out, shape, dtype) and not np.may_share_memory(out, x):
+            send, dst = x.reshape(-1), out.reshape(-1)
+        else:
+            return None
+
+        def make() -> tuple[Callable[[Any], Any], Any]:
+            request = t.persistent("Allreduce", send, dst, mop)
+            start, wait = request.Start, request.Wait
+
+            def run(call: Any) -> Any:
+                start()
+                wait()
+                return out
+
+            def run_averaged(call: Any) -> Any:
+                start()
+                wait()
+                average(out, opd, fn, size, averages_itself)
+                return out
+
+            return run_averaged if average_it else run, request
+
+        return make
+
+    return Decision(bind, fresh, persist)
 
 
 def _scan(c: Any, a: dict, x: np.ndarray, collective: str) -> Callable[..., Any]:
     """scan and exscan: exscan's rank 0 takes part with workspace and gets None."""
     opd = resolve_op(a["op"], x.dtype)
     fn, name = _resolve(c, collective, a["algorithm"], x.nbytes, opd, a["options"], x.dtype)
-    t, watch, shape, dtype, nbytes = c._backend.transport, c._watch, x.shape, x.dtype, x.nbytes
+    t, shape, dtype = c._backend.transport, x.shape, x.dtype
     nothing = collective == "exscan" and c.rank == 0
     combined = c.rank + 1 if collective == "scan" else c.rank
     averages_itself, reduce = c._backend.averages_itself, _reduce_with(c, opd, fn)
-    note = _noted(watch, name, nbytes)
+    direct = _direct(c, fn, name) if opd.builtin else None
+
+    def fresh(call: Any, x: Any) -> Any:
+        src = _flat(t, x)
+        if nothing:  # exscan's rank 0: workspace, and None
+            result = None
+            dst = t.take(x.size, dtype)
+        else:
+            result = np.empty(shape, dtype)
+            dst = result.reshape(-1)
+        if direct is not None:
+            direct(t, src, dst, opd)
+        else:
+            reduce(call, t, src, dst, opd)
+        if opd.average and result is not None:
+            average(result, opd, fn, combined, averages_itself)  # by the ranks combined
+        return result
 
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
         if out is not None and not (out is x and x.flags.writeable or
@@ -301,7 +374,6 @@ def _scan(c: Any, a: dict, x: np.ndarray, collective: str) -> Callable[..., Any]
             read = _reader(t, x, None)
 
             def run(call: Any) -> Any:
-                note()
                 dst = t.take(x.size, dtype)
                 reduce(call, t, read(), dst, opd)
                 return None
@@ -310,7 +382,6 @@ def _scan(c: Any, a: dict, x: np.ndarray, collective: str) -> Callable[..., Any]
         read = (lambda: out.reshape(-1)) if out is x else _reader(t, x, None)
 
         def run(call: Any) -> Any:
-            note()
             result = np.empty(shape, dtype) if out is None else out
             dst = result.reshape(-1)
             reduce(call, t, dst if out is x else read(), dst, opd)
@@ -320,7 +391,7 @@ def _scan(c: Any, a: dict, x: np.ndarray, collective: str) -> Callable[..., Any]
 
         return run
 
-    return bind
+    return Decision(bind, fresh)
 
 
 def _reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
@@ -329,10 +400,22 @@ def _reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
         return None
     opd = resolve_op(a["op"], x.dtype)
     fn, name = _resolve(c, "reduce", a["algorithm"], x.nbytes, opd, a["options"], x.dtype)
-    t, watch, shape, dtype, nbytes = c._backend.transport, c._watch, x.shape, x.dtype, x.nbytes
+    t, shape, dtype = c._backend.transport, x.shape, x.dtype
     is_root, size = c.rank == root, c.size
     averages_itself, reduce = c._backend.averages_itself, _reduce_with(c, opd, fn)
-    note = _noted(watch, name, nbytes)
+    direct = _direct(c, fn, name) if opd.builtin else None
+
+    def fresh(call: Any, x: Any) -> Any:
+        src = _flat(t, x)
+        result = np.empty(shape, dtype) if is_root else None
+        dst = None if result is None else result.reshape(-1)
+        if direct is not None:
+            direct(t, src, dst, opd, root)
+        else:
+            reduce(call, t, src, dst, opd, root)
+        if opd.average and result is not None:
+            average(result, opd, fn, size, averages_itself)
+        return result
 
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
         if not is_root:
@@ -341,7 +424,6 @@ def _reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
             read = _reader(t, x, None)
 
             def run(call: Any) -> Any:
-                note()
                 reduce(call, t, read(), None, opd, root)
                 return None
 
@@ -352,7 +434,6 @@ def _reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
         read = _reader(t, x, None if out is None else out.reshape(-1))
 
         def run(call: Any) -> Any:
-            note()
             result = np.empty(shape, dtype) if out is None else out
             reduce(call, t, read(), result.reshape(-1), opd, root)
             if opd.average:
@@ -361,7 +442,7 @@ def _reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
 
         return run
 
-    return bind
+    return Decision(bind, fresh)
 
 
 def _reduce_scatter(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
@@ -380,7 +461,17 @@ def _reduce_scatter(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None
                         x.dtype, counts is not None)
     t, dtype, size = c._backend.transport, x.dtype, c.size
     averages_itself, reduce = c._backend.averages_itself, _reduce_with(c, opd, fn)
-    note = _noted(c._watch, name, x.nbytes)
+    direct = _direct(c, fn, name) if opd.builtin else None
+
+    def fresh(call: Any, x: Any) -> Any:
+        result = np.empty(shape, dtype)
+        if direct is not None:
+            direct(t, _flat(t, x), bounds, opd, result.reshape(-1))
+        else:
+            reduce(call, t, _flat(t, x), bounds, opd, result.reshape(-1))
+        if opd.average:
+            average(result, opd, fn, size, averages_itself)
+        return result
 
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
         if out is not None and not (_fits(out, shape, dtype) and
@@ -389,7 +480,6 @@ def _reduce_scatter(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None
         read = _reader(t, x, None)
 
         def run(call: Any) -> Any:
-            note()
             result = np.empty(shape, dtype) if out is None else out
             reduce(call, t, read(), bounds, opd, result.reshape(-1))
             if opd.average:
@@ -398,7 +488,7 @@ def _reduce_scatter(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None
 
         return run
 
-    return bind
+    return Decision(bind, fresh)
 
 
 def _all_gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
@@ -410,7 +500,14 @@ def _all_gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     t, dtype, shape = c._backend.transport, x.dtype, (size, *x.shape)
     bounds = even_bounds(x.size, size)
     lo, hi = bounds[rank], bounds[rank + 1]
-    note = _noted(c._watch, name, nbytes)
+    direct = _direct(c, fn, name)
+
+    def fresh(call: Any, x: Any) -> Any:
+        result = np.empty(shape, dtype)
+        buf = result.reshape(-1)
+        buf[lo:hi] = x.reshape(-1)
+        direct(t, buf, bounds)
+        return result
 
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
         src = x.reshape(-1)
@@ -425,7 +522,6 @@ def _all_gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
                 return None
 
         def run(call: Any) -> Any:
-            note()
             result = np.empty(shape, dtype) if out is None else out
             buf = result.reshape(-1)
             if copy_in:
@@ -435,7 +531,7 @@ def _all_gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
 
         return run
 
-    return bind
+    return Decision(bind, fresh)
 
 
 def _gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
@@ -447,7 +543,15 @@ def _gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     fn, name = _resolve(c, "gather", a["algorithm"], nbytes, None, a["options"], None)
     t, dtype, shape = c._backend.transport, x.dtype, (size, *x.shape)
     is_root, bounds = c.rank == root, even_bounds(x.size, size)
-    note = _noted(c._watch, name, nbytes)
+    direct = _direct(c, fn, name)
+
+    def fresh(call: Any, x: Any) -> Any:
+        if not is_root:
+            direct(t, _flat(t, x), None, bounds, root)
+            return None
+        result = np.empty(shape, dtype)
+        direct(t, _flat(t, x), result.reshape(-1), bounds, root)
+        return result
 
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
         if not is_root:
@@ -456,7 +560,6 @@ def _gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
             read = _reader(t, x, None)
 
             def run(call: Any) -> Any:
-                note()
                 fn(t, read(), None, bounds, root)
                 return None
 
@@ -467,14 +570,13 @@ def _gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
         read = _reader(t, x, None if out is None else out.reshape(-1))
 
         def run(call: Any) -> Any:
-            note()
             result = np.empty(shape, dtype) if out is None else out
             fn(t, read(), result.reshape(-1), bounds, root)
             return result
 
         return run
 
-    return bind
+    return Decision(bind, fresh)
 
 
 def _all_to_all(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
@@ -483,7 +585,12 @@ def _all_to_all(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     fn, name = _resolve(c, "all_to_all", a["algorithm"], x.nbytes, None, a["options"], None)
     t, dtype, shape = c._backend.transport, x.dtype, x.shape
     bounds = even_bounds(x.size // c.size, c.size)
-    note = _noted(c._watch, name, x.nbytes)
+    direct = _direct(c, fn, name)
+
+    def fresh(call: Any, x: Any) -> Any:
+        result = np.empty(shape, dtype)
+        direct(t, _flat(t, x), bounds, result.reshape(-1), bounds)
+        return result
 
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
         if out is not None and not (out is x and x.flags.writeable or _fits(out, shape, dtype)):
@@ -491,25 +598,25 @@ def _all_to_all(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
         read = _reader(t, x, None if out is None else out.reshape(-1))
 
         def run(call: Any) -> Any:
-            note()
             result = np.empty(shape, dtype) if out is None else out
             fn(t, read(), bounds, result.reshape(-1), bounds)
             return result
 
         return run
 
-    return bind
+    return Decision(bind, fresh)
 
 
 def _barrier(c: Any, a: dict, x: Any) -> Callable[..., Any]:
     fn, name = _resolve(c, "barrier", a["algorithm"], 0, None, a["options"], None)
-    t, note = c._backend.transport, _noted(c._watch, name, 0)
+    t = c._backend.transport
+
+    direct = _direct(c, fn, name)
 
     def run(call: Any) -> None:
-        note()
-        fn(t)
+        direct(t)
 
-    return lambda x, out: run
+    return Decision(lambda x, out: run, lambda call, x: direct(t))
 
 
 # -- broadcast and scatter: the root's header still goes first, with the data when it fits
@@ -624,8 +731,7 @@ def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
     if type(root) is not int or not 0 <= root < c.size:
         return None
     b = c._backend
-    t, watch, packet, header, size, rank = b.transport, c._watch, c._packet, \
-        c._packet_header, c.size, c.rank
+    t, packet, header, size, rank = b.transport, c._packet, c._packet_header, c.size, c.rank
     if rank == root:
         if x is None or x.ndim == 0 or x.shape[0] != size:
             return None
@@ -651,7 +757,6 @@ def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
     lo, hi = bounds[rank], bounds[rank + 1]
     first, last_byte = (agree.HEADER_BYTES + i * dtype.itemsize for i in (lo, hi))
     end = agree.HEADER_BYTES + nbytes
-    note = _noted(watch, name, nbytes)
     # views made once: the rows in the packet (the root's), this rank's row in it
     rows = packet[agree.HEADER_BYTES:end].view(dtype).reshape((size, *shape)) \
         if in_packet else None
@@ -659,7 +764,6 @@ def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
 
     if rank == root:
         def fresh_root(call: Any, x: Any) -> Any:
-            note()
             header[:] = words
             if in_packet:
                 rows[...] = x
@@ -682,7 +786,6 @@ def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
                 return None  # the whole path's stand-in
 
             def run(call: Any) -> Any:
-                note()
                 header[:] = words
                 if in_packet:
                     rows[...] = x
@@ -702,7 +805,6 @@ def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
     from .run import scatter_received
 
     def fresh(call: Any, x: Any) -> Any:
-        note()
         agree.broadcast(c, packet, root)
         if header.tobytes() != expected:  # the root sent another header: as the whole path
             return scatter_received(c, call, root, algorithm, None, options)
@@ -719,7 +821,6 @@ def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
             return None
 
         def receive(call: Any) -> Any:
-            note()
             agree.broadcast(c, packet, root)
             if header.tobytes() != expected:  # the root sent another header: as the whole path
                 return scatter_received(c, call, root, algorithm, out, options)

@@ -25,6 +25,7 @@ from ..errors import (
 )
 from ..watchdog import PARAMETERS
 from . import agree, decided
+from .decided import DECLINED
 from .validate import Verdict
 
 
@@ -64,17 +65,39 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         site = _site or sys._getframe(1)
         decisions = self._decisions
         if keeps and decisions is not None and stream is None and _refusal is None:
-            tensors = None
-            if args and type(args[0]) is not np.ndarray and args[0] is not None:
-                args, kwargs, tensors = decided.from_torch(args, kwargs)  # torch CPU tensors
-            key = decided.key(name, args, kwargs)
+            tensors, x = None, args[0] if args else None
+            if type(x) is np.ndarray and not kwargs and len(args) == 1 and x.flags.c_contiguous:
+                key: tuple | None = (name, x.shape, x.dtype)  # comm.all_reduce(x): decided.key's
+            else:
+                if x is not None and type(x) is not np.ndarray:
+                    args, kwargs, tensors = decided.from_torch(args, kwargs)  # torch CPU tensors
+                key = decided.key(name, args, kwargs)
             decision = None if key is None else decisions.get(key)
-            if decision is None or decision is decided.DECLINED or self._refused_alone:
+            if decision is None or decision is DECLINED or self._refused_alone:
                 result = numbered(self, name, site, args, kwargs, method,
                                   keep=key if decision is None else None)
+            elif tensors is None and not kwargs and decision.fresh is not None:
+                # comm.all_reduce(x) as an earlier call decided: run_decided's steps
+                if not self._entry.acquire(False):
+                    raise ConcurrentCallError(busy(self, name))
+                watch = self._watch
+                try:
+                    seq = self._seq = self._seq + 1
+                    call = self._call = watch.enter_kept(seq, name, site, decision.kept)
+                    self._backend.transport.begin()  # the call's tag: every rank advances it
+                    result = decision.fresh(call, x)
+                    if result is DECLINED:  # not a buffer it serves: the whole path
+                        watch.enter(seq, name, site, args, kwargs)
+                        result = method(self, call, *args)
+                    return result
+                except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
+                    raise ended(self, name, exc)  # noqa: B904 - ended keeps exc as the cause
+                finally:
+                    watch.leave()
+                    self._call = None
+                    self._entry.release()
             else:  # what an earlier call with these values decided
-                result = run_decided(self, name, site, args, kwargs, method, decision,
-                                     args[0] if args else None, kwargs.get("out"))
+                result = run_decided(self, name, site, args, kwargs, method, decision)
             return result if tensors is None else decided.to_caller(result, tensors)
         return numbered(self, name, site, args, kwargs, method, stream, _refusal)
 
@@ -83,20 +106,15 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
 
 def numbered(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
              stream: Any = None, refusal: Exception | None = None,
-             decision: Callable[..., Any] | None = None, x: Any = None, out: Any = None,
              keep: tuple | None = None) -> Any:
     """One call of ``c``, made at ``site``: numbered, watched, one thread at a time, with
     its refusal (if any) settled as every stage's, then ``method(c, call, *args,
-    **kwargs)``: the whole path. Or what an earlier call with the same values decided,
-    bound to this call's buffers: ``decision(x, out)(call)`` (``mpicoll.pipeline.decided``:
-    the default call's, or a plan's); it may decline them, and the whole path runs.
-    ``keep``: the key under which the whole path's decision is kept once it succeeds.
-    Nothing but mpicoll's errors leaves it."""
+    **kwargs)``: the whole path. ``keep``: the key under which the whole path's decision
+    is kept once it succeeds (``mpicoll.pipeline.decided``). Nothing but mpicoll's errors
+    leaves it."""
     if not c._entry.acquire(False):
         raise ConcurrentCallError(busy(c, name))
     b, tracer, watch = c._backend, c._tracer, c._watch
-    if c._refused_alone:
-        decision = None  # the resync first, and the whole path after it
     try:
         c._seq += 1
         # the call's record: the flight recorder's entry, with the watchdog's clock
@@ -118,10 +136,6 @@ def numbered(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: An
             refused = Verdict()
             refused.refuse("params", refusal)
             agree.settle(c, call, refused, "refused")
-        if decision is not None:
-            run = decision(x, out)  # None: it declines these buffers, before any message
-            if run is not None:
-                return run(call)
         if stream is None:
             result = method(c, call, *args, **kwargs)
         else:
@@ -131,7 +145,7 @@ def numbered(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: An
             decided.keep(c, name, args, kwargs, keep)
         return result
     except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
-        raise _ended(c, name, exc)  # noqa: B904 - _ended keeps exc as the cause
+        raise ended(c, name, exc)  # noqa: B904 - ended keeps exc as the cause
     finally:
         watch.leave()
         if tracer is not None:
@@ -140,7 +154,7 @@ def numbered(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: An
         c._entry.release()
 
 
-def _ended(c: Any, name: str, exc: Exception) -> MpicollError:
+def ended(c: Any, name: str, exc: Exception) -> MpicollError:
     """What a call that raised ``exc`` raises, with its flight-recorder entry marked:
     mpicoll's own error as it is (a refusal, or a failure mid-call: then the others may
     wait in this call, and this rank's next call resyncs), anything else as a
@@ -162,27 +176,33 @@ def _ended(c: Any, name: str, exc: Exception) -> MpicollError:
 
 
 def run_decided(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
-                decision: Callable[..., Any], x: Any, out: Any) -> Any:
+                decision: decided.Decision) -> Any:
     """``numbered`` for a call that runs a kept decision (``mpicoll.pipeline.decided``):
     the same number, record, tag, watch and errors, without the stages a decided call
     cannot need (no stream, no refusal, no trace, no resync owed: the caller checked);
-    the decision bound to ``x`` and ``out``, or the whole path where it declines them."""
+    the decision bound to the call's x and out, or the whole path where it declines them."""
     if not c._entry.acquire(False):
         raise ConcurrentCallError(busy(c, name))
     watch = c._watch
     try:
-        c._seq += 1
-        call = c._call = watch.enter(c._seq, name, site, args, kwargs)
+        seq = c._seq = c._seq + 1
+        # the entry as the deciding call wrote it (the same values: the same entry)
+        call = c._call = watch.enter_kept(seq, name, site, decision.kept)
         c._backend.transport.begin()  # the call's tag: every rank advances it
+        x = args[0] if args else None
+        out = kwargs.get("out") if kwargs else None
         if out is None and decision.fresh is not None:
             result = decision.fresh(call, x)
-            if result is not decided.DECLINED:
+            if result is not DECLINED:
                 return result
-            return method(c, call, *args, **kwargs)
-        run = decision.bind(x, out)  # None: it declines these buffers, before any message
-        return run(call) if run is not None else method(c, call, *args, **kwargs)
+        else:
+            run = decision.bound(x, out)  # None: it declines these buffers, before any message
+            if run is not None:
+                return run(call)
+        watch.enter(seq, name, site, args, kwargs)  # the whole path: its own entry
+        return method(c, call, *args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
-        raise _ended(c, name, exc)  # noqa: B904 - _ended keeps exc as the cause
+        raise ended(c, name, exc)  # noqa: B904 - ended keeps exc as the cause
     finally:
         watch.leave()
         c._call = None

@@ -71,9 +71,19 @@ class MPITransport(Workspace):
         self.wait_kind: str | None = None  # "send", "recv", "sendrecv", "waitall"
         self.wait_peer = self.wait_dest = self.wait_count = -1
         self._notes: list[tuple[MPI.Request, np.ndarray]] = []  # post()'s sends in flight
+        self._persistent: list[MPI.Prequest] = []  # persistent requests of plans
 
     def begin(self, like: Any = None) -> None:
-        self.tag = self.tag + 1 if self.tag + 1 < self._tag_limit else 1
+        tag = self.tag + 1
+        self.tag = tag if tag < self._tag_limit else 1
+        if like is None and not self._device and self._staging is None:
+            # host buffers only, as most calls (every call on the hot path): the
+            # watchdog's slots and the workspace, as _start_call resets them
+            self.step, self.wait_kind = 0, None
+            tops = self._tops
+            if tops[0]:
+                tops[0] = 0
+            return
         self._start_call(like)
         if self._copies:  # staged receives a failed call never waited for
             self._drop_copies()
@@ -188,9 +198,26 @@ class MPITransport(Workspace):
     def synchronize(self) -> None:
         """Nothing to wait for: MPI calls have finished when they return."""
 
+    def persistent(self, collective: str, *args: Any) -> MPI.Prequest:
+        """MPI-4's persistent ``collective`` (mpi4py's method name: "Allreduce") on these
+        buffer specs: ``<collective>_init``, collective (every rank makes it at the same
+        point), freed by ``release`` or with the transport."""
+        request = getattr(self.comm, f"{collective}_init")(*args)
+        self._persistent.append(request)
+        return request
+
+    def release(self, request: MPI.Prequest) -> None:
+        """Free a persistent request of ``persistent`` (not active: its last start waited)."""
+        if any(r is request for r in self._persistent):
+            self._persistent = [r for r in self._persistent if r is not request]
+            if not MPI.Is_finalized():
+                request.Free()
+
     def free(self) -> None:
         _RETIRED[0] = max(_RETIRED[0], self.tag)
         _LIVE.discard(self)
+        for request in list(self._persistent):
+            self.release(request)
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
 
