@@ -15,6 +15,7 @@ array's own library.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -156,14 +157,18 @@ def _torch_numpy(x: Any) -> np.ndarray | None:
 
 def to_torch(result: Any) -> Any:
     """A torch tensor over ``result``'s memory (NumPy or CuPy; ml_dtypes' types as torch's)."""
-    import torch
-
     if result is None:
         return None
+    torch = sys.modules.get("torch")
+    if torch is None:  # not imported yet: a caller's tensor came from it, so it is there
+        import torch
     if type(result) is np.ndarray:
-        special = _ml_dtypes_as_torch().get(result.dtype)
-        if special is None:
+        try:
             return torch.from_numpy(result)
+        except TypeError:  # a dtype NumPy has from ml_dtypes (torch refuses those)
+            special = _ml_dtypes_as_torch().get(result.dtype)
+            if special is None:
+                raise
         width, name = special
         return torch.from_numpy(result.view(width)).view(getattr(torch, name))
     return torch.from_dlpack(result)

@@ -256,6 +256,52 @@ def native_exscan(t: MPITransport, src: np.ndarray, dst: np.ndarray, op: Op) -> 
     t.comm.Exscan(sendbuf, _typed(dst, datatype), mop)
 
 
+def host_direct(t: MPITransport, collective: str, op: Op | None, dtype: np.dtype,
+                root: int = 0) -> Callable[[np.ndarray, np.ndarray | None], None] | None:
+    """MPI's own ``collective`` on contiguous host arrays of ``dtype`` as one mpi4py call
+    whose arguments are fixed once: ``run(x, result)`` (``result`` None where a rank has
+    none: a reduce's or gather's non-root; x as result: in place), even blocks only. What
+    the decided calls run; the functions above do the same call on the same buffers
+    (so the same messages). None where it takes more than that call: a user's op, MPI's
+    pair types."""
+    comm, bytes_ = t.comm, MPI.BYTE
+    if op is not None:
+        if not op.builtin:
+            return None
+        datatype, mop = mpi_op(op, dtype)
+        if datatype is not None:
+            return None
+    if collective == "all_reduce":
+        allreduce, in_place = comm.Allreduce, MPI.IN_PLACE
+        return lambda x, result: allreduce(in_place if x is result else x, result, mop)
+    if collective == "reduce":
+        reduce, in_place = comm.Reduce, MPI.IN_PLACE
+        if t.rank == root:
+            return lambda x, result: reduce(in_place if x is result else x, result, mop, root)
+        return lambda x, result: reduce(x, None, mop, root)
+    if collective in ("scan", "exscan"):
+        scan, in_place = comm.Scan if collective == "scan" else comm.Exscan, MPI.IN_PLACE
+        return lambda x, result: scan(in_place if x is result else x, result, mop)
+    if collective == "reduce_scatter":
+        reduce_scatter = comm.Reduce_scatter_block
+        return lambda x, result: reduce_scatter(x, result, mop)
+    if collective == "all_gather":
+        allgather = comm.Allgather
+        return lambda x, result: allgather([x, bytes_], [result, bytes_])
+    if collective == "gather":
+        gather = comm.Gather
+        if t.rank == root:
+            return lambda x, result: gather([x, bytes_], [result, bytes_], root)
+        return lambda x, result: gather([x, bytes_], None, root)
+    if collective == "all_to_all":
+        alltoall = comm.Alltoall
+        return lambda x, result: alltoall([x, bytes_], [result, bytes_])
+    if collective == "barrier":
+        barrier = comm.Barrier
+        return lambda x, result: barrier()
+    return None
+
+
 def _user_op_in(args: tuple) -> bool:
     """Whether a reduction's op is a user's: MPI runs it as a host callback over NumPy
     views of MPI's buffers, so device buffers are staged even for a CUDA-aware MPI."""

@@ -224,6 +224,17 @@ def _direct(c: Any, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     return getattr(fn, "__wrapped__", fn) if name == "native" and c.backend == "mpi" else fn
 
 
+def _host(c: Any, collective: str, name: str, op: Any, dtype: np.dtype,
+          root: int = 0) -> Callable[[Any, Any], None] | None:
+    """Where the decision is MPI's own collective: it as one direct mpi4py call on the
+    call's host arrays (``native.host_direct``); else None."""
+    if name != "native" or c.backend != "mpi":
+        return None
+    from ..native import host_direct
+
+    return host_direct(c._backend.transport, collective, op, dtype, root)
+
+
 def _resolve(c: Any, collective: str, algorithm: str, nbytes: int, op: Any, options: dict,
              dtype: Any, uneven: bool = False) -> tuple[Callable[..., Any], str]:
     return c._chooser._resolve(collective, algorithm, nbytes, op, options or None, dtype, uneven)
@@ -349,8 +360,17 @@ def _scan(c: Any, a: dict, x: np.ndarray, collective: str) -> Callable[..., Any]
     combined = c.rank + 1 if collective == "scan" else c.rank
     averages_itself, reduce = c._backend.averages_itself, _reduce_with(c, opd, fn)
     direct = _direct(c, fn, name) if opd.builtin else None
+    host = _host(c, collective, name, opd, dtype)
 
     def fresh(call: Any, x: Any) -> Any:
+        if host is not None:
+            result = np.empty(shape, dtype)
+            host(x, result)
+            if nothing:
+                return None
+            if opd.average:
+                average(result, opd, fn, combined, averages_itself)
+            return result
         src = _flat(t, x)
         if nothing:  # exscan's rank 0: workspace, and None
             result = None
@@ -404,8 +424,15 @@ def _reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     is_root, size = c.rank == root, c.size
     averages_itself, reduce = c._backend.averages_itself, _reduce_with(c, opd, fn)
     direct = _direct(c, fn, name) if opd.builtin else None
+    host = _host(c, "reduce", name, opd, dtype, root)
 
     def fresh(call: Any, x: Any) -> Any:
+        if host is not None:
+            result = np.empty(shape, dtype) if is_root else None
+            host(x, result)
+            if opd.average and result is not None:
+                average(result, opd, fn, size, averages_itself)
+            return result
         src = _flat(t, x)
         result = np.empty(shape, dtype) if is_root else None
         dst = None if result is None else result.reshape(-1)
@@ -462,10 +489,13 @@ def _reduce_scatter(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None
     t, dtype, size = c._backend.transport, x.dtype, c.size
     averages_itself, reduce = c._backend.averages_itself, _reduce_with(c, opd, fn)
     direct = _direct(c, fn, name) if opd.builtin else None
+    host = _host(c, "reduce_scatter", name, opd, dtype) if counts is None else None
 
     def fresh(call: Any, x: Any) -> Any:
         result = np.empty(shape, dtype)
-        if direct is not None:
+        if host is not None:
+            host(x, result)
+        elif direct is not None:
             direct(t, _flat(t, x), bounds, opd, result.reshape(-1))
         else:
             reduce(call, t, _flat(t, x), bounds, opd, result.reshape(-1))
@@ -500,10 +530,13 @@ def _all_gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     t, dtype, shape = c._backend.transport, x.dtype, (size, *x.shape)
     bounds = even_bounds(x.size, size)
     lo, hi = bounds[rank], bounds[rank + 1]
-    direct = _direct(c, fn, name)
+    direct, host = _direct(c, fn, name), _host(c, "all_gather", name, None, dtype)
 
     def fresh(call: Any, x: Any) -> Any:
         result = np.empty(shape, dtype)
+        if host is not None:
+            host(x, result)
+            return result
         buf = result.reshape(-1)
         buf[lo:hi] = x.reshape(-1)
         direct(t, buf, bounds)
@@ -543,9 +576,13 @@ def _gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     fn, name = _resolve(c, "gather", a["algorithm"], nbytes, None, a["options"], None)
     t, dtype, shape = c._backend.transport, x.dtype, (size, *x.shape)
     is_root, bounds = c.rank == root, even_bounds(x.size, size)
-    direct = _direct(c, fn, name)
+    direct, host = _direct(c, fn, name), _host(c, "gather", name, None, dtype, root)
 
     def fresh(call: Any, x: Any) -> Any:
+        if host is not None:
+            result = np.empty(shape, dtype) if is_root else None
+            host(x, result)
+            return result
         if not is_root:
             direct(t, _flat(t, x), None, bounds, root)
             return None
@@ -585,11 +622,14 @@ def _all_to_all(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     fn, name = _resolve(c, "all_to_all", a["algorithm"], x.nbytes, None, a["options"], None)
     t, dtype, shape = c._backend.transport, x.dtype, x.shape
     bounds = even_bounds(x.size // c.size, c.size)
-    direct = _direct(c, fn, name)
+    direct, host = _direct(c, fn, name), _host(c, "all_to_all", name, None, dtype)
 
     def fresh(call: Any, x: Any) -> Any:
         result = np.empty(shape, dtype)
-        direct(t, _flat(t, x), bounds, result.reshape(-1), bounds)
+        if host is not None:
+            host(x, result)
+        else:
+            direct(t, _flat(t, x), bounds, result.reshape(-1), bounds)
         return result
 
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:

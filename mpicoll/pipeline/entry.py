@@ -66,17 +66,18 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         decisions = self._decisions
         if keeps and decisions is not None and stream is None and _refusal is None:
             tensors, x = None, args[0] if args else None
+            if x is not None and type(x) is not np.ndarray:
+                args, kwargs, tensors = decided.from_torch(args, kwargs)  # torch CPU tensors
+                x = args[0]
             if type(x) is np.ndarray and not kwargs and len(args) == 1 and x.flags.c_contiguous:
                 key: tuple | None = (name, x.shape, x.dtype)  # comm.all_reduce(x): decided.key's
             else:
-                if x is not None and type(x) is not np.ndarray:
-                    args, kwargs, tensors = decided.from_torch(args, kwargs)  # torch CPU tensors
                 key = decided.key(name, args, kwargs)
             decision = None if key is None else decisions.get(key)
             if decision is None or decision is DECLINED or self._refused_alone:
                 result = numbered(self, name, site, args, kwargs, method,
                                   keep=key if decision is None else None)
-            elif tensors is None and not kwargs and decision.fresh is not None:
+            elif not kwargs and decision.fresh is not None:
                 # comm.all_reduce(x) as an earlier call decided: run_decided's steps
                 if not self._entry.acquire(False):
                     raise ConcurrentCallError(busy(self, name))
@@ -85,11 +86,10 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                     seq = self._seq = self._seq + 1
                     call = self._call = watch.enter_kept(seq, name, site, decision.kept)
                     self._backend.transport.begin()  # the call's tag: every rank advances it
-                    result = decision.fresh(call, x)
+                    result = decision.fresh(call, args[0] if args else None)
                     if result is DECLINED:  # not a buffer it serves: the whole path
                         watch.enter(seq, name, site, args, kwargs)
                         result = method(self, call, *args)
-                    return result
                 except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
                     raise ended(self, name, exc)  # noqa: B904 - ended keeps exc as the cause
                 finally:
