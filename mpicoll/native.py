@@ -302,6 +302,35 @@ def host_direct(t: MPITransport, collective: str, op: Op | None, dtype: np.dtype
     return None
 
 
+class _Kept:
+    """Stands in for a transport's communicator: the collective call made on it is kept
+    (its mpi4py method's name and arguments), not made."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.call = rank, None
+        self.comm = self
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        def keep(*args: Any) -> None:
+            self.call = (name, args)
+
+        return keep
+
+
+def host_persistent(t: MPITransport, collective: str, op: Op | None, dtype: np.dtype,
+                    root: int, x: np.ndarray, result: np.ndarray | None) -> MPI.Prequest | None:
+    """MPI-4's persistent ``collective`` on these host arrays (``MPI_Allreduce_init`` and
+    kin): the very call ``host_direct`` makes on them, made by its ``_init`` instead
+    (collective: every rank makes it at the same point); None where host_direct has none."""
+    kept = _Kept(t.rank)
+    run = host_direct(kept, collective, op, dtype, root)  # type: ignore[arg-type]
+    if run is None:
+        return None
+    run(x, result)
+    name, args = kept.call
+    return t.persistent(name, *args)
+
+
 def _user_op_in(args: tuple) -> bool:
     """Whether a reduction's op is a user's: MPI runs it as a host callback over NumPy
     views of MPI's buffers, so device buffers are staged even for a CUDA-aware MPI."""

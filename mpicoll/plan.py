@@ -41,7 +41,9 @@ from .spec import SPECS
 from .work import Site, Work, submit
 
 _UNSET = object()
-_PERSISTS = frozenset(("all_reduce",))  # the decisions with a persistent request (persist)
+# the collectives whose decisions can run as MPI's persistent request (Decision.persist)
+_PERSISTS = frozenset(("all_reduce", "reduce", "reduce_scatter", "all_gather", "gather",
+                       "all_to_all", "scan", "exscan", "barrier"))
 
 # what a plan binds besides x: the collectives that take out=
 _TAKES_OUT = frozenset(("scatter", "gather", "all_gather", "reduce", "all_reduce",
@@ -177,9 +179,9 @@ class Plan:
 
     def _persist(self) -> None:
         """The second ``plan()``: every rank says whether it can run the plan's buffers
-        through the MPI library's persistent collective (``MPI_Allreduce_init``: where
-        the first start decided ``native``, on host buffers it binds as they are), and
-        where all can, each makes it and every later start is its ``Start`` and ``Wait``.
+        through the MPI library's persistent collective (``MPI_Allreduce_init`` and kin:
+        where the first start decided ``native``, on host buffers MPI takes as they are),
+        and where all can, each makes it and every later start is its ``Start`` and ``Wait``.
         The vote is one small all-reduce, once per plan, so no rank's buffers or stream
         alone can make it run other messages than the others."""
         comm, persist = self.comm, None

@@ -10,6 +10,7 @@ import pytest
 
 import mpicoll
 import mpicoll.pipeline.decided
+import mpicoll.plan
 from mpicoll.algorithms import REGISTRY
 
 pytestmark = pytest.mark.mpi
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.mpi
 CASES = [(c, a) for c in mpicoll.COLLECTIVES for a in [*REGISTRY[c], "native", "auto"]]
 # the plans whose later starts run as the first decided (mpicoll.pipeline.decided)
 DECIDED = mpicoll.pipeline.decided.DECIDED
+PERSISTS = mpicoll.plan._PERSISTS
 
 
 def _fill(x: np.ndarray, rank: int, step: int) -> None:
@@ -85,6 +87,10 @@ def test_a_plan_started_again_and_again_on_refilled_input(world, collective, alg
             results.append(got)
         if form == "call" and collective in DECIDED:  # starts 2 and 3 ran as decided
             assert plan._bound is not None
+        # from the second start, a native plan is MPI's persistent request where MPI has one
+        if algorithm != "auto":  # (auto: as it picks)
+            persists = form == "call" and algorithm == "native" and collective in PERSISTS
+            assert (plan._request is not None) == persists
     assert plan.starts == 3
     if results and collective not in ("broadcast", "scatter") or \
             (collective == "scatter" and r == 0):
@@ -296,3 +302,42 @@ def test_decided_scan_plans_average_by_the_ranks_combined(world, collective, alg
                 assert got is None
             else:
                 np.testing.assert_allclose(got, np.full(3, np.mean(np.arange(upto)) + step))
+
+
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce", "scan", "exscan"])
+def test_native_plans_in_place_run_right_on_mpis_persistent_request(world, collective, op):
+    """In place (out=x), a native plan's starts stay right whether MPI's persistent
+    request runs them or (exscan's rank 0 votes against writing into its x) not."""
+    p, r = world.size, world.rank
+    x = np.zeros(4)
+    args = (x, op, 0) if collective == "reduce" else (x, op)
+    out = x if collective != "reduce" or r == 0 else None
+    plan = getattr(world, f"{collective}_init")(*args, algorithm="native", out=out)
+    with plan:
+        for step in range(4):
+            x[...] = np.arange(4) + r + step
+            got = plan()
+            ranks = {"all_reduce": range(p), "reduce": range(p), "scan": range(r + 1),
+                     "exscan": range(r)}[collective]
+            if (collective == "reduce" and r != 0) or (collective == "exscan" and r == 0):
+                assert got is None
+                continue
+            want = [np.arange(4) + k + step for k in ranks]
+            np.testing.assert_allclose(got, np.mean(want, 0) if op == "avg" else np.sum(want, 0))
+            assert got is x
+        if collective == "exscan" and p > 1:
+            assert plan._request is None  # rank 0 voted no
+        elif p > 1 or collective != "exscan":
+            assert plan._request is not None
+
+
+def test_an_in_place_all_gather_plan_keeps_every_rank_off_the_persistent_request(world):
+    out = np.zeros((world.size, 3))
+    x = out[world.rank]
+    with world.all_gather_init(x, algorithm="native", out=out) as plan:
+        for step in range(3):
+            x[...] = world.rank + step
+            np.testing.assert_array_equal(
+                plan(), np.repeat(np.arange(world.size)[:, None] + step, 3, axis=1))
+        assert plan._request is None

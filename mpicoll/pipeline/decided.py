@@ -235,6 +235,40 @@ def _host(c: Any, collective: str, name: str, op: Any, dtype: np.dtype,
     return host_direct(c._backend.transport, collective, op, dtype, root)
 
 
+def _persisted(c: Any, collective: str, name: str, op: Any, dtype: Any, root: int, x: Any,
+               result: Any, done: Callable[[], Any]) -> Callable[[], tuple] | None:
+    """Where the decision is MPI's own collective: how to make a plan's persistent request
+    on its buffers ``x`` and ``result`` (``native.host_persistent``): ``make()`` gives
+    (run, request), ``run(call)`` being its Start and Wait and then ``done()``, the
+    start's result. None where MPI's collective takes more than one call."""
+    if _host(c, collective, name, op, dtype, root) is None:
+        return None
+    t = c._backend.transport
+
+    def make() -> tuple[Callable[[Any], Any], Any]:
+        from ..native import host_persistent
+
+        request = host_persistent(t, collective, op, dtype, root, x, result)
+        start, wait = request.Start, request.Wait
+
+        def run(call: Any) -> Any:
+            start()
+            wait()
+            return done()
+
+        return run, request
+
+    return make
+
+
+def _separate_or_in_place(x: np.ndarray, out: Any, shape: tuple, dtype: Any) -> bool:
+    """Whether a plan's ``out`` is a result MPI can take beside ``x``: ``x`` itself
+    (writeable: in place) or a fitting array apart from it."""
+    if out is x:
+        return bool(x.flags.writeable)
+    return _fits(out, shape, dtype) and not np.may_share_memory(out, x)
+
+
 def _resolve(c: Any, collective: str, algorithm: str, nbytes: int, op: Any, options: dict,
              dtype: Any, uneven: bool = False) -> tuple[Callable[..., Any], str]:
     return c._chooser._resolve(collective, algorithm, nbytes, op, options or None, dtype, uneven)
@@ -314,39 +348,17 @@ def _all_reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any]:
 
         return run
 
-    def persist(x: Any, out: Any) -> Callable[[], tuple[Callable[[Any], Any], Any]] | None:
-        """Where MPI's own Allreduce runs these buffers: how to make MPI's persistent
-        Allreduce on them (see ``persistent``)."""
-        if not native_mpi or t is not c._backend.transport or type(x) is not np.ndarray \
-                or not x.flags.c_contiguous:
-            return None
-        if out is x:
-            if not x.flags.writeable:
-                return None
-            send, dst = in_place, x.reshape(-1)
-        elif _fits(out, shape, dtype) and not np.may_share_memory(out, x):
-            send, dst = x.reshape(-1), out.reshape(-1)
-        else:
-            return None
+    def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
+        """Where MPI's own Allreduce runs a plan's buffers: how to make its persistent one."""
+        if t is not c._backend.transport or not _separate_or_in_place(x, out, shape, dtype):
+            return None  # compressed, or buffers MPI cannot take as they are
 
-        def make() -> tuple[Callable[[Any], Any], Any]:
-            request = t.persistent("Allreduce", send, dst, mop)
-            start, wait = request.Start, request.Wait
-
-            def run(call: Any) -> Any:
-                start()
-                wait()
-                return out
-
-            def run_averaged(call: Any) -> Any:
-                start()
-                wait()
+        def done() -> Any:
+            if average_it:
                 average(out, opd, fn, size, averages_itself)
-                return out
+            return out
 
-            return run_averaged if average_it else run, request
-
-        return make
+        return _persisted(c, "all_reduce", name, opd, dtype, 0, x, out, done)
 
     return Decision(bind, fresh, persist)
 
@@ -411,7 +423,20 @@ def _scan(c: Any, a: dict, x: np.ndarray, collective: str) -> Callable[..., Any]
 
         return run
 
-    return Decision(bind, fresh)
+    def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
+        if not _separate_or_in_place(x, out, shape, dtype) or (nothing and out is x):
+            return None  # (MPI may write exscan's rank 0's result: not into its x)
+
+        def done() -> Any:
+            if nothing:
+                return None
+            if opd.average:
+                average(out, opd, fn, combined, averages_itself)
+            return out
+
+        return _persisted(c, collective, name, opd, dtype, 0, x, out, done)
+
+    return Decision(bind, fresh, persist)
 
 
 def _reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
@@ -469,7 +494,21 @@ def _reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
 
         return run
 
-    return Decision(bind, fresh)
+    def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
+        if not is_root:
+            return None if out is not None else \
+                _persisted(c, "reduce", name, opd, dtype, root, x, None, lambda: None)
+        if not _separate_or_in_place(x, out, shape, dtype):
+            return None
+
+        def done() -> Any:
+            if opd.average:
+                average(out, opd, fn, size, averages_itself)
+            return out
+
+        return _persisted(c, "reduce", name, opd, dtype, root, x, out, done)
+
+    return Decision(bind, fresh, persist)
 
 
 def _reduce_scatter(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
@@ -518,7 +557,18 @@ def _reduce_scatter(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None
 
         return run
 
-    return Decision(bind, fresh)
+    def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
+        if counts is not None or out is x or not _separate_or_in_place(x, out, shape, dtype):
+            return None
+
+        def done() -> Any:
+            if opd.average:
+                average(out, opd, fn, size, averages_itself)
+            return out
+
+        return _persisted(c, "reduce_scatter", name, opd, dtype, 0, x, out, done)
+
+    return Decision(bind, fresh, persist)
 
 
 def _all_gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
@@ -564,7 +614,12 @@ def _all_gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
 
         return run
 
-    return Decision(bind, fresh)
+    def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
+        if out is x or not _separate_or_in_place(x, out, shape, dtype):
+            return None  # x a row of out (in place): not as host_direct calls it
+        return _persisted(c, "all_gather", name, None, dtype, 0, x, out, lambda: out)
+
+    return Decision(bind, fresh, persist)
 
 
 def _gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
@@ -613,7 +668,15 @@ def _gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
 
         return run
 
-    return Decision(bind, fresh)
+    def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
+        if not is_root:
+            return None if out is not None else \
+                _persisted(c, "gather", name, None, dtype, root, x, None, lambda: None)
+        if out is x or not _separate_or_in_place(x, out, shape, dtype):
+            return None
+        return _persisted(c, "gather", name, None, dtype, root, x, out, lambda: out)
+
+    return Decision(bind, fresh, persist)
 
 
 def _all_to_all(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
@@ -644,7 +707,12 @@ def _all_to_all(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
 
         return run
 
-    return Decision(bind, fresh)
+    def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
+        if out is x or not _separate_or_in_place(x, out, shape, dtype):
+            return None
+        return _persisted(c, "all_to_all", name, None, dtype, 0, x, out, lambda: out)
+
+    return Decision(bind, fresh, persist)
 
 
 def _barrier(c: Any, a: dict, x: Any) -> Callable[..., Any]:
@@ -656,7 +724,9 @@ def _barrier(c: Any, a: dict, x: Any) -> Callable[..., Any]:
     def run(call: Any) -> None:
         direct(t)
 
-    return Decision(lambda x, out: run, lambda call, x: direct(t))
+    return Decision(lambda x, out: run, lambda call, x: direct(t),
+                    lambda x, out: _persisted(c, "barrier", name, None, None, 0, None, None,
+                                              lambda: None))
 
 
 # -- broadcast and scatter: the root's header still goes first, with the data when it fits
