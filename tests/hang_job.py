@@ -84,6 +84,19 @@ def main(scenario: str) -> None:
         got = comm.all_reduce(np.full(4, comm.rank + 1.0), algorithm="native")
         print(f"RESULT rank {comm.rank}: {got[0]}", flush=True)  # must never print
         return
+    elif scenario in ("plan_vote", "plan_persistent"):
+        # a native all_reduce plan: its first start is call #3; the second start votes on
+        # MPI's persistent request (plan_vote: rank 1 never comes to it) and makes it, the
+        # third is its Start and Wait (plan_persistent: rank 1 never comes to the fourth)
+        plan = comm.all_reduce_init(x, algorithm="native")
+        plan()
+        if scenario == "plan_persistent":
+            plan()
+            plan()
+        if culprit:
+            time.sleep(3 * timeout)
+        plan()
+        return
     elif scenario == "user_op":
         op = mpicoll.Op(failing_op if culprit else np.add, commutative=True, name="failing_op")
         comm.all_reduce(x, op, algorithm="ring")
