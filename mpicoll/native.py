@@ -299,6 +299,9 @@ def host_direct(t: MPITransport, collective: str, op: Op | None, dtype: np.dtype
     if collective == "barrier":
         barrier = comm.Barrier
         return lambda x, result: barrier()
+    if collective == "broadcast":  # x: the root's data, or where a receiver's lands
+        bcast = comm.Bcast
+        return lambda x, result: bcast([x, bytes_], root)
     return None
 
 

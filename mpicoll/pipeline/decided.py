@@ -782,14 +782,19 @@ def _broadcast(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
     # the data's place in the packet, as the caller's array (a view made once)
     payload = packet[agree.HEADER_BYTES:end].view(dtype).reshape(shape) if packed else None
     packet_bytes = agree.HEADER_BYTES + limit
+    host = _host(c, "broadcast", pack_name, None, None, root)
+    if host is not None:  # the packet goes as MPI's own broadcast: one direct call
+        def pack_fn(t: Any, packet: Any, root: int) -> None:
+            host(packet, None)
 
     if c.rank == root:
         def fresh_root(call: Any, x: Any) -> Any:
-            rec = watch.current
-            rec.algorithm, rec.nbytes = pack_name, packet_bytes
             header[:] = words
-            if packed:
+            if packed:  # (the flight recorder's entry: the packet's, as kept)
                 payload[...] = x
+            else:
+                rec = watch.current
+                rec.algorithm, rec.nbytes = pack_name, packet_bytes
             pack_fn(t, packet, root)
             if not packed:
                 rec.algorithm, rec.nbytes = name, nbytes
@@ -811,8 +816,9 @@ def _broadcast(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
     def fresh(call: Any, x: Any) -> Any:
         if x is not None and not x.flags.writeable:
             return DECLINED  # the whole path refuses it
-        rec = watch.current
-        rec.algorithm, rec.nbytes = pack_name, packet_bytes
+        if not packed:  # (packed: the flight recorder's entry is the packet's, as kept)
+            rec = watch.current
+            rec.algorithm, rec.nbytes = pack_name, packet_bytes
         pack_fn(t, packet, root)
         if header.tobytes() != expected:  # the root sent another header: as the whole path
             return broadcast_received(c, call, x, root, algorithm, options)
