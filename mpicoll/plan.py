@@ -28,6 +28,7 @@ rank refusing its arguments, raises on every rank).
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
 import numpy as np
@@ -208,6 +209,9 @@ class Plan:
                 t.comm.Allreduce(MPI.IN_PLACE, vote, MPI.MIN)
                 if vote[0]:
                     run, self._request = persist()
+                    # a plan dropped without free() lets its request go (at the next
+                    # plan's, or with the Communicator); free() lets it go at once
+                    self._retire = weakref.finalize(self, t.retire, self._request)
         except MpicollError:
             raise
         except Exception as exc:  # noqa: BLE001 - MPI's errors, named
@@ -230,6 +234,7 @@ class Plan:
             self._args, self._kwargs, self._bound = (), {}, None
             self._decision = self._lean = None
             if self._request is not None:
+                self._retire.detach()
                 self.comm._backend.transport.release(self._request)
                 self._request = None
 

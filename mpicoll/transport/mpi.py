@@ -72,6 +72,7 @@ class MPITransport(Workspace):
         self.wait_peer = self.wait_dest = self.wait_count = -1
         self._notes: list[tuple[MPI.Request, np.ndarray]] = []  # post()'s sends in flight
         self._persistent: list[MPI.Prequest] = []  # persistent requests of plans
+        self._retired: list[MPI.Prequest] = []  # theirs whose plans were dropped
 
     def begin(self, like: Any = None) -> None:
         tag = self.tag + 1
@@ -202,6 +203,8 @@ class MPITransport(Workspace):
         """MPI-4's persistent ``collective`` (mpi4py's method name: "Allreduce") on these
         buffer specs: ``<collective>_init``, collective (every rank makes it at the same
         point), freed by ``release`` or with the transport."""
+        while self._retired:
+            self.release(self._retired.pop())
         request = getattr(self.comm, f"{collective}_init")(*args)
         self._persistent.append(request)
         return request
@@ -212,6 +215,11 @@ class MPITransport(Workspace):
             self._persistent = [r for r in self._persistent if r is not request]
             if not MPI.Is_finalized():
                 request.Free()
+
+    def retire(self, request: MPI.Prequest) -> None:
+        """A request whose plan was dropped (the garbage collector may run anywhere, even
+        inside an MPI call): freed at the next ``persistent`` or with the transport."""
+        self._retired.append(request)
 
     def free(self) -> None:
         _RETIRED[0] = max(_RETIRED[0], self.tag)
