@@ -1,13 +1,15 @@
 """Backends: a transport, a control transport, the library's own collectives, and what
-the backend can do, in one object (torch.distributed's ``backend_capability`` table, as
-an object per backend instead of string branches through the Communicator).
+the backend can do, in one object: a class per library (torch.distributed's
+``backend_capability`` table, as class attributes instead of string branches through
+the pipeline).
 
-- ``mpi``: NumPy or CuPy arrays over mpi4py point-to-point messages; MPI's collectives
-  as ``native``; host messages (headers, counts, fingerprints) on the same transport.
-- ``nccl``: CuPy arrays over ncclSend/ncclRecv; NCCL's collectives as ``native``; host
-  messages over MPI (the communicator that bootstrapped NCCL); the program's own
-  point-to-point messages on NCCL communicators per pair of ranks and tag.
-- ``local``: ranks as threads of one process; no ``native``.
+- ``MPIBackend`` ("mpi"): NumPy or CuPy arrays over mpi4py point-to-point messages;
+  MPI's collectives as ``native``; host messages (headers, counts, fingerprints) on the
+  same transport.
+- ``NCCLBackend`` ("nccl"): CuPy arrays over ncclSend/ncclRecv; NCCL's collectives as
+  ``native``; host messages over MPI (the communicator that bootstrapped NCCL); the
+  program's own point-to-point messages on NCCL communicators per pair of ranks and tag.
+- ``LocalBackend`` ("local"): ranks as threads of one process; no ``native``.
 """
 
 from __future__ import annotations
@@ -25,63 +27,106 @@ BACKENDS = ("mpi", "nccl", "local")
 # broadcasts up to this many bytes travel in one host message with their header
 PACKED_BYTES = 4096
 
+# what a backend can do: every subclass declares each one itself (see Backend)
+CAPABILITIES = ("device_only", "separate_control", "packed_bytes", "queues_on_stream",
+                "auto_prefers_native", "has_native", "native_is_mpi", "traceable",
+                "merges_traces", "ranks_are_threads")
+
 
 def _no_native(op: Op, dtype: np.dtype) -> None:
     raise UnsupportedDtypeError("this backend has no native collectives")
 
 
 class Backend:
-    """One backend's parts and capabilities.
+    """One backend's parts (common to every library) and capabilities (one subclass per
+    library declares each: the pipeline reads them, never the library's name).
 
     Attributes:
-        name: "mpi", "nccl" or "local".
+        name: "mpi", "nccl" or "local" (``Communicator.backend``; messages).
         transport: what the algorithms' data moves over.
         control: what host messages (headers, counts, fingerprints) move over.
         native: the library's collectives by name, with the algorithms' signatures.
         control_native: the control transport's own collectives ({} on local).
         op_check: raises UnsupportedDtypeError where ``native`` cannot reduce (op, dtype).
-        like: the array a rank without input allocates its result like (None: NumPy).
-        packed_bytes: broadcasts up to this size go with their header (-1: never).
-        queues_on_stream: calls are queued on a CUDA stream (async_op records an event).
-        auto_prefers_native: "auto" takes the library's collective wherever it serves.
-        traceable: the tracer can wrap the transport.
+        averages_itself: the functions of ``native`` that divide avg themselves (NCCL's
+            ncclAvg): the pipeline must not divide again.
+        like: the device array a rank without input allocates its result like (NCCL);
+            None: NumPy, or the root's kind of array.
         device: the GPU this rank runs on (NCCL: chosen once, when the first Communicator
             is made, and kept by its sub-communicators and duplicates); None elsewhere.
-        peers: the program's point-to-point messages (None: not on this backend).
+        peers: the program's point-to-point messages.
+
+    Capabilities (class attributes, ``CAPABILITIES``):
+        device_only: moves device arrays only (NCCL): a host array is refused where a
+            call takes one, and a rank without input allocates its result ``like``.
+        separate_control: host messages go over their own transport (NCCL: MPI's), which
+            begins its own tag at every call; decided calls, which begin the data
+            transport's alone, are not kept.
+        packed_bytes: broadcasts (and small "auto" scatters) up to this size go with
+            their header in the host packet (-1: never).
+        queues_on_stream: calls are queued on a CUDA stream: async_op records an event,
+            and a barrier waits until the stream has run it.
+        auto_prefers_native: "auto" takes the library's collective wherever it serves.
+        has_native: the library has collectives of its own (algorithm="native").
+        native_is_mpi: ``native`` is MPI's own collectives on the transport's
+            communicator: a decided call may call them directly on host arrays
+            (``native.host_direct``), a plan keep one as MPI's persistent request.
+        traceable: the tracer can wrap the transport (trace=True).
+        merges_traces: a trace file (trace=path, ``write_trace``) is merged over the
+            transport (MPI).
+        ranks_are_threads: the ranks are threads of this process (local), and no MPI is
+            in play: the LocalWorld keeps the timeout, a stall raises in the waiting
+            thread instead of ending the job, a split makes a sub-world.
     """
 
-    def __init__(self, name: str, transport: Any, native: dict[str, Callable[..., None]],
+    name: str
+    device_only: bool
+    separate_control: bool
+    packed_bytes: int
+    queues_on_stream: bool
+    auto_prefers_native: bool
+    has_native: bool
+    native_is_mpi: bool
+    traceable: bool
+    merges_traces: bool
+    ranks_are_threads: bool
+
+    averages_itself: frozenset = frozenset()
+    like: Any = None
+
+    def __init__(self, transport: Any, native: dict[str, Callable[..., None]],
                  op_check: Callable[[Op, np.dtype], object], *, control: Any = None,
-                 control_native: dict[str, Callable[..., None]] | None = None,
-                 like: Any = None, packed_bytes: int = PACKED_BYTES,
-                 queues_on_stream: bool = False, auto_prefers_native: bool = False,
-                 traceable: bool = True, averages_itself: frozenset = frozenset(),
-                 make_duplicate: Callable[[], Backend],
-                 make_sub: Callable[[Any], Backend] | None = None) -> None:
-        self.name, self.transport, self.native, self.op_check = name, transport, native, op_check
+                 control_native: dict[str, Callable[..., None]] | None = None) -> None:
+        self.transport, self.native, self.op_check = transport, native, op_check
         self.control = transport if control is None else control
         self.control_native = native if control_native is None else control_native
-        self.separate_control = control is not None  # host messages apart from data (NCCL)
-        self.has_native = bool(native)
-        self.like, self.packed_bytes = like, packed_bytes
-        self.queues_on_stream = queues_on_stream
-        self.auto_prefers_native = auto_prefers_native
-        self.traceable = traceable
-        self.averages_itself = averages_itself  # native functions that divide avg themselves
-        self._make_duplicate = make_duplicate
-        self._make_sub = make_sub  # None: the backend splits its own way (local)
         self.device: int | None = None
         self.peers: Any = None
 
-
     def duplicate(self) -> Backend:
         """The same backend on a duplicate of its communicator (collective)."""
-        return self._make_duplicate()
+        raise NotImplementedError
 
     def sub(self, comm: Any) -> Backend:
         """The same backend over ``comm``, an MPI communicator split from this one's
         (collective over ``comm``), every rank keeping the GPU it runs on here."""
-        return self._make_sub(comm)
+        raise NotImplementedError(f"backend {self.name!r} splits its own way")
+
+    def split(self, color: int | None, key: int, colors: np.ndarray,
+              keys: np.ndarray) -> Backend | None:
+        """The backend of this rank's group of a split (collective), None where ``color``
+        is None. ``color``, ``key``: this rank's; ``colors``, ``keys``: every rank's, as
+        agreed. Here: MPI_Comm_split of the control communicator, then ``sub``."""
+        from mpi4py import MPI
+
+        parent = self.control.comm  # the private duplicate: every rank is at this same point
+        sub = parent.Split(MPI.UNDEFINED if color is None else int(color), int(key))
+        if sub == MPI.COMM_NULL:
+            return None
+        try:  # every rank keeps what it runs on (NCCL: its GPU), whatever its rank in the group
+            return self.sub(sub)
+        finally:
+            sub.Free()  # the new backend works on its own duplicate
 
     def free(self) -> None:
         if self.peers is not None:
@@ -115,76 +160,140 @@ def mpi_comm(comm: Any) -> Any:
     return comm
 
 
-def mpi_backend(comm: Any = None) -> Backend:
-    comm = mpi_comm(comm)
-    from .native import NATIVE, check_op
-    from .transport.mpi import MPIPeers, MPITransport
+class MPIBackend(Backend):
+    """The MPI backend over ``comm`` (default COMM_WORLD; collective)."""
 
-    transport = MPITransport(comm)
-    backend = Backend("mpi", transport, NATIVE, check_op,
-                      make_duplicate=lambda: mpi_backend(transport.comm), make_sub=mpi_backend)
-    try:
-        backend.peers = MPIPeers(transport)
-    except Exception:
-        transport.free()
-        raise
-    return backend
+    name = "mpi"
+    device_only = False
+    separate_control = False
+    packed_bytes = PACKED_BYTES
+    queues_on_stream = False
+    auto_prefers_native = False
+    has_native = True
+    native_is_mpi = True
+    traceable = True
+    merges_traces = True
+    ranks_are_threads = False
+
+    def __init__(self, comm: Any = None) -> None:
+        comm = mpi_comm(comm)
+        from .native import NATIVE, check_op
+        from .transport.mpi import MPIPeers, MPITransport
+
+        transport = MPITransport(comm)
+        super().__init__(transport, NATIVE, check_op)
+        try:
+            self.peers = MPIPeers(transport)
+        except Exception:
+            transport.free()
+            raise
+
+    def duplicate(self) -> MPIBackend:
+        return MPIBackend(self.transport.comm)
+
+    def sub(self, comm: Any) -> MPIBackend:
+        return MPIBackend(comm)
 
 
-def nccl_backend(comm: Any = None, device: int | None = None) -> Backend:
+class NCCLBackend(Backend):
     """The NCCL backend over ``comm`` (collective). ``device``: the GPU this rank
     already runs on (a parent Communicator's), kept; None: chosen by ``select_device``."""
-    comm = mpi_comm(comm)
-    from .cuda import keep_device, require_nccl, select_device
-    from .native import NATIVE as MPI_NATIVE
-    from .native_nccl import AVERAGES_ITSELF, NATIVE, nccl_op
-    from .transport.mpi import MPITransport
-    from .transport.nccl import NCCLPeers, NCCLTransport
 
-    require_nccl(comm)  # collective: a rank without CuPy or NCCL fails everywhere
-    device = select_device(comm) if device is None else keep_device(device)
-    control = MPITransport(comm)
-    try:
-        transport = NCCLTransport(control.comm)
-    except Exception:
-        control.free()
-        raise
-    try:
-        peers = NCCLPeers(control.comm)
-    except Exception:
-        transport.free()
-        control.free()
-        raise
-    backend = Backend("nccl", transport, NATIVE, nccl_op, control=control,
-                      control_native=MPI_NATIVE, like=transport._device_like,
-                      packed_bytes=-1,  # data always goes over NCCL, never in the host packet
-                      queues_on_stream=True, auto_prefers_native=True, traceable=False,
-                      averages_itself=AVERAGES_ITSELF,
-                      make_duplicate=lambda: nccl_backend(control.comm, device),
-                      make_sub=lambda sub: nccl_backend(sub, device))
-    backend.device, backend.peers = device, peers
-    return backend
+    name = "nccl"
+    device_only = True
+    separate_control = True
+    packed_bytes = -1  # data always goes over NCCL, never in the host packet
+    queues_on_stream = True
+    auto_prefers_native = True
+    has_native = True
+    native_is_mpi = False
+    traceable = False
+    merges_traces = False
+    ranks_are_threads = False
+
+    def __init__(self, comm: Any = None, device: int | None = None) -> None:
+        comm = mpi_comm(comm)
+        from .cuda import keep_device, require_nccl, select_device
+        from .native import NATIVE as MPI_NATIVE
+        from .native_nccl import AVERAGES_ITSELF, NATIVE, nccl_op
+        from .transport.mpi import MPITransport
+        from .transport.nccl import NCCLPeers, NCCLTransport
+
+        require_nccl(comm)  # collective: a rank without CuPy or NCCL fails everywhere
+        device = select_device(comm) if device is None else keep_device(device)
+        control = MPITransport(comm)
+        try:
+            transport = NCCLTransport(control.comm)
+        except Exception:
+            control.free()
+            raise
+        try:
+            peers = NCCLPeers(control.comm)
+        except Exception:
+            transport.free()
+            control.free()
+            raise
+        super().__init__(transport, NATIVE, nccl_op, control=control,
+                         control_native=MPI_NATIVE)
+        self.like, self.averages_itself = transport._device_like, AVERAGES_ITSELF
+        self.device, self.peers = device, peers
+
+    def duplicate(self) -> NCCLBackend:
+        return NCCLBackend(self.control.comm, self.device)
+
+    def sub(self, comm: Any) -> NCCLBackend:
+        return NCCLBackend(comm, self.device)
 
 
-def local_backend(endpoint: Any) -> Backend:
-    from .transport.local import LocalTransport
+class LocalBackend(Backend):
+    """The local backend of one rank: ``endpoint``, a LocalWorld's endpoint."""
 
-    if not isinstance(endpoint, LocalTransport):
-        raise InvalidArgumentError("comm: backend 'local' takes a LocalWorld endpoint")
-    from .transport.local import LocalPeers
+    name = "local"
+    device_only = False
+    separate_control = False
+    packed_bytes = PACKED_BYTES
+    queues_on_stream = False
+    auto_prefers_native = False
+    has_native = False
+    native_is_mpi = False
+    traceable = True
+    merges_traces = False
+    ranks_are_threads = True
 
-    backend = Backend("local", endpoint, {}, _no_native,
-                      make_duplicate=lambda: local_backend(endpoint.duplicate()))
-    backend.peers = LocalPeers(endpoint)
-    return backend
+    def __init__(self, endpoint: Any) -> None:
+        from .transport.local import LocalPeers, LocalTransport
+
+        if not isinstance(endpoint, LocalTransport):
+            raise InvalidArgumentError("comm: backend 'local' takes a LocalWorld endpoint")
+        super().__init__(endpoint, {}, _no_native)
+        self.peers = LocalPeers(endpoint)
+        self._splits = 0  # splits so far: the same on every rank, names each sub-world
+
+    def duplicate(self) -> LocalBackend:
+        return LocalBackend(self.transport.duplicate())
+
+    def split(self, color: int | None, key: int, colors: np.ndarray,
+              keys: np.ndarray) -> LocalBackend | None:
+        """A sub-world of this rank's group, its members in (key, rank) order, as
+        MPI_Comm_split orders them."""
+        self._splits += 1
+        if color is None:
+            return None
+        t = self.transport
+        members = sorted((int(keys[r]), r) for r in range(t.size) if colors[r] == color)
+        rank = [r for _, r in members].index(t.rank)
+        world = t.world.subworld(self._splits, int(color), len(members))
+        endpoint = world.endpoint(rank)
+        endpoint.job_rank = t.job_rank  # its node is the job rank's
+        return LocalBackend(endpoint)
+
+
+_CLASSES: dict[str, type[Backend]] = {"mpi": MPIBackend, "nccl": NCCLBackend,
+                                      "local": LocalBackend}
 
 
 def make_backend(name: Any, comm: Any) -> Backend:
-    if name == "mpi":
-        return mpi_backend(comm)
-    if name == "nccl":
-        return nccl_backend(comm)
-    if name == "local":
-        return local_backend(comm)
+    if isinstance(name, str) and name in _CLASSES:
+        return _CLASSES[name](comm)
     raise InvalidArgumentError(
         f"backend: unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")

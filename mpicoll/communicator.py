@@ -28,8 +28,9 @@ from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
 from .pipeline.entry import busy, entry
 from .plan import init_method
+from .recorder import Watch
 from .tracing import TraceFile, Tracer, attach, write_merged
-from .watchdog import Watch, watchdog
+from .watchdog import watchdog
 from .work import ProgressThread, Work, submit
 
 __all__ = ["BACKENDS", "Communicator", "algorithms"]
@@ -91,7 +92,8 @@ class Communicator(PointToPoint, Groups):
         self._call: Call | None = None
         try:  # the settings as this rank reads them, nothing raised before they are agreed
             mine = agree.read_settings(self._backend, check, trace, timeout)
-            self.timeout, self.check, local = mine.timeout, mine.check, self.backend == "local"
+            self.timeout, self.check = mine.timeout, mine.check
+            local = self._backend.ranks_are_threads  # a stall raises; it does not end the job
             if local:
                 self._backend.transport.timeout = mine.timeout
             self._watch = Watch(self, mine.timeout, not local, mine.recorder)
@@ -135,7 +137,7 @@ class Communicator(PointToPoint, Groups):
     @property
     def device(self) -> int | None:
         """The GPU this rank's NCCL backend runs on (None on other backends)."""
-        return getattr(self._backend, "device", None)
+        return self._backend.device
 
     @property
     def calls(self) -> int:
@@ -211,7 +213,7 @@ class Communicator(PointToPoint, Groups):
         write it there as Chrome trace JSON (Perfetto, chrome://tracing). MPI backend."""
         if self._tracer is None:
             raise InvalidArgumentError("write_trace: this communicator was made without trace=True")
-        if self.backend != "mpi":
+        if not self._backend.merges_traces:
             raise InvalidArgumentError("write_trace: merges over MPI; on the local backend "
                                        "use trace_events() of each rank")
         self._merge_trace(path, InvalidArgumentError)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidArgumentError, MismatchError
-from .watchdog import Call
+from .pipeline.describe import Call
 
 _BAD_COLOR, _BAD_KEY, _BAD_RANKS = 1, 2, 4
 _REASONS = {_BAD_COLOR: "color: expected an int in 0..2**31-1 or None",
@@ -117,29 +117,12 @@ def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int
 
 
 def _make(comm: Any, color: int | None, key: int, colors: np.ndarray, keys: np.ndarray) -> Any:
-    Communicator = type(comm)  # noqa: N806 - the class of the parent, made again
-    b = comm._backend
-    if b.name == "local":
-        # the split's members in (key, rank) order, as MPI_Comm_split orders them
-        comm._splits = getattr(comm, "_splits", 0) + 1
-        if color is None:
-            return None
-        members = sorted((int(keys[r]), r) for r in range(comm.size) if colors[r] == color)
-        rank = [r for _, r in members].index(comm.rank)
-        world = b.transport.world.subworld(comm._splits, int(color), len(members))
-        endpoint = world.endpoint(rank)
-        endpoint.job_rank = b.transport.job_rank  # its node is the job rank's
-        return Communicator(endpoint, backend="local", check=comm.check, timeout=comm.timeout)
-    from mpi4py import MPI
-
-    parent = b.control.comm  # the private duplicate: every rank is at this same point
-    sub = parent.Split(MPI.UNDEFINED if color is None else int(color), int(key))
-    if sub == MPI.COMM_NULL:
+    """This rank's group of the split: a Communicator of the parent's class over the
+    backend's split (MPI_Comm_split, or a local sub-world), None where ``color`` is None."""
+    sub = comm._backend.split(color, key, colors, keys)
+    if sub is None:
         return None
-    try:  # every rank keeps what it runs on (NCCL: its GPU), whatever its rank in the group
-        return Communicator(backend=b.sub(sub), check=comm.check, timeout=comm.timeout)
-    finally:
-        sub.Free()  # the new Communicator works on its own duplicate
+    return type(comm)(backend=sub, check=comm.check, timeout=comm.timeout)
 
 
 class Mesh:

@@ -43,7 +43,7 @@ from .errors import (
     InvalidArgumentError,
     MpicollError,
 )
-from .watchdog import Call
+from .pipeline.describe import Call
 
 ANY = -1  # ``source=ANY``: a message from any rank
 

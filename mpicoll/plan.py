@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from .pipeline.decided import Decision, decide
 from .pipeline.entry import busy, ended, numbered
 from .spec import SPECS
 from .work import Site, Work, submit
+
+if TYPE_CHECKING:
+    from .communicator import Communicator
 
 _UNSET = object()
 # the collectives whose decisions can run as MPI's persistent request (Decision.persist)
@@ -58,7 +61,8 @@ class Plan:
     """A persistent collective: ``start()``/``wait()``/``test()``, ``plan()`` (start +
     wait), ``free()``; a context manager that frees it. Made by ``comm.<collective>_init``."""
 
-    def __init__(self, comm: Any, collective: str, args: tuple, kwargs: dict, site: Site) -> None:
+    def __init__(self, comm: Communicator, collective: str, args: tuple, kwargs: dict,
+                 site: Site) -> None:
         self.comm, self.collective = comm, collective
         self._args, self._kwargs = args, kwargs
         self._stream = kwargs.pop("stream", None)
@@ -73,8 +77,8 @@ class Plan:
         self._kept: tuple = ()  # its flight-recorder entry (Watch.enter_kept)
         # whether the second plan() votes on a persistent request: values every rank
         # holds alike (the backend, check mode and traces are agreed when comm is made)
-        self._votes = collective in _PERSISTS and comm.backend == "mpi" and not comm.check \
-            and comm._tracer is None
+        self._votes = collective in _PERSISTS and comm._backend.native_is_mpi \
+            and not comm.check and comm._tracer is None
 
     def __repr__(self) -> str:
         state = "freed" if self._freed else "active" if self._work is not None else "inactive"
@@ -158,7 +162,7 @@ class Plan:
             self._bound = self._decided()
         return result
 
-    def _settled(self, comm: Any, call: Any, *args: Any, **kwargs: Any) -> Any:
+    def _settled(self, comm: Communicator, call: Any, *args: Any, **kwargs: Any) -> Any:
         """A start as the other ranks run it, as the whole path's method of ``numbered``."""
         comm._watch.rewrite(self._kept)  # the entry as the first start wrote it
         return self._bound(call)
@@ -195,7 +199,7 @@ class Plan:
                 persist = None
         from mpi4py import MPI
 
-        from .watchdog import Call
+        from .pipeline.describe import Call
 
         if not comm._entry.acquire(False):
             raise ConcurrentCallError(busy(comm, f"{self.collective} plan"))
@@ -245,7 +249,7 @@ class Plan:
         self.free()
 
 
-def _bound_result(comm: Any, collective: str, args: tuple, kwargs: dict) -> Any:
+def _bound_result(comm: Communicator, collective: str, args: tuple, kwargs: dict) -> Any:
     """The result array a plan binds at init (None where this rank cannot know its shape
     before the call: a scatter receiver, a v-variant; the call then makes it)."""
     if collective not in _TAKES_OUT or kwargs.get("out") is not None or not args:
@@ -272,7 +276,7 @@ def _bound_result(comm: Any, collective: str, args: tuple, kwargs: dict) -> Any:
     return back(empty(shape, x.dtype, like=x))  # the caller's kind: a tensor for a tensor
 
 
-def make_plan(comm: Any, collective: str, args: tuple, kwargs: dict, frame: Any) -> Plan:
+def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, frame: Any) -> Plan:
     """``comm.<collective>_init(*args, **kwargs)``: check what this rank can check now,
     bind the buffers, and (check mode) agree the plan across ranks."""
     site = Site(frame)

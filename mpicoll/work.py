@@ -241,7 +241,7 @@ def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: 
         if comm.check:  # agree the call (and any refusal) on comm first: every rank raises
             announce(comm, f"{name} async", site, refusal)
         if progress is None:
-            if comm._backend.name == "mpi":
+            if not comm._backend.ranks_are_threads:  # MPI carries the progress thread's calls
                 from mpi4py import MPI
 
                 if MPI.Query_thread() != MPI.THREAD_MULTIPLE:

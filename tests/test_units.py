@@ -13,8 +13,17 @@ import mpicoll
 from mpicoll import selection
 from mpicoll.algorithms import REGISTRY
 from mpicoll.algorithms.fold import Fold
+from mpicoll.backends import (
+    BACKENDS,
+    CAPABILITIES,
+    Backend,
+    LocalBackend,
+    MPIBackend,
+    NCCLBackend,
+)
 from mpicoll.buffers import DTYPE_TABLE, chunk_bounds, dtype_code, dtype_from_code, even_bounds
 from mpicoll.ops import _ML_FLOATS, resolve_op
+from mpicoll.transport.local import LocalWorld
 
 
 @pytest.mark.parametrize("count", [0, 1, 2, 7, 8, 9, 100, 101])
@@ -446,3 +455,27 @@ def test_no_mpi_library_says_what_to_install():
                           env={**os.environ, "MPI4PY_LIBMPI": "/nonexistent/libmpi.so.12"})
     assert "cannot load an MPI library" in done.stdout and "mpicoll[mpich]" in done.stdout, \
         done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("cls", [MPIBackend, NCCLBackend, LocalBackend], ids=lambda c: c.name)
+def test_each_backend_class_declares_every_capability(cls):
+    """What the pipeline reads of a backend is declared by each library's class itself
+    (no capability inherited by accident), and the base documents each one."""
+    documented = Backend.__doc__.split("Capabilities")[1]
+    for name in CAPABILITIES:
+        assert f"\n        {name}: " in documented, f"Backend's docstring lacks {name}"
+        assert name in vars(cls), f"{cls.__name__} does not declare {name}"
+    assert cls.name in BACKENDS and issubclass(cls, Backend)
+    assert cls.device_only is (cls is NCCLBackend)  # only NCCL refuses host arrays
+    assert cls.ranks_are_threads is (cls is LocalBackend)
+    assert cls.has_native is (cls is not LocalBackend)
+
+
+def test_the_local_backend_is_a_local_backend_object():
+    world = LocalWorld(1)
+    comm = mpicoll.Communicator(world.endpoint(0), backend="local")
+    try:
+        assert type(comm._backend) is LocalBackend and comm.backend == "local"
+        assert comm._backend.like is None and comm._backend.averages_itself == frozenset()
+    finally:
+        comm.free()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,11 +41,16 @@ from ..errors import (
     RemoteError,
 )
 from ..ops import Op, op_name
+from ..recorder import DEFAULT_RECORDER, recorder_length
 from ..spec import COLLECTIVES
 from ..tracing import trace_path, unwritable
-from ..watchdog import DEFAULT_RECORDER, DEFAULT_TIMEOUT, dump_dir, recorder_length, timeout_setting
+from ..watchdog import DEFAULT_TIMEOUT, dump_dir, timeout_setting
 from .describe import Call
 from .validate import Verdict
+
+if TYPE_CHECKING:
+    from ..backends import Backend
+    from ..communicator import Communicator
 
 ANY = -1  # a fingerprint field this rank cannot know (broadcast/scatter with None)
 # every call's name, for MismatchError's text: each collective's, and the calls beside them
@@ -72,14 +77,14 @@ def signature(dtype: np.dtype, rest: tuple[int, ...]) -> int:
 # -- collectives on the control transport --------------------------------------------
 
 
-def all_gather(c: Any, table: np.ndarray, block: int) -> None:
+def all_gather(c: Communicator, table: np.ndarray, block: int) -> None:
     """All-gather ``table`` (rank r's ``block`` items at r * block) over control."""
     b = c._backend
     fn = b.control_native.get("all_gather") or REGISTRY["all_gather"]["recursive_doubling"].fn
     fn(b.control, table, even_bounds(block, b.control.size))
 
 
-def broadcast(c: Any, buf: np.ndarray, root: int) -> None:
+def broadcast(c: Communicator, buf: np.ndarray, root: int) -> None:
     b = c._backend
     fn = b.control_native.get("broadcast") or REGISTRY["broadcast"]["binomial"].fn
     fn(b.control, buf, root)
@@ -99,7 +104,7 @@ def _untext(words: np.ndarray) -> str:
 # -- check mode, and refusals ----------------------------------------------------------
 
 
-def settle(c: Any, call: Call, verdict: Verdict, algorithm: Any, *, op: Any = None,
+def settle(c: Communicator, call: Call, verdict: Verdict, algorithm: Any, *, op: Any = None,
            root: Any = ANY, dtype: Any = None, shape: Any = None, counts: Any = None,
            input_travels: bool = False) -> None:
     """Raise what must be raised before any data moves (see the module's docstring).
@@ -126,7 +131,7 @@ def _algorithm_text(algorithm: Any) -> str:
     return str(algorithm)
 
 
-def fingerprint(c: Any, call: Call, verdict: Verdict, algorithm: Any, op: Any, root: Any,
+def fingerprint(c: Communicator, call: Call, verdict: Verdict, algorithm: Any, op: Any, root: Any,
                 dtype: Any, shape: Any, counts: Any = None) -> None:
     """Check mode: compare the call across ranks; raise on every rank on any refusal or
     disagreement."""
@@ -186,7 +191,7 @@ def fingerprint(c: Any, call: Call, verdict: Verdict, algorithm: Any, op: Any, r
                             f"rank {first}: {what(first)}")
 
 
-def resync(c: Any, call: Call) -> None:
+def resync(c: Communicator, call: Call) -> None:
     """After this rank raised a refusal alone (call ``c._refused_alone``), check on tags
     no call uses that every rank refused that same call; raise on every rank if not.
     A rank that did not refuse is still in that call or has left it: this waits for it,
@@ -210,7 +215,7 @@ def resync(c: Any, call: Call) -> None:
             f"refused ({detail})")
 
 
-def op_failures(c: Any, call: Call, op: Op, failure: OpError | None) -> None:
+def op_failures(c: Communicator, call: Call, op: Op, failure: OpError | None) -> None:
     """After a call with a user's op: tell every rank which ranks' op raised; raise
     ``OpError`` on every rank if any did (this rank's own failure as its cause)."""
     t = c._backend.control
@@ -293,7 +298,7 @@ def unpack_header(header: np.ndarray, root: int, call: Call,
 # -- the v-variants' tables --------------------------------------------------------------
 
 
-def row_table(c: Any, call: Call, x: Any, refusal: MpicollError | None) -> list[int]:
+def row_table(c: Communicator, call: Call, x: Any, refusal: MpicollError | None) -> list[int]:
     """All-gather every rank's (rows, dtype/row-shape signature, refusal); return the rows.
 
     Every rank sees the whole table, so a refusal or a disagreement raises on every rank.
@@ -373,10 +378,10 @@ class Settings:
         self.refusals: dict[str, MpicollError] = {}  # by name in SETTINGS, in that order
 
 
-def read_settings(backend: Any, check: Any, trace: Any, timeout: Any) -> Settings:
+def read_settings(backend: Backend, check: Any, trace: Any, timeout: Any) -> Settings:
     """Every setting that shapes a Communicator as this rank reads it (the arguments, else
     the MPICOLL_* variables), nothing raised: ``settings`` raises on every rank."""
-    local = backend.name == "local"
+    local = backend.ranks_are_threads
     s = Settings(backend.transport.timeout if local else DEFAULT_TIMEOUT)
     s.check, refusal = check_setting(check)
     if refusal is not None:
@@ -407,13 +412,13 @@ def read_settings(backend: Any, check: Any, trace: Any, timeout: Any) -> Setting
     return s
 
 
-def node_key(backend: Any) -> int:
+def node_key(backend: Backend) -> int:
     """A number naming this rank's node, the same for the ranks of one node, from (in
     this order) ``MPICOLL_RANKS_PER_NODE=k`` (consecutive blocks of k ranks of the job:
     nodes simulated on one machine), SLURM's node of the task under srun, else the host.
     Its source is part of it, so ranks that read different sources never agree."""
     text = os.environ.get("MPICOLL_RANKS_PER_NODE", "").strip()
-    if backend.name == "local":
+    if backend.ranks_are_threads:
         job_rank = getattr(backend.transport, "job_rank", backend.transport.rank)
     else:
         from mpi4py import MPI
@@ -427,7 +432,7 @@ def node_key(backend: Any) -> int:
     name = os.environ.get("SLURMD_NODENAME") if os.environ.get("SLURM_PROCID") else None
     if name:
         return (_BY_SLURM << _SOURCE_SHIFT) | crc(name)
-    if backend.name == "local":
+    if backend.ranks_are_threads:
         return _BY_HOST << _SOURCE_SHIFT
     from mpi4py import MPI
 
@@ -446,7 +451,7 @@ def node_indices(keys: np.ndarray) -> tuple[int, ...]:
     return tuple(first.setdefault(int(k), len(first)) for k in keys.tolist())
 
 
-def _read_trace(s: Settings, backend: Any, trace: Any) -> None:
+def _read_trace(s: Settings, backend: Backend, trace: Any) -> None:
     s.trace_by_env = trace is None
     name, refusal = ("MPICOLL_TRACE", ConfigError) if trace is None else ("trace", InvalidArgumentError)
     value = os.environ.get("MPICOLL_TRACE", "") if trace is None else trace
@@ -464,7 +469,7 @@ def _read_trace(s: Settings, backend: Any, trace: Any) -> None:
     if not backend.traceable:
         s.refusals["trace"] = refusal(
             f"{name}: tracing runs on the mpi and local backends, not {backend.name}")
-    elif isinstance(s.trace, str) and backend.name != "mpi":
+    elif isinstance(s.trace, str) and not backend.merges_traces:
         s.refusals["trace"] = refusal(
             f"{name}: a trace file is merged over MPI; on the {backend.name} backend pass "
             "trace=True and read each rank's trace_events()")
@@ -488,7 +493,7 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(parts)
 
 
-def settings(c: Any, mine: Settings) -> None:
+def settings(c: Communicator, mine: Settings) -> None:
     """Every rank's settings in one all-gather of a small table (a status per setting,
     check mode, the trace's kind, the text of the rank's first refusal): a malformed
     setting on any rank raises the same error on every rank, naming it and the ranks;
@@ -540,7 +545,7 @@ def settings(c: Any, mine: Settings) -> None:
     c._backend.transport.nodes = c._node_of  # what hierarchical algorithms split by
 
 
-def tables(c: Any) -> selection.Tables:
+def tables(c: Communicator) -> selection.Tables:
     """The tuning and model files as rank 0 reads them, the same on every rank (a missing
     file: None; a bad one: ConfigError naming it, on every rank)."""
     t = c._backend.control

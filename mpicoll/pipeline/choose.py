@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from ..errors import InvalidArgumentError, MpicollError, UnsupportedDtypeError, 
 from ..ops import Op
 from ..spec import SPECS
 from .validate import Verdict
+
+if TYPE_CHECKING:
+    from ..backends import Backend
 
 
 def algorithms(collective: str, backend: str) -> list[str]:
@@ -31,10 +34,10 @@ def algorithms(collective: str, backend: str) -> list[str]:
 class Chooser:
     """Resolves ``algorithm=`` for one Communicator (its backend, size and tables)."""
 
-    def __init__(self, backend: Any, size: int, tables: selection.Tables) -> None:
+    def __init__(self, backend: Backend, size: int, tables: selection.Tables) -> None:
         self.backend, self.size, self.tables = backend, size, tables
         self.tracer: Any = None
-        self.watch: Any = None  # mpicoll.watchdog.Watch: the flight recorder's algorithm, bytes
+        self.watch: Any = None  # mpicoll.recorder.Watch: the flight recorder's algorithm, bytes
         self._functions: dict[tuple[str, Any], tuple[Callable[..., None], Any]] = {}
         self._auto: dict[tuple, str] = {}  # what "auto" picked, by call
         self._native_ok: dict[tuple[Any, np.dtype], bool] = {}

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from ..ops import ReduceOp, resolve_op
 from ..transport.compress import Compressing, wire_dtype
 from . import agree
 from .deliver import average
+
+if TYPE_CHECKING:
+    from ..communicator import Communicator
 
 DECLINED = object()  # in the table: such calls take the whole path
 
@@ -114,7 +117,7 @@ def to_caller(result: Any, tensors: tuple) -> Any:
     return to_torch(result)
 
 
-def keep(c: Any, name: str, args: tuple, kwargs: dict, key: tuple) -> None:
+def keep(c: Communicator, name: str, args: tuple, kwargs: dict, key: tuple) -> None:
     """Keep the decision of the call that just ran the whole path (DECLINED: none)."""
     decisions = c._decisions
     if len(decisions) >= _LIMIT:
@@ -128,7 +131,7 @@ def keep(c: Any, name: str, args: tuple, kwargs: dict, key: tuple) -> None:
     decisions[key] = DECLINED if decision is None else decision
 
 
-def decide(c: Any, name: str, args: tuple, kwargs: dict) -> Callable[..., Any] | None:
+def decide(c: Communicator, name: str, args: tuple, kwargs: dict) -> Callable[..., Any] | None:
     """The decision of a call of ``name`` with these arguments, which has just run the
     whole path successfully on this rank; None where the whole path must keep running
     such calls."""
@@ -218,24 +221,26 @@ def _flat(t: Any, x: np.ndarray) -> np.ndarray:
     return copy
 
 
-def _direct(c: Any, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+def _direct(c: Communicator, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     """``fn`` as a decided run calls it: MPI's own collective without the wrapper that
     stages device buffers (a decision serves host arrays only)."""
-    return getattr(fn, "__wrapped__", fn) if name == "native" and c.backend == "mpi" else fn
+    if name == "native" and c._backend.native_is_mpi:
+        return getattr(fn, "__wrapped__", fn)
+    return fn
 
 
-def _host(c: Any, collective: str, name: str, op: Any, dtype: np.dtype,
+def _host(c: Communicator, collective: str, name: str, op: Any, dtype: np.dtype,
           root: int = 0) -> Callable[[Any, Any], None] | None:
     """Where the decision is MPI's own collective: it as one direct mpi4py call on the
     call's host arrays (``native.host_direct``); else None."""
-    if name != "native" or c.backend != "mpi":
+    if name != "native" or not c._backend.native_is_mpi:
         return None
     from ..native import host_direct
 
     return host_direct(c._backend.transport, collective, op, dtype, root)
 
 
-def _persisted(c: Any, collective: str, name: str, op: Any, dtype: Any, root: int, x: Any,
+def _persisted(c: Communicator, collective: str, name: str, op: Any, dtype: Any, root: int, x: Any,
                result: Any, done: Callable[[], Any]) -> Callable[[], tuple] | None:
     """Where the decision is MPI's own collective: how to make a plan's persistent request
     on its buffers ``x`` and ``result`` (``native.host_persistent``): ``make()`` gives
@@ -269,12 +274,12 @@ def _separate_or_in_place(x: np.ndarray, out: Any, shape: tuple, dtype: Any) -> 
     return _fits(out, shape, dtype) and not np.may_share_memory(out, x)
 
 
-def _resolve(c: Any, collective: str, algorithm: str, nbytes: int, op: Any, options: dict,
+def _resolve(c: Communicator, collective: str, algorithm: str, nbytes: int, op: Any, options: dict,
              dtype: Any, uneven: bool = False) -> tuple[Callable[..., Any], str]:
     return c._chooser._resolve(collective, algorithm, nbytes, op, options or None, dtype, uneven)
 
 
-def _reduce_with(c: Any, opd: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _reduce_with(c: Communicator, opd: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` as the reduction's runner: a user's op guarded, its failures agreed."""
     if opd.builtin:
         return lambda call, *args: fn(*args)
@@ -286,7 +291,7 @@ def _reduce_with(c: Any, opd: Any, fn: Callable[..., Any]) -> Callable[..., Any]
 # -- the collectives where every rank contributes: x's shape and dtype decide -------------
 
 
-def _all_reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any]:
+def _all_reduce(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any]:
     opd = resolve_op(a["op"], x.dtype)
     t, shape, dtype, nbytes = c._backend.transport, x.shape, x.dtype, x.nbytes
     if a["compress"] is None:
@@ -298,7 +303,7 @@ def _all_reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any]:
         t = Compressing(t, wire)
     size, averages_itself, average_it = c.size, c._backend.averages_itself, opd.average
     reduce = _reduce_with(c, opd, fn)
-    native_mpi = name == "native" and c.backend == "mpi" and opd.builtin
+    native_mpi = name == "native" and c._backend.native_is_mpi and opd.builtin
     if native_mpi:  # MPI_Allreduce called directly: what native.native_all_reduce calls
         from mpi4py import MPI
 
@@ -363,7 +368,7 @@ def _all_reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any]:
     return Decision(bind, fresh, persist)
 
 
-def _scan(c: Any, a: dict, x: np.ndarray, collective: str) -> Callable[..., Any]:
+def _scan(c: Communicator, a: dict, x: np.ndarray, collective: str) -> Callable[..., Any]:
     """scan and exscan: exscan's rank 0 takes part with workspace and gets None."""
     opd = resolve_op(a["op"], x.dtype)
     fn, name = _resolve(c, collective, a["algorithm"], x.nbytes, opd, a["options"], x.dtype)
@@ -439,7 +444,7 @@ def _scan(c: Any, a: dict, x: np.ndarray, collective: str) -> Callable[..., Any]
     return Decision(bind, fresh, persist)
 
 
-def _reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
+def _reduce(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     root = a["root"]
     if type(root) is not int:
         return None
@@ -511,7 +516,7 @@ def _reduce(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     return Decision(bind, fresh, persist)
 
 
-def _reduce_scatter(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
+def _reduce_scatter(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     counts = a["counts"]
     if counts is None:
         if x.ndim == 0 or x.shape[0] != c.size:
@@ -571,7 +576,7 @@ def _reduce_scatter(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None
     return Decision(bind, fresh, persist)
 
 
-def _all_gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
+def _all_gather(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     if x.ndim > 31:
         return None
     size, rank = c.size, c.rank
@@ -622,7 +627,7 @@ def _all_gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     return Decision(bind, fresh, persist)
 
 
-def _gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
+def _gather(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     root = a["root"]
     if type(root) is not int or x.ndim > 31:
         return None
@@ -679,7 +684,7 @@ def _gather(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     return Decision(bind, fresh, persist)
 
 
-def _all_to_all(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
+def _all_to_all(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     if x.ndim == 0 or x.shape[0] != c.size:
         return None
     fn, name = _resolve(c, "all_to_all", a["algorithm"], x.nbytes, None, a["options"], None)
@@ -715,7 +720,7 @@ def _all_to_all(c: Any, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
     return Decision(bind, fresh, persist)
 
 
-def _barrier(c: Any, a: dict, x: Any) -> Callable[..., Any]:
+def _barrier(c: Communicator, a: dict, x: Any) -> Callable[..., Any]:
     fn, name = _resolve(c, "barrier", a["algorithm"], 0, None, a["options"], None)
     t = c._backend.transport
 
@@ -732,7 +737,7 @@ def _barrier(c: Any, a: dict, x: Any) -> Callable[..., Any]:
 # -- broadcast and scatter: the root's header still goes first, with the data when it fits
 
 
-def _header_of_last_call(c: Any, root: int) -> tuple[np.ndarray, Any, Any] | None:
+def _header_of_last_call(c: Communicator, root: int) -> tuple[np.ndarray, Any, Any] | None:
     """A receiver's decision: the root's header of the call that just ran, and its dtype
     and shape (None where a receiver cannot decide from it: a refusal, GPU data)."""
     words = c._packet_header.copy()
@@ -747,7 +752,7 @@ def _header_of_last_call(c: Any, root: int) -> tuple[np.ndarray, Any, Any] | Non
     return None if device else (words, dtype, shape)
 
 
-def _broadcast(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
+def _broadcast(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
     """The root sends the header it sent before (its x's shape and dtype are the key's);
     a receiver compares the header that comes with what it decided from: the same, it
     takes the data as decided; another, it goes on as the whole path does from there."""
@@ -840,7 +845,7 @@ def _broadcast(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
     return Decision(bind, fresh)
 
 
-def _scatter(c: Any, a: dict, x: Any) -> Callable[..., Any] | None:
+def _scatter(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
     """As broadcast: the root sends the header (with every row, when "auto" and small)
     it sent before; a receiver that gets another goes on as the whole path does."""
     root, algorithm, options = a["root"], a["algorithm"], a["options"]

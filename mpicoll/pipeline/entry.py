@@ -12,7 +12,7 @@ import functools
 import inspect
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,8 +28,11 @@ from . import agree, decided
 from .decided import DECLINED
 from .validate import Verdict
 
+if TYPE_CHECKING:
+    from ..communicator import Communicator
 
-def busy(c: Any, what: str) -> str:
+
+def busy(c: Communicator, what: str) -> str:
     """Why ``what`` cannot run now: another thread is in a call of this Communicator."""
     current = c._call  # read once: the other thread sets and clears it
     inside = (f"in {current.name()} (at {current.site})" if current is not None
@@ -104,7 +107,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
     return collective
 
 
-def numbered(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
+def numbered(c: Communicator, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
              stream: Any = None, refusal: Exception | None = None,
              keep: tuple | None = None) -> Any:
     """One call of ``c``, made at ``site``: numbered, watched, one thread at a time, with
@@ -154,7 +157,7 @@ def numbered(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: An
         c._entry.release()
 
 
-def ended(c: Any, name: str, exc: Exception) -> MpicollError:
+def ended(c: Communicator, name: str, exc: Exception) -> MpicollError:
     """What a call that raised ``exc`` raises, with its flight-recorder entry marked:
     mpicoll's own error as it is (a refusal, or a failure mid-call: then the others may
     wait in this call, and this rank's next call resyncs), anything else as a
@@ -175,7 +178,7 @@ def ended(c: Any, name: str, exc: Exception) -> MpicollError:
     return error
 
 
-def run_decided(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
+def run_decided(c: Communicator, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
                 decision: decided.Decision) -> Any:
     """``numbered`` for a call that runs a kept decision (``mpicoll.pipeline.decided``):
     the same number, record, tag, watch and errors, without the stages a decided call
@@ -209,7 +212,7 @@ def run_decided(c: Any, name: str, site: Any, args: tuple, kwargs: dict, method:
         c._entry.release()
 
 
-def announce(c: Any, label: str, site: Any, refusal: Exception | None) -> None:
+def announce(c: Communicator, label: str, site: Any, refusal: Exception | None) -> None:
     """Check mode: agree a step that is not itself a collective call on ``c`` (``label``:
     "all_reduce async", an async call before it is queued; "all_reduce_init", a plan)
     as a numbered step of its own, the caller holding ``c``'s entry: a rank that makes a

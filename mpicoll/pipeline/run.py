@@ -9,7 +9,7 @@ must check and agree (DESIGN.md's shape table).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from . import agree, validate
 from .deliver import average, give
 from .describe import Call
 from .validate import Verdict
+
+if TYPE_CHECKING:
+    from ..communicator import Communicator
 
 
 def _stand_in(t: Any, count: int, dtype: np.dtype, like: Any) -> Any:
@@ -69,7 +72,7 @@ def _op(verdict: Verdict, op: Any, x: Any) -> Any:
     return None
 
 
-def _reducing(c: Any, call: Call, opd: Any, fn: Any, *args: Any) -> None:
+def _reducing(c: Communicator, call: Call, opd: Any, fn: Any, *args: Any) -> None:
     """Run ``fn(*args)``, a reduction with ``opd``. A user's op may raise on some ranks:
     it is guarded (the rank goes on with what it has, so nothing is left queued), and the
     ranks then agree whether it raised anywhere: ``OpError`` on every rank if so. Only
@@ -82,7 +85,7 @@ def _reducing(c: Any, call: Call, opd: Any, fn: Any, *args: Any) -> None:
     agree.op_failures(c, call, opd, failures[0] if failures else None)
 
 
-def _traced(c: Any, opd: Any) -> Any:
+def _traced(c: Communicator, opd: Any) -> Any:
     tracer = c._tracer
     if tracer is not None and opd is not None and tracer.algorithm != "native":
         from ..tracing import timed_op
@@ -94,7 +97,7 @@ def _traced(c: Any, opd: Any) -> Any:
 # -- rooted collectives whose root alone knows the data: a header goes first ------------
 
 
-def broadcast(c: Any, call: Call, x: Any, root: Any, algorithm: Any,
+def broadcast(c: Communicator, call: Call, x: Any, root: Any, algorithm: Any,
               options: dict[str, Any]) -> Any:
     b = c._backend
     t, v = b.transport, Verdict()
@@ -106,9 +109,9 @@ def broadcast(c: Any, call: Call, x: Any, root: Any, algorithm: Any,
                               options=options)
     is_root, back = t.rank == root, same
     if is_root:
-        x, back = validate.array(v, x, "input", nccl=b.like is not None)
+        x, back = validate.array(v, x, "input", device_only=b.device_only)
     elif x is not None:
-        x, back = validate.array(v, x, "receive", nccl=b.like is not None)
+        x, back = validate.array(v, x, "receive", device_only=b.device_only)
         validate.writeable_receive(v, x)
     agree.settle(c, call, v, (algorithm, options), root=root, dtype=None if x is None else x.dtype,
                  shape=None if x is None else x.shape, input_travels=True)
@@ -144,7 +147,7 @@ def broadcast(c: Any, call: Call, x: Any, root: Any, algorithm: Any,
     return back(broadcast_received(c, call, x, root, algorithm, options, v))
 
 
-def broadcast_received(c: Any, call: Call, x: Any, root: int, algorithm: Any,
+def broadcast_received(c: Communicator, call: Call, x: Any, root: int, algorithm: Any,
                        options: dict[str, Any], v: Verdict | None = None) -> Any:
     """A receiver's broadcast once the root's packet has come: the root's dtype and shape
     from its header, the data from the packet or the chosen algorithm (``v``: this rank's
@@ -169,7 +172,7 @@ def broadcast_received(c: Any, call: Call, x: Any, root: int, algorithm: Any,
             f"sends shape {shape} and dtype {dtype}"))
     if v.receive is not None:  # take part with workspace of the root's items, then refuse
         if fn is not None:
-            items = _items_like(dtype, b.like is not None)
+            items = _items_like(dtype, b.device_only)
             fn(t, _stand_in(t, nbytes // items.itemsize, items, b.like), root)
         raise v.receive
     if x is None:
@@ -189,7 +192,7 @@ def broadcast_received(c: Any, call: Call, x: Any, root: int, algorithm: Any,
     return x
 
 
-def _root_header(c: Any, call: Call, v: Verdict, is_root: bool, header: np.ndarray,
+def _root_header(c: Communicator, call: Call, v: Verdict, is_root: bool, header: np.ndarray,
                  root: int, packet: np.ndarray | None = None,
                  ) -> tuple[np.dtype, tuple[int, ...], bool]:
     """Broadcast the root's header (in ``packet`` when given: the header and what goes
@@ -206,7 +209,7 @@ def _root_header(c: Any, call: Call, v: Verdict, is_root: bool, header: np.ndarr
     return agree.unpack_header(header, root, call)
 
 
-def scatter(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
+def scatter(c: Communicator, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
             options: dict[str, Any]) -> Any:
     b = c._backend
     t, v = b.transport, Verdict()
@@ -216,7 +219,7 @@ def scatter(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
     packet, header, limit = c._packet, c._packet_header, b.packed_bytes
     if is_root:
         header[:] = 0  # every word defined: a receiver compares the whole header
-        x, back = validate.array(v, x, "input", nccl=b.like is not None)
+        x, back = validate.array(v, x, "input", device_only=b.device_only)
         if validate.rows(v, x, t.size, "scatter"):
             agree.header_of(x.dtype, x.shape[1:], header=header, device=type(x) is not np.ndarray)
             result = validate.out(v, out, x.shape[1:], x.dtype, like=x)
@@ -237,7 +240,7 @@ def scatter(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
     return scatter_received(c, call, root, algorithm, out, options, v)
 
 
-def _scatter_root(c: Any, x: Any, root: int, algorithm: Any, out: Any,
+def _scatter_root(c: Communicator, x: Any, root: int, algorithm: Any, out: Any,
                   options: dict[str, Any], v: Verdict, result: Any, back: Any) -> Any:
     """The root's scatter once its header has gone: its own row, and the others' rows
     unless they went with the header."""
@@ -265,7 +268,7 @@ def _scatter_root(c: Any, x: Any, root: int, algorithm: Any, out: Any,
     return give(v, result, out, back)
 
 
-def scatter_received(c: Any, call: Call, root: int, algorithm: Any, out: Any,
+def scatter_received(c: Communicator, call: Call, root: int, algorithm: Any, out: Any,
                      options: dict[str, Any], v: Verdict | None = None) -> Any:
     """A receiver's scatter once the root's header has come: its row from the packet, or
     by the chosen algorithm (``v``: this rank's verdict so far)."""
@@ -289,7 +292,7 @@ def scatter_received(c: Any, call: Call, root: int, algorithm: Any, out: Any,
         result = validate.out(v, out, shape, dtype, like)
     if v.receive is not None:  # take part with workspace of the root's items, then refuse
         if fn is not None:
-            items = _items_like(dtype, b.like is not None)
+            items = _items_like(dtype, b.device_only)
             stand_in = _stand_in(t, count * dtype.itemsize // items.itemsize, items, b.like)
             fn(t, None, stand_in, even_bounds(stand_in.size, t.size), root)
         raise v.receive
@@ -302,7 +305,7 @@ def scatter_received(c: Any, call: Call, root: int, algorithm: Any, out: Any,
     return give(v, result, out, same)
 
 
-def scatter_v(c: Any, call: Call, x: Any, counts: Any, root: Any, algorithm: Any,
+def scatter_v(c: Communicator, call: Call, x: Any, counts: Any, root: Any, algorithm: Any,
               options: dict[str, Any]) -> Any:
     b = c._backend
     t, v = b.transport, Verdict()
@@ -314,7 +317,7 @@ def scatter_v(c: Any, call: Call, x: Any, counts: Any, root: Any, algorithm: Any
         mine = validate.counts(v, counts, p, "counts", where="receive")
     header = np.zeros(agree.HEADER_LEN + p, np.int64)
     if is_root:
-        x, back = validate.array(v, x, "input", nccl=b.like is not None)
+        x, back = validate.array(v, x, "input", device_only=b.device_only)
         validate.vector(v, x, "scatter_v")
         if x is not None and x.ndim and v.input is None:
             if counts is None:
@@ -355,12 +358,12 @@ def scatter_v(c: Any, call: Call, x: Any, counts: Any, root: Any, algorithm: Any
 # -- collectives where every rank contributes ---------------------------------------------
 
 
-def gather(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
+def gather(c: Communicator, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
            options: dict[str, Any]) -> Any:
     b = c._backend
     t, v = b.transport, Verdict()
     root = validate.root(v, root, t.size)
-    x, back = validate.array(v, x, nccl=b.like is not None)
+    x, back = validate.array(v, x, device_only=b.device_only)
     validate.result_dims(v, x, 1)
     fn = c._chooser.pick(v, "gather", algorithm, 0 if x is None else x.nbytes * t.size,
                          options=options)
@@ -380,11 +383,11 @@ def gather(c: Any, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
     return give(v, result, out, back)
 
 
-def all_gather(c: Any, call: Call, x: Any, algorithm: Any, out: Any,
+def all_gather(c: Communicator, call: Call, x: Any, algorithm: Any, out: Any,
                options: dict[str, Any]) -> Any:
     b = c._backend
     t, v = b.transport, Verdict()
-    x, back = validate.array(v, x, nccl=b.like is not None)
+    x, back = validate.array(v, x, device_only=b.device_only)
     validate.result_dims(v, x, 1)
     fn = c._chooser.pick(v, "all_gather", algorithm, 0 if x is None else x.nbytes * t.size,
                          options=options)
@@ -402,13 +405,13 @@ def all_gather(c: Any, call: Call, x: Any, algorithm: Any, out: Any,
     return give(v, result, out, back)
 
 
-def _reduction(c: Any, call: Call, collective: str, x: Any, op: Any, algorithm: Any,
+def _reduction(c: Communicator, call: Call, collective: str, x: Any, op: Any, algorithm: Any,
                options: dict[str, Any], nbytes_rows: bool = False, uneven: bool = False,
                ) -> tuple[Verdict, Any, Any, Any, Any]:
     """The checks every reducing collective makes: (verdict, x, back, op, function)."""
     b = c._backend
     v = Verdict()
-    x, back = validate.array(v, x, nccl=b.like is not None)
+    x, back = validate.array(v, x, device_only=b.device_only)
     opd = _op(v, op, x)
     fn = None
     if x is not None and opd is not None:
@@ -417,7 +420,7 @@ def _reduction(c: Any, call: Call, collective: str, x: Any, op: Any, algorithm: 
     return v, x, back, _traced(c, opd), fn
 
 
-def reduce(c: Any, call: Call, x: Any, op: Any, root: Any, algorithm: Any, out: Any,
+def reduce(c: Communicator, call: Call, x: Any, op: Any, root: Any, algorithm: Any, out: Any,
            options: dict[str, Any]) -> Any:
     t = c._backend.transport
     v, x, back, opd, fn = _reduction(c, call, "reduce", x, op, algorithm, options)
@@ -438,15 +441,15 @@ def reduce(c: Any, call: Call, x: Any, op: Any, root: Any, algorithm: Any, out: 
     return give(v, result, out, back)
 
 
-def all_reduce(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
+def all_reduce(c: Communicator, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
                options: dict[str, Any], compress: Any = None) -> Any:
     # the most frequent call of all: the pipeline's stages written out without helpers
     t = c._backend.transport
     v = Verdict()
-    if type(x) is np.ndarray and c._backend.like is None and not x.dtype.hasobject:
+    if type(x) is np.ndarray and not c._backend.device_only and not x.dtype.hasobject:
         back = same
     else:
-        x, back = validate.array(v, x, nccl=c._backend.like is not None)
+        x, back = validate.array(v, x, device_only=c._backend.device_only)
     opd = _op(v, op, x)
     fn = result = None
     wire = None if compress is None else _wire(v, compress, x, algorithm)
@@ -510,7 +513,7 @@ def _wire(v: Verdict, compress: Any, x: Any, algorithm: Any) -> np.dtype | None:
     return None
 
 
-def reduce_scatter(c: Any, call: Call, x: Any, op: Any, counts: Any, algorithm: Any,
+def reduce_scatter(c: Communicator, call: Call, x: Any, op: Any, counts: Any, algorithm: Any,
                    out: Any, options: dict[str, Any]) -> Any:
     t = c._backend.transport
     v, x, back, opd, fn = _reduction(c, call, "reduce_scatter", x, op, algorithm, options,
@@ -544,7 +547,7 @@ def reduce_scatter(c: Any, call: Call, x: Any, op: Any, counts: Any, algorithm: 
     return give(v, result, out, back)
 
 
-def scan(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
+def scan(c: Communicator, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
          options: dict[str, Any], collective: str = "scan") -> Any:
     """scan, or exscan (``collective="exscan"``): rank r's prefix of ranks 0..r, or
     0..r-1, with ``op``; avg divides it by the number of ranks it combines. Exscan's rank 0
@@ -571,16 +574,16 @@ def scan(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
     return give(v, result, out, back)
 
 
-def exscan(c: Any, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
+def exscan(c: Communicator, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
            options: dict[str, Any]) -> Any:
     return scan(c, call, x, op, algorithm, out, options, "exscan")
 
 
-def all_to_all(c: Any, call: Call, x: Any, algorithm: Any, out: Any,
+def all_to_all(c: Communicator, call: Call, x: Any, algorithm: Any, out: Any,
                options: dict[str, Any]) -> Any:
     b = c._backend
     t, v = b.transport, Verdict()
-    x, back = validate.array(v, x, nccl=b.like is not None)
+    x, back = validate.array(v, x, device_only=b.device_only)
     validate.rows(v, x, t.size, "all_to_all")
     fn = c._chooser.pick(v, "all_to_all", algorithm, 0 if x is None else x.nbytes,
                          options=options)
@@ -595,24 +598,25 @@ def all_to_all(c: Any, call: Call, x: Any, algorithm: Any, out: Any,
     return give(v, result, out, back)
 
 
-def barrier(c: Any, call: Call, algorithm: Any, options: dict[str, Any]) -> None:
+def barrier(c: Communicator, call: Call, algorithm: Any, options: dict[str, Any]) -> None:
     b = c._backend
     v = Verdict()
     fn = c._chooser.pick(v, "barrier", algorithm, 0, options=options)
     agree.settle(c, call, v, (algorithm, options))
     b.transport.use(None)
     fn(b.transport)
-    if b.separate_control:  # NCCL: wait until the stream has run it
+    if b.queues_on_stream:  # NCCL: wait until the stream has run it
         b.transport.synchronize()
 
 
 # -- v-variants: a different number of rows on every rank -----------------------------
 
 
-def all_gather_v(c: Any, call: Call, x: Any, algorithm: Any, options: dict[str, Any]) -> Any:
+def all_gather_v(c: Communicator, call: Call, x: Any, algorithm: Any,
+                 options: dict[str, Any]) -> Any:
     b = c._backend
     t, v = b.transport, Verdict()
-    x, back = validate.array(v, x, nccl=b.like is not None)
+    x, back = validate.array(v, x, device_only=b.device_only)
     validate.vector(v, x, "all_gather_v")
     c._chooser.pick(v, "all_gather", algorithm, 0, options=options, uneven=True)
     agree.settle(c, call, v, (algorithm, options), dtype=getattr(x, "dtype", None),
@@ -631,12 +635,12 @@ def all_gather_v(c: Any, call: Call, x: Any, algorithm: Any, options: dict[str, 
     return back(result), rows
 
 
-def gather_v(c: Any, call: Call, x: Any, root: Any, algorithm: Any,
+def gather_v(c: Communicator, call: Call, x: Any, root: Any, algorithm: Any,
              options: dict[str, Any]) -> Any:
     b = c._backend
     t, v = b.transport, Verdict()
     root = validate.root(v, root, t.size)
-    x, back = validate.array(v, x, nccl=b.like is not None)
+    x, back = validate.array(v, x, device_only=b.device_only)
     validate.vector(v, x, "gather_v")
     c._chooser.pick(v, "gather", algorithm, 0, options=options, uneven=True)
     agree.settle(c, call, v, (algorithm, options), root=root, dtype=getattr(x, "dtype", None),
@@ -653,11 +657,11 @@ def gather_v(c: Any, call: Call, x: Any, root: Any, algorithm: Any,
     return back(result), rows
 
 
-def all_to_all_v(c: Any, call: Call, x: Any, send_counts: Any, algorithm: Any,
+def all_to_all_v(c: Communicator, call: Call, x: Any, send_counts: Any, algorithm: Any,
                  options: dict[str, Any]) -> Any:
     b = c._backend
     t, v = b.transport, Verdict()
-    x, back = validate.array(v, x, nccl=b.like is not None)
+    x, back = validate.array(v, x, device_only=b.device_only)
     validate.vector(v, x, "all_to_all_v")
     send = validate.counts(v, send_counts, t.size, "send_counts", where="input")
     if send is not None and x is not None and x.ndim and sum(send) != x.shape[0]:

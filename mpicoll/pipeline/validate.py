@@ -57,16 +57,17 @@ def _mpicoll_error(exc: BaseException, name: str) -> MpicollError:
 
 
 def array(verdict: Verdict, x: Any, where: str = "input", name: str = "x",
-          nccl: bool = False) -> tuple[Any, Any]:
-    """(x as an array, how to give a result back), or (None, same) with the refusal kept."""
-    if type(x) is np.ndarray and not nccl and not x.dtype.hasobject:
+          device_only: bool = False) -> tuple[Any, Any]:
+    """(x as an array, how to give a result back), or (None, same) with the refusal kept.
+    ``device_only``: the backend moves device arrays only (NCCL): a host array is refused."""
+    if type(x) is np.ndarray and not device_only and not x.dtype.hasobject:
         return x, same  # the common case, without a call
     try:
         x, back = as_array(x, name)
     except Exception as exc:  # noqa: BLE001 - any failure becomes this rank's verdict
         verdict.refuse(where, _mpicoll_error(exc, name))
         return None, same
-    if nccl and type(x) is np.ndarray:
+    if device_only and type(x) is np.ndarray:
         verdict.refuse(where, InvalidArgumentError(
             f"{name}: backend 'nccl' moves GPU arrays (CuPy, or a CUDA __dlpack__ tensor); "
             "got a host array: use backend 'mpi' for host memory"))
