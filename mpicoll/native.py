@@ -302,6 +302,11 @@ def host_direct(t: MPITransport, collective: str, op: Op | None, dtype: np.dtype
     if collective == "broadcast":  # x: the root's data, or where a receiver's lands
         bcast = comm.Bcast
         return lambda x, result: bcast([x, bytes_], root)
+    if collective == "scatter":  # x: the root's rows (a receiver's: None)
+        scatter = comm.Scatter
+        if t.rank == root:
+            return lambda x, result: scatter([x, bytes_], [result, bytes_], root)
+        return lambda x, result: scatter(None, [result, bytes_], root)
     return None
 
 

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 _UNSET = object()
 # the collectives whose decisions can run as MPI's persistent request (Decision.persist)
 _PERSISTS = frozenset(("all_reduce", "reduce", "reduce_scatter", "all_gather", "gather",
-                       "all_to_all", "scan", "exscan", "barrier"))
+                       "all_to_all", "scan", "exscan", "barrier", "broadcast", "scatter"))
 
 # what a plan binds besides x: the collectives that take out=
 _TAKES_OUT = frozenset(("scatter", "gather", "all_gather", "reduce", "all_reduce",
@@ -225,6 +225,8 @@ class Plan:
             comm._entry.release()
         if vote[0]:
             self._bound = run
+            if self._kept:  # its starts are MPI's own collective (a packet's was "auto"'s)
+                self._kept = (*self._kept[:5], "native", self._kept[6])
 
     def free(self) -> None:
         """Let go of the plan (an active start is waited for first)."""
@@ -252,7 +254,8 @@ class Plan:
 def _bound_result(comm: Communicator, collective: str, args: tuple, kwargs: dict) -> Any:
     """The result array a plan binds at init (None where this rank cannot know its shape
     before the call: a scatter receiver, a v-variant; the call then makes it)."""
-    if collective not in _TAKES_OUT or kwargs.get("out") is not None or not args:
+    if collective not in _TAKES_OUT or kwargs.get("out") is not None or not args \
+            or args[0] is None:  # (a scatter receiver's x)
         return None
     spec = SPECS[collective]
     x, back = as_array(args[0], "x")

@@ -357,3 +357,39 @@ def test_an_in_place_all_gather_plan_keeps_every_rank_off_the_persistent_request
             np.testing.assert_array_equal(
                 plan(), np.repeat(np.arange(world.size)[:, None] + step, 3, axis=1))
         assert plan._request is None
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "native"])
+@pytest.mark.parametrize("collective", ["broadcast", "scatter"])
+def test_rooted_plans_whose_receivers_pass_none_settle_on_one_result(world, collective,
+                                                                      algorithm):
+    """A broadcast or scatter plan whose receivers pass None: each start right; from the
+    vote on (every rank knows the shape since the first start), the data alone goes as
+    MPI's persistent request, into one result array per rank."""
+    p, r = world.size, world.rank
+    x = np.zeros((p, 3) if collective == "scatter" else (5,))
+    init = getattr(world, f"{collective}_init")
+    with init(x if r == 0 else None, 0, algorithm=algorithm) as plan:
+        results = []
+        for step in range(4):
+            if r == 0:
+                _fill(x, 0, step)
+            got = plan()
+            np.testing.assert_array_equal(got, _expected(collective, p, r, step, x.shape))
+            results.append(got)
+        assert plan._request is not None
+        if r != 0:
+            assert results[2] is results[3]  # the plan's own, from the vote on
+        assert world._watch.current.algorithm == "native"
+
+
+def test_a_receiver_with_a_strided_out_keeps_a_scatter_plan_off_the_persistent_request(world):
+    p, r = world.size, world.rank
+    x = np.zeros((p, 3))
+    out = np.zeros(6)[::2] if r == p - 1 else np.zeros(3)
+    with world.scatter_init(x if r == 0 else None, 0, out=out, algorithm="native") as plan:
+        for step in range(3):
+            if r == 0:
+                _fill(x, 0, step)
+            np.testing.assert_array_equal(plan(), _expected("scatter", p, r, step, x.shape))
+        assert plan._request is None or p == 1

@@ -792,6 +792,17 @@ def _broadcast(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
         def pack_fn(t: Any, packet: Any, root: int) -> None:
             host(packet, None)
 
+    def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
+        """A plan's buffers are bound: every rank knows the shape from the first start,
+        so from the vote on, the data alone goes, as MPI's persistent Bcast (where the
+        data went as MPI's own broadcast), into a receiver's x or an array of its own."""
+        if x is not None and not x.flags.writeable:
+            return None
+        buf = x if x is not None or c.rank == root else np.empty(shape, dtype)
+        return None if buf is None else _persisted(
+            c, "broadcast", pack_name if packed else name, None, dtype, root, buf, None,
+            lambda: buf)
+
     if c.rank == root:
         def fresh_root(call: Any, x: Any) -> Any:
             header[:] = words
@@ -813,7 +824,7 @@ def _broadcast(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
         def bind_root(x: Any, out: Any) -> Callable[[Any], Any]:
             return lambda call: fresh_root(call, x)
 
-        return Decision(bind_root, fresh_root)
+        return Decision(bind_root, fresh_root, persist)
 
     expected = words.tobytes()
     from .run import broadcast_received
@@ -842,7 +853,7 @@ def _broadcast(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
             return None  # the whole path refuses it (fresh would decline each run)
         return lambda call: fresh(call, x)
 
-    return Decision(bind, fresh)
+    return Decision(bind, fresh, persist)
 
 
 def _scatter(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
@@ -883,6 +894,25 @@ def _scatter(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
         if in_packet else None
     my_row = packet[first:last_byte].view(dtype).reshape(shape) if in_packet else None
 
+    def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
+        """As broadcast's: from a plan's vote on, the rows alone go, as MPI's persistent
+        Scatter (where the rows went in the packet or as MPI's own scatter), into the
+        plan's result (a receiver's out=, or an array of its own)."""
+        if not in_packet and name != "native":
+            return None
+        if rank == root:
+            if not _fits(out, shape, dtype) or np.may_share_memory(out, x):
+                return None
+            result = out
+        elif out is None:
+            result = np.empty(shape, dtype)
+        elif _fits(out, shape, dtype):
+            result = out
+        else:
+            return None
+        return _persisted(c, "scatter", "native", None, dtype, root,
+                          x if rank == root else None, result, lambda: result)
+
     if rank == root:
         def fresh_root(call: Any, x: Any) -> Any:
             header[:] = words
@@ -920,7 +950,7 @@ def _scatter(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
 
             return run
 
-        return Decision(bind_root, fresh_root)
+        return Decision(bind_root, fresh_root, persist)
 
     expected = words.tobytes()
     from .run import scatter_received
@@ -953,7 +983,7 @@ def _scatter(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
 
         return receive
 
-    return Decision(bind, fresh)
+    return Decision(bind, fresh, persist)
 
 
 _DECIDERS: dict[str, Callable[..., Any]] = {
