@@ -102,9 +102,9 @@ _TORCH_AS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "floa
              "float8_e5m2": ("uint8", "float8_e5m2")}
 
 
-# small tensors' views, kept: id -> (the tensor, its data_ptr and shape then, the view).
-# Tensor.numpy() costs more than a small collective's own overhead; a view is given again
-# while the tensor still has that memory and shape. Each view holds its tensor: at most
+# small tensors' views, kept: id -> (the tensor, its data_ptr and shape then, the view,
+# its strides then). Tensor.numpy() costs more than a small collective's own overhead; a
+# view is given again while the tensor still has that memory, shape and strides. Each view holds its tensor: at most
 # _VIEWS_KEPT tensors of at most _VIEW_BYTES are kept alive by it (then it starts over).
 _VIEWS: dict[int, tuple] = {}
 _VIEW_BYTES, _VIEWS_KEPT = 1 << 16, 256
@@ -115,7 +115,7 @@ def kept_view(x: Any) -> np.ndarray | None:
     on the memory and in the shape it was viewed in; else None."""
     kept = _VIEWS.get(id(x))
     if kept is not None and kept[0] is x and kept[1] == x.data_ptr() and kept[2] == x.shape \
-            and not x.requires_grad:  # as Tensor.numpy() refuses it
+            and kept[4] == x.stride() and not x.requires_grad:  # as Tensor.numpy() refuses it
         return kept[3]
     return None
 
@@ -129,11 +129,20 @@ def torch_numpy(x: Any) -> np.ndarray | None:
     if view is not None:
         return view
     view = _torch_numpy(x)
-    if view is not None and view.nbytes <= _VIEW_BYTES:
+    if view is not None and view.nbytes <= _VIEW_BYTES and _small_storage(x):
         if len(_VIEWS) >= _VIEWS_KEPT:
             _VIEWS.clear()
-        _VIEWS[id(x)] = (x, x.data_ptr(), x.shape, view)
+        _VIEWS[id(x)] = (x, x.data_ptr(), x.shape, view, x.stride())
     return view
+
+
+def _small_storage(x: Any) -> bool:
+    """Whether all the memory the tensor ``x`` keeps alive is small (a small slice of a
+    large flat buffer is not: a kept view would keep the whole buffer)."""
+    try:
+        return int(x.untyped_storage().nbytes()) <= _VIEW_BYTES
+    except Exception:  # noqa: BLE001 - an older torch: keep nothing
+        return False
 
 
 def _torch_numpy(x: Any) -> np.ndarray | None:

@@ -228,7 +228,7 @@ class NCCLBackend(Backend):
             control.free()
             raise
         try:
-            peers = NCCLPeers(control.comm)
+            peers = NCCLPeers(control.comm, device)
         except Exception:
             transport.free()
             control.free()

@@ -285,9 +285,14 @@ def host_direct(t: MPITransport, collective: str, op: Op | None, dtype: np.dtype
     if collective == "reduce_scatter":
         reduce_scatter = comm.Reduce_scatter_block
         return lambda x, result: reduce_scatter(x, result, mop)
-    if collective == "all_gather":
-        allgather = comm.Allgather
-        return lambda x, result: allgather([x, bytes_], [result, bytes_])
+    if collective == "all_gather":  # x into its own row, then MPI's in-place form (as
+        allgather, in_place, rank = comm.Allgather, MPI.IN_PLACE, t.rank  # every rank's)
+
+        def all_gather(x: np.ndarray, result: np.ndarray) -> None:
+            result[rank] = x
+            allgather(in_place, [result, bytes_])
+
+        return all_gather
     if collective == "gather":
         gather = comm.Gather
         if t.rank == root:

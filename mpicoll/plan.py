@@ -129,9 +129,9 @@ class Plan:
                 # what the first start decided (or the persistent request the second
                 # made), on the bound buffers: entry.run_decided's steps, its values fixed
                 entry, watch, begin, name, site, kept, run = lean
-                self.starts += 1
                 if not entry.acquire(False):
                     raise ConcurrentCallError(busy(comm, f"{name} plan()"))
+                self.starts += 1
                 try:
                     seq = comm._seq = comm._seq + 1
                     call = comm._call = watch.enter_kept(seq, name, site, kept)
@@ -147,20 +147,35 @@ class Plan:
         if self._work is not None:
             raise InvalidArgumentError(
                 f"plan(): this {self.collective} plan is already started; wait() for it first")
-        self.starts += 1
+        self.starts += 1  # (a start refused as busy was not made: not counted)
         comm = self.comm
-        if self.starts == 2 and self._votes:
-            self._persist()
-        if self._bound is not None:  # settled: from the next start on, the lean path above
-            self._lean = (comm._entry, comm._watch, comm._backend.transport.begin,
-                          self.collective, self._site, self._kept, self._bound)
-            return numbered(comm, self.collective, self._site, self._args, self._kwargs,
-                            self._settled)  # the resync first, where a rank owes one
-        result = getattr(comm, self.collective)(*self._args, stream=self._stream,
-                                                _site=self._site, **self._kwargs)
+        try:
+            if self.starts == 2 and self._votes:
+                self._persist()
+            if self._bound is not None:  # settled: from the next start on, the lean path
+                self._lean = (comm._entry, comm._watch, comm._backend.transport.begin,
+                              self.collective, self._site, self._kept, self._bound)
+                return numbered(comm, self.collective, self._site, self._args, self._kwargs,
+                                self._settled)  # the resync first, where a rank owes one
+            result = getattr(comm, self.collective)(*self._args, stream=self._stream,
+                                                    _site=self._site, **self._kwargs)
+        except ConcurrentCallError:
+            self.starts -= 1
+            raise
         if self.starts == 1 and self._stream is None:  # decided and agreed: keep it
+            self._bind_result(result)
             self._bound = self._decided()
         return result
+
+    def _bind_result(self, result: Any) -> None:
+        """A receiver that passed no buffer (broadcast's x, scatter's out) binds the first
+        start's result: every later start fills that same array, whichever way it runs."""
+        if result is None:
+            return
+        if self.collective == "broadcast" and self._args and self._args[0] is None:
+            self._args = (result, *self._args[1:])
+        elif self.collective == "scatter" and self._kwargs.get("out") is None:
+            self._kwargs["out"] = result
 
     def _settled(self, comm: Communicator, call: Any, *args: Any, **kwargs: Any) -> Any:
         """A start as the other ranks run it, as the whole path's method of ``numbered``."""
@@ -204,7 +219,8 @@ class Plan:
         if not comm._entry.acquire(False):
             raise ConcurrentCallError(busy(comm, f"{self.collective} plan"))
         try:
-            vote = np.array([persist is not None], np.int32)
+            # a library without MPI-4's persistent collectives votes no on every rank
+            vote = np.array([persist is not None and MPI.Get_version() >= (4, 0)], np.int32)
             call = Call(comm._seq, f"{self.collective} plan")
             call.at(self._site)
             with comm._watch.aside(call, "waiting for every rank to start the plan the "
@@ -212,10 +228,20 @@ class Plan:
                 t = comm._backend.transport
                 t.comm.Allreduce(MPI.IN_PLACE, vote, MPI.MIN)
                 if vote[0]:
-                    run, self._request = persist()
-                    # a plan dropped without free() lets its request go (at the next
-                    # plan's, or with the Communicator); free() lets it go at once
-                    self._retire = weakref.finalize(self, t.retire, self._request)
+                    request = None
+                    try:
+                        run, request = persist()
+                    except Exception:  # noqa: BLE001 - this rank could not: all are told
+                        pass
+                    vote[0] = request is not None  # made on every rank, or used on none
+                    t.comm.Allreduce(MPI.IN_PLACE, vote, MPI.MIN)
+                    if vote[0]:
+                        self._request = request
+                        # a plan dropped without free() lets its request go (at the next
+                        # plan's, or with the Communicator); free() lets it go at once
+                        self._retire = weakref.finalize(self, t.retire, request)
+                    elif request is not None:
+                        t.release(request)  # never started: a local free
         except MpicollError:
             raise
         except Exception as exc:  # noqa: BLE001 - MPI's errors, named

@@ -213,3 +213,18 @@ def test_a_user_op_is_never_kept(world):
     for _ in range(2):
         np.testing.assert_array_equal(world.all_reduce(x, op), np.full(3, world.size))
     assert not world._decisions
+
+
+def test_a_small_slice_of_a_large_buffer_is_never_kept_alive_by_a_decision(world):
+    """A decision keeps its last binding of small arrays only: a small view of a large
+    buffer (a bias in a flat gradient) would keep the whole buffer alive."""
+    world._decisions.clear()
+    flat, own = np.ones(1 << 17), np.ones(4)
+    out = np.empty(4)
+    for x in (flat[:4], own):
+        for _ in range(3):
+            np.testing.assert_array_equal(world.all_reduce(x, out=out),
+                                          np.full(4, float(world.size)))
+    kept = [d.last for d in world._decisions.values() if d is not decided.DECLINED]
+    assert all(last is None or last[1] is own for last in kept)
+    assert any(last is not None and last[1] is own for last in kept)

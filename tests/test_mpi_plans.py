@@ -348,15 +348,18 @@ def test_native_plans_in_place_run_right_on_mpis_persistent_request(world, colle
             assert plan._request is not None
 
 
-def test_an_in_place_all_gather_plan_keeps_every_rank_off_the_persistent_request(world):
+@pytest.mark.parametrize("in_place", [True, False])
+def test_an_all_gather_plan_is_mpis_in_place_persistent_request(world, in_place):
+    """As the whole path does, x goes into its own row and MPI gathers in place (every
+    rank alike, as MPI requires of MPI_IN_PLACE): x refilled is gathered at every start."""
     out = np.zeros((world.size, 3))
-    x = out[world.rank]
+    x = out[world.rank] if in_place else np.zeros(3)
     with world.all_gather_init(x, algorithm="native", out=out) as plan:
-        for step in range(3):
+        for step in range(4):
             x[...] = world.rank + step
             np.testing.assert_array_equal(
                 plan(), np.repeat(np.arange(world.size)[:, None] + step, 3, axis=1))
-        assert plan._request is None
+        assert plan._request is not None
 
 
 @pytest.mark.parametrize("algorithm", ["auto", "native"])
@@ -378,9 +381,51 @@ def test_rooted_plans_whose_receivers_pass_none_settle_on_one_result(world, coll
             np.testing.assert_array_equal(got, _expected(collective, p, r, step, x.shape))
             results.append(got)
         assert plan._request is not None
-        if r != 0:
-            assert results[2] is results[3]  # the plan's own, from the vote on
+        if r != 0:  # the first start's result, bound: every start fills that array
+            assert all(res is results[0] for res in results)
         assert world._watch.current.algorithm == "native"
+
+
+def test_a_rank_that_cannot_make_the_persistent_request_keeps_every_rank_off_it(world,
+                                                                                monkeypatch):
+    """Every rank voted yes, but making MPI's request failed on the last rank: they all
+    learn it (a second small all-reduce) and run as decided, right, with nothing leaked."""
+    t = world._backend.transport
+    if world.rank == world.size - 1:
+        def refuse(*args):
+            raise RuntimeError("no persistent collectives here")
+
+        monkeypatch.setattr(t, "persistent", refuse)
+    x = np.zeros(3)
+    with world.all_reduce_init(x, algorithm="native") as plan:
+        for step in range(4):
+            x[...] = world.rank + step
+            np.testing.assert_array_equal(
+                plan(), np.full(3, sum(k + step for k in range(world.size)), float))
+        assert plan._request is None and plan._bound is not None
+    assert not t._persistent
+
+
+def test_a_receive_buffer_made_read_only_under_a_plan_is_refused_after_taking_part(world):
+    p, r = world.size, world.rank
+    x = np.zeros(4)
+    with world.broadcast_init(x, 0, algorithm="linear") as plan:
+        for step in range(3):
+            if r == 0:
+                x[...] = step
+            np.testing.assert_array_equal(plan(), np.full(4, float(step)))
+        if r == p - 1 and p > 1:
+            x.flags.writeable = False
+            with pytest.raises(mpicoll.InvalidArgumentError, match="made read-only"):
+                plan()
+            x.flags.writeable = True
+        else:
+            if r == 0:
+                x[...] = 7.0
+            np.testing.assert_array_equal(plan(), np.full(4, 7.0))
+        if r == 0:
+            x[...] = 8.0
+        np.testing.assert_array_equal(plan(), np.full(4, 8.0))
 
 
 def test_a_receiver_with_a_strided_out_keeps_a_scatter_plan_off_the_persistent_request(world):

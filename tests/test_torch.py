@@ -92,3 +92,12 @@ def test_a_kept_view_follows_the_tensor_it_views(world):
         world.all_reduce(x)
     x.requires_grad_(False)
     np.testing.assert_array_equal(world.all_reduce(x).numpy(), np.full((1, 6), float(p)))
+
+
+def test_a_kept_view_follows_a_tensor_transposed_in_place(world):
+    p = world.size
+    x = torch.arange(4, dtype=torch.float32).reshape(2, 2)
+    for _ in range(2):
+        np.testing.assert_array_equal(world.all_reduce(x).numpy(), x.numpy() * p)
+    x.t_()  # the same memory and shape, other strides
+    np.testing.assert_array_equal(world.all_reduce(x).numpy(), x.numpy() * p)

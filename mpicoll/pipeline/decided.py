@@ -32,6 +32,7 @@ import numpy as np
 
 from ..arrays import kept_view, same_memory, to_torch, torch_numpy
 from ..buffers import counts_bounds, even_bounds
+from ..errors import InvalidArgumentError
 from ..ops import ReduceOp, resolve_op
 from ..transport.compress import Compressing, wire_dtype
 from . import agree
@@ -179,12 +180,20 @@ class Decision:
             return last[3]
         run = self.bind(x, out)
         if run is not None and type(out) is np.ndarray and type(x) is np.ndarray \
-                and out.nbytes <= _PIN_BYTES and x.nbytes <= _PIN_BYTES:
+                and _small_owner(out) and _small_owner(x):
             self.last = (out, x, x.flags.writeable, run)
         return run
 
     def __call__(self, x: Any, out: Any) -> Callable[[Any], Any] | None:
         return self.bind(x, out)
+
+
+def _small_owner(a: np.ndarray) -> bool:
+    """Whether all the memory ``a`` keeps alive is at most _PIN_BYTES (its own, or the
+    array it views: a small slice of a large buffer would keep the whole buffer)."""
+    base = a.base
+    return a.nbytes <= _PIN_BYTES if base is None else \
+        type(base) is np.ndarray and base.base is None and base.nbytes <= _PIN_BYTES
 
 
 def _fits(out: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
@@ -240,12 +249,14 @@ def _host(c: Communicator, collective: str, name: str, op: Any, dtype: np.dtype,
     return host_direct(c._backend.transport, collective, op, dtype, root)
 
 
-def _persisted(c: Communicator, collective: str, name: str, op: Any, dtype: Any, root: int, x: Any,
-               result: Any, done: Callable[[], Any]) -> Callable[[], tuple] | None:
+def _persisted(c: Communicator, collective: str, name: str, op: Any, dtype: Any, root: int,
+               x: Any, result: Any, done: Callable[[], Any],
+               before: Callable[[], None] | None = None) -> Callable[[], tuple] | None:
     """Where the decision is MPI's own collective: how to make a plan's persistent request
     on its buffers ``x`` and ``result`` (``native.host_persistent``): ``make()`` gives
-    (run, request), ``run(call)`` being its Start and Wait and then ``done()``, the
-    start's result. None where MPI's collective takes more than one call."""
+    (run, request), ``run(call)`` being ``before()`` (what host_direct does before MPI's
+    call: all_gather's copy of x into its row), its Start and Wait, and then ``done()``,
+    the start's result. None where MPI's collective takes more than one call."""
     if _host(c, collective, name, op, dtype, root) is None:
         return None
     t = c._backend.transport
@@ -261,7 +272,13 @@ def _persisted(c: Communicator, collective: str, name: str, op: Any, dtype: Any,
             wait()
             return done()
 
-        return run, request
+        def run_after(call: Any) -> Any:
+            before()
+            start()
+            wait()
+            return done()
+
+        return run if before is None else run_after, request
 
     return make
 
@@ -620,9 +637,17 @@ def _all_gather(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any] |
         return run
 
     def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
-        if out is x or not _separate_or_in_place(x, out, shape, dtype):
-            return None  # x a row of out (in place): not as host_direct calls it
-        return _persisted(c, "all_gather", name, None, dtype, 0, x, out, lambda: out)
+        if not _fits(out, shape, dtype):
+            return None
+        row = out[rank]
+        if same_memory(x.reshape(-1), row.reshape(-1)):  # x is its own row of out: in place
+            copy_in = None
+        elif np.may_share_memory(x, out):
+            return None
+        else:
+            def copy_in() -> None:
+                row[...] = x
+        return _persisted(c, "all_gather", name, None, dtype, 0, x, out, lambda: out, copy_in)
 
     return Decision(bind, fresh, persist)
 
@@ -851,7 +876,16 @@ def _broadcast(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
         if x is not None and not x.flags.writeable:
             return None  # the whole path refuses it (fresh would decline each run)
-        return lambda call: fresh(call, x)
+
+        def run(call: Any) -> Any:
+            result = fresh(call, x)
+            if result is DECLINED:  # a plan's x, made read-only since: take part, refuse
+                fresh(call, None)
+                raise InvalidArgumentError(
+                    "broadcast: x, the receive buffer this plan bound, was made read-only")
+            return result
+
+        return run
 
     return Decision(bind, fresh, persist)
 

@@ -84,6 +84,8 @@ class MPITransport(Workspace):
             tops = self._tops
             if tops[0]:
                 tops[0] = 0
+            if self._retired:  # dropped plans' requests: between calls, never inside one
+                self._free_retired()
             return
         self._start_call(like)
         if self._copies:  # staged receives a failed call never waited for
@@ -203,8 +205,7 @@ class MPITransport(Workspace):
         """MPI-4's persistent ``collective`` (mpi4py's method name: "Allreduce") on these
         buffer specs: ``<collective>_init``, collective (every rank makes it at the same
         point), freed by ``release`` or with the transport."""
-        while self._retired:
-            self.release(self._retired.pop())
+        self._free_retired()
         request = getattr(self.comm, f"{collective}_init")(*args)
         self._persistent.append(request)
         return request
@@ -218,8 +219,12 @@ class MPITransport(Workspace):
 
     def retire(self, request: MPI.Prequest) -> None:
         """A request whose plan was dropped (the garbage collector may run anywhere, even
-        inside an MPI call): freed at the next ``persistent`` or with the transport."""
+        inside an MPI call): freed at the next call's ``begin`` or with the transport."""
         self._retired.append(request)
+
+    def _free_retired(self) -> None:
+        while self._retired:
+            self.release(self._retired.pop())
 
     def free(self) -> None:
         _RETIRED[0] = max(_RETIRED[0], self.tag)

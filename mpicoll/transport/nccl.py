@@ -299,11 +299,12 @@ class NCCLPeers:
     any_source = False  # NCCL has no wildcard receive
     device_only = True  # device buffers only, as the backend's collectives
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Any, device: int | None = None) -> None:
         from cupy.cuda import nccl
         from mpi4py import MPI
 
         self._nccl = nccl
+        self.device = device  # the backend's GPU: a pair is made on it, whatever thread
         self.comm = comm.Dup()  # the unique ids' messages: no collective uses it
         self.rank = self.comm.Get_rank()
         tag_ub = self.comm.Get_attr(MPI.TAG_UB)
@@ -330,9 +331,11 @@ class NCCLPeers:
                                              f"could not create NCCL's unique id for {pair} "
                                              f"(tag {tag})")
         try:
-            return self._nccl.NcclCommunicator(1 if lower == higher else 2,
-                                               unique_id_for_cupy(raw, cupy_major()),
-                                               0 if self.rank == lower else 1)
+            with contextlib.nullcontext() if self.device is None else \
+                    cupy_module().cuda.Device(self.device):  # (made on the thread's current)
+                return self._nccl.NcclCommunicator(1 if lower == higher else 2,
+                                                   unique_id_for_cupy(raw, cupy_major()),
+                                                   0 if self.rank == lower else 1)
         except Exception as exc:  # noqa: BLE001 - NcclError, named
             raise CollectiveError(
                 f"point-to-point on backend 'nccl': ncclCommInitRank of the communicator of "
