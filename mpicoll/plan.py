@@ -219,13 +219,15 @@ class Plan:
         if not comm._entry.acquire(False):
             raise ConcurrentCallError(busy(comm, f"{self.collective} plan"))
         try:
-            # a library without MPI-4's persistent collectives votes no on every rank
-            vote = np.array([persist is not None and MPI.Get_version() >= (4, 0)], np.int32)
+            # a library without MPI-4's persistent collectives votes no on every rank, as
+            # does a transport where a request failed before (see below)
+            t = comm._backend.transport
+            vote = np.array([persist is not None and t.persists
+                             and MPI.Get_version() >= (4, 0)], np.int32)
             call = Call(comm._seq, f"{self.collective} plan")
             call.at(self._site)
             with comm._watch.aside(call, "waiting for every rank to start the plan the "
                                          "second time (its vote on a persistent request)"):
-                t = comm._backend.transport
                 t.comm.Allreduce(MPI.IN_PLACE, vote, MPI.MIN)
                 if vote[0]:
                     request = None
@@ -240,8 +242,12 @@ class Plan:
                         # a plan dropped without free() lets its request go (at the next
                         # plan's, or with the Communicator); free() lets it go at once
                         self._retire = weakref.finalize(self, t.retire, request)
-                    elif request is not None:
-                        t.release(request)  # never started: a local free
+                    else:
+                        if request is not None:
+                            t.release(request)  # never started: a local free
+                        # a rank may have failed before MPI's init, which counts the
+                        # communicator's persistent collectives: no more of them here
+                        t.persists = False
         except MpicollError:
             raise
         except Exception as exc:  # noqa: BLE001 - MPI's errors, named

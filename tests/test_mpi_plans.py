@@ -389,21 +389,26 @@ def test_rooted_plans_whose_receivers_pass_none_settle_on_one_result(world, coll
 def test_a_rank_that_cannot_make_the_persistent_request_keeps_every_rank_off_it(world,
                                                                                 monkeypatch):
     """Every rank voted yes, but making MPI's request failed on the last rank: they all
-    learn it (a second small all-reduce) and run as decided, right, with nothing leaked."""
-    t = world._backend.transport
-    if world.rank == world.size - 1:
+    learn it (a second small all-reduce) and run as decided, right, with nothing leaked;
+    and no later plan of that Communicator makes one (MPI counts the persistent
+    collectives each rank made on its communicator: theirs now differ)."""
+    comm = world.dup()
+    t = comm._backend.transport
+    if comm.rank == comm.size - 1:
         def refuse(*args):
             raise RuntimeError("no persistent collectives here")
 
         monkeypatch.setattr(t, "persistent", refuse)
     x = np.zeros(3)
-    with world.all_reduce_init(x, algorithm="native") as plan:
-        for step in range(4):
-            x[...] = world.rank + step
-            np.testing.assert_array_equal(
-                plan(), np.full(3, sum(k + step for k in range(world.size)), float))
-        assert plan._request is None and plan._bound is not None
-    assert not t._persistent
+    for _ in range(2):
+        with comm.all_reduce_init(x, algorithm="native") as plan:
+            for step in range(4):
+                x[...] = comm.rank + step
+                np.testing.assert_array_equal(
+                    plan(), np.full(3, sum(k + step for k in range(comm.size)), float))
+            assert plan._request is None and plan._bound is not None
+        assert not t._persistent and not t.persists
+    comm.free()
 
 
 def test_a_receive_buffer_made_read_only_under_a_plan_is_refused_after_taking_part(world):

@@ -73,6 +73,7 @@ class MPITransport(Workspace):
         self._notes: list[tuple[MPI.Request, np.ndarray]] = []  # post()'s sends in flight
         self._persistent: list[MPI.Prequest] = []  # persistent requests of plans
         self._retired: list[MPI.Prequest] = []  # theirs whose plans were dropped
+        self.persists = True  # plans may make persistent requests here (agreed: see Plan)
 
     def begin(self, like: Any = None) -> None:
         tag = self.tag + 1
