@@ -72,35 +72,20 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             if x is not None and type(x) is not np.ndarray:
                 args, kwargs, tensors = decided.from_torch(args, kwargs)  # torch CPU tensors
                 x = args[0]
-            if type(x) is np.ndarray and not kwargs and len(args) == 1 and x.flags.c_contiguous:
-                key: tuple | None = (name, x.shape, x.dtype)  # comm.all_reduce(x): decided.key's
+            out = kwargs.get("out") if kwargs else None
+            if type(x) is np.ndarray and len(args) == 1 and x.flags.c_contiguous and \
+                    (not kwargs or len(kwargs) == 1 and out is not None):
+                # comm.all_reduce(x) and comm.all_reduce(x, out=y): decided.key's keys
+                key: tuple | None = (name, x.shape, x.dtype) if out is None else \
+                    (name, x.shape, x.dtype, ())
             else:
                 key = decided.key(name, args, kwargs)
             decision = None if key is None else decisions.get(key)
             if decision is None or decision is DECLINED or self._refused_alone:
                 result = numbered(self, name, site, args, kwargs, method,
                                   keep=key if decision is None else None)
-            elif not kwargs and decision.fresh is not None:
-                # comm.all_reduce(x) as an earlier call decided: run_decided's steps
-                if not self._entry.acquire(False):
-                    raise ConcurrentCallError(busy(self, name))
-                watch = self._watch
-                try:
-                    seq = self._seq = self._seq + 1
-                    call = self._call = watch.enter_kept(seq, name, site, decision.kept)
-                    self._backend.transport.begin()  # the call's tag: every rank advances it
-                    result = decision.fresh(call, args[0] if args else None)
-                    if result is DECLINED:  # not a buffer it serves: the whole path
-                        watch.enter(seq, name, site, args, kwargs)
-                        result = method(self, call, *args)
-                except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
-                    raise ended(self, name, exc)  # noqa: B904 - ended keeps exc as the cause
-                finally:
-                    watch.leave()
-                    self._call = None
-                    self._entry.release()
-            else:  # what an earlier call with these values decided
-                result = run_decided(self, name, site, args, kwargs, method, decision)
+            else:
+                result = run_decided(self, name, site, args, kwargs, method, decision, x, out)
             return result if tensors is None else decided.to_caller(result, tensors)
         return numbered(self, name, site, args, kwargs, method, stream, _refusal)
 
@@ -179,11 +164,12 @@ def ended(c: Communicator, name: str, exc: Exception) -> MpicollError:
 
 
 def run_decided(c: Communicator, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
-                decision: decided.Decision) -> Any:
+                decision: decided.Decision, x: Any, out: Any) -> Any:
     """``numbered`` for a call that runs a kept decision (``mpicoll.pipeline.decided``):
     the same number, record, tag, watch and errors, without the stages a decided call
     cannot need (no stream, no refusal, no trace, no resync owed: the caller checked);
-    the decision bound to the call's x and out, or the whole path where it declines them."""
+    the decision on the call's ``x`` and ``out`` (``fresh`` without out=, else bound to
+    them), or the whole path where it declines them."""
     if not c._entry.acquire(False):
         raise ConcurrentCallError(busy(c, name))
     watch = c._watch
@@ -192,18 +178,15 @@ def run_decided(c: Communicator, name: str, site: Any, args: tuple, kwargs: dict
         # the entry as the deciding call wrote it (the same values: the same entry)
         call = c._call = watch.enter_kept(seq, name, site, decision.kept)
         c._backend.transport.begin()  # the call's tag: every rank advances it
-        x = args[0] if args else None
-        out = kwargs.get("out") if kwargs else None
         if out is None and decision.fresh is not None:
             result = decision.fresh(call, x)
-            if result is not DECLINED:
-                return result
         else:
             run = decision.bound(x, out)  # None: it declines these buffers, before any message
-            if run is not None:
-                return run(call)
-        watch.enter(seq, name, site, args, kwargs)  # the whole path: its own entry
-        return method(c, call, *args, **kwargs)
+            result = DECLINED if run is None else run(call)
+        if result is DECLINED:  # not a buffer it serves: the whole path, its own entry
+            watch.enter(seq, name, site, args, kwargs)
+            result = method(c, call, *args, **kwargs)
+        return result
     except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
         raise ended(c, name, exc)  # noqa: B904 - ended keeps exc as the cause
     finally:
