@@ -190,10 +190,18 @@ class Decision:
 
 def _small_owner(a: np.ndarray) -> bool:
     """Whether all the memory ``a`` keeps alive is at most _PIN_BYTES (its own, or the
-    array it views: a small slice of a large buffer would keep the whole buffer)."""
+    array or torch tensor it views: a small slice of a large buffer would keep the whole
+    buffer)."""
     base = a.base
-    return a.nbytes <= _PIN_BYTES if base is None else \
-        type(base) is np.ndarray and base.base is None and base.nbytes <= _PIN_BYTES
+    if base is None:
+        return a.nbytes <= _PIN_BYTES
+    if type(base) is np.ndarray:
+        return base.base is None and base.nbytes <= _PIN_BYTES
+    storage = getattr(base, "untyped_storage", None)  # Tensor.numpy()'s view of a tensor
+    try:
+        return storage is not None and int(storage().nbytes()) <= _PIN_BYTES
+    except Exception:  # noqa: BLE001 - an owner it cannot size: keep nothing
+        return False
 
 
 def _fits(out: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
