@@ -222,13 +222,18 @@ class Plan:
             # a library without MPI-4's persistent collectives votes no on every rank, as
             # does a transport where a request failed before (see below)
             t = comm._backend.transport
+            # (and whether it gives MPI_IN_PLACE where every rank or none must: the
+            # minima of "in place" and of "not in place" are both 0 where ranks differ)
+            in_place = getattr(persist, "in_place", None)
             vote = np.array([persist is not None and t.persists
-                             and MPI.Get_version() >= (4, 0)], np.int32)
+                             and MPI.Get_version() >= (4, 0),
+                             in_place is not False, in_place is not True], np.int32)
             call = Call(comm._seq, f"{self.collective} plan")
             call.at(self._site)
             with comm._watch.aside(call, "waiting for every rank to start the plan the "
                                          "second time (its vote on a persistent request)"):
                 t.comm.Allreduce(MPI.IN_PLACE, vote, MPI.MIN)
+                vote[0] = vote[0] and (vote[1] or vote[2])
                 if vote[0]:
                     request = None
                     try:

@@ -443,3 +443,18 @@ def test_a_receiver_with_a_strided_out_keeps_a_scatter_plan_off_the_persistent_r
                 _fill(x, 0, step)
             np.testing.assert_array_equal(plan(), _expected("scatter", p, r, step, x.shape))
         assert plan._request is None or p == 1
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "scan"])
+def test_ranks_in_place_and_not_keep_a_plan_off_the_persistent_request(world, collective):
+    """MPI asks MPI_IN_PLACE of every rank or none: where only rank 0 plans in place,
+    every rank votes its plan off MPI's persistent request (and stays right)."""
+    p, r = world.size, world.rank
+    x = np.zeros(3)
+    init = getattr(world, f"{collective}_init")
+    with init(x, "sum", algorithm="native", out=x if r == 0 else None) as plan:
+        for step in range(3):
+            x[...] = r + step
+            want = sum(k + step for k in range(p if collective == "all_reduce" else r + 1))
+            np.testing.assert_array_equal(plan(), np.full(3, float(want)))
+        assert (plan._request is None) == (p > 1)

@@ -288,7 +288,13 @@ def _persisted(c: Communicator, collective: str, name: str, op: Any, dtype: Any,
 
         return run if before is None else run_after, request
 
+    # MPI asks MPI_IN_PLACE of every rank or none, where every rank may give it (the
+    # plan's vote checks this; reduce's root alone and all_gather's every rank are fine)
+    make.in_place = x is result if collective in _IN_PLACE_AT_ALL else None  # type: ignore[attr-defined]
     return make
+
+
+_IN_PLACE_AT_ALL = frozenset(("all_reduce", "scan", "exscan"))
 
 
 def _separate_or_in_place(x: np.ndarray, out: Any, shape: tuple, dtype: Any) -> bool:
