@@ -128,7 +128,7 @@ from ..algorithms import REGISTRY
 from ..buffers import chunk_bounds, counts_bounds
 from ..ops import resolve_op
 from ..transport import Workspace
-from . import Params
+from . import Params, _size
 
 HOP_LATENCY = 1e-7  # seconds a hop (one link and one router) when none is given
 ITEMSIZE = 4  # the calls are modelled on float32 elements
@@ -850,9 +850,3 @@ def table(topology: Topology | str, params: Params | None = None, ranks: list[in
             lines.append(f"  {name:<20}{cells}")
     return "\n".join(lines)
 
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return f"{nbytes}B"
