@@ -29,8 +29,7 @@ A backend's peers object says what it cannot do: ``any_source`` (default True) a
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,11 +38,10 @@ import numpy as np
 from .arrays import as_array
 from .errors import (
     CollectiveError,
-    ConcurrentCallError,
     InvalidArgumentError,
     MpicollError,
 )
-from .pipeline.describe import Call
+from .pipeline.entry import watched_step
 
 ANY = -1  # ``source=ANY``: a message from any rank
 
@@ -72,7 +70,7 @@ class Request:
         return f"<mpicoll.Request {self._what} peer {self._peer} tag {self._tag}>"
 
     def wait(self) -> int | None:
-        with _watched(self._comm, self._what, _waiting(self._what, self._peer, self._tag)):
+        with watched_step(self._comm, self._what, _waiting(self._what, self._peer, self._tag)):
             source = self._request.wait()
         return source if self._receive else None
 
@@ -92,25 +90,6 @@ def _waiting(what: str, peer: int, tag: int) -> str:
         return (f"waiting to receive from {'any rank' if peer == ANY else f'rank {peer}'} "
                 f"(point-to-point, tag {tag})")
     return f"waiting to send to rank {peer} (point-to-point, tag {tag})"
-
-
-@contextlib.contextmanager
-def _watched(comm: Any, what: str, note: str) -> Iterator[None]:
-    """One thread at a time, watched by the watchdog, nothing raw escaping."""
-    if not comm._entry.acquire(False):
-        from .pipeline.entry import busy
-
-        raise ConcurrentCallError(busy(comm, what))
-    try:
-        with comm._watch.aside(Call(comm._seq, what), note):
-            yield
-    except MpicollError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - MPI's errors, named
-        raise CollectiveError(f"{what} on rank {comm.rank}: {type(exc).__name__}: "
-                              f"{' '.join(str(exc).split())}") from exc
-    finally:
-        comm._entry.release()
 
 
 def _peers(comm: Any) -> Any:
@@ -190,7 +169,7 @@ class PointToPoint:
         if dest == self.rank:
             raise InvalidArgumentError("dest: a blocking send to this rank itself would wait "
                                        "forever; use isend and irecv")
-        with _watched(self, "send", _waiting("send", dest, tag)):
+        with watched_step(self, "send", _waiting("send", dest, tag)):
             peers.send(buf, dest, tag)
 
     def recv(self, out: Any, source: int = ANY, tag: int = 0) -> int:
@@ -203,7 +182,7 @@ class PointToPoint:
         if source == self.rank:
             raise InvalidArgumentError("source: a blocking receive from this rank itself "
                                        "would wait forever; use isend and irecv")
-        with _watched(self, "recv", _waiting("recv", source, tag)):
+        with watched_step(self, "recv", _waiting("recv", source, tag)):
             return peers.recv(buf, source, tag)
 
     def sendrecv(self, x: Any, dest: int, out: Any, source: int = ANY, send_tag: int = 0,
@@ -214,7 +193,7 @@ class PointToPoint:
         dest, source = _rank(self, dest, "dest"), _source(self, peers, source)
         send_tag, recv_tag = _tag(peers, send_tag), _tag(peers, recv_tag)
         sendbuf, recvbuf = _outgoing(self, peers, x), _incoming(self, peers, out)
-        with _watched(self, "sendrecv", _waiting("recv", source, recv_tag)):
+        with watched_step(self, "sendrecv", _waiting("recv", source, recv_tag)):
             return peers.sendrecv(sendbuf, dest, send_tag, recvbuf, source, recv_tag)
 
     def isend(self, x: Any, dest: int, tag: int = 0) -> Request:
@@ -222,7 +201,7 @@ class PointToPoint:
         ``wait()``."""
         peers = _peers(self)
         dest, tag, buf = _rank(self, dest, "dest"), _tag(peers, tag), _outgoing(self, peers, x)
-        with _watched(self, "isend", _waiting("send", dest, tag)):
+        with watched_step(self, "isend", _waiting("send", dest, tag)):
             return Request(self, "isend", dest, tag, peers.isend(buf, dest, tag), False)
 
     def irecv(self, out: Any, source: int = ANY, tag: int = 0) -> Request:
@@ -231,7 +210,7 @@ class PointToPoint:
         peers = _peers(self)
         source, tag = _source(self, peers, source), _tag(peers, tag)
         buf = _incoming(self, peers, out)
-        with _watched(self, "irecv", _waiting("recv", source, tag)):
+        with watched_step(self, "irecv", _waiting("recv", source, tag)):
             return Request(self, "irecv", source, tag, peers.irecv(buf, source, tag), True)
 
     def batch_isend_irecv(self, ops: Sequence[P2POp]) -> list[Request]:
@@ -263,7 +242,7 @@ class PointToPoint:
                                 _source(self, peers, p.peer, f"ops[{i}].peer"), tag))
         note = (f"starting {len(checked)} point-to-point messages with rank(s) "
                 f"{', '.join(str(r) for r in sorted({peer for _, _, peer, _ in checked}))}")
-        with _watched(self, "batch_isend_irecv", note):
+        with watched_step(self, "batch_isend_irecv", note):
             started = peers.batch(checked)
         return [Request(self, kind, peer, tag, request, not is_send)
                 for kind, (is_send, _, peer, tag), request in zip(kinds, checked, started,

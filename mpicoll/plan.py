@@ -35,9 +35,9 @@ import numpy as np
 
 from .arrays import as_array, empty
 from .arrays import same as _same
-from .errors import CollectiveError, ConcurrentCallError, InvalidArgumentError, MpicollError
+from .errors import ConcurrentCallError, InvalidArgumentError, MpicollError
 from .pipeline.decided import Decision, decide
-from .pipeline.entry import busy, ended, numbered
+from .pipeline.entry import busy, ended, numbered, watched_step
 from .spec import SPECS
 from .work import Site, Work, submit
 
@@ -214,52 +214,38 @@ class Plan:
                 persist = None
         from mpi4py import MPI
 
-        from .pipeline.describe import Call
-
-        if not comm._entry.acquire(False):
-            raise ConcurrentCallError(busy(comm, f"{self.collective} plan"))
-        try:
-            # a library without MPI-4's persistent collectives votes no on every rank, as
-            # does a transport where a request failed before (see below)
-            t = comm._backend.transport
-            # (and whether it gives MPI_IN_PLACE where every rank or none must: the
-            # minima of "in place" and of "not in place" are both 0 where ranks differ)
-            in_place = getattr(persist, "in_place", None)
-            vote = np.array([persist is not None and t.persists
-                             and MPI.Get_version() >= (4, 0),
-                             in_place is not False, in_place is not True], np.int32)
-            call = Call(comm._seq, f"{self.collective} plan")
-            call.at(self._site)
-            with comm._watch.aside(call, "waiting for every rank to start the plan the "
-                                         "second time (its vote on a persistent request)"):
+        # a library without MPI-4's persistent collectives votes no on every rank, as does
+        # a transport where a request failed before (see below); and whether it gives
+        # MPI_IN_PLACE where every rank or none must: the minima of "in place" and of
+        # "not in place" are both 0 where ranks differ
+        t = comm._backend.transport
+        in_place = getattr(persist, "in_place", None)
+        vote = np.array([persist is not None and t.persists and MPI.Get_version() >= (4, 0),
+                         in_place is not False, in_place is not True], np.int32)
+        with watched_step(comm, f"{self.collective} plan", "waiting for every rank to start "
+                          "the plan the second time (its vote on a persistent request)",
+                          self._site):
+            t.comm.Allreduce(MPI.IN_PLACE, vote, MPI.MIN)
+            vote[0] = vote[0] and (vote[1] or vote[2])
+            if vote[0]:
+                request = None
+                try:
+                    run, request = persist()
+                except Exception:  # noqa: BLE001 - this rank could not: all are told
+                    pass
+                vote[0] = request is not None  # made on every rank, or used on none
                 t.comm.Allreduce(MPI.IN_PLACE, vote, MPI.MIN)
-                vote[0] = vote[0] and (vote[1] or vote[2])
                 if vote[0]:
-                    request = None
-                    try:
-                        run, request = persist()
-                    except Exception:  # noqa: BLE001 - this rank could not: all are told
-                        pass
-                    vote[0] = request is not None  # made on every rank, or used on none
-                    t.comm.Allreduce(MPI.IN_PLACE, vote, MPI.MIN)
-                    if vote[0]:
-                        self._request = request
-                        # a plan dropped without free() lets its request go (at the next
-                        # plan's, or with the Communicator); free() lets it go at once
-                        self._retire = weakref.finalize(self, t.retire, request)
-                    else:
-                        if request is not None:
-                            t.release(request)  # never started: a local free
-                        # a rank may have failed before MPI's init, which counts the
-                        # communicator's persistent collectives: no more of them here
-                        t.persists = False
-        except MpicollError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - MPI's errors, named
-            raise CollectiveError(f"{self.collective} plan on rank {comm.rank}: "
-                                  f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            comm._entry.release()
+                    self._request = request
+                    # a plan dropped without free() lets its request go (at the next
+                    # plan's, or with the Communicator); free() lets it go at once
+                    self._retire = weakref.finalize(self, t.retire, request)
+                else:
+                    if request is not None:
+                        t.release(request)  # never started: a local free
+                    # a rank may have failed before MPI's init, which counts the
+                    # communicator's persistent collectives: no more of them here
+                    t.persists = False
         if vote[0]:
             self._bound = run
             if self._kept:  # its starts are MPI's own collective (a packet's was "auto"'s)

@@ -8,10 +8,11 @@ mpicoll's errors leave the call.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from ..errors import (
 from ..watchdog import PARAMETERS
 from . import agree, decided
 from .decided import DECLINED
+from .describe import Call
 from .validate import Verdict
 
 if TYPE_CHECKING:
@@ -192,6 +194,28 @@ def run_decided(c: Communicator, name: str, site: Any, args: tuple, kwargs: dict
     finally:
         watch.leave()
         c._call = None
+        c._entry.release()
+
+
+@contextlib.contextmanager
+def watched_step(c: Communicator, what: str, note: str, site: Any = None) -> Iterator[None]:
+    """A step of ``c`` that is not a numbered collective (a point-to-point message, a
+    plan's vote), made at ``site``: one thread at a time, watched by the watchdog under
+    ``what`` (``note``: what it waits for), nothing but mpicoll's errors leaving it."""
+    if not c._entry.acquire(False):
+        raise ConcurrentCallError(busy(c, what))
+    try:
+        call = Call(c._seq, what)
+        if site is not None:
+            call.at(site)
+        with c._watch.aside(call, note):
+            yield
+    except MpicollError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - MPI's errors, named
+        raise CollectiveError(f"{what} on rank {c.rank}: {type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())}") from exc
+    finally:
         c._entry.release()
 
 
