@@ -297,6 +297,20 @@ def _persisted(c: Communicator, collective: str, name: str, op: Any, dtype: Any,
 _IN_PLACE_AT_ALL = frozenset(("all_reduce", "scan", "exscan"))
 
 
+def _averaged(out: Any, opd: Any, fn: Callable[..., Any], ranks: int,
+              averages_itself: frozenset) -> Callable[[], Any]:
+    """A persistent start's result: ``out``, divided by the ``ranks`` combined where the
+    op is avg (as ``deliver.average`` does for every other run)."""
+    if not opd.average:
+        return lambda: out
+
+    def done() -> Any:
+        average(out, opd, fn, ranks, averages_itself)
+        return out
+
+    return done
+
+
 def _separate_or_in_place(x: np.ndarray, out: Any, shape: tuple, dtype: Any) -> bool:
     """Whether a plan's ``out`` is a result MPI can take beside ``x``: ``x`` itself
     (writeable: in place) or a fitting array apart from it."""
@@ -389,12 +403,8 @@ def _all_reduce(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any]:
         if t is not c._backend.transport or not _separate_or_in_place(x, out, shape, dtype):
             return None  # compressed, or buffers MPI cannot take as they are
 
-        def done() -> Any:
-            if average_it:
-                average(out, opd, fn, size, averages_itself)
-            return out
-
-        return _persisted(c, "all_reduce", name, opd, dtype, 0, x, out, done)
+        return _persisted(c, "all_reduce", name, opd, dtype, 0, x, out,
+                          _averaged(out, opd, fn, size, averages_itself))
 
     return Decision(bind, fresh, persist)
 
@@ -463,13 +473,8 @@ def _scan(c: Communicator, a: dict, x: np.ndarray, collective: str) -> Callable[
         if not _separate_or_in_place(x, out, shape, dtype) or (nothing and out is x):
             return None  # (MPI may write exscan's rank 0's result: not into its x)
 
-        def done() -> Any:
-            if nothing:
-                return None
-            if opd.average:
-                average(out, opd, fn, combined, averages_itself)
-            return out
-
+        done = (lambda: None) if nothing else \
+            _averaged(out, opd, fn, combined, averages_itself)  # by the ranks combined
         return _persisted(c, collective, name, opd, dtype, 0, x, out, done)
 
     return Decision(bind, fresh, persist)
@@ -537,12 +542,8 @@ def _reduce(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any] | Non
         if not _separate_or_in_place(x, out, shape, dtype):
             return None
 
-        def done() -> Any:
-            if opd.average:
-                average(out, opd, fn, size, averages_itself)
-            return out
-
-        return _persisted(c, "reduce", name, opd, dtype, root, x, out, done)
+        return _persisted(c, "reduce", name, opd, dtype, root, x, out,
+                          _averaged(out, opd, fn, size, averages_itself))
 
     return Decision(bind, fresh, persist)
 
@@ -597,12 +598,8 @@ def _reduce_scatter(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., An
         if counts is not None or out is x or not _separate_or_in_place(x, out, shape, dtype):
             return None
 
-        def done() -> Any:
-            if opd.average:
-                average(out, opd, fn, size, averages_itself)
-            return out
-
-        return _persisted(c, "reduce_scatter", name, opd, dtype, 0, x, out, done)
+        return _persisted(c, "reduce_scatter", name, opd, dtype, 0, x, out,
+                          _averaged(out, opd, fn, size, averages_itself))
 
     return Decision(bind, fresh, persist)
 
