@@ -297,7 +297,7 @@ class Communicator(PointToPoint, Groups):
         Returns:
             At the root, shape (size, *x.shape); None elsewhere.
         """
-        return run.gather(self, call, x, root, algorithm, out, options)
+        return run.collective(self, call, "gather", x, algorithm, out, options, root=root)
 
     @entry
     def all_gather(self, call: Call, x: Any, *, algorithm: str = "auto", out: Any = None,
@@ -314,7 +314,7 @@ class Communicator(PointToPoint, Groups):
         Returns:
             Shape (size, *x.shape), on every rank.
         """
-        return run.all_gather(self, call, x, algorithm, out, options)
+        return run.collective(self, call, "all_gather", x, algorithm, out, options)
 
     @entry
     def all_gather_v(self, call: Call, x: Any, *, algorithm: str = "auto",
@@ -400,7 +400,7 @@ class Communicator(PointToPoint, Groups):
         Returns:
             At the root, the reduction, shape x.shape; None elsewhere.
         """
-        return run.reduce(self, call, x, op, root, algorithm, out, options)
+        return run.collective(self, call, "reduce", x, algorithm, out, options, op, root)
 
     @entry
     def all_reduce(self, call: Call, x: Any, op: str | ReduceOp | Op = "sum", *,
@@ -460,7 +460,7 @@ class Communicator(PointToPoint, Groups):
         Returns:
             This rank's prefix, shape x.shape.
         """
-        return run.scan(self, call, x, op, algorithm, out, options)
+        return run.collective(self, call, "scan", x, algorithm, out, options, op)
 
     @entry
     def exscan(self, call: Call, x: Any, op: str | ReduceOp | Op = "sum", *,
@@ -468,7 +468,7 @@ class Communicator(PointToPoint, Groups):
         """``scan`` without this rank's own x (MPI_Exscan): rank r gets x_0 op ... op
         x_(r-1), "avg" divided by r. Rank 0 takes part (the others need its x) and gets
         None, as MPI leaves its result undefined (its ``out=`` is left as it was)."""
-        return run.exscan(self, call, x, op, algorithm, out, options)
+        return run.collective(self, call, "exscan", x, algorithm, out, options, op)
 
     @entry
     def all_to_all(self, call: Call, x: Any, *, algorithm: str = "auto", out: Any = None,
@@ -484,7 +484,7 @@ class Communicator(PointToPoint, Groups):
         Returns:
             Shape x.shape: the transpose of the rows across ranks.
         """
-        return run.all_to_all(self, call, x, algorithm, out, options)
+        return run.collective(self, call, "all_to_all", x, algorithm, out, options)
 
     @entry
     def barrier(self, call: Call, *, algorithm: str = "auto", **options: int) -> None:

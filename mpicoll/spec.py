@@ -14,8 +14,12 @@ the number of ranks as their first dimension.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from .buffers import even_bounds
 
 
 def _same(p: int) -> float:
@@ -28,6 +32,49 @@ def _ring(p: int) -> float:
 
 def _all_reduce(p: int) -> float:
     return 2 * (p - 1) / p if p > 1 else 0.0
+
+
+def _every_rank(rank: int, p: int) -> int:
+    return p
+
+
+# How the pipeline calls each collective's algorithms: one order of arguments for all,
+# ``(fn, t, src, dst, bounds, op, root)``, put in the order of the spec's ``signature``.
+def _src_dst_op(fn: Callable, t: Any, src: Any, dst: Any, bounds: Any, op: Any, root: int) -> Any:
+    return fn(t, src, dst, op)
+
+
+def _src_dst_op_root(fn: Callable, t: Any, src: Any, dst: Any, bounds: Any, op: Any,
+                     root: int) -> Any:
+    return fn(t, src, dst, op, root)
+
+
+def _src_bounds_op_dst(fn: Callable, t: Any, src: Any, dst: Any, bounds: Any, op: Any,
+                       root: int) -> Any:
+    return fn(t, src, bounds, op, dst)
+
+
+def _src_dst_bounds_root(fn: Callable, t: Any, src: Any, dst: Any, bounds: Any, op: Any,
+                         root: int) -> Any:
+    return fn(t, src, dst, bounds, root)
+
+
+def _dst_bounds(fn: Callable, t: Any, src: Any, dst: Any, bounds: Any, op: Any,
+                root: int) -> Any:
+    return fn(t, dst, bounds)  # the input is already its row of dst (input_in_result)
+
+
+def _src_bounds_dst_bounds(fn: Callable, t: Any, src: Any, dst: Any, bounds: Any, op: Any,
+                           root: int) -> Any:
+    return fn(t, src, bounds, dst, bounds)
+
+
+def _buf_root(fn: Callable, t: Any, src: Any, dst: Any, bounds: Any, op: Any, root: int) -> Any:
+    return fn(t, dst, root)
+
+
+def _nothing(fn: Callable, t: Any, src: Any, dst: Any, bounds: Any, op: Any, root: int) -> Any:
+    return fn(t)
 
 
 @dataclass(frozen=True)
@@ -44,34 +91,70 @@ class CollectiveSpec:
     in_place: str  # the in-place form, as the caller writes it ("" where there is none)
     busbw_factor: Callable[[int], float]  # nccl-tests' doc/PERFORMANCE.md, by ranks
     signature: str  # every algorithm's signature (see mpicoll.algorithms)
+    invoke: Callable[..., Any]  # fn(t, src, dst, bounds, op, root) in signature's order
     native_on: tuple[str, ...] = ("mpi", "nccl")  # the backends whose library has it
     module: str = ""  # its algorithms' file in mpicoll/algorithms/ ("": its own name)
+    # the ranks rank r of p combines in its result (avg divides by it); 0: no result
+    # there (exscan's rank 0, which MPI leaves undefined)
+    combined: Callable[[int, int], int] = _every_rank
+    dst_may_be_src: bool = False  # in place (out=x) runs the algorithm with src is dst
+    input_in_result: bool = False  # x is copied into its row of the result, which the
+    #                                algorithm then completes (all_gather)
+
+    def result_shape(self, shape: tuple[int, ...], p: int) -> tuple[int, ...]:
+        """The shape of a rank's result, from its input's shape (DESIGN.md's table)."""
+        if self.result_rows and not self.input_rows:
+            return (p, *shape)  # gather, all_gather: a row from every rank
+        if self.input_rows and not self.result_rows:
+            return shape[1:]  # scatter, reduce_scatter: this rank's row
+        return shape
+
+    def chosen_bytes(self, nbytes: int, p: int) -> int:
+        """The size "auto" chooses by, from one rank's input bytes: the whole result where
+        the result gathers a row from every rank."""
+        return nbytes * p if self.result_rows and not self.input_rows else nbytes
+
+    def bounds(self, shape: tuple[int, ...], p: int) -> list[int] | None:
+        """Each rank's block of the flat rows buffer (None where there are no rows)."""
+        if self.input_rows:
+            return even_bounds(math.prod(shape[1:]), p)
+        if self.result_rows:
+            return even_bounds(math.prod(shape), p)
+        return None
 
 
 SPECS: dict[str, CollectiveSpec] = {s.name: s for s in (
     CollectiveSpec("broadcast", True, False, False, False, True, False,
-                   "", _same, "(t, buf, root)"),
+                   "", _same, "(t, buf, root)", _buf_root),
     CollectiveSpec("scatter", True, False, True, False, True, False,
-                   "out=x[root] at the root", _ring, "(t, src | None, dst, bounds, root)"),
+                   "out=x[root] at the root", _ring, "(t, src | None, dst, bounds, root)",
+                   _src_dst_bounds_root),
     CollectiveSpec("gather", True, False, False, True, False, True,
-                   "x=out[root] at the root", _ring, "(t, src, dst | None, bounds, root)"),
+                   "x=out[root] at the root", _ring, "(t, src, dst | None, bounds, root)",
+                   _src_dst_bounds_root),
     CollectiveSpec("all_gather", False, False, False, True, False, False,
-                   "x=out[rank]", _ring, "(t, buf, bounds)"),
+                   "x=out[rank]", _ring, "(t, buf, bounds)", _dst_bounds,
+                   input_in_result=True),
     CollectiveSpec("reduce", True, True, False, False, False, True,
-                   "out=x at the root", _same, "(t, src, dst | None, op, root)"),
+                   "out=x at the root", _same, "(t, src, dst | None, op, root)",
+                   _src_dst_op_root),
     CollectiveSpec("all_reduce", False, True, False, False, False, False,
-                   "out=x", _all_reduce, "(t, src, dst, op)"),
+                   "out=x", _all_reduce, "(t, src, dst, op)", _src_dst_op,
+                   dst_may_be_src=True),
     CollectiveSpec("reduce_scatter", False, True, True, False, False, False,
-                   "", _ring, "(t, src, bounds, op, dst)"),
+                   "", _ring, "(t, src, bounds, op, dst)", _src_bounds_op_dst),
     CollectiveSpec("all_to_all", False, False, True, True, False, False,
-                   "out=x", _ring, "(t, src, send_bounds, dst, recv_bounds)"),
+                   "out=x", _ring, "(t, src, send_bounds, dst, recv_bounds)",
+                   _src_bounds_dst_bounds),
     CollectiveSpec("barrier", False, False, False, False, False, False,
-                   "", _same, "(t)"),
+                   "", _same, "(t)", _nothing),
     # prefix reductions in rank order (MPI_Scan, MPI_Exscan); NCCL has neither
     CollectiveSpec("scan", False, True, False, False, False, False,
-                   "out=x", _same, "(t, src, dst, op)", ("mpi",)),
+                   "out=x", _same, "(t, src, dst, op)", _src_dst_op, ("mpi",),
+                   combined=lambda rank, p: rank + 1, dst_may_be_src=True),
     CollectiveSpec("exscan", False, True, False, False, False, False,
-                   "out=x", _same, "(t, src, dst, op)", ("mpi",), module="scan"),
+                   "out=x", _same, "(t, src, dst, op)", _src_dst_op, ("mpi",), module="scan",
+                   combined=lambda rank, p: rank, dst_may_be_src=True),
 )}
 
 COLLECTIVES: tuple[str, ...] = tuple(SPECS)

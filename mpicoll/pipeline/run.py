@@ -1,9 +1,14 @@
 """Run: each collective as one pass through validate -> agree -> choose -> run -> deliver.
 
 Every function takes the Communicator ``c`` (its backend, chooser, check mode), the call's
-record and the caller's arguments, and returns what the public method returns. The
-order of stages is the same in every one; what differs is only what each collective
-must check and agree (DESIGN.md's shape table).
+record and the caller's arguments, and returns what the public method returns.
+
+``collective`` runs every collective whose ranks all know the input's shape before any
+message (gather, all_gather, reduce, reduce_scatter, scan, exscan, all_to_all), read from
+its ``CollectiveSpec``: a new collective of that kind is its spec entry and its
+algorithms file. What remains written out is only what truly differs: broadcast's and
+scatter's header packet (the root alone knows the shape), the v-variants' counts
+exchange, and all_reduce, the most frequent call of all, with its wire compression.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from ..arrays import (
 from ..buffers import counts_bounds, dtype_code, even_bounds, flat
 from ..errors import InvalidArgumentError, MpicollError
 from ..ops import guarded_ops, resolve_op
+from ..spec import SPECS
 from ..transport.compress import WIRE, Compressing, wire_dtype
 from . import agree, validate
 from .deliver import average, give
@@ -355,58 +361,73 @@ def scatter_v(c: Communicator, call: Call, x: Any, counts: Any, root: Any, algor
     return give(v, result, None, back)
 
 
-# -- collectives where every rank contributes ---------------------------------------------
+# -- collectives where every rank knows every shape: the spec says all the rest -----------
 
 
-def gather(c: Communicator, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
-           options: dict[str, Any]) -> Any:
+def collective(c: Communicator, call: Call, name: str, x: Any, algorithm: Any, out: Any,
+               options: dict[str, Any], op: Any = None, root: Any = 0) -> Any:
+    """validate -> agree -> choose -> run -> deliver for a collective whose ranks all
+    know the input's shape before any message (gather, all_gather, reduce,
+    reduce_scatter, scan, exscan, all_to_all), read from ``SPECS[name]``: which buffers
+    are rows, who receives, the result's shape, the size "auto" chooses by, how the
+    algorithms take their arguments, what avg divides by."""
+    spec = SPECS[name]
     b = c._backend
     t, v = b.transport, Verdict()
-    root = validate.root(v, root, t.size)
+    p, rank = t.size, t.rank
+    if spec.rooted:
+        root = validate.root(v, root, p)
     x, back = validate.array(v, x, device_only=b.device_only)
-    validate.result_dims(v, x, 1)
-    fn = c._chooser.pick(v, "gather", algorithm, 0 if x is None else x.nbytes * t.size,
-                         options=options)
-    is_root = t.rank == root
-    result = validate.out(v, out, (t.size, *x.shape), x.dtype, like=x) \
-        if is_root and x is not None and not v else None
-    agree.settle(c, call, v, (algorithm, options), root=root, dtype=getattr(x, "dtype", None),
+    if spec.input_rows:
+        validate.rows(v, x, p, name)
+    elif spec.result_rows:
+        validate.result_dims(v, x, 1)
+    opd = fn = None
+    if not spec.reduces:
+        fn = c._chooser.pick(v, name, algorithm,
+                             0 if x is None else spec.chosen_bytes(x.nbytes, p), options=options)
+    else:
+        opd = _op(v, op, x)
+        if x is not None and opd is not None:
+            fn = c._chooser.pick(v, name, algorithm, x.nbytes, opd, options, dtype=x.dtype)
+        opd = _traced(c, opd)
+    receives = not spec.result_at_root_only or rank == root
+    combined = spec.combined(rank, p)  # 0: no result here (exscan's rank 0)
+    result = None
+    if receives and not v and (combined or out is not None):  # exscan's rank 0: out checked
+        result = validate.out(v, out, spec.result_shape(x.shape, p), x.dtype, like=x)
+    agree.settle(c, call, v, (algorithm, options), op=op if spec.reduces else None,
+                 root=root if spec.rooted else agree.ANY, dtype=getattr(x, "dtype", None),
                  shape=getattr(x, "shape", None))
-    src = flat(x)
-    dst = None
-    if is_root:
-        dst = result.reshape(-1) if result is not None else \
-            _stand_in(t, src.size * t.size, x.dtype, x)
-    src = _input(t, src, dst if out is not None else None)
+    src, dst = flat(x), None
+    if receives:
+        if result is not None and combined:
+            dst = result.reshape(-1)
+        else:  # out refused, or exscan's rank 0: take part with workspace
+            dst = _stand_in(t, math.prod(spec.result_shape(x.shape, p)), x.dtype, x)
+            if not combined:
+                result = None  # (exscan's rank 0: its out= is left as it was)
+    bounds = spec.bounds(x.shape, p)
+    if spec.input_in_result:  # all_gather: x goes into its own row, the algorithm does the rest
+        mine = dst[bounds[rank]:bounds[rank + 1]]
+        if not same_memory(src, mine):  # unless x is that row already (in place)
+            mine[...] = src
+    elif spec.dst_may_be_src and result is x:
+        src = dst  # in place, which these algorithms allow
+    else:  # a copy where x overlaps out (linear reduce reads x after writing out) or is
+        src = _input(t, src, dst if out is not None else None)  # read-only
     t.use(x)
-    fn(t, src, dst, even_bounds(src.size, t.size), root)
-    return give(v, result, out, back)
-
-
-def all_gather(c: Communicator, call: Call, x: Any, algorithm: Any, out: Any,
-               options: dict[str, Any]) -> Any:
-    b = c._backend
-    t, v = b.transport, Verdict()
-    x, back = validate.array(v, x, device_only=b.device_only)
-    validate.result_dims(v, x, 1)
-    fn = c._chooser.pick(v, "all_gather", algorithm, 0 if x is None else x.nbytes * t.size,
-                         options=options)
-    result = validate.out(v, out, (t.size, *x.shape), x.dtype, like=x) if x is not None else None
-    agree.settle(c, call, v, (algorithm, options), dtype=getattr(x, "dtype", None),
-                 shape=getattr(x, "shape", None))
-    src = flat(x)
-    buf = result.reshape(-1) if result is not None else _stand_in(t, src.size * t.size, x.dtype, x)
-    bounds = even_bounds(src.size, t.size)
-    mine = buf[bounds[t.rank]:bounds[t.rank + 1]]
-    if not same_memory(src, mine):  # unless x already is the result's own row (in place)
-        mine[...] = src
-    t.use(x)
-    fn(t, buf, bounds)
+    if opd is None or opd.builtin:
+        spec.invoke(fn, t, src, dst, bounds, opd, root)
+    else:
+        _reducing(c, call, opd, spec.invoke, fn, t, src, dst, bounds, opd, root)
+    if result is not None and opd is not None:
+        average(result, opd, fn, combined, b.averages_itself)  # avg: by the ranks combined
     return give(v, result, out, back)
 
 
 def _reduction(c: Communicator, call: Call, collective: str, x: Any, op: Any, algorithm: Any,
-               options: dict[str, Any], nbytes_rows: bool = False, uneven: bool = False,
+               options: dict[str, Any], uneven: bool = False,
                ) -> tuple[Verdict, Any, Any, Any, Any]:
     """The checks every reducing collective makes: (verdict, x, back, op, function)."""
     b = c._backend
@@ -418,27 +439,6 @@ def _reduction(c: Communicator, call: Call, collective: str, x: Any, op: Any, al
         fn = c._chooser.pick(v, collective, algorithm, x.nbytes, opd, options, dtype=x.dtype,
                              uneven=uneven)
     return v, x, back, _traced(c, opd), fn
-
-
-def reduce(c: Communicator, call: Call, x: Any, op: Any, root: Any, algorithm: Any, out: Any,
-           options: dict[str, Any]) -> Any:
-    t = c._backend.transport
-    v, x, back, opd, fn = _reduction(c, call, "reduce", x, op, algorithm, options)
-    root = validate.root(v, root, t.size)
-    is_root = t.rank == root
-    result = validate.out(v, out, x.shape, x.dtype, like=x) if is_root and not v else None
-    agree.settle(c, call, v, (algorithm, options), op=op, root=root, dtype=getattr(x, "dtype", None),
-                 shape=getattr(x, "shape", None))
-    src = flat(x)
-    dst = None
-    if is_root:
-        dst = result.reshape(-1) if result is not None else _stand_in(t, src.size, x.dtype, x)
-    src = _input(t, src, dst if out is not None else None)  # linear reduce reads x after writing out
-    t.use(x)
-    _reducing(c, call, opd, fn, t, src, dst, opd, root)
-    if result is not None:
-        average(result, opd, fn, t.size, c._backend.averages_itself)
-    return give(v, result, out, back)
 
 
 def all_reduce(c: Communicator, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
@@ -515,86 +515,28 @@ def _wire(v: Verdict, compress: Any, x: Any, algorithm: Any) -> np.dtype | None:
 
 def reduce_scatter(c: Communicator, call: Call, x: Any, op: Any, counts: Any, algorithm: Any,
                    out: Any, options: dict[str, Any]) -> Any:
+    """reduce_scatter; with ``counts``, its v-form: the blocks' sizes, checked against x
+    and agreed in check mode, cut x flat instead of by rows."""
+    if counts is None:
+        return collective(c, call, "reduce_scatter", x, algorithm, out, options, op)
     t = c._backend.transport
     v, x, back, opd, fn = _reduction(c, call, "reduce_scatter", x, op, algorithm, options,
-                                     uneven=counts is not None)
-    result = None
-    if counts is None:
-        if validate.rows(v, x, t.size, "reduce_scatter") and not v:
-            result = validate.out(v, out, x.shape[1:], x.dtype, like=x)
-            bounds = even_bounds(math.prod(x.shape[1:]), t.size)
-    else:
-        counts = validate.counts(v, counts, t.size, "counts")
-        if counts is not None and x is not None and sum(counts) != x.size:
-            v.refuse("params", InvalidArgumentError(
-                f"counts: they add up to {sum(counts)}, but x has {x.size} elements"))
-        if not v:
-            result = validate.out(v, out, (counts[t.rank],), x.dtype, like=x)
-            bounds = counts_bounds(counts)
+                                     uneven=True)
+    counts = validate.counts(v, counts, t.size, "counts")
+    if counts is not None and x is not None and sum(counts) != x.size:
+        v.refuse("params", InvalidArgumentError(
+            f"counts: they add up to {sum(counts)}, but x has {x.size} elements"))
+    result = validate.out(v, out, (counts[t.rank],), x.dtype, like=x) if not v else None
     agree.settle(c, call, v, (algorithm, options), op=op, dtype=getattr(x, "dtype", None),
-                 shape=getattr(x, "shape", None) if counts is None else tuple(counts or ()))
-    if result is None:  # out refused: take part with workspace
-        bounds = even_bounds(math.prod(x.shape[1:]), t.size) if counts is None \
-            else counts_bounds(counts)
-        dst = _stand_in(t, bounds[t.rank + 1] - bounds[t.rank], x.dtype, x)
-    else:
-        dst = result.reshape(-1)
+                 shape=tuple(counts or ()))
+    bounds = counts_bounds(counts)
+    dst = result.reshape(-1) if result is not None else \
+        _stand_in(t, counts[t.rank], x.dtype, x)  # out refused: take part with workspace
     src = _input(t, flat(x), dst if out is not None else None)
     t.use(x)
     _reducing(c, call, opd, fn, t, src, bounds, opd, dst)
     if result is not None:
         average(result, opd, fn, t.size, c._backend.averages_itself)
-    return give(v, result, out, back)
-
-
-def scan(c: Communicator, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
-         options: dict[str, Any], collective: str = "scan") -> Any:
-    """scan, or exscan (``collective="exscan"``): rank r's prefix of ranks 0..r, or
-    0..r-1, with ``op``; avg divides it by the number of ranks it combines. Exscan's rank 0
-    takes part with workspace and gets None (MPI leaves its result undefined); its out=
-    is checked but left as it was."""
-    t = c._backend.transport
-    v, x, back, opd, fn = _reduction(c, call, collective, x, op, algorithm, options)
-    nothing = collective == "exscan" and t.rank == 0
-    result = None
-    if not v and (out is not None or not nothing):
-        result = validate.out(v, out, x.shape, x.dtype, like=x)
-    agree.settle(c, call, v, (algorithm, options), op=op, dtype=getattr(x, "dtype", None),
-                 shape=getattr(x, "shape", None))
-    if nothing:
-        result = None
-    dst = result.reshape(-1) if result is not None else _stand_in(t, x.size, x.dtype, x)
-    # in place: every scan algorithm allows src is dst
-    src = dst if result is x else _input(t, flat(x), dst if out is not None else None)
-    t.use(x)
-    _reducing(c, call, opd, fn, t, src, dst, opd)
-    if result is not None:  # avg: divided by the number of ranks combined
-        combined = t.rank + 1 if collective == "scan" else t.rank
-        average(result, opd, fn, combined, c._backend.averages_itself)
-    return give(v, result, out, back)
-
-
-def exscan(c: Communicator, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
-           options: dict[str, Any]) -> Any:
-    return scan(c, call, x, op, algorithm, out, options, "exscan")
-
-
-def all_to_all(c: Communicator, call: Call, x: Any, algorithm: Any, out: Any,
-               options: dict[str, Any]) -> Any:
-    b = c._backend
-    t, v = b.transport, Verdict()
-    x, back = validate.array(v, x, device_only=b.device_only)
-    validate.rows(v, x, t.size, "all_to_all")
-    fn = c._chooser.pick(v, "all_to_all", algorithm, 0 if x is None else x.nbytes,
-                         options=options)
-    result = validate.out(v, out, x.shape, x.dtype, like=x) if not v else None
-    agree.settle(c, call, v, (algorithm, options), dtype=getattr(x, "dtype", None),
-                 shape=getattr(x, "shape", None))
-    dst = result.reshape(-1) if result is not None else _stand_in(t, x.size, x.dtype, x)
-    src = _input(t, flat(x), dst if out is not None else None)
-    bounds = even_bounds(src.size // t.size, t.size)
-    t.use(x)
-    fn(t, src, bounds, dst, bounds)
     return give(v, result, out, back)
 
 
