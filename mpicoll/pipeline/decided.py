@@ -24,7 +24,9 @@ in the default call and a rank that owes a resync always take the whole path.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +36,7 @@ from ..arrays import kept_view, same_memory, to_torch, torch_numpy
 from ..buffers import counts_bounds, even_bounds
 from ..errors import InvalidArgumentError
 from ..ops import ReduceOp, resolve_op
+from ..spec import SPECS
 from ..transport.compress import Compressing, wire_dtype
 from . import agree
 from .deliver import average
@@ -295,6 +298,18 @@ def _persisted(c: Communicator, collective: str, name: str, op: Any, dtype: Any,
 
 
 _IN_PLACE_AT_ALL = frozenset(("all_reduce", "scan", "exscan"))
+# where native.host_direct gives MPI_IN_PLACE for x is result (reduce: at the root)
+IN_PLACE_AS_MPI = frozenset((*_IN_PLACE_AT_ALL, "reduce"))
+
+
+def _averaged_by(opd: Any, fn: Callable[..., Any], ranks: int,
+                 averages_itself: frozenset) -> Callable[[Any], Any]:
+    """``done(result)``: the result divided by the ``ranks`` combined (op avg)."""
+    def done(result: Any) -> Any:
+        average(result, opd, fn, ranks, averages_itself)
+        return result
+
+    return done
 
 
 def _averaged(out: Any, opd: Any, fn: Callable[..., Any], ranks: int,
@@ -303,12 +318,8 @@ def _averaged(out: Any, opd: Any, fn: Callable[..., Any], ranks: int,
     op is avg (as ``deliver.average`` does for every other run)."""
     if not opd.average:
         return lambda: out
-
-    def done() -> Any:
-        average(out, opd, fn, ranks, averages_itself)
-        return out
-
-    return done
+    done = _averaged_by(opd, fn, ranks, averages_itself)
+    return lambda: done(out)
 
 
 def _separate_or_in_place(x: np.ndarray, out: Any, shape: tuple, dtype: Any) -> bool:
@@ -409,349 +420,128 @@ def _all_reduce(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any]:
     return Decision(bind, fresh, persist)
 
 
-def _scan(c: Communicator, a: dict, x: np.ndarray, collective: str) -> Callable[..., Any]:
-    """scan and exscan: exscan's rank 0 takes part with workspace and gets None."""
-    opd = resolve_op(a["op"], x.dtype)
-    fn, name = _resolve(c, collective, a["algorithm"], x.nbytes, opd, a["options"], x.dtype)
-    t, shape, dtype = c._backend.transport, x.shape, x.dtype
-    nothing = collective == "exscan" and c.rank == 0
-    combined = c.rank + 1 if collective == "scan" else c.rank
-    averages_itself, reduce = c._backend.averages_itself, _reduce_with(c, opd, fn)
-    direct = _direct(c, fn, name) if opd.builtin else None
-    host = _host(c, collective, name, opd, dtype)
-
-    def fresh(call: Any, x: Any) -> Any:
-        if host is not None:
-            result = np.empty(shape, dtype)
-            host(x, result)
-            if nothing:
-                return None
-            if opd.average:
-                average(result, opd, fn, combined, averages_itself)
-            return result
-        src = _flat(t, x)
-        if nothing:  # exscan's rank 0: workspace, and None
-            result = None
-            dst = t.take(x.size, dtype)
-        else:
-            result = np.empty(shape, dtype)
-            dst = result.reshape(-1)
-        if direct is not None:
-            direct(t, src, dst, opd)
-        else:
-            reduce(call, t, src, dst, opd)
-        if opd.average and result is not None:
-            average(result, opd, fn, combined, averages_itself)  # by the ranks combined
-        return result
-
-    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
-        if out is not None and not (out is x and x.flags.writeable or
-                                    _fits(out, shape, dtype) and not np.may_share_memory(out, x)):
-            return None
-        if nothing:  # exscan's rank 0: workspace, and None
-            read = _reader(t, x, None)
-
-            def run(call: Any) -> Any:
-                dst = t.take(x.size, dtype)
-                reduce(call, t, read(), dst, opd)
-                return None
-
-            return run
-        read = (lambda: out.reshape(-1)) if out is x else _reader(t, x, None)
-
-        def run(call: Any) -> Any:
-            result = np.empty(shape, dtype) if out is None else out
-            dst = result.reshape(-1)
-            reduce(call, t, dst if out is x else read(), dst, opd)
-            if opd.average:
-                average(result, opd, fn, combined, averages_itself)  # by the ranks combined
-            return result
-
-        return run
-
-    def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
-        if not _separate_or_in_place(x, out, shape, dtype) or (nothing and out is x):
-            return None  # (MPI may write exscan's rank 0's result: not into its x)
-
-        done = (lambda: None) if nothing else \
-            _averaged(out, opd, fn, combined, averages_itself)  # by the ranks combined
-        return _persisted(c, collective, name, opd, dtype, 0, x, out, done)
-
-    return Decision(bind, fresh, persist)
-
-
-def _reduce(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
-    root = a["root"]
-    if type(root) is not int:
+def _from_spec(c: Communicator, a: dict, x: np.ndarray, name: str) -> Decision | None:
+    """The decision of a collective ``run.collective`` runs (gather, all_gather, reduce,
+    reduce_scatter, scan, exscan, all_to_all), read from the same spec: the same function
+    on the same views, so the same messages."""
+    spec = SPECS[name]
+    p, rank = c.size, c.rank
+    root = a["root"] if spec.rooted else 0
+    if type(root) is not int or (spec.input_rows and (x.ndim == 0 or x.shape[0] != p)) \
+            or x.ndim > 31:
         return None
-    opd = resolve_op(a["op"], x.dtype)
-    fn, name = _resolve(c, "reduce", a["algorithm"], x.nbytes, opd, a["options"], x.dtype)
-    t, shape, dtype = c._backend.transport, x.shape, x.dtype
-    is_root, size = c.rank == root, c.size
-    averages_itself, reduce = c._backend.averages_itself, _reduce_with(c, opd, fn)
-    direct = _direct(c, fn, name) if opd.builtin else None
-    host = _host(c, "reduce", name, opd, dtype, root)
-
-    def fresh(call: Any, x: Any) -> Any:
-        if host is not None:
-            result = np.empty(shape, dtype) if is_root else None
-            host(x, result)
-            if opd.average and result is not None:
-                average(result, opd, fn, size, averages_itself)
-            return result
-        src = _flat(t, x)
-        result = np.empty(shape, dtype) if is_root else None
-        dst = None if result is None else result.reshape(-1)
-        if direct is not None:
-            direct(t, src, dst, opd, root)
-        else:
-            reduce(call, t, src, dst, opd, root)
-        if opd.average and result is not None:
-            average(result, opd, fn, size, averages_itself)
-        return result
-
-    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
-        if not is_root:
-            if out is not None:
-                return None  # the whole path checks and ignores a non-root's out
-            read = _reader(t, x, None)
-
-            def run(call: Any) -> Any:
-                reduce(call, t, read(), None, opd, root)
-                return None
-
-            return run
-        if out is not None and not (out is x and x.flags.writeable or _fits(out, shape, dtype)):
-            return None
-        # linear reduce reads x after writing out: x is copied where it is the result
-        read = _reader(t, x, None if out is None else out.reshape(-1))
-
-        def run(call: Any) -> Any:
-            result = np.empty(shape, dtype) if out is None else out
-            reduce(call, t, read(), result.reshape(-1), opd, root)
-            if opd.average:
-                average(result, opd, fn, size, averages_itself)
-            return result
-
-        return run
-
-    def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
-        if not is_root:
-            return None if out is not None else \
-                _persisted(c, "reduce", name, opd, dtype, root, x, None, lambda: None)
-        if not _separate_or_in_place(x, out, shape, dtype):
-            return None
-
-        return _persisted(c, "reduce", name, opd, dtype, root, x, out,
-                          _averaged(out, opd, fn, size, averages_itself))
-
-    return Decision(bind, fresh, persist)
-
-
-def _reduce_scatter(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
-    counts = a["counts"]
+    counts = a.get("counts")  # reduce_scatter's v-form: blocks cut flat, of these sizes
     if counts is None:
-        if x.ndim == 0 or x.shape[0] != c.size:
-            return None
-        bounds, shape = even_bounds(x[0].size, c.size), x.shape[1:]
+        bounds, shape = spec.bounds(x.shape, p), spec.result_shape(x.shape, p)
     else:
         counts = [int(n) for n in counts]
-        if len(counts) != c.size or sum(counts) != x.size or min(counts) < 0:
+        if len(counts) != p or sum(counts) != x.size or min(counts) < 0:
             return None
-        bounds, shape = counts_bounds(counts), (counts[c.rank],)
-    opd = resolve_op(a["op"], x.dtype)
-    fn, name = _resolve(c, "reduce_scatter", a["algorithm"], x.nbytes, opd, a["options"],
-                        x.dtype, counts is not None)
-    t, dtype, size = c._backend.transport, x.dtype, c.size
-    averages_itself, reduce = c._backend.averages_itself, _reduce_with(c, opd, fn)
-    direct = _direct(c, fn, name) if opd.builtin else None
-    host = _host(c, "reduce_scatter", name, opd, dtype) if counts is None else None
+        bounds, shape = counts_bounds(counts), (counts[rank],)
+    opd = resolve_op(a["op"], x.dtype) if spec.reduces else None
+    fn, algorithm = _resolve(c, name, a["algorithm"], spec.chosen_bytes(x.nbytes, p), opd,
+                             a["options"], x.dtype if spec.reduces else None, counts is not None)
+    t, dtype, invoke = c._backend.transport, x.dtype, spec.invoke
+    receives = not spec.result_at_root_only or rank == root
+    combined = spec.combined(rank, p)  # the ranks avg divides by; 0: no result here
+    nothing = receives and not combined  # exscan's rank 0: workspace, and None
+    lo, hi = (bounds[rank], bounds[rank + 1]) if spec.input_in_result else (0, 0)
+    done = None if opd is None or not opd.average else \
+        _averaged_by(opd, fn, combined, c._backend.averages_itself)
+    host = _host(c, name, algorithm, opd, dtype, root) if counts is None else None
+    if opd is None or opd.builtin:
+        direct = _direct(c, fn, algorithm)
+
+        def runs(call: Any, src: Any, dst: Any) -> None:
+            invoke(direct, t, src, dst, bounds, opd, root)
+    else:  # a user's op: guarded, its failures agreed
+        from .run import _reducing
+
+        def runs(call: Any, src: Any, dst: Any) -> None:
+            _reducing(c, call, opd, invoke, fn, t, src, dst, bounds, opd, root)
 
     def fresh(call: Any, x: Any) -> Any:
-        result = np.empty(shape, dtype)
+        result = np.empty(shape, dtype) if receives else None
         if host is not None:
             host(x, result)
-        elif direct is not None:
-            direct(t, _flat(t, x), bounds, opd, result.reshape(-1))
-        else:
-            reduce(call, t, _flat(t, x), bounds, opd, result.reshape(-1))
-        if opd.average:
-            average(result, opd, fn, size, averages_itself)
-        return result
-
-    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
-        if out is not None and not (_fits(out, shape, dtype) and
-                                    not np.may_share_memory(out, x)):
-            return None
-        read = _reader(t, x, None)
-
-        def run(call: Any) -> Any:
-            result = np.empty(shape, dtype) if out is None else out
-            reduce(call, t, read(), bounds, opd, result.reshape(-1))
-            if opd.average:
-                average(result, opd, fn, size, averages_itself)
-            return result
-
-        return run
-
-    def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
-        if counts is not None or out is x or not _separate_or_in_place(x, out, shape, dtype):
-            return None
-
-        return _persisted(c, "reduce_scatter", name, opd, dtype, 0, x, out,
-                          _averaged(out, opd, fn, size, averages_itself))
-
-    return Decision(bind, fresh, persist)
-
-
-def _all_gather(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
-    if x.ndim > 31:
-        return None
-    size, rank = c.size, c.rank
-    nbytes = x.nbytes * size
-    fn, name = _resolve(c, "all_gather", a["algorithm"], nbytes, None, a["options"], None)
-    t, dtype, shape = c._backend.transport, x.dtype, (size, *x.shape)
-    bounds = even_bounds(x.size, size)
-    lo, hi = bounds[rank], bounds[rank + 1]
-    direct, host = _direct(c, fn, name), _host(c, "all_gather", name, None, dtype)
-
-    def fresh(call: Any, x: Any) -> Any:
-        result = np.empty(shape, dtype)
-        if host is not None:
-            host(x, result)
-            return result
-        buf = result.reshape(-1)
-        buf[lo:hi] = x.reshape(-1)
-        direct(t, buf, bounds)
-        return result
-
-    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
-        src = x.reshape(-1)
-        copy_in = True
-        if out is not None:
-            if not _fits(out, shape, dtype):
-                return None
-            mine = out.reshape(-1)[lo:hi]
-            if same_memory(src, mine):  # x is its own row of out: in place
-                copy_in = False
-            elif np.may_share_memory(src, out):
-                return None
-
-        def run(call: Any) -> Any:
-            result = np.empty(shape, dtype) if out is None else out
+        elif spec.input_in_result:
             buf = result.reshape(-1)
-            if copy_in:
-                buf[lo:hi] = src
-            fn(t, buf, bounds)
-            return result
-
-        return run
-
-    def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
-        if not _fits(out, shape, dtype):
-            return None
-        row = out[rank]
-        if same_memory(x.reshape(-1), row.reshape(-1)):  # x is its own row of out: in place
-            copy_in = None
-        elif np.may_share_memory(x, out):
-            return None
+            buf[lo:hi] = x.reshape(-1)
+            runs(call, None, buf)
         else:
-            def copy_in() -> None:
-                row[...] = x
-        return _persisted(c, "all_gather", name, None, dtype, 0, x, out, lambda: out, copy_in)
-
-    return Decision(bind, fresh, persist)
-
-
-def _gather(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
-    root = a["root"]
-    if type(root) is not int or x.ndim > 31:
-        return None
-    size = c.size
-    nbytes = x.nbytes * size
-    fn, name = _resolve(c, "gather", a["algorithm"], nbytes, None, a["options"], None)
-    t, dtype, shape = c._backend.transport, x.dtype, (size, *x.shape)
-    is_root, bounds = c.rank == root, even_bounds(x.size, size)
-    direct, host = _direct(c, fn, name), _host(c, "gather", name, None, dtype, root)
-
-    def fresh(call: Any, x: Any) -> Any:
-        if host is not None:
-            result = np.empty(shape, dtype) if is_root else None
-            host(x, result)
-            return result
-        if not is_root:
-            direct(t, _flat(t, x), None, bounds, root)
+            dst = None if result is None else \
+                t.take(result.size, dtype) if nothing else result.reshape(-1)
+            runs(call, _flat(t, x), dst)
+        if result is None or nothing:
             return None
-        result = np.empty(shape, dtype)
-        direct(t, _flat(t, x), result.reshape(-1), bounds, root)
-        return result
+        return result if done is None else done(result)
 
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
-        if not is_root:
-            if out is not None:
-                return None
+        if out is not None and not (receives and (out is x and x.flags.writeable or
+                                                  _fits(out, shape, dtype))):
+            return None  # (the whole path checks and ignores a non-root's out=)
+        if not receives or nothing:
             read = _reader(t, x, None)
 
-            def run(call: Any) -> Any:
-                fn(t, read(), None, bounds, root)
-                return None
+            def run_aside(call: Any) -> None:
+                runs(call, read(), t.take(math.prod(shape), dtype) if nothing else None)
 
-            return run
-        if out is not None and not _fits(out, shape, dtype):
-            return None
-        # x=out[root] is the in-place form: the reader copies an overlapping x
-        read = _reader(t, x, None if out is None else out.reshape(-1))
+            return run_aside
+        if spec.input_in_result:
+            src, copy_in = x.reshape(-1), True
+            if out is not None:
+                if same_memory(src, out.reshape(-1)[lo:hi]):  # x is its own row: in place
+                    copy_in = False
+                elif np.may_share_memory(src, out):
+                    return None
+
+            def run_gathered(call: Any) -> Any:
+                result = np.empty(shape, dtype) if out is None else out
+                buf = result.reshape(-1)
+                if copy_in:
+                    buf[lo:hi] = src
+                runs(call, None, buf)
+                return result
+
+            return run_gathered
+        in_place = out is x and spec.dst_may_be_src  # src is dst, which these algorithms allow
+        # else a copy where x overlaps out or cannot be written
+        read = None if in_place else _reader(t, x, None if out is None else out.reshape(-1))
 
         def run(call: Any) -> Any:
             result = np.empty(shape, dtype) if out is None else out
-            fn(t, read(), result.reshape(-1), bounds, root)
-            return result
+            dst = result.reshape(-1)
+            runs(call, dst if in_place else read(), dst)
+            return result if done is None else done(result)
 
         return run
 
     def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
-        if not is_root:
+        """Where MPI's own collective runs a plan's buffers: how to make its persistent one."""
+        if host is None:
+            return None
+        if not receives:
             return None if out is not None else \
-                _persisted(c, "gather", name, None, dtype, root, x, None, lambda: None)
-        if out is x or not _separate_or_in_place(x, out, shape, dtype):
+                _persisted(c, name, algorithm, opd, dtype, root, x, None, lambda: None)
+        if spec.input_in_result:  # all_gather: x into its row first, unless it is that row
+            if not _fits(out, shape, dtype):
+                return None
+            row = out[rank]
+            if same_memory(x.reshape(-1), row.reshape(-1)):
+                copy_in = None
+            elif np.may_share_memory(x, out):
+                return None
+            else:
+                def copy_in() -> None:
+                    row[...] = x
+            return _persisted(c, name, algorithm, None, dtype, root, x, out, lambda: out, copy_in)
+        if out is x and (name not in IN_PLACE_AS_MPI or nothing):
+            return None  # (MPI may write exscan's rank 0's result: not into its x)
+        if not _separate_or_in_place(x, out, shape, dtype):
             return None
-        return _persisted(c, "gather", name, None, dtype, root, x, out, lambda: out)
-
-    return Decision(bind, fresh, persist)
-
-
-def _all_to_all(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any] | None:
-    if x.ndim == 0 or x.shape[0] != c.size:
-        return None
-    fn, name = _resolve(c, "all_to_all", a["algorithm"], x.nbytes, None, a["options"], None)
-    t, dtype, shape = c._backend.transport, x.dtype, x.shape
-    bounds = even_bounds(x.size // c.size, c.size)
-    direct, host = _direct(c, fn, name), _host(c, "all_to_all", name, None, dtype)
-
-    def fresh(call: Any, x: Any) -> Any:
-        result = np.empty(shape, dtype)
-        if host is not None:
-            host(x, result)
-        else:
-            direct(t, _flat(t, x), bounds, result.reshape(-1), bounds)
-        return result
-
-    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
-        if out is not None and not (out is x and x.flags.writeable or _fits(out, shape, dtype)):
-            return None
-        read = _reader(t, x, None if out is None else out.reshape(-1))
-
-        def run(call: Any) -> Any:
-            result = np.empty(shape, dtype) if out is None else out
-            fn(t, read(), bounds, result.reshape(-1), bounds)
-            return result
-
-        return run
-
-    def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
-        if out is x or not _separate_or_in_place(x, out, shape, dtype):
-            return None
-        return _persisted(c, "all_to_all", name, None, dtype, 0, x, out, lambda: out)
+        finished = (lambda: None) if nothing else (lambda: out) if done is None else \
+            (lambda: done(out))
+        return _persisted(c, name, algorithm, opd, dtype, root, x, out, finished)
 
     return Decision(bind, fresh, persist)
 
@@ -1032,10 +822,9 @@ def _scatter(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
 
 
 _DECIDERS: dict[str, Callable[..., Any]] = {
-    "all_reduce": _all_reduce, "reduce": _reduce, "reduce_scatter": _reduce_scatter,
-    "all_gather": _all_gather, "gather": _gather, "all_to_all": _all_to_all,
-    "barrier": _barrier, "broadcast": _broadcast, "scatter": _scatter,
-    "scan": lambda c, a, x: _scan(c, a, x, "scan"),
-    "exscan": lambda c, a, x: _scan(c, a, x, "exscan"),
+    "all_reduce": _all_reduce, "barrier": _barrier, "broadcast": _broadcast,
+    "scatter": _scatter,
+    **{name: functools.partial(_from_spec, name=name) for name in (
+        "reduce", "reduce_scatter", "all_gather", "gather", "all_to_all", "scan", "exscan")},
 }
 DECIDED = frozenset(_DECIDERS)
