@@ -290,15 +290,10 @@ def _bound_result(comm: Communicator, collective: str, args: tuple, kwargs: dict
         args[1] if spec.rooted and not spec.reduces and len(args) > 1 else kwargs.get("root", 0)
     if spec.result_at_root_only and rank != root:
         return None
-    if collective == "scatter":
-        return None if rank != root else back(empty(x.shape[1:], x.dtype, like=x))
-    if collective == "reduce_scatter":
-        counts = kwargs.get("counts")
-        shape = x.shape[1:] if counts is None else (int(list(counts)[rank]),)
-    elif spec.result_rows and not spec.input_rows:  # gather, all_gather
-        shape = (size, *x.shape)
-    else:  # reduce, all_reduce, all_to_all, scan, exscan
-        shape = x.shape
+    if spec.input_at_root_only and rank != root:
+        return None  # (a scatter receiver: its shape comes with the root's header)
+    counts = kwargs.get("counts")  # reduce_scatter's v-form: block [rank], flat
+    shape = spec.result_shape(x.shape, size) if counts is None else (int(list(counts)[rank]),)
     return back(empty(shape, x.dtype, like=x))  # the caller's kind: a tensor for a tensor
 
 

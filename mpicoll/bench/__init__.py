@@ -28,7 +28,6 @@ import mpicoll
 from mpicoll import Communicator, model
 from mpicoll.algorithms import REGISTRY
 from mpicoll.arrays import empty, to_host
-from mpicoll.buffers import even_bounds
 from mpicoll.ops import resolve_op
 from mpicoll.spec import SPECS
 
@@ -141,11 +140,7 @@ def make_input(comm: Communicator, collective: str, nbytes: int, dtype: np.dtype
 
 
 def result_shape(collective: str, x: np.ndarray, p: int) -> tuple[int, ...]:
-    if RECORDS[collective].per_rank:
-        return (p, *x.shape)
-    if collective in ("scatter", "reduce_scatter"):
-        return x.shape[1:]
-    return x.shape
+    return SPECS[collective].result_shape(x.shape, p)
 
 
 def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
@@ -167,26 +162,14 @@ def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
             nccl.allReduce(send, recv, n, datatype, nccl_reduce, t.stream_ptr())
 
         return direct
-    if collective == "broadcast":
-        return lambda: fn(t, dst, root)
-    if collective == "scatter":
-        bounds = even_bounds(dst.size, p)
-        return lambda: fn(t, src if is_root else None, dst, bounds, root)
-    if collective == "gather":
-        bounds = even_bounds(src.size, p)
-        return lambda: fn(t, src, dst if is_root else None, bounds, root)
-    if collective == "all_gather":
-        bounds = even_bounds(src.size, p)
-        return lambda: fn(t, dst, bounds)
-    if collective == "reduce":
-        return lambda: fn(t, src, dst if is_root else None, opd, root)
-    if collective in ("all_reduce", "scan", "exscan"):
-        return lambda: fn(t, src, dst, opd)
-    if collective == "reduce_scatter":
-        bounds = even_bounds(dst.size, p)
-        return lambda: fn(t, src, bounds, opd, dst)
-    bounds = even_bounds(src.size // p, p)
-    return lambda: fn(t, src, bounds, dst, bounds)
+    spec = SPECS[collective]
+    bounds = spec.bounds(x.shape, p)
+    if spec.result_at_root_only and not is_root:
+        dst = None
+    if spec.input_at_root_only and not is_root:
+        src = None
+    invoke = spec.invoke
+    return lambda: invoke(fn, t, src, dst, bounds, opd, root)
 
 
 INPLACE = ("all_reduce", "reduce", "all_gather", "all_to_all", "broadcast", "scan", "exscan")
