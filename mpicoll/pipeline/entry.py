@@ -44,6 +44,9 @@ def busy(c: Communicator, what: str) -> str:
             "before the threads start")
 
 
+_ENTRY_KEYWORDS = frozenset(("stream", "async_op", "_site", "_refusal"))
+
+
 def entry(method: Callable[..., Any]) -> Callable[..., Any]:
     """Give a collective its entry: the call's number, one thread at a time, and its
     common keywords.
@@ -61,16 +64,48 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
     keeps = name in decided.DECIDED  # whether a default call's decision is kept
 
     @functools.wraps(method)
-    def collective(self: Any, *args: Any, stream: Any = None, async_op: bool = False,
-                   _site: Any = None, _refusal: Exception | None = None, **kwargs: Any) -> Any:
-        # _site: the caller's line of an async call; _refusal: an async call refused at
-        # submission, numbered here (both from mpicoll.work.submit)
-        if async_op:
-            return self._submit(name, args, kwargs, stream, sys._getframe(1))
-        site = _site or sys._getframe(1)
+    def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # the entry's own keywords (stream=, async_op=, and from mpicoll.work.submit _site=,
+        # the caller's line of an async call, and _refusal=, an async call refused at
+        # submission, numbered here) taken from kwargs only where there are any: the
+        # most frequent call, comm.all_reduce(x), has none
+        stream = site = refusal = None
+        if kwargs and not _ENTRY_KEYWORDS.isdisjoint(kwargs):
+            stream, site = kwargs.pop("stream", None), kwargs.pop("_site", None)
+            refusal = kwargs.pop("_refusal", None)
+            if kwargs.pop("async_op", False):
+                return self._submit(name, args, kwargs, stream, sys._getframe(1))
+        site = site or sys._getframe(1)
         decisions = self._decisions
-        if keeps and decisions is not None and stream is None and _refusal is None:
-            tensors, x = None, args[0] if args else None
+        if keeps and decisions is not None and stream is None and refusal is None:
+            x = args[0] if args else None
+            if not kwargs and type(x) is np.ndarray and len(args) == 1:
+                # comm.all_reduce(x), the most frequent call of all: its kept decision's
+                # fresh run, numbered and watched as run_decided does, written out here
+                decision = decisions.get((name, x.shape, x.dtype))
+                if decision is not None and decision is not DECLINED and \
+                        decision.fresh is not None and x.flags.c_contiguous and \
+                        not self._refused_alone:
+                    lock = self._entry
+                    if not lock.acquire(False):
+                        raise ConcurrentCallError(busy(self, name))
+                    watch = self._watch
+                    try:
+                        seq = self._seq = self._seq + 1
+                        call = self._call = watch.enter_kept(seq, name, site, decision.kept)
+                        self._backend.transport.begin()  # the call's tag
+                        result = decision.fresh(call, x)
+                        if result is DECLINED:  # not a buffer it serves: the whole path
+                            watch.enter(seq, name, site, args, kwargs)
+                            result = method(self, call, *args)
+                        return result
+                    except Exception as exc:  # noqa: BLE001 - only mpicoll's errors leave
+                        raise ended(self, name, exc)  # noqa: B904 - ended keeps the cause
+                    finally:
+                        watch.leave()
+                        self._call = None
+                        lock.release()
+            tensors = None
             if x is not None and type(x) is not np.ndarray:
                 args, kwargs, tensors = decided.from_torch(args, kwargs)  # torch CPU tensors
                 x = args[0]
@@ -89,7 +124,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             else:
                 result = run_decided(self, name, site, args, kwargs, method, decision, x, out)
             return result if tensors is None else decided.to_caller(result, tensors)
-        return numbered(self, name, site, args, kwargs, method, stream, _refusal)
+        return numbered(self, name, site, args, kwargs, method, stream, refusal)
 
     return collective
 
