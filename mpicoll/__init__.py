@@ -5,9 +5,22 @@
     total = comm.all_reduce(x, "sum", algorithm="ring")
 
 See ``mpicoll.algorithms`` for the algorithms and their costs.
+
+The package, by what each part is:
+
+    communicator, plan, work, p2p, groups, dist, bucketer   the API
+    spec                 one description per collective, read by every layer
+    pipeline/            a call's stages: entry, validate, agree, choose, run, decided
+    algorithms/          one file per collective, its algorithms side by side
+    backends/            a Backend per library, and the libraries' own collectives
+    selection/           what "auto" picks: tuning files, the cost model, MPICH's rules
+    transport/           moving bytes: MPI, NCCL, local threads
+    buffers/             NumPy/CuPy/DLPack arrays, flat views and bounds, CUDA staging
+    observe/             the watchdog, flight recorder, traces, hang reports, aborts
+    model/, bench/, viz, trace, examples/                    tools above the runtime
 """
 
-from .abort import abort_on_exception
+from . import _moved
 from .algorithms import COLLECTIVES
 from .bucketer import Bucketer
 from .communicator import BACKENDS, Communicator, algorithms
@@ -25,10 +38,13 @@ from .errors import (
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
+from .observe.abort import abort_on_exception
 from .ops import Op, ReduceOp, loc_dtype, reduce_local
 from .p2p import ANY, P2POp, Request
 from .plan import Plan
 from .work import Work
+
+_moved.install()  # the flat layout's module names still import (mpicoll._moved)
 
 __version__ = "0.1.0"
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import as_array, copy_into, empty
+from .buffers.arrays import as_array, copy_into, empty
 from .errors import InvalidArgumentError
 
 DEFAULT_CAP_BYTES = 25 * 1024 * 1024  # DDP's bucket_cap_mb default

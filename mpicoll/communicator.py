@@ -20,6 +20,9 @@ from .algorithms import COLLECTIVES
 from .backends import BACKENDS, Backend, make_backend
 from .errors import ConcurrentCallError, InvalidArgumentError
 from .groups import Groups
+from .observe.recorder import Watch
+from .observe.tracing import TraceFile, Tracer, attach, write_merged
+from .observe.watchdog import watchdog
 from .ops import Op, ReduceOp, resolve_op
 from .p2p import PointToPoint
 from .pipeline import agree, run
@@ -28,9 +31,6 @@ from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
 from .pipeline.entry import busy, entry
 from .plan import init_method
-from .recorder import Watch
-from .tracing import TraceFile, Tracer, attach, write_merged
-from .watchdog import watchdog
 from .work import ProgressThread, Work, submit
 
 __all__ = ["BACKENDS", "Communicator", "algorithms"]
@@ -66,7 +66,7 @@ class Communicator(PointToPoint, Groups):
             what it waits for and aborts the job (default ``MPICOLL_TIMEOUT``, else
             1800; 0: never; it may differ per rank). On the local backend the waiting
             receive raises ``CollectiveTimeoutError`` instead (default: the LocalWorld's
-            timeout). See ``mpicoll.watchdog``.
+            timeout). See ``mpicoll.observe.watchdog``.
 
     Making one is collective: these settings and ``MPICOLL_FLIGHT_RECORDER``,
     ``MPICOLL_CUDA_AWARE``, ``MPICOLL_DUMP_DIR`` are read here and exchanged in one
@@ -509,7 +509,7 @@ class Communicator(PointToPoint, Groups):
             timeout: seconds rank 0 waits for the others (default: the Communicator's).
             wait_all_ranks: name every rank that did not arrive, not only the first.
         """
-        from .monitored import monitored_barrier
+        from .observe.monitored import monitored_barrier
 
         monitored_barrier(self, call, timeout, wait_all_ranks)
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import as_array, module_of
+from .buffers.arrays import as_array, module_of
 from .communicator import Communicator
 from .errors import InvalidArgumentError
 from .p2p import ANY

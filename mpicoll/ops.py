@@ -18,7 +18,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .arrays import as_array, may_share_memory, same_memory
+from .buffers.arrays import as_array, may_share_memory, same_memory
 from .errors import InvalidArgumentError, OpError, UnsupportedDtypeError
 
 

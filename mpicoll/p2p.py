@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import as_array
+from .buffers.arrays import as_array
 from .errors import (
     CollectiveError,
     InvalidArgumentError,
@@ -144,7 +144,7 @@ def _outgoing(comm: Any, peers: Any, x: Any, name: str = "x") -> Any:
     """What a send sends: ``x``'s bytes as a flat contiguous array (a copy if strided)."""
     array = _on_device(comm, peers, as_array(x, name)[0], name)
     if not array.flags.c_contiguous:
-        from .arrays import module_of
+        from .buffers.arrays import module_of
 
         array = module_of(array).ascontiguousarray(array)
     return array.reshape(-1)

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .arrays import as_array, empty
-from .arrays import same as _same
+from .buffers.arrays import as_array, empty
+from .buffers.arrays import same as _same
 from .errors import ConcurrentCallError, InvalidArgumentError, MpicollError
 from .pipeline.decided import Decision, decide
 from .pipeline.entry import busy, ended, numbered, watched_step

@@ -2,12 +2,12 @@
 
     python -m mpicoll.trace summary trace.json          # per call: steps, bytes, time
     python -m mpicoll.trace draw trace.json -o out.png  # a per-rank timeline
-    python -m mpicoll.trace hang DIR                    # why a job timed out (see mpicoll.hang)
+    python -m mpicoll.trace hang DIR                    # why a job timed out (see mpicoll.observe.hang)
 
 The summary gives, per collective call: the ranks, the most messages one rank sent
 (the algorithm's steps), the bytes sent in all, the critical path (first start to last
 end over the ranks), on the slowest rank the time with a message in flight and the time
-reducing, and the cost model's prediction for the call. See ``mpicoll.tracing`` for what
+reducing, and the cost model's prediction for the call. See ``mpicoll.observe.tracing`` for what
 is recorded and how clocks are aligned.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mpicoll.tracefile import draw, load, summarize
+from mpicoll.observe.tracefile import draw, load, summarize
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     hang.add_argument("path", help="the job's MPICOLL_DUMP_DIR")
     args = parser.parse_args(argv)
     if args.command == "hang":
-        from mpicoll.hang import explain, load_dumps
+        from mpicoll.observe.hang import explain, load_dumps
 
         print("\n".join(explain(load_dumps(args.path))))
         return 0

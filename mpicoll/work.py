@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import CollectiveTimeoutError
-from .watchdog import timeout_setting
+from .observe.watchdog import timeout_setting
 
 _UNSET = object()
 
@@ -194,7 +194,7 @@ def _finish_at_exit() -> None:
         # bound here only covers calls still queued behind it
         if progress.close(timeout=None if not timeout else 4 * timeout + 10):
             continue
-        from .watchdog import EXIT_UNCAUGHT, abort_job, report, world_rank
+        from .observe.watchdog import EXIT_UNCAUGHT, abort_job, report, world_rank
 
         report(f"mpicoll: rank {world_rank(progress.comm.rank)} exits with "
                f"{progress.pending} asynchronous call(s) unfinished; aborting the job "
@@ -252,7 +252,7 @@ def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: 
         if refusal is None:
             # the progress thread runs on the caller's GPU and after the caller's stream
             # (nothing to do where no stream or CuPy buffer is in play)
-            from .cuda import capture_device_and_stream
+            from .buffers.cuda import capture_device_and_stream
 
             try:
                 on_callers_gpu = capture_device_and_stream(stream, (*args, *kwargs.values()))
@@ -289,7 +289,7 @@ def queued_on_stream(name: str, call: Callable[[Any], Any], stream: Any,
     as on the MPI backend. ``timeout``: the Communicator's (bounds ``wait()``)."""
     work = Work(name, timeout)
     try:
-        from .arrays import cupy_module
+        from .buffers.arrays import cupy_module
 
         cuda = cupy_module().cuda
         current = stream if stream is not None else cuda.get_current_stream()

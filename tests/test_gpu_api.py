@@ -25,7 +25,14 @@ import pytest
 
 import mpicoll
 from mpicoll import arrays, cuda
-from mpicoll.native_nccl import NCCL_AVG, NCCL_DTYPES, NCCL_MAX, NCCL_MIN, NCCL_PROD, NCCL_SUM
+from mpicoll.backends.nccl_native import (
+    NCCL_AVG,
+    NCCL_DTYPES,
+    NCCL_MAX,
+    NCCL_MIN,
+    NCCL_PROD,
+    NCCL_SUM,
+)
 from mpicoll.transport import nccl as nccl_transport
 
 pytestmark = pytest.mark.gpu_api

@@ -15,8 +15,7 @@ import pytest
 
 import mpicoll
 from mpicoll import arrays, cuda
-from mpicoll.local import run_local
-from mpicoll.native_nccl import (
+from mpicoll.backends.nccl_native import (
     NCCL_AVG,
     NCCL_MAX,
     NCCL_MIN,
@@ -24,6 +23,7 @@ from mpicoll.native_nccl import (
     NCCL_SUM,
     nccl_op,
 )
+from mpicoll.local import run_local
 from mpicoll.ops import resolve_op
 from mpicoll.transport.nccl import NCCLTransport
 
@@ -364,7 +364,7 @@ def test_a_count_above_a_c_int_is_refused_where_cupy_takes_an_int():
     """CuPy 13's ncclBroadcast binding takes an int count: above 2**31 - 1 elements
     mpicoll refuses clearly (the binding would raise a bare OverflowError); the same
     bytes as float64 elements fit, and CuPy 14's size_t takes any count."""
-    from mpicoll.native_nccl import native_all_reduce, native_broadcast
+    from mpicoll.backends.nccl_native import native_all_reduce, native_broadcast
     from mpicoll.transport.nccl import check_count
 
     t = object.__new__(NCCLTransport)

@@ -21,7 +21,7 @@ import pytest
 import mpicoll
 from mpicoll.errors import CollectiveTimeoutError
 from mpicoll.local import run_local
-from mpicoll.watchdog import EXIT_TIMEOUT, EXIT_UNCAUGHT, PARAMETERS
+from mpicoll.observe.watchdog import EXIT_TIMEOUT, EXIT_UNCAUGHT, PARAMETERS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
@@ -273,7 +273,7 @@ def test_flight_recorder_keeps_the_last_calls(monkeypatch):
 @pytest.mark.parametrize("value", ["-1", "soon"])
 def test_malformed_timeout_is_refused(monkeypatch, value):
     monkeypatch.setenv("MPICOLL_TIMEOUT", value)
-    from mpicoll.watchdog import timeout_setting
+    from mpicoll.observe.watchdog import timeout_setting
 
     with pytest.raises(mpicoll.errors.ConfigError, match="MPICOLL_TIMEOUT|timeout"):
         timeout_setting(None)

@@ -16,17 +16,16 @@ ROOT = pathlib.Path(mpicoll.__file__).parent
 # (pipeline.describe, the call's description, imports nothing of mpicoll: it sits in base
 # beside spec, so the flight recorder's entries can hold a Call)
 LAYERS = [
-    ("base", ["errors", "spec", "config", "ops", "arrays", "buffers", "cuda",
-              "pipeline.describe", "recorder", "watchdog", "abort"]),
-    ("transport", ["transport", "tracing"]),
+    ("base", ["errors", "spec", "config", "ops", "buffers", "pipeline.describe", "observe",
+              "observe.recorder", "observe.watchdog", "observe.abort", "_moved"]),
+    ("transport", ["transport", "observe.tracing"]),
     ("algorithms", ["algorithms"]),
-    ("backends and choice", ["native", "native_nccl", "backends", "tuning", "mpich_selection",
-                             "mpich_rules", "model", "selection"]),
+    ("backends and choice", ["backends", "selection", "model"]),
     ("pipeline", ["pipeline"]),
-    ("api", ["communicator", "monitored", "work", "plan", "p2p", "groups", "bucketer",
+    ("api", ["communicator", "observe.monitored", "work", "plan", "p2p", "groups", "bucketer",
              "local", "dist", ""]),
-    ("tools", ["bench", "trace", "tracefile", "hang", "viz", "examples", "model.__main__",
-               "model.fit", "model.topology"]),
+    ("tools", ["bench", "trace", "observe.tracefile", "observe.hang", "viz", "examples",
+               "model.__main__", "model.fit", "model.topology"]),
 ]
 
 

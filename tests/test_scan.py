@@ -13,7 +13,7 @@ from reference import SCANS, as_op, make_input, scanned
 
 import mpicoll
 from mpicoll.local import run_local
-from mpicoll.mpich_rules import BINOMIAL_SCAN_FROM, NATIVE_BELOW
+from mpicoll.selection.mpich_rules import BINOMIAL_SCAN_FROM, NATIVE_BELOW
 from mpicoll.spec import SPECS
 
 LOCAL = [(c, a) for c in SCANS for a in [*mpicoll.algorithms(c, "local"), "auto"]]
@@ -158,7 +158,7 @@ def test_auto_picks_native_then_recursive_doubling_then_binomial():
 def test_native_exists_where_the_spec_says():
     """NCCL has no scan: ``native`` is listed (and the MPI backend's table holds it) only
     where ``SPECS[c].native_on`` names the backend."""
-    from mpicoll.native import NATIVE
+    from mpicoll.backends.mpi_native import NATIVE
 
     assert set(NATIVE) == {c for c, s in SPECS.items() if "mpi" in s.native_on}
     for collective in SCANS:

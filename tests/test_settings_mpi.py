@@ -18,7 +18,7 @@ import pytest
 
 import mpicoll
 from mpicoll import tracefile
-from mpicoll.watchdog import watchdog
+from mpicoll.observe.watchdog import watchdog
 
 WAIT = "60"  # MPICOLL_TIMEOUT of these tests: a hang ends the job with a report
 

@@ -17,8 +17,8 @@ from mpicoll.local import run_local
 from mpicoll.model import Params
 from mpicoll.model import predict as flat_predict
 from mpicoll.model import topology as T
+from mpicoll.observe.tracing import Tracer, TracingTransport
 from mpicoll.ops import resolve_op
-from mpicoll.tracing import Tracer, TracingTransport
 from mpicoll.transport.local import LocalWorld
 
 # the Swing paper's network (NSDI 2024, Sec. 5): 400 Gb/s links, 100 ns a link and 300 ns

@@ -70,7 +70,7 @@ def test_tensors_numpy_cannot_view_take_the_whole_path(world):
 
 
 def test_a_kept_view_follows_the_tensor_it_views(world):
-    """A small tensor's NumPy view is kept between calls (mpicoll.arrays.torch_numpy);
+    """A small tensor's NumPy view is kept between calls (mpicoll.buffers.arrays.torch_numpy);
     a tensor changed in place (new memory, new shape, needing grad) is viewed again or
     refused as the first time, never through the old view."""
     p = world.size

@@ -21,7 +21,7 @@ import sys
 import pytest
 
 from mpicoll import tuning
-from mpicoll.mpich_selection import default_tree
+from mpicoll.selection.mpich_json import default_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIEXEC = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")

@@ -235,7 +235,7 @@ def test_reduce_local_refuses_a_read_only_b_and_reports_a_failing_op():
 
 def test_native_mpi_refuses_what_mpi_has_no_op_for():
     """MPI defines land/lor/lxor on integers and bool only, minloc/maxloc on its pair types."""
-    from mpicoll.native import check_op, mpi_op
+    from mpicoll.backends.mpi_native import check_op, mpi_op
 
     for dtype in ("?", "i1", "u8"):
         for op in ("land", "lor", "lxor"):

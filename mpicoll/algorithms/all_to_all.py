@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import cupy_module
+from ..buffers.arrays import cupy_module
 from ..transport import Transport
 from . import register
 

@@ -27,7 +27,7 @@ import numpy as np
 import mpicoll
 from mpicoll import Communicator, model
 from mpicoll.algorithms import REGISTRY
-from mpicoll.arrays import empty, to_host
+from mpicoll.buffers.arrays import empty, to_host
 from mpicoll.ops import resolve_op
 from mpicoll.spec import SPECS
 
@@ -153,7 +153,7 @@ def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
     dst = empty(math.prod(result_shape(collective, x, p)), x.dtype, like=x)
     if comm.backend == "nccl" and collective == "all_reduce":
         # cupy.cuda.nccl itself: the NcclCommunicator's allReduce on ready pointers
-        from mpicoll.native_nccl import nccl_op
+        from mpicoll.backends.nccl_native import nccl_op
 
         datatype, nccl_reduce, parts = nccl_op(opd, x.dtype)
         nccl, send, recv, n = t.nccl, src.data.ptr, dst.data.ptr, src.size * parts
@@ -403,7 +403,7 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
         errors = _compressed_rows(comm, collective, x, args, names, reference, runs, wrongs)
         wrong_total += sum(wrongs.values())
         if args.buffer == "cupy":
-            from mpicoll.cuda import current_stream
+            from mpicoll.buffers.cuda import current_stream
 
             runs = {name: _synchronized(run, current_stream()) for name, run in runs.items()}
         timed = time_interleaved(comm, runs, args.iters, args.warmup_iters,
@@ -483,7 +483,7 @@ def mpi_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
         return None
     from mpi4py import MPI
 
-    from mpicoll.native import check_op, mpi_op
+    from mpicoll.backends.mpi_native import check_op, mpi_op
 
     record, mpi = RECORDS[collective], comm.transport.comm
     out = np.empty(result_shape(collective, x, comm.size), x.dtype)
@@ -666,7 +666,7 @@ def _parser() -> _Parser:
     parser.add_argument("--collectives", default="all_reduce,all_gather,reduce_scatter,broadcast",
                         help="tune: the collectives to tune, comma-separated, or all")
     parser.add_argument("--output", default=None,
-                        help="tune: the tuning file (default: mpicoll.tuning.default_path())")
+                        help="tune: the tuning file (default: mpicoll.selection.tuning.default_path())")
     return parser
 
 
@@ -737,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.buffer == "cupy" and args.backend == "mpi":
         from mpi4py import MPI
 
-        from mpicoll.cuda import select_device
+        from mpicoll.buffers.cuda import select_device
 
         select_device(MPI.COMM_WORLD)  # the NCCL backend selects its own
     comm = Communicator(backend=args.backend)

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from mpicoll.tuning import ranges_from_winners
+from mpicoll.selection.tuning import ranges_from_winners
 
 TABLE_HEADER = (f"# {'size(B)':>12} {'count':>12} {'type':>8} {'redop':>6} {'root':>4} "
                 f"{'algorithm':>20} {'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} "

@@ -22,7 +22,7 @@ def launch(main: Callable[[], object]) -> None:
     except SystemExit as exc:
         # 2: a bad command line, which every rank parsed alike and left the same way
         if exc.code not in (None, 0, 2):
-            from mpicoll.watchdog import abort_job
+            from mpicoll.observe.watchdog import abort_job
 
             abort_job(exc.code if isinstance(exc.code, int) else 1)
         raise

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..algorithms import COLLECTIVES, REGISTRY
 from ..config import config_file
-from ..mpich_rules import RULED, mpich_default
+from ..selection.mpich_rules import RULED, mpich_default
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import numpy as np
 from .. import selection
 from ..algorithms import REGISTRY
 from ..buffers import dtype_code, dtype_from_code, dtype_from_text, dtype_text, even_bounds
-from ..cuda import parse_flag
+from ..buffers.cuda import parse_flag
 from ..errors import (
     ConfigError,
     InvalidArgumentError,
@@ -40,11 +40,11 @@ from ..errors import (
     OpError,
     RemoteError,
 )
+from ..observe.recorder import DEFAULT_RECORDER, recorder_length
+from ..observe.tracing import trace_path, unwritable
+from ..observe.watchdog import DEFAULT_TIMEOUT, dump_dir, timeout_setting
 from ..ops import Op, op_name
-from ..recorder import DEFAULT_RECORDER, recorder_length
 from ..spec import COLLECTIVES
-from ..tracing import trace_path, unwritable
-from ..watchdog import DEFAULT_TIMEOUT, dump_dir, timeout_setting
 from .describe import Call
 from .validate import Verdict
 

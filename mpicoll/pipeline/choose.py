@@ -37,7 +37,7 @@ class Chooser:
     def __init__(self, backend: Backend, size: int, tables: selection.Tables) -> None:
         self.backend, self.size, self.tables = backend, size, tables
         self.tracer: Any = None
-        self.watch: Any = None  # mpicoll.recorder.Watch: the flight recorder's algorithm, bytes
+        self.watch: Any = None  # mpicoll.observe.recorder.Watch: the flight recorder's algorithm, bytes
         self._functions: dict[tuple[str, Any], tuple[Callable[..., None], Any]] = {}
         self._auto: dict[tuple, str] = {}  # what "auto" picked, by call
         self._native_ok: dict[tuple[Any, np.dtype], bool] = {}

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..arrays import kept_view, same_memory, to_torch, torch_numpy
 from ..buffers import counts_bounds, even_bounds
+from ..buffers.arrays import kept_view, same_memory, to_torch, torch_numpy
 from ..errors import InvalidArgumentError
 from ..ops import ReduceOp, resolve_op
 from ..spec import SPECS
@@ -255,7 +255,7 @@ def _host(c: Communicator, collective: str, name: str, op: Any, dtype: np.dtype,
     call's host arrays (``native.host_direct``); else None."""
     if name != "native" or not c._backend.native_is_mpi:
         return None
-    from ..native import host_direct
+    from ..backends.mpi_native import host_direct
 
     return host_direct(c._backend.transport, collective, op, dtype, root)
 
@@ -273,7 +273,7 @@ def _persisted(c: Communicator, collective: str, name: str, op: Any, dtype: Any,
     t = c._backend.transport
 
     def make() -> tuple[Callable[[Any], Any], Any]:
-        from ..native import host_persistent
+        from ..backends.mpi_native import host_persistent
 
         request = host_persistent(t, collective, op, dtype, root, x, result)
         start, wait = request.Start, request.Wait
@@ -363,7 +363,7 @@ def _all_reduce(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any]:
     if native_mpi:  # MPI_Allreduce called directly: what native.native_all_reduce calls
         from mpi4py import MPI
 
-        from ..native import mpi_op
+        from ..backends.mpi_native import mpi_op
 
         datatype, mop = mpi_op(opd, dtype)
         native_mpi = datatype is None

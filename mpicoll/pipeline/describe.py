@@ -3,7 +3,7 @@
 Every rank numbers its calls on a Communicator: the number advances for every call,
 refused or not, so the ranks' numbers stay equal as long as they make the same calls,
 and the transport's tag for the call follows it. The descriptions of calls are held by
-the flight recorder's entries (``mpicoll.recorder``): made once, rewritten for every
+the flight recorder's entries (``mpicoll.observe.recorder``): made once, rewritten for every
 N-th call, so a call allocates none.
 """
 

@@ -24,7 +24,7 @@ from ..errors import (
     MpicollError,
     OpError,
 )
-from ..watchdog import PARAMETERS
+from ..observe.watchdog import PARAMETERS
 from . import agree, decided
 from .decided import DECLINED
 from .describe import Call

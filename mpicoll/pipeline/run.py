@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..arrays import (
+from ..buffers import counts_bounds, dtype_code, even_bounds, flat
+from ..buffers.arrays import (
     assign_from_host,
     device_like,
     empty,
@@ -27,7 +28,6 @@ from ..arrays import (
     same_memory,
     to_host,
 )
-from ..buffers import counts_bounds, dtype_code, even_bounds, flat
 from ..errors import InvalidArgumentError, MpicollError
 from ..ops import guarded_ops, resolve_op
 from ..spec import SPECS
@@ -94,7 +94,7 @@ def _reducing(c: Communicator, call: Call, opd: Any, fn: Any, *args: Any) -> Non
 def _traced(c: Communicator, opd: Any) -> Any:
     tracer = c._tracer
     if tracer is not None and opd is not None and tracer.algorithm != "native":
-        from ..tracing import timed_op
+        from ..observe.tracing import timed_op
 
         return timed_op(opd, tracer)
     return opd

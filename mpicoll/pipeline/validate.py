@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import as_array, empty, same
 from ..buffers import result_buffer
+from ..buffers.arrays import as_array, empty, same
 from ..errors import InvalidArgumentError, MpicollError, UnsupportedDtypeError
 
 MAX_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32  # NumPy's limit on dimensions

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..arrays import cupy_module, is_cupy
+from ..buffers.arrays import cupy_module, is_cupy
 
 
 class Transport(Protocol):

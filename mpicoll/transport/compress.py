@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import empty
+from ..buffers.arrays import empty
 
 WIRE = {"bf16": "bfloat16", "fp16": "float16"}  # compress= -> the wire dtype's name
 

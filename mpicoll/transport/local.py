@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import assign_from_host
+from ..buffers.arrays import assign_from_host
 from ..errors import AbortedError, CollectiveTimeoutError, MismatchError
 from . import Workspace
 
@@ -33,7 +33,7 @@ class LocalWorld:
             raise ValueError(f"size must be >= 1, got {size}")
         self.size = size
         if timeout is None:  # MPICOLL_TIMEOUT when set, else a minute (0: no limit)
-            from ..watchdog import timeout_setting
+            from ..observe.watchdog import timeout_setting
 
             timeout = timeout_setting(None) if os.environ.get("MPICOLL_TIMEOUT") else 60.0
         self.timeout = timeout

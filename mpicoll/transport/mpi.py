@@ -6,7 +6,7 @@ goes as raw bytes (``MPI.BYTE``) through mpi4py's buffer interface: no pickle, a
 dtype needs an MPI datatype.
 
 GPU buffers (CuPy arrays) take one of two paths, decided once per communicator by
-``mpicoll.cuda.cuda_aware_mpi``:
+``mpicoll.buffers.cuda.cuda_aware_mpi``:
 
 - CUDA-aware MPI: the device buffer goes to MPI as it is, after the current stream is
   synchronized (the kernels that produced the data, or still read the buffer about to be
@@ -239,12 +239,12 @@ class MPITransport(Workspace):
 
     @staticmethod
     def _stream() -> Any:
-        from ..cuda import current_stream
+        from ..buffers.cuda import current_stream
 
         return current_stream()
 
     def _decide(self, forced: bool | None = None) -> None:
-        from ..cuda import cuda_aware_mpi
+        from ..buffers.cuda import cuda_aware_mpi
 
         self.cuda_aware = cuda_aware_mpi() if forced is None else forced
         if not self.cuda_aware:
@@ -259,7 +259,7 @@ class MPITransport(Workspace):
         """The pinned staging memory (made at first use: a CUDA-aware MPI needs it only
         for what it cannot take from the device, such as a user op's reduction)."""
         if self._staging is None:
-            from ..cuda import PinnedStaging
+            from ..buffers.cuda import PinnedStaging
 
             self._staging = PinnedStaging()
         return self._staging

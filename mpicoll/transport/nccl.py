@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import cupy_module
+from ..buffers.arrays import cupy_module
 from ..errors import CollectiveError, InvalidArgumentError
 from . import Workspace
 
@@ -169,7 +169,7 @@ class NCCLTransport(Workspace):
 
     def __init__(self, comm: Any) -> None:
         super().__init__()
-        from ..cuda import check_one_gpu_per_rank
+        from ..buffers.cuda import check_one_gpu_per_rank
 
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         check_one_gpu_per_rank(comm)

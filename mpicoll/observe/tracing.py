@@ -5,7 +5,7 @@
     comm.write_trace("trace.json")                 # collective: merged on rank 0
 
     python -m mpicoll.trace summary trace.json     # per call: steps, bytes, comm vs reduce
-    python -m mpicoll.trace draw trace.json -o timeline.png   (mpicoll.tracefile reads it)
+    python -m mpicoll.trace draw trace.json -o timeline.png   (mpicoll.observe.tracefile reads it)
 
 Every point-to-point message of every collective call is recorded on every rank
 (collective, algorithm, call, step, peer, bytes, chunk, start, end), and every reduction
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .buffers import chunk_bounds
+from ..buffers import chunk_bounds
 
 _CALL, _MESSAGES, _REDUCE = 0, 1, 2  # the Chrome trace's thread ids: one track each
 
@@ -353,7 +353,7 @@ class TraceFile:
             report(f"mpicoll: the trace for {path} is lost: MPI was finalized first "
                    "(free() the Communicator before MPI.Finalize())")
             return
-        from .errors import ConfigError
+        from ..errors import ConfigError
 
         self.merge(path, ConfigError)
 

@@ -1,7 +1,7 @@
 """Reading a trace file that mpicoll wrote: its events, a summary per call, a timeline.
 
 A tool above the runtime (``python -m mpicoll.trace summary|draw`` uses it); recording
-the trace is ``mpicoll.tracing``'s.
+the trace is ``mpicoll.observe.tracing``'s.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from . import model
+from .. import model
 
 
 def load(path: str) -> list[dict[str, Any]]:

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidArgumentError, UnsupportedDtypeError
-from .ops import Op
+from ..errors import InvalidArgumentError, UnsupportedDtypeError
+from ..ops import Op
 
 BACKENDS = ("mpi", "nccl", "local")
 
@@ -177,8 +177,8 @@ class MPIBackend(Backend):
 
     def __init__(self, comm: Any = None) -> None:
         comm = mpi_comm(comm)
-        from .native import NATIVE, check_op
-        from .transport.mpi import MPIPeers, MPITransport
+        from ..transport.mpi import MPIPeers, MPITransport
+        from .mpi_native import NATIVE, check_op
 
         transport = MPITransport(comm)
         super().__init__(transport, NATIVE, check_op)
@@ -213,11 +213,11 @@ class NCCLBackend(Backend):
 
     def __init__(self, comm: Any = None, device: int | None = None) -> None:
         comm = mpi_comm(comm)
-        from .cuda import keep_device, require_nccl, select_device
-        from .native import NATIVE as MPI_NATIVE
-        from .native_nccl import AVERAGES_ITSELF, NATIVE, nccl_op
-        from .transport.mpi import MPITransport
-        from .transport.nccl import NCCLPeers, NCCLTransport
+        from ..buffers.cuda import keep_device, require_nccl, select_device
+        from ..transport.mpi import MPITransport
+        from ..transport.nccl import NCCLPeers, NCCLTransport
+        from .mpi_native import NATIVE as MPI_NATIVE
+        from .nccl_native import AVERAGES_ITSELF, NATIVE, nccl_op
 
         require_nccl(comm)  # collective: a rank without CuPy or NCCL fails everywhere
         device = select_device(comm) if device is None else keep_device(device)
@@ -261,7 +261,7 @@ class LocalBackend(Backend):
     ranks_are_threads = True
 
     def __init__(self, endpoint: Any) -> None:
-        from .transport.local import LocalPeers, LocalTransport
+        from ..transport.local import LocalPeers, LocalTransport
 
         if not isinstance(endpoint, LocalTransport):
             raise InvalidArgumentError("comm: backend 'local' takes a LocalWorld endpoint")

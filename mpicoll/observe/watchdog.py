@@ -1,7 +1,7 @@
 """The watchdog: the thread that ends an overdue call, with its report, dump and abort.
 
 Never hang silently: every call has a timeout. Each Communicator's ``Watch`` (the call
-in progress and the flight recorder of its last calls, ``mpicoll.recorder``) is
+in progress and the flight recorder of its last calls, ``mpicoll.observe.recorder``) is
 registered here, and one watchdog thread per process sleeps and looks at the watches.
 When a call has run longer than its Communicator's timeout (``Communicator(timeout=)``,
 ``MPICOLL_TIMEOUT``, default 1800 s, 0: off), the rank prints one report to stderr,
@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .recorder import Watch
 
 DEFAULT_TIMEOUT = 1800.0  # seconds: torch's default for NCCL

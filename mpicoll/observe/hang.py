@@ -2,7 +2,7 @@
 
     python -m mpicoll.trace hang DIR      # DIR: the job's MPICOLL_DUMP_DIR
 
-Each rank wrote ``DIR/rank-<r>.json`` (``mpicoll.watchdog``) when its call timed out,
+Each rank wrote ``DIR/rank-<r>.json`` (``mpicoll.observe.watchdog``) when its call timed out,
 when another rank's timeout told it to, or when it exited. This groups the ranks by the
 call they are in, finds the call the stuck ranks wait in, and names what differs: a rank
 in another collective at that call number (a mismatch), a rank that never reached it

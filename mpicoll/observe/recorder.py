@@ -5,7 +5,7 @@ a flight recorder, a ring of the last N calls (``MPICOLL_FLIGHT_RECORDER``, defa
 whose entries are made once and rewritten in place. The hot path only writes into them:
 the call's entry on the way in, its end and state on the way out; the transports write
 the peer, the kind of wait and the step number before each blocking call, and the
-Chooser writes the algorithm and the bytes. The watchdog (``mpicoll.watchdog``) reads
+Chooser writes the algorithm and the bytes. The watchdog (``mpicoll.observe.watchdog``) reads
 them when a call is overdue, and the dumps and reports print them.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError
-from .pipeline.describe import Call
+from ..errors import ConfigError
+from ..pipeline.describe import Call
 
 DEFAULT_RECORDER = 64  # calls kept per Communicator
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import config_file
+from ..config import config_file
 
 VERSION = 1
 
@@ -104,7 +104,7 @@ def ranges_from_winners(winners: list[tuple[int, str]]) -> list[dict[str, Any]]:
 # -- export to the MPI libraries --------------------------------------------------------
 #
 # MPICH reads its JSON selection file *instead of* its own tree, so the export starts from
-# MPICH's default tree (mpicoll.mpich_selection) and replaces, per tuned collective, the
+# MPICH's default tree (mpicoll.selection.mpich_json) and replaces, per tuned collective, the
 # intra-communicator branch. Each tuned range names an MPICH algorithm only where MPICH
 # has the same one and only under that algorithm's preconditions (MPICH asserts them:
 # allreduce's reduce_scatter_allgather needs count >= pof2 and a built-in op, ring a
@@ -233,7 +233,7 @@ def to_mpich(table: TuningTable) -> dict[str, Any]:
     then the size ranges. ``native``, algorithms MPICH lacks, and calls outside an
     algorithm's preconditions keep MPICH's own choice.
     """
-    from .mpich_selection import default_tree
+    from .mpich_json import default_tree
 
     tree = default_tree()
     for collective, export in _MPICH.items():

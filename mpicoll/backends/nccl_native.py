@@ -22,9 +22,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .errors import UnsupportedDtypeError, UnsupportedOpError
-from .ops import Op
-from .transport.nccl import NCCLTransport, check_count, wire
+from ..errors import UnsupportedDtypeError, UnsupportedOpError
+from ..ops import Op
+from ..transport.nccl import NCCLTransport, check_count, wire
 
 # ncclDataType_t (nccl.h)
 NCCL_DTYPES: dict[np.dtype, int] = {

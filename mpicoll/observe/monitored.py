@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CollectiveTimeoutError, InvalidArgumentError
-from .pipeline import agree
-from .pipeline.validate import Verdict
+from ..errors import CollectiveTimeoutError, InvalidArgumentError
+from ..pipeline import agree
+from ..pipeline.validate import Verdict
 
 
 def monitored_barrier(c: Any, call: Any, timeout: float | None, wait_all_ranks: bool) -> None:

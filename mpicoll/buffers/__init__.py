@@ -14,8 +14,8 @@ import ml_dtypes
 import numpy as np
 from numpy.lib import format as npy_format
 
+from ..errors import InvalidArgumentError, UnsupportedDtypeError
 from .arrays import as_array, empty, module_of
-from .errors import InvalidArgumentError, UnsupportedDtypeError
 
 Bounds = tuple[int, ...]
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
 from .arrays import DLPACK_CUDA, DLPACK_CUDA_MANAGED, cupy_module, is_cupy
-from .errors import InvalidArgumentError
 
 _CUDA_AWARE_ENV = "MPICOLL_CUDA_AWARE"
 _DEVICE_ENV = "MPICOLL_DEVICE"

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .arrays import same_memory
-from .errors import UnsupportedDtypeError
-from .ops import Op
-from .transport.mpi import MPITransport
+from ..buffers.arrays import same_memory
+from ..errors import UnsupportedDtypeError
+from ..ops import Op
+from ..transport.mpi import MPITransport
 
 _MPI_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
             "avg": MPI.SUM, "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR,

@@ -7,7 +7,7 @@ From MPICH's ``coll_selection.json`` (the intra-node defaults of MPICH 4/5), wit
 
 from __future__ import annotations
 
-from .ops import Op
+from ..ops import Op
 
 # Below these sizes (bytes) the MPI library's collective wins: its steps cost a few
 # microseconds of C, ours a few microseconds of Python each.

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidArgumentError, UnsupportedDtypeError
+from ..errors import InvalidArgumentError, UnsupportedDtypeError
 
 # DLPack device types (dlpack.h: DLDeviceType)
 DLPACK_CPU, DLPACK_CUDA, DLPACK_CUDA_HOST, DLPACK_CUDA_MANAGED = 1, 2, 3, 13

@@ -3,10 +3,10 @@
 In this order, taking the first answer that can serve the call (a non-commutative op,
 uneven blocks, a dtype the MPI library cannot reduce):
 
-1. the tuning file that ``python -m mpicoll.bench tune`` wrote (``mpicoll.tuning``);
+1. the tuning file that ``python -m mpicoll.bench tune`` wrote (``mpicoll.selection.tuning``);
 2. the cost model with parameters fitted on this machine (``python -m mpicoll.model
    fit``), when there are some;
-3. MPICH's default thresholds (``mpicoll.mpich_rules``), with ``native`` for small
+3. MPICH's default thresholds (``mpicoll.selection.mpich_rules``), with ``native`` for small
    messages, where the Python cost of each of our steps outweighs the wire.
 """
 
@@ -17,11 +17,12 @@ import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from . import model, tuning
-from .algorithms import REGISTRY
-from .errors import ConfigError
+from .. import model
+from ..algorithms import REGISTRY
+from ..errors import ConfigError
+from ..ops import Op
+from . import tuning
 from .mpich_rules import RULED, mpich_default
-from .ops import Op
 
 
 class Tables(NamedTuple):
