@@ -36,6 +36,7 @@ import numpy as np
 from .buffers.arrays import as_array, empty
 from .buffers.arrays import same as _same
 from .errors import ConcurrentCallError, InvalidArgumentError, MpicollError
+from .pipeline import decided
 from .pipeline.decided import Decision, decide
 from .pipeline.entry import busy, ended, numbered, watched_step
 from .spec import SPECS
@@ -45,13 +46,10 @@ if TYPE_CHECKING:
     from .communicator import Communicator
 
 _UNSET = object()
-# the collectives whose decisions can run as MPI's persistent request (Decision.persist)
-_PERSISTS = frozenset(("all_reduce", "reduce", "reduce_scatter", "all_gather", "gather",
-                       "all_to_all", "scan", "exscan", "barrier", "broadcast", "scatter"))
+# the collectives whose decisions can run as MPI's persistent request (Decision.persist):
+# every one that keeps decisions
+_PERSISTS = decided.DECIDED
 
-# what a plan binds besides x: the collectives that take out=
-_TAKES_OUT = frozenset(("scatter", "gather", "all_gather", "reduce", "all_reduce",
-                        "reduce_scatter", "all_to_all", "scan", "exscan"))
 # a v-variant's algorithms are its collective's
 _ALGORITHMS_OF = {"all_gather_v": "all_gather", "gather_v": "gather", "scatter_v": "scatter",
                   "all_to_all_v": "all_to_all"}
@@ -277,7 +275,8 @@ class Plan:
 def _bound_result(comm: Communicator, collective: str, args: tuple, kwargs: dict) -> Any:
     """The result array a plan binds at init (None where this rank cannot know its shape
     before the call: a scatter receiver, a v-variant; the call then makes it)."""
-    if collective not in _TAKES_OUT or kwargs.get("out") is not None or not args \
+    if "out" not in decided.SIGNATURES[collective].parameters or \
+            kwargs.get("out") is not None or not args \
             or args[0] is None:  # (a scatter receiver's x)
         return None
     spec = SPECS[collective]

@@ -12,6 +12,7 @@ import numpy as np
 import mpicoll
 from mpicoll.algorithms import REGISTRY
 from mpicoll.ops import ReduceOp
+from mpicoll.spec import SPECS
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16).name
 DTYPES = ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", BFLOAT16, "f4", "f8",
@@ -19,9 +20,10 @@ DTYPES = ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", BFLOAT16, "
 # what the MPI library has no reduction type for: native refuses to reduce them
 NO_MPI_REDUCTION = (BFLOAT16, "g", "G")
 OPS = tuple(op.value for op in ReduceOp)
-ROOTED = ("broadcast", "scatter", "gather", "reduce")
-REDUCING = ("reduce", "all_reduce", "reduce_scatter", "scan", "exscan")
-SCANS = ("scan", "exscan")
+# read from the collectives' specs, so a new collective joins every test that loops on them
+ROOTED = tuple(name for name, spec in SPECS.items() if spec.rooted)
+REDUCING = tuple(name for name, spec in SPECS.items() if spec.reduces)
+SCANS = tuple(name for name, spec in SPECS.items() if spec.combined(0, 2) != 2)  # prefixes
 
 
 def _dtype(name: str) -> np.dtype:
