@@ -48,7 +48,7 @@ DECLINED = object()  # in the table: such calls take the whole path
 
 # a default call is kept only when every argument but x and out is one of these: values
 # that hash by what they are (never a user's Op, which the table would keep alive)
-_PLAIN = frozenset((str, int, float, bool, type(None), ReduceOp))
+PLAIN = frozenset((str, int, float, bool, type(None), ReduceOp))
 _LIMIT = 256  # decisions one Communicator keeps; the table starts over beyond it
 _PIN_BYTES = 1 << 16  # a decision keeps its last binding of arrays up to this size
 
@@ -70,7 +70,7 @@ def key(name: str, args: tuple, kwargs: dict) -> tuple | None:
         else:
             return None
         for a in args[1:]:
-            if type(a) not in _PLAIN:
+            if type(a) not in PLAIN:
                 return None
     else:
         head = (name,)
@@ -78,7 +78,7 @@ def key(name: str, args: tuple, kwargs: dict) -> tuple | None:
         rest = []
         for k, v in kwargs.items():
             if k != "out":
-                if type(v) not in _PLAIN:
+                if type(v) not in PLAIN:
                     return None
                 rest.append((k, v))
         return (*head, args[1:], *rest)

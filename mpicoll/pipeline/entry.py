@@ -26,7 +26,7 @@ from ..errors import (
 )
 from ..observe.watchdog import PARAMETERS
 from . import agree, decided
-from .decided import DECLINED
+from .decided import DECLINED, PLAIN
 from .describe import Call
 from .validate import Verdict
 
@@ -79,10 +79,15 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         decisions = self._decisions
         if keeps and decisions is not None and stream is None and refusal is None:
             x = args[0] if args else None
-            if not kwargs and type(x) is np.ndarray and len(args) == 1:
-                # comm.all_reduce(x), the most frequent call of all: its kept decision's
-                # fresh run, numbered and watched as run_decided does, written out here
-                decision = decisions.get((name, x.shape, x.dtype))
+            n = len(args)
+            if not kwargs and type(x) is np.ndarray and (n == 1 or n == 2 and type(
+                    args[1]) in PLAIN or n == 3 and type(args[1]) in PLAIN and type(
+                    args[2]) in PLAIN):
+                # comm.all_reduce(x), comm.broadcast(x, 0), comm.reduce(x, "sum", 0): the
+                # most frequent calls, by decided.key's keys: the kept decision's fresh
+                # run, numbered and watched as run_decided does, written out here
+                decision = decisions.get((name, x.shape, x.dtype) if n == 1 else
+                                         (name, x.shape, x.dtype, args[1:]))
                 if decision is not None and decision is not DECLINED and \
                         decision.fresh is not None and x.flags.c_contiguous and \
                         not self._refused_alone:
