@@ -75,12 +75,11 @@ def key(name: str, args: tuple, kwargs: dict) -> tuple | None:
     else:
         head = (name,)
     if kwargs:
-        rest = []
-        for k, v in kwargs.items():
-            if k != "out":
-                if type(v) not in PLAIN:
-                    return None
-                rest.append((k, v))
+        rest = tuple(kwargs.items()) if "out" not in kwargs else \
+            tuple(item for item in kwargs.items() if item[0] != "out")
+        for _, v in rest:
+            if type(v) not in PLAIN:
+                return None
         return (*head, args[1:], *rest)
     return (*head, args[1:]) if len(args) > 1 else head
 
@@ -691,6 +690,17 @@ def _broadcast(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
     return Decision(bind, fresh, persist)
 
 
+def _packet_sender(c: Communicator, packet: np.ndarray, root: int) -> Callable[[], None]:
+    """``agree.broadcast(c, packet, root)``, the root's header packet as the whole path
+    sends it: one direct MPI_Bcast where that is what it calls (``native.host_direct``)."""
+    b = c._backend
+    if b.control is b.transport:
+        host = _host(c, "broadcast", "native", None, None, root)
+        if host is not None:
+            return lambda: host(packet, None)
+    return lambda: agree.broadcast(c, packet, root)
+
+
 def _scatter(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
     """As broadcast: the root sends the header (with every row, when "auto" and small)
     it sent before; a receiver that gets another goes on as the whole path does."""
@@ -714,6 +724,7 @@ def _scatter(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
             return None
         words, dtype, shape = last
     in_packet = bool(words[3] & agree.IN_PACKET)
+    send_packet = _packet_sender(c, packet, root)
     count = int(np.prod(shape, dtype=np.int64))
     nbytes = count * dtype.itemsize * size
     bounds = even_bounds(count, size)
@@ -753,9 +764,9 @@ def _scatter(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
             header[:] = words
             if in_packet:
                 rows[...] = x
-                agree.broadcast(c, packet, root)
+                send_packet()
                 return my_row.copy()
-            agree.broadcast(c, packet, root)
+            send_packet()
             result = np.empty(shape, dtype)
             fn(t, x.reshape(-1), result.reshape(-1), bounds, root)
             return result
@@ -775,7 +786,7 @@ def _scatter(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
                 header[:] = words
                 if in_packet:
                     rows[...] = x
-                agree.broadcast(c, packet, root)
+                send_packet()
                 if in_packet:
                     if not own_row:
                         dst[...] = mine
@@ -791,7 +802,7 @@ def _scatter(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
     from .run import scatter_received
 
     def fresh(call: Any, x: Any) -> Any:
-        agree.broadcast(c, packet, root)
+        send_packet()
         if header.tobytes() != expected:  # the root sent another header: as the whole path
             return scatter_received(c, call, root, algorithm, None, options)
         if in_packet:
@@ -807,7 +818,7 @@ def _scatter(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
             return None
 
         def receive(call: Any) -> Any:
-            agree.broadcast(c, packet, root)
+            send_packet()
             if header.tobytes() != expected:  # the root sent another header: as the whole path
                 return scatter_received(c, call, root, algorithm, out, options)
             if in_packet:

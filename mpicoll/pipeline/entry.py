@@ -79,55 +79,51 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         decisions = self._decisions
         if keeps and decisions is not None and stream is None and refusal is None:
             x = args[0] if args else None
-            n = len(args)
+            n, out, tensors = len(args), None, None
             if not kwargs and type(x) is np.ndarray and (n == 1 or n == 2 and type(
                     args[1]) in PLAIN or n == 3 and type(args[1]) in PLAIN and type(
                     args[2]) in PLAIN):
                 # comm.all_reduce(x), comm.broadcast(x, 0), comm.reduce(x, "sum", 0): the
-                # most frequent calls, by decided.key's keys: the kept decision's fresh
-                # run, numbered and watched as run_decided does, written out here
-                decision = decisions.get((name, x.shape, x.dtype) if n == 1 else
-                                         (name, x.shape, x.dtype, args[1:]))
-                if decision is not None and decision is not DECLINED and \
-                        decision.fresh is not None and x.flags.c_contiguous and \
-                        not self._refused_alone:
-                    lock = self._entry
-                    if not lock.acquire(False):
-                        raise ConcurrentCallError(busy(self, name))
-                    watch = self._watch
-                    try:
-                        seq = self._seq = self._seq + 1
-                        call = self._call = watch.enter_kept(seq, name, site, decision.kept)
-                        self._backend.transport.begin()  # the call's tag
-                        result = decision.fresh(call, x)
-                        if result is DECLINED:  # not a buffer it serves: the whole path
-                            watch.enter(seq, name, site, args, kwargs)
-                            result = method(self, call, *args)
-                        return result
-                    except Exception as exc:  # noqa: BLE001 - only mpicoll's errors leave
-                        raise ended(self, name, exc)  # noqa: B904 - ended keeps the cause
-                    finally:
-                        watch.leave()
-                        self._call = None
-                        lock.release()
-            tensors = None
-            if x is not None and type(x) is not np.ndarray:
-                args, kwargs, tensors = decided.from_torch(args, kwargs)  # torch CPU tensors
-                x = args[0]
-            out = kwargs.get("out") if kwargs else None
-            if type(x) is np.ndarray and len(args) == 1 and x.flags.c_contiguous and \
-                    (not kwargs or len(kwargs) == 1 and out is not None):
-                # comm.all_reduce(x) and comm.all_reduce(x, out=y): decided.key's keys
-                key: tuple | None = (name, x.shape, x.dtype) if out is None else \
-                    (name, x.shape, x.dtype, ())
+                # most frequent calls, keyed here as decided.key keys them
+                key: tuple | None = None if not x.flags.c_contiguous else \
+                    (name, x.shape, x.dtype) if n == 1 else (name, x.shape, x.dtype, args[1:])
             else:
-                key = decided.key(name, args, kwargs)
+                if x is not None and type(x) is not np.ndarray:  # torch CPU tensors
+                    args, kwargs, tensors = decided.from_torch(args, kwargs)
+                    x = args[0]
+                out = kwargs.get("out") if kwargs else None
+                if type(x) is np.ndarray and n == 1 and out is not None and len(kwargs) == 1 \
+                        and x.flags.c_contiguous:  # comm.all_reduce(x, out=y)
+                    key = (name, x.shape, x.dtype, ())
+                else:
+                    key = decided.key(name, args, kwargs)
             decision = None if key is None else decisions.get(key)
             if decision is None or decision is DECLINED or self._refused_alone:
                 result = numbered(self, name, site, args, kwargs, method,
                                   keep=key if decision is None else None)
-            else:
+            elif out is not None or decision.fresh is None:
                 result = run_decided(self, name, site, args, kwargs, method, decision, x, out)
+            else:
+                # the kept decision's fresh run (no out=), numbered and watched as
+                # run_decided does, written out here: the most frequent call's path
+                lock = self._entry
+                if not lock.acquire(False):
+                    raise ConcurrentCallError(busy(self, name))
+                watch = self._watch
+                try:
+                    seq = self._seq = self._seq + 1
+                    call = self._call = watch.enter_kept(seq, name, site, decision.kept)
+                    self._backend.transport.begin()  # the call's tag
+                    result = decision.fresh(call, x)
+                    if result is DECLINED:  # not a buffer it serves: the whole path
+                        watch.enter(seq, name, site, args, kwargs)
+                        result = method(self, call, *args, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - only mpicoll's errors leave
+                    raise ended(self, name, exc)  # noqa: B904 - ended keeps the cause
+                finally:
+                    watch.leave()
+                    self._call = None
+                    lock.release()
             return result if tensors is None else decided.to_caller(result, tensors)
         return numbered(self, name, site, args, kwargs, method, stream, refusal)
 
