@@ -79,7 +79,11 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         decisions = self._decisions
         if keeps and decisions is not None and stream is None and refusal is None:
             x = args[0] if args else None
-            n, out, tensors = len(args), None, None
+            tensors = None
+            if x is not None and type(x) is not np.ndarray:  # torch CPU tensors: NumPy views
+                args, kwargs, tensors = decided.from_torch(args, kwargs)
+                x = args[0]
+            n, out = len(args), None
             if not kwargs and type(x) is np.ndarray and (n == 1 or n == 2 and type(
                     args[1]) in PLAIN or n == 3 and type(args[1]) in PLAIN and type(
                     args[2]) in PLAIN):
@@ -88,9 +92,6 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                 key: tuple | None = None if not x.flags.c_contiguous else \
                     (name, x.shape, x.dtype) if n == 1 else (name, x.shape, x.dtype, args[1:])
             else:
-                if x is not None and type(x) is not np.ndarray:  # torch CPU tensors
-                    args, kwargs, tensors = decided.from_torch(args, kwargs)
-                    x = args[0]
                 out = kwargs.get("out") if kwargs else None
                 if type(x) is np.ndarray and n == 1 and out is not None and len(kwargs) == 1 \
                         and x.flags.c_contiguous:  # comm.all_reduce(x, out=y)
