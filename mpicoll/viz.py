@@ -37,27 +37,23 @@ import numpy as np
 
 import mpicoll
 from mpicoll.local import run_local
+from mpicoll.spec import SPECS
 
 
 def _run(comm: Any, collective: str, algorithm: str, per_chunk: int) -> list[dict[str, Any]]:
     p, r = comm.size, comm.rank
     rows = np.arange(p * per_chunk, dtype=np.float32).reshape(p, per_chunk) + 100 * r
     flat = rows.reshape(-1)
-    calls = {
-        "broadcast": lambda: comm.broadcast(flat if r == 0 else np.empty_like(flat), 0,
-                                            algorithm=algorithm),
-        "scatter": lambda: comm.scatter(rows if r == 0 else None, 0, algorithm=algorithm),
-        "gather": lambda: comm.gather(rows[0], 0, algorithm=algorithm),
-        "all_gather": lambda: comm.all_gather(rows[0], algorithm=algorithm),
-        "reduce": lambda: comm.reduce(flat, "sum", 0, algorithm=algorithm),
-        "all_reduce": lambda: comm.all_reduce(flat, "sum", algorithm=algorithm),
-        "reduce_scatter": lambda: comm.reduce_scatter(rows, "sum", algorithm=algorithm),
-        "all_to_all": lambda: comm.all_to_all(rows, algorithm=algorithm),
-        "barrier": lambda: comm.barrier(algorithm=algorithm),
-        "scan": lambda: comm.scan(flat, "sum", algorithm=algorithm),
-        "exscan": lambda: comm.exscan(flat, "sum", algorithm=algorithm),
-    }
-    calls[collective]()
+    spec = SPECS[collective]  # the input by its role: rows, this rank's row, or flat
+    x = rows if spec.input_rows else rows[0] if spec.result_rows else flat
+    if spec.input_at_root_only and r != 0:  # a receiver: None, or a buffer to fill
+        x = None if spec.input_rows else np.empty_like(x)
+    given = {"algorithm": algorithm, **({"op": "sum"} if spec.reduces else {}),
+             **({"root": 0} if spec.rooted else {})}
+    if spec.name == "barrier":
+        comm.barrier(**given)
+    else:
+        getattr(comm, collective)(x, **given)
     return list(comm.trace_events())
 
 

@@ -50,13 +50,14 @@ class Record:
     busbw_factor: Callable[[int], float]
 
 
-# every collective but barrier, in nccl-tests' order (then scan and exscan, which it has
-# not), from its description in mpicoll.spec
+# every collective but barrier, from its description in mpicoll.spec: nccl-tests' ones
+# in its order, then the others (scan, exscan) in the spec's
+NCCL_TESTS = ("broadcast", "reduce", "all_reduce", "all_gather", "gather", "reduce_scatter",
+              "scatter", "all_to_all")
 RECORDS = {name: Record(s.input_rows, s.result_rows and not s.input_rows, s.rooted, s.reduces,
                         s.busbw_factor)
            for name, s in ((n, SPECS[n]) for n in (
-               "broadcast", "reduce", "all_reduce", "all_gather", "gather", "reduce_scatter",
-               "scatter", "all_to_all", "scan", "exscan"))}
+               *NCCL_TESTS, *(n for n in SPECS if n not in NCCL_TESTS and n != "barrier")))}
 
 
 def parse_size(text: str) -> int:
@@ -172,7 +173,7 @@ def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
     return lambda: invoke(fn, t, src, dst, bounds, opd, root)
 
 
-INPLACE = ("all_reduce", "reduce", "all_gather", "all_to_all", "broadcast", "scan", "exscan")
+INPLACE = report.INPLACE
 
 
 class Call:

@@ -21,6 +21,9 @@ TABLE_HEADER = (f"# {'size(B)':>12} {'count':>12} {'type':>8} {'redop':>6} {'roo
 MPI_LIBRARY = "mpi_library"  # the row of the MPI library's collective called directly
 NCCL_LIBRARY = "nccl_library"  # on backend nccl: cupy.cuda.nccl called directly
 LIBRARY_ROWS = (MPI_LIBRARY, NCCL_LIBRARY)
+# the collectives whose in-place form the benchmark times (every rank's result into its
+# own input: out=x, x=out[rank], broadcast's one buffer); the others run out of place twice
+INPLACE = ("all_reduce", "reduce", "all_gather", "all_to_all", "broadcast", "scan", "exscan")
 
 
 def library_row(backend: str) -> str:
@@ -213,9 +216,7 @@ def nccl_lines(out_of_place: list[Any], in_place: list[Any], head: dict[str, Any
     placed = {(r.collective, r.algorithm, r.size): r for r in in_place}
     for collective, algorithm, mine in _blocks(out_of_place):
         lines += ["", f"# {collective}, algorithm {algorithm} ({head['ranks']} ranks)"
-                  + ("" if collective in ("all_reduce", "reduce", "all_gather", "all_to_all",
-                                          "broadcast", "scan", "exscan")
-                     else "; no in-place form: run twice "
+                  + ("" if collective in INPLACE else "; no in-place form: run twice "
                      "out of place"), *NCCL_HEADER]
         both = []
         for r in mine:

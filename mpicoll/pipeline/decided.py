@@ -835,7 +835,8 @@ def _scatter(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
 _DECIDERS: dict[str, Callable[..., Any]] = {
     "all_reduce": _all_reduce, "barrier": _barrier, "broadcast": _broadcast,
     "scatter": _scatter,
-    **{name: functools.partial(_from_spec, name=name) for name in (
-        "reduce", "reduce_scatter", "all_gather", "gather", "all_to_all", "scan", "exscan")},
 }
+# every other collective is one run.collective runs: its decision is read from its spec
+_DECIDERS.update({name: functools.partial(_from_spec, name=name) for name in SPECS
+                  if name not in _DECIDERS})
 DECIDED = frozenset(_DECIDERS)
