@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .buffers import even_bounds
 
 
@@ -77,6 +79,25 @@ def _nothing(fn: Callable, t: Any, src: Any, dst: Any, bounds: Any, op: Any, roo
     return fn(t)
 
 
+# What rank r of a call must get, from every rank's input (``inputs[j]``: rank j's), as
+# ``reference(inputs, r, root, combine)``; ``combine(arrays)`` is the op over a list of
+# inputs (avg divided by their number); None: no result there. The tests check every
+# algorithm against it; NumPy's stack and indexing only, never mpicoll's own code.
+_REFERENCES: dict[str, Callable[[list, int, int, Callable[[list], Any]], Any]] = {
+    "broadcast": lambda inputs, r, root, combine: inputs[root],
+    "scatter": lambda inputs, r, root, combine: inputs[root][r],
+    "gather": lambda inputs, r, root, combine: np.stack(inputs) if r == root else None,
+    "all_gather": lambda inputs, r, root, combine: np.stack(inputs),
+    "reduce": lambda inputs, r, root, combine: combine(inputs) if r == root else None,
+    "all_reduce": lambda inputs, r, root, combine: combine(inputs),
+    "reduce_scatter": lambda inputs, r, root, combine: combine(inputs)[r],
+    "all_to_all": lambda inputs, r, root, combine: np.stack([x[r] for x in inputs]),
+    "barrier": lambda inputs, r, root, combine: None,
+    "scan": lambda inputs, r, root, combine: combine(inputs[:r + 1]),
+    "exscan": lambda inputs, r, root, combine: combine(inputs[:r]) if r else None,
+}
+
+
 @dataclass(frozen=True)
 class CollectiveSpec:
     """What one collective is, for every layer that needs to know."""
@@ -92,6 +113,7 @@ class CollectiveSpec:
     busbw_factor: Callable[[int], float]  # nccl-tests' doc/PERFORMANCE.md, by ranks
     signature: str  # every algorithm's signature (see mpicoll.algorithms)
     invoke: Callable[..., Any]  # fn(t, src, dst, bounds, op, root) in signature's order
+    reference: Callable[..., Any]  # (inputs, rank, root, combine): what rank gets (above)
     native_on: tuple[str, ...] = ("mpi", "nccl")  # the backends whose library has it
     module: str = ""  # its algorithms' file in mpicoll/algorithms/ ("": its own name)
     # the ranks rank r of p combines in its result (avg divides by it); 0: no result
@@ -125,36 +147,37 @@ class CollectiveSpec:
 
 SPECS: dict[str, CollectiveSpec] = {s.name: s for s in (
     CollectiveSpec("broadcast", True, False, False, False, True, False,
-                   "", _same, "(t, buf, root)", _buf_root),
+                   "", _same, "(t, buf, root)", _buf_root, _REFERENCES["broadcast"]),
     CollectiveSpec("scatter", True, False, True, False, True, False,
                    "out=x[root] at the root", _ring, "(t, src | None, dst, bounds, root)",
-                   _src_dst_bounds_root),
+                   _src_dst_bounds_root, _REFERENCES["scatter"]),
     CollectiveSpec("gather", True, False, False, True, False, True,
                    "x=out[root] at the root", _ring, "(t, src, dst | None, bounds, root)",
-                   _src_dst_bounds_root),
+                   _src_dst_bounds_root, _REFERENCES["gather"]),
     CollectiveSpec("all_gather", False, False, False, True, False, False,
                    "x=out[rank]", _ring, "(t, buf, bounds)", _dst_bounds,
-                   input_in_result=True),
+                   _REFERENCES["all_gather"], input_in_result=True),
     CollectiveSpec("reduce", True, True, False, False, False, True,
                    "out=x at the root", _same, "(t, src, dst | None, op, root)",
-                   _src_dst_op_root),
+                   _src_dst_op_root, _REFERENCES["reduce"]),
     CollectiveSpec("all_reduce", False, True, False, False, False, False,
                    "out=x", _all_reduce, "(t, src, dst, op)", _src_dst_op,
-                   dst_may_be_src=True),
+                   _REFERENCES["all_reduce"], dst_may_be_src=True),
     CollectiveSpec("reduce_scatter", False, True, True, False, False, False,
-                   "", _ring, "(t, src, bounds, op, dst)", _src_bounds_op_dst),
+                   "", _ring, "(t, src, bounds, op, dst)", _src_bounds_op_dst,
+                   _REFERENCES["reduce_scatter"]),
     CollectiveSpec("all_to_all", False, False, True, True, False, False,
                    "out=x", _ring, "(t, src, send_bounds, dst, recv_bounds)",
-                   _src_bounds_dst_bounds),
+                   _src_bounds_dst_bounds, _REFERENCES["all_to_all"]),
     CollectiveSpec("barrier", False, False, False, False, False, False,
-                   "", _same, "(t)", _nothing),
+                   "", _same, "(t)", _nothing, _REFERENCES["barrier"]),
     # prefix reductions in rank order (MPI_Scan, MPI_Exscan); NCCL has neither
     CollectiveSpec("scan", False, True, False, False, False, False,
-                   "out=x", _same, "(t, src, dst, op)", _src_dst_op, ("mpi",),
-                   combined=lambda rank, p: rank + 1, dst_may_be_src=True),
+                   "out=x", _same, "(t, src, dst, op)", _src_dst_op, _REFERENCES["scan"],
+                   ("mpi",), combined=lambda rank, p: rank + 1, dst_may_be_src=True),
     CollectiveSpec("exscan", False, True, False, False, False, False,
-                   "out=x", _same, "(t, src, dst, op)", _src_dst_op, ("mpi",), module="scan",
-                   combined=lambda rank, p: rank, dst_may_be_src=True),
+                   "out=x", _same, "(t, src, dst, op)", _src_dst_op, _REFERENCES["exscan"],
+                   ("mpi",), module="scan", combined=lambda rank, p: rank, dst_may_be_src=True),
 )}
 
 COLLECTIVES: tuple[str, ...] = tuple(SPECS)

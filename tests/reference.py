@@ -269,7 +269,7 @@ def run_case(comm: mpicoll.Communicator, collective: str, algorithm: str, shape:
     """
     p, rank = comm.size, comm.rank
     rows = (p, *shape)
-    if collective in ("scatter", "reduce_scatter", "all_to_all"):
+    if SPECS[collective].input_rows:  # scatter, reduce_scatter, all_to_all
         inputs = [make_input(r, rows, dtype, op) for r in range(p)]
     else:
         inputs = [make_input(r, shape, dtype, op) for r in range(p)]
@@ -278,35 +278,17 @@ def run_case(comm: mpicoll.Communicator, collective: str, algorithm: str, shape:
     copy = x.copy()
     x = to_device(x, device)
     what = f"{collective}/{algorithm} p={p} rank={rank} root={root} {dtype} {op} shape={shape}"
-    if collective == "broadcast":
-        got = comm.broadcast(x if rank == root else None, root, algorithm=algorithm)
-        expected = inputs[root]
-    elif collective == "scatter":
-        got = comm.scatter(x if rank == root else None, root, algorithm=algorithm)
-        expected = inputs[root][rank]
-    elif collective == "gather":
-        got = comm.gather(x, root, algorithm=algorithm)
-        expected = np.stack(inputs) if rank == root else None
-    elif collective == "all_gather":
-        got = comm.all_gather(x, algorithm=algorithm)
-        expected = np.stack(inputs)
-    elif collective == "reduce":
-        got = comm.reduce(x, as_op(op), root, algorithm=algorithm)
-        expected = reduced(inputs, op) if rank == root else None
-    elif collective == "all_reduce":
-        got = comm.all_reduce(x, as_op(op), algorithm=algorithm)
-        expected = reduced(inputs, op)
-    elif collective == "reduce_scatter":
-        got = comm.reduce_scatter(x, as_op(op), algorithm=algorithm)
-        expected = reduced(inputs, op)[rank]
-    elif collective == "all_to_all":
-        got = comm.all_to_all(x, algorithm=algorithm)
-        expected = np.stack([inputs[i][rank] for i in range(p)])
-    elif collective in SCANS:
-        got = getattr(comm, collective)(x, as_op(op), algorithm=algorithm)
-        expected = scanned(inputs, op, exclusive=collective == "exscan")[rank]
-    else:
-        raise ValueError(collective)
+    # the call and its reference by the collective's spec (mpicoll.spec): which ranks
+    # give input, whether it takes op= and root=, and what each rank must get
+    spec = SPECS[collective]
+    given: dict = {"algorithm": algorithm}
+    if spec.reduces:
+        given["op"] = as_op(op)
+    if spec.rooted:
+        given["root"] = root
+    got = getattr(comm, collective)(
+        x if rank == root or not spec.input_at_root_only else None, **given)
+    expected = spec.reference(inputs, rank, root, lambda some: reduced(some, op))
     assert_same(to_host(got, device, what), expected, what)
     assert np.array_equal(to_host(x, device), copy), f"{what}: the input was modified"
 
