@@ -245,6 +245,9 @@ TIMINGS = ("barrier", "back-to-back")
 PLAN_SUFFIX = "+plan"  # the rows of an algorithm run through a persistent plan
 
 
+BACK_TO_BACK_ROUNDS = 10  # back-to-back timing: the calls take turns in this many rounds
+
+
 def time_interleaved(comm: Communicator, calls: dict[str, Callable[[], object]], iters: int,
                      warmup: int, barrier: Callable[[], None],
                      timing: str = "barrier") -> dict[str, list[float]]:
@@ -252,8 +255,10 @@ def time_interleaved(comm: Communicator, calls: dict[str, Callable[[], object]],
 
     ``timing="barrier"``: the calls take turns (iteration i of every call, in a shuffled
     order, then i+1), each after a barrier, so a slow spell of the machine hits them all
-    alike and their times compare; ``"back-to-back"``: each call's iterations run in a loop after one barrier,
-    as an application calls them (each iteration still timed alone).
+    alike and their times compare; ``"back-to-back"``: each call's iterations run in
+    loops after one barrier, as an application calls them (each iteration still timed
+    alone), the calls taking turns by rounds of loops (in a shuffled order each round),
+    for the same reason.
     """
     from mpi4py import MPI
 
@@ -262,12 +267,17 @@ def time_interleaved(comm: Communicator, calls: dict[str, Callable[[], object]],
             call()
     times = {name: np.empty(iters) for name in calls}
     if timing == "back-to-back":
-        for name, call in calls.items():
-            barrier()
-            for i in range(iters):
-                start = time.perf_counter()
-                call()
-                times[name][i] = time.perf_counter() - start
+        names, rounds, done = list(calls), min(BACK_TO_BACK_ROUNDS, iters), 0
+        for r in range(rounds):
+            loop = (iters - done) // (rounds - r)
+            for k in np.random.default_rng(r).permutation(len(names)):
+                call, row = calls[names[k]], times[names[k]]
+                barrier()
+                for i in range(done, done + loop):
+                    start = time.perf_counter()
+                    call()
+                    row[i] = time.perf_counter() - start
+            done += loop
     else:
         names = list(calls)
         for i in range(iters):
