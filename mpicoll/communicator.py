@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,7 +20,7 @@ from .backends import BACKENDS, Backend, make_backend
 from .errors import ConcurrentCallError, InvalidArgumentError
 from .groups import Groups
 from .observe.recorder import Watch
-from .observe.tracing import TraceFile, Tracer, attach, write_merged
+from .observe.tracing import TraceFile, attach, write_merged
 from .observe.watchdog import watchdog
 from .ops import Op, ReduceOp, resolve_op
 from .p2p import PointToPoint
@@ -30,6 +29,7 @@ from .pipeline.choose import Chooser, check_collective
 from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
 from .pipeline.entry import busy, entry
+from .pipeline.state import CallState
 from .plan import init_method
 from .work import ProgressThread, Work, submit
 
@@ -44,7 +44,7 @@ def algorithms(collective: str, backend: str = "mpi") -> list[str]:
     return _names(collective, backend)
 
 
-class Communicator(PointToPoint, Groups):
+class Communicator(CallState, PointToPoint, Groups):
     """Collectives with named algorithms over MPI, NCCL, or threads in one process.
 
     Args:
@@ -80,16 +80,11 @@ class Communicator(PointToPoint, Groups):
     def __init__(self, comm: Any = None, backend: str | Backend = "mpi", *,
                  check: bool | None = None, trace: bool | str | None = None,
                  timeout: float | None = None) -> None:
-        self._backend = backend if isinstance(backend, Backend) else make_backend(backend, comm)
-        self._watch: Watch | None = None
-        self._tracer: Tracer | None = None
-        self._decisions: dict[tuple, Any] | None = None  # default calls' (pipeline.decided)
+        # the calls' shared state (pipeline.state.CallState: what each field is)
+        super().__init__(backend if isinstance(backend, Backend) else
+                         make_backend(backend, comm))
         self._progress: ProgressThread | None = None  # runs the async_op=True calls
-        self._seq = 0  # calls so far: the same on every rank that makes the same calls
-        self._refused_alone = 0  # a call this rank refused alone; the next one resyncs
         self._freed = False  # free() was called: its plans refuse to start
-        self._entry = threading.Lock()
-        self._call: Call | None = None
         try:  # the settings as this rank reads them, nothing raised before they are agreed
             mine = agree.read_settings(self._backend, check, trace, timeout)
             self.timeout, self.check = mine.timeout, mine.check
@@ -121,14 +116,6 @@ class Communicator(PointToPoint, Groups):
         self._packet_header = self._packet[:agree.HEADER_BYTES].view(np.int64)
         if not (self.check or self._tracer is not None or self._backend.separate_control):
             self._decisions = {}  # what a default call decided, for the next like it
-
-    @property
-    def rank(self) -> int:
-        return self._backend.transport.rank
-
-    @property
-    def size(self) -> int:
-        return self._backend.transport.size
 
     @property
     def backend(self) -> str:

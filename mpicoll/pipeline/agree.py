@@ -50,7 +50,7 @@ from .validate import Verdict
 
 if TYPE_CHECKING:
     from ..backends import Backend
-    from ..communicator import Communicator
+    from .state import CallState
 
 ANY = -1  # a fingerprint field this rank cannot know (broadcast/scatter with None)
 # every call's name, for MismatchError's text: each collective's, and the calls beside them
@@ -77,14 +77,14 @@ def signature(dtype: np.dtype, rest: tuple[int, ...]) -> int:
 # -- collectives on the control transport --------------------------------------------
 
 
-def all_gather(c: Communicator, table: np.ndarray, block: int) -> None:
+def all_gather(c: CallState, table: np.ndarray, block: int) -> None:
     """All-gather ``table`` (rank r's ``block`` items at r * block) over control."""
     b = c._backend
     fn = b.control_native.get("all_gather") or REGISTRY["all_gather"]["recursive_doubling"].fn
     fn(b.control, table, even_bounds(block, b.control.size))
 
 
-def broadcast(c: Communicator, buf: np.ndarray, root: int) -> None:
+def broadcast(c: CallState, buf: np.ndarray, root: int) -> None:
     b = c._backend
     fn = b.control_native.get("broadcast") or REGISTRY["broadcast"]["binomial"].fn
     fn(b.control, buf, root)
@@ -104,7 +104,7 @@ def _untext(words: np.ndarray) -> str:
 # -- check mode, and refusals ----------------------------------------------------------
 
 
-def settle(c: Communicator, call: Call, verdict: Verdict, algorithm: Any, *, op: Any = None,
+def settle(c: CallState, call: Call, verdict: Verdict, algorithm: Any, *, op: Any = None,
            root: Any = ANY, dtype: Any = None, shape: Any = None, counts: Any = None,
            input_travels: bool = False) -> None:
     """Raise what must be raised before any data moves (see the module's docstring).
@@ -131,7 +131,7 @@ def _algorithm_text(algorithm: Any) -> str:
     return str(algorithm)
 
 
-def fingerprint(c: Communicator, call: Call, verdict: Verdict, algorithm: Any, op: Any, root: Any,
+def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: Any, root: Any,
                 dtype: Any, shape: Any, counts: Any = None) -> None:
     """Check mode: compare the call across ranks; raise on every rank on any refusal or
     disagreement."""
@@ -191,7 +191,7 @@ def fingerprint(c: Communicator, call: Call, verdict: Verdict, algorithm: Any, o
                             f"rank {first}: {what(first)}")
 
 
-def resync(c: Communicator, call: Call) -> None:
+def resync(c: CallState, call: Call) -> None:
     """After this rank raised a refusal alone (call ``c._refused_alone``), check on tags
     no call uses that every rank refused that same call; raise on every rank if not.
     A rank that did not refuse is still in that call or has left it: this waits for it,
@@ -215,7 +215,7 @@ def resync(c: Communicator, call: Call) -> None:
             f"refused ({detail})")
 
 
-def op_failures(c: Communicator, call: Call, op: Op, failure: OpError | None) -> None:
+def op_failures(c: CallState, call: Call, op: Op, failure: OpError | None) -> None:
     """After a call with a user's op: tell every rank which ranks' op raised; raise
     ``OpError`` on every rank if any did (this rank's own failure as its cause)."""
     t = c._backend.control
@@ -298,7 +298,7 @@ def unpack_header(header: np.ndarray, root: int, call: Call,
 # -- the v-variants' tables --------------------------------------------------------------
 
 
-def row_table(c: Communicator, call: Call, x: Any, refusal: MpicollError | None) -> list[int]:
+def row_table(c: CallState, call: Call, x: Any, refusal: MpicollError | None) -> list[int]:
     """All-gather every rank's (rows, dtype/row-shape signature, refusal); return the rows.
 
     Every rank sees the whole table, so a refusal or a disagreement raises on every rank.
@@ -493,7 +493,7 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(parts)
 
 
-def settings(c: Communicator, mine: Settings) -> None:
+def settings(c: CallState, mine: Settings) -> None:
     """Every rank's settings in one all-gather of a small table (a status per setting,
     check mode, the trace's kind, the text of the rank's first refusal): a malformed
     setting on any rank raises the same error on every rank, naming it and the ranks;
@@ -545,7 +545,7 @@ def settings(c: Communicator, mine: Settings) -> None:
     c._backend.transport.nodes = c._node_of  # what hierarchical algorithms split by
 
 
-def tables(c: Communicator) -> selection.Tables:
+def tables(c: CallState) -> selection.Tables:
     """The tuning and model files as rank 0 reads them, the same on every rank (a missing
     file: None; a bad one: ConfigError naming it, on every rank)."""
     t = c._backend.control

@@ -42,7 +42,7 @@ from . import agree
 from .deliver import average
 
 if TYPE_CHECKING:
-    from ..communicator import Communicator
+    from .state import CallState
 
 DECLINED = object()  # in the table: such calls take the whole path
 
@@ -120,7 +120,7 @@ def to_caller(result: Any, tensors: tuple) -> Any:
     return to_torch(result)
 
 
-def keep(c: Communicator, name: str, args: tuple, kwargs: dict, key: tuple) -> None:
+def keep(c: CallState, name: str, args: tuple, kwargs: dict, key: tuple) -> None:
     """Keep the decision of the call that just ran the whole path (DECLINED: none)."""
     decisions = c._decisions
     if len(decisions) >= _LIMIT:
@@ -134,7 +134,7 @@ def keep(c: Communicator, name: str, args: tuple, kwargs: dict, key: tuple) -> N
     decisions[key] = DECLINED if decision is None else decision
 
 
-def decide(c: Communicator, name: str, args: tuple, kwargs: dict) -> Callable[..., Any] | None:
+def decide(c: CallState, name: str, args: tuple, kwargs: dict) -> Callable[..., Any] | None:
     """The decision of a call of ``name`` with these arguments, which has just run the
     whole path successfully on this rank; None where the whole path must keep running
     such calls."""
@@ -240,7 +240,7 @@ def _flat(t: Any, x: np.ndarray) -> np.ndarray:
     return copy
 
 
-def _direct(c: Communicator, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+def _direct(c: CallState, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     """``fn`` as a decided run calls it: MPI's own collective without the wrapper that
     stages device buffers (a decision serves host arrays only)."""
     if name == "native" and c._backend.native_is_mpi:
@@ -248,7 +248,7 @@ def _direct(c: Communicator, fn: Callable[..., Any], name: str) -> Callable[...,
     return fn
 
 
-def _host(c: Communicator, collective: str, name: str, op: Any, dtype: np.dtype,
+def _host(c: CallState, collective: str, name: str, op: Any, dtype: np.dtype,
           root: int = 0) -> Callable[[Any, Any], None] | None:
     """Where the decision is MPI's own collective: it as one direct mpi4py call on the
     call's host arrays (``native.host_direct``); else None."""
@@ -259,7 +259,7 @@ def _host(c: Communicator, collective: str, name: str, op: Any, dtype: np.dtype,
     return host_direct(c._backend.transport, collective, op, dtype, root)
 
 
-def _persisted(c: Communicator, collective: str, name: str, op: Any, dtype: Any, root: int,
+def _persisted(c: CallState, collective: str, name: str, op: Any, dtype: Any, root: int,
                x: Any, result: Any, done: Callable[[], Any],
                before: Callable[[], None] | None = None) -> Callable[[], tuple] | None:
     """Where the decision is MPI's own collective: how to make a plan's persistent request
@@ -329,12 +329,12 @@ def _separate_or_in_place(x: np.ndarray, out: Any, shape: tuple, dtype: Any) -> 
     return _fits(out, shape, dtype) and not np.may_share_memory(out, x)
 
 
-def _resolve(c: Communicator, collective: str, algorithm: str, nbytes: int, op: Any, options: dict,
+def _resolve(c: CallState, collective: str, algorithm: str, nbytes: int, op: Any, options: dict,
              dtype: Any, uneven: bool = False) -> tuple[Callable[..., Any], str]:
     return c._chooser._resolve(collective, algorithm, nbytes, op, options or None, dtype, uneven)
 
 
-def _reduce_with(c: Communicator, opd: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _reduce_with(c: CallState, opd: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` as the reduction's runner: a user's op guarded, its failures agreed."""
     if opd.builtin:
         return lambda call, *args: fn(*args)
@@ -346,7 +346,7 @@ def _reduce_with(c: Communicator, opd: Any, fn: Callable[..., Any]) -> Callable[
 # -- the collectives where every rank contributes: x's shape and dtype decide -------------
 
 
-def _all_reduce(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any]:
+def _all_reduce(c: CallState, a: dict, x: np.ndarray) -> Callable[..., Any]:
     opd = resolve_op(a["op"], x.dtype)
     t, shape, dtype, nbytes = c._backend.transport, x.shape, x.dtype, x.nbytes
     if a["compress"] is None:
@@ -419,7 +419,7 @@ def _all_reduce(c: Communicator, a: dict, x: np.ndarray) -> Callable[..., Any]:
     return Decision(bind, fresh, persist)
 
 
-def _from_spec(c: Communicator, a: dict, x: np.ndarray, name: str) -> Decision | None:
+def _from_spec(c: CallState, a: dict, x: np.ndarray, name: str) -> Decision | None:
     """The decision of a collective ``run.collective`` runs (gather, all_gather, reduce,
     reduce_scatter, scan, exscan, all_to_all), read from the same spec: the same function
     on the same views, so the same messages."""
@@ -545,7 +545,7 @@ def _from_spec(c: Communicator, a: dict, x: np.ndarray, name: str) -> Decision |
     return Decision(bind, fresh, persist)
 
 
-def _barrier(c: Communicator, a: dict, x: Any) -> Callable[..., Any]:
+def _barrier(c: CallState, a: dict, x: Any) -> Callable[..., Any]:
     fn, name = _resolve(c, "barrier", a["algorithm"], 0, None, a["options"], None)
     t = c._backend.transport
 
@@ -562,7 +562,7 @@ def _barrier(c: Communicator, a: dict, x: Any) -> Callable[..., Any]:
 # -- broadcast and scatter: the root's header still goes first, with the data when it fits
 
 
-def _header_of_last_call(c: Communicator, root: int) -> tuple[np.ndarray, Any, Any] | None:
+def _header_of_last_call(c: CallState, root: int) -> tuple[np.ndarray, Any, Any] | None:
     """A receiver's decision: the root's header of the call that just ran, and its dtype
     and shape (None where a receiver cannot decide from it: a refusal, GPU data)."""
     words = c._packet_header.copy()
@@ -577,7 +577,7 @@ def _header_of_last_call(c: Communicator, root: int) -> tuple[np.ndarray, Any, A
     return None if device else (words, dtype, shape)
 
 
-def _broadcast(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
+def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
     """The root sends the header it sent before (its x's shape and dtype are the key's);
     a receiver compares the header that comes with what it decided from: the same, it
     takes the data as decided; another, it goes on as the whole path does from there."""
@@ -690,7 +690,7 @@ def _broadcast(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
     return Decision(bind, fresh, persist)
 
 
-def _packet_sender(c: Communicator, packet: np.ndarray, root: int) -> Callable[[], None]:
+def _packet_sender(c: CallState, packet: np.ndarray, root: int) -> Callable[[], None]:
     """``agree.broadcast(c, packet, root)``, the root's header packet as the whole path
     sends it: one direct MPI_Bcast where that is what it calls (``native.host_direct``)."""
     b = c._backend
@@ -701,7 +701,7 @@ def _packet_sender(c: Communicator, packet: np.ndarray, root: int) -> Callable[[
     return lambda: agree.broadcast(c, packet, root)
 
 
-def _scatter(c: Communicator, a: dict, x: Any) -> Callable[..., Any] | None:
+def _scatter(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
     """As broadcast: the root sends the header (with every row, when "auto" and small)
     it sent before; a receiver that gets another goes on as the whole path does."""
     root, algorithm, options = a["root"], a["algorithm"], a["options"]

@@ -31,10 +31,10 @@ from .describe import Call
 from .validate import Verdict
 
 if TYPE_CHECKING:
-    from ..communicator import Communicator
+    from .state import CallState
 
 
-def busy(c: Communicator, what: str) -> str:
+def busy(c: CallState, what: str) -> str:
     """Why ``what`` cannot run now: another thread is in a call of this Communicator."""
     current = c._call  # read once: the other thread sets and clears it
     inside = (f"in {current.name()} (at {current.site})" if current is not None
@@ -131,7 +131,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
     return collective
 
 
-def numbered(c: Communicator, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
+def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
              stream: Any = None, refusal: Exception | None = None,
              keep: tuple | None = None) -> Any:
     """One call of ``c``, made at ``site``: numbered, watched, one thread at a time, with
@@ -181,7 +181,7 @@ def numbered(c: Communicator, name: str, site: Any, args: tuple, kwargs: dict, m
         c._entry.release()
 
 
-def ended(c: Communicator, name: str, exc: Exception) -> MpicollError:
+def ended(c: CallState, name: str, exc: Exception) -> MpicollError:
     """What a call that raised ``exc`` raises, with its flight-recorder entry marked:
     mpicoll's own error as it is (a refusal, or a failure mid-call: then the others may
     wait in this call, and this rank's next call resyncs), anything else as a
@@ -202,7 +202,7 @@ def ended(c: Communicator, name: str, exc: Exception) -> MpicollError:
     return error
 
 
-def run_decided(c: Communicator, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
+def run_decided(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
                 decision: decided.Decision, x: Any, out: Any) -> Any:
     """``numbered`` for a call that runs a kept decision (``mpicoll.pipeline.decided``):
     the same number, record, tag, watch and errors, without the stages a decided call
@@ -235,7 +235,7 @@ def run_decided(c: Communicator, name: str, site: Any, args: tuple, kwargs: dict
 
 
 @contextlib.contextmanager
-def watched_step(c: Communicator, what: str, note: str, site: Any = None) -> Iterator[None]:
+def watched_step(c: CallState, what: str, note: str, site: Any = None) -> Iterator[None]:
     """A step of ``c`` that is not a numbered collective (a point-to-point message, a
     plan's vote), made at ``site``: one thread at a time, watched by the watchdog under
     ``what`` (``note``: what it waits for), nothing but mpicoll's errors leaving it."""
@@ -256,7 +256,7 @@ def watched_step(c: Communicator, what: str, note: str, site: Any = None) -> Ite
         c._entry.release()
 
 
-def announce(c: Communicator, label: str, site: Any, refusal: Exception | None) -> None:
+def announce(c: CallState, label: str, site: Any, refusal: Exception | None) -> None:
     """Check mode: agree a step that is not itself a collective call on ``c`` (``label``:
     "all_reduce async", an async call before it is queued; "all_reduce_init", a plan)
     as a numbered step of its own, the caller holding ``c``'s entry: a rank that makes a

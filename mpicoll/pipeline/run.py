@@ -1,7 +1,7 @@
 """Run: each collective as one pass through validate -> agree -> choose -> run -> deliver.
 
-Every function takes the Communicator ``c`` (its backend, chooser, check mode), the call's
-record and the caller's arguments, and returns what the public method returns.
+Every function takes the call state ``c`` (a Communicator: ``pipeline.state.CallState``),
+the call's record and the caller's arguments, and returns what the public method returns.
 
 ``collective`` runs every collective whose ranks all know the input's shape before any
 message (gather, all_gather, reduce, reduce_scatter, scan, exscan, all_to_all), read from
@@ -38,7 +38,7 @@ from .describe import Call
 from .validate import Verdict
 
 if TYPE_CHECKING:
-    from ..communicator import Communicator
+    from .state import CallState
 
 
 def _stand_in(t: Any, count: int, dtype: np.dtype, like: Any) -> Any:
@@ -78,7 +78,7 @@ def _op(verdict: Verdict, op: Any, x: Any) -> Any:
     return None
 
 
-def _reducing(c: Communicator, call: Call, opd: Any, fn: Any, *args: Any) -> None:
+def _reducing(c: CallState, call: Call, opd: Any, fn: Any, *args: Any) -> None:
     """Run ``fn(*args)``, a reduction with ``opd``. A user's op may raise on some ranks:
     it is guarded (the rank goes on with what it has, so nothing is left queued), and the
     ranks then agree whether it raised anywhere: ``OpError`` on every rank if so. Only
@@ -91,7 +91,7 @@ def _reducing(c: Communicator, call: Call, opd: Any, fn: Any, *args: Any) -> Non
     agree.op_failures(c, call, opd, failures[0] if failures else None)
 
 
-def _traced(c: Communicator, opd: Any) -> Any:
+def _traced(c: CallState, opd: Any) -> Any:
     tracer = c._tracer
     if tracer is not None and opd is not None and tracer.algorithm != "native":
         from ..observe.tracing import timed_op
@@ -103,7 +103,7 @@ def _traced(c: Communicator, opd: Any) -> Any:
 # -- rooted collectives whose root alone knows the data: a header goes first ------------
 
 
-def broadcast(c: Communicator, call: Call, x: Any, root: Any, algorithm: Any,
+def broadcast(c: CallState, call: Call, x: Any, root: Any, algorithm: Any,
               options: dict[str, Any]) -> Any:
     b = c._backend
     t, v = b.transport, Verdict()
@@ -153,7 +153,7 @@ def broadcast(c: Communicator, call: Call, x: Any, root: Any, algorithm: Any,
     return back(broadcast_received(c, call, x, root, algorithm, options, v))
 
 
-def broadcast_received(c: Communicator, call: Call, x: Any, root: int, algorithm: Any,
+def broadcast_received(c: CallState, call: Call, x: Any, root: int, algorithm: Any,
                        options: dict[str, Any], v: Verdict | None = None) -> Any:
     """A receiver's broadcast once the root's packet has come: the root's dtype and shape
     from its header, the data from the packet or the chosen algorithm (``v``: this rank's
@@ -198,7 +198,7 @@ def broadcast_received(c: Communicator, call: Call, x: Any, root: int, algorithm
     return x
 
 
-def _root_header(c: Communicator, call: Call, v: Verdict, is_root: bool, header: np.ndarray,
+def _root_header(c: CallState, call: Call, v: Verdict, is_root: bool, header: np.ndarray,
                  root: int, packet: np.ndarray | None = None,
                  ) -> tuple[np.dtype, tuple[int, ...], bool]:
     """Broadcast the root's header (in ``packet`` when given: the header and what goes
@@ -215,7 +215,7 @@ def _root_header(c: Communicator, call: Call, v: Verdict, is_root: bool, header:
     return agree.unpack_header(header, root, call)
 
 
-def scatter(c: Communicator, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
+def scatter(c: CallState, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
             options: dict[str, Any]) -> Any:
     b = c._backend
     t, v = b.transport, Verdict()
@@ -246,7 +246,7 @@ def scatter(c: Communicator, call: Call, x: Any, root: Any, algorithm: Any, out:
     return scatter_received(c, call, root, algorithm, out, options, v)
 
 
-def _scatter_root(c: Communicator, x: Any, root: int, algorithm: Any, out: Any,
+def _scatter_root(c: CallState, x: Any, root: int, algorithm: Any, out: Any,
                   options: dict[str, Any], v: Verdict, result: Any, back: Any) -> Any:
     """The root's scatter once its header has gone: its own row, and the others' rows
     unless they went with the header."""
@@ -274,7 +274,7 @@ def _scatter_root(c: Communicator, x: Any, root: int, algorithm: Any, out: Any,
     return give(v, result, out, back)
 
 
-def scatter_received(c: Communicator, call: Call, root: int, algorithm: Any, out: Any,
+def scatter_received(c: CallState, call: Call, root: int, algorithm: Any, out: Any,
                      options: dict[str, Any], v: Verdict | None = None) -> Any:
     """A receiver's scatter once the root's header has come: its row from the packet, or
     by the chosen algorithm (``v``: this rank's verdict so far)."""
@@ -311,7 +311,7 @@ def scatter_received(c: Communicator, call: Call, root: int, algorithm: Any, out
     return give(v, result, out, same)
 
 
-def scatter_v(c: Communicator, call: Call, x: Any, counts: Any, root: Any, algorithm: Any,
+def scatter_v(c: CallState, call: Call, x: Any, counts: Any, root: Any, algorithm: Any,
               options: dict[str, Any]) -> Any:
     b = c._backend
     t, v = b.transport, Verdict()
@@ -364,7 +364,7 @@ def scatter_v(c: Communicator, call: Call, x: Any, counts: Any, root: Any, algor
 # -- collectives where every rank knows every shape: the spec says all the rest -----------
 
 
-def collective(c: Communicator, call: Call, name: str, x: Any, algorithm: Any, out: Any,
+def collective(c: CallState, call: Call, name: str, x: Any, algorithm: Any, out: Any,
                options: dict[str, Any], op: Any = None, root: Any = 0) -> Any:
     """validate -> agree -> choose -> run -> deliver for a collective whose ranks all
     know the input's shape before any message (gather, all_gather, reduce,
@@ -426,7 +426,7 @@ def collective(c: Communicator, call: Call, name: str, x: Any, algorithm: Any, o
     return give(v, result, out, back)
 
 
-def _reduction(c: Communicator, call: Call, collective: str, x: Any, op: Any, algorithm: Any,
+def _reduction(c: CallState, call: Call, collective: str, x: Any, op: Any, algorithm: Any,
                options: dict[str, Any], uneven: bool = False,
                ) -> tuple[Verdict, Any, Any, Any, Any]:
     """The checks every reducing collective makes: (verdict, x, back, op, function)."""
@@ -441,7 +441,7 @@ def _reduction(c: Communicator, call: Call, collective: str, x: Any, op: Any, al
     return v, x, back, _traced(c, opd), fn
 
 
-def all_reduce(c: Communicator, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
+def all_reduce(c: CallState, call: Call, x: Any, op: Any, algorithm: Any, out: Any,
                options: dict[str, Any], compress: Any = None) -> Any:
     # the most frequent call of all: the pipeline's stages written out without helpers
     t = c._backend.transport
@@ -513,7 +513,7 @@ def _wire(v: Verdict, compress: Any, x: Any, algorithm: Any) -> np.dtype | None:
     return None
 
 
-def reduce_scatter(c: Communicator, call: Call, x: Any, op: Any, counts: Any, algorithm: Any,
+def reduce_scatter(c: CallState, call: Call, x: Any, op: Any, counts: Any, algorithm: Any,
                    out: Any, options: dict[str, Any]) -> Any:
     """reduce_scatter; with ``counts``, its v-form: the blocks' sizes, checked against x
     and agreed in check mode, cut x flat instead of by rows."""
@@ -540,7 +540,7 @@ def reduce_scatter(c: Communicator, call: Call, x: Any, op: Any, counts: Any, al
     return give(v, result, out, back)
 
 
-def barrier(c: Communicator, call: Call, algorithm: Any, options: dict[str, Any]) -> None:
+def barrier(c: CallState, call: Call, algorithm: Any, options: dict[str, Any]) -> None:
     b = c._backend
     v = Verdict()
     fn = c._chooser.pick(v, "barrier", algorithm, 0, options=options)
@@ -554,7 +554,7 @@ def barrier(c: Communicator, call: Call, algorithm: Any, options: dict[str, Any]
 # -- v-variants: a different number of rows on every rank -----------------------------
 
 
-def all_gather_v(c: Communicator, call: Call, x: Any, algorithm: Any,
+def all_gather_v(c: CallState, call: Call, x: Any, algorithm: Any,
                  options: dict[str, Any]) -> Any:
     b = c._backend
     t, v = b.transport, Verdict()
@@ -577,7 +577,7 @@ def all_gather_v(c: Communicator, call: Call, x: Any, algorithm: Any,
     return back(result), rows
 
 
-def gather_v(c: Communicator, call: Call, x: Any, root: Any, algorithm: Any,
+def gather_v(c: CallState, call: Call, x: Any, root: Any, algorithm: Any,
              options: dict[str, Any]) -> Any:
     b = c._backend
     t, v = b.transport, Verdict()
@@ -599,7 +599,7 @@ def gather_v(c: Communicator, call: Call, x: Any, root: Any, algorithm: Any,
     return back(result), rows
 
 
-def all_to_all_v(c: Communicator, call: Call, x: Any, send_counts: Any, algorithm: Any,
+def all_to_all_v(c: CallState, call: Call, x: Any, send_counts: Any, algorithm: Any,
                  options: dict[str, Any]) -> Any:
     b = c._backend
     t, v = b.transport, Verdict()

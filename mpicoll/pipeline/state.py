@@ -1,0 +1,77 @@
+"""CallState: what a Communicator's calls share, owned by the pipeline and declared here.
+
+A ``Communicator`` is a ``CallState`` with the public methods on top. The stages take it
+as ``c: CallState`` and read and write only what is declared below, so each field has one
+description and one owner (the stage named beside it), and the pipeline needs nothing of
+the API layer, not even for its type hints.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..backends import Backend
+    from ..observe.recorder import Watch
+    from ..observe.tracing import Tracer
+    from .choose import Chooser
+    from .describe import Call
+
+
+class CallState:
+    """The state of one Communicator's calls.
+
+    Attributes:
+        _backend: the library's Backend: transport, control transport, its own
+            collectives, capabilities (``mpicoll.backends``).
+        _chooser: selection from agreed values only; it records each call's algorithm and
+            bytes in the flight recorder (``choose``).
+        _watch: the flight recorder and the watchdog's clock (``observe.recorder.Watch``).
+        _tracer: the Tracer where ``trace=`` is on, else None.
+        _decisions: what default calls decided, by ``decided.key`` (``decided``); None
+            where calls always take the whole path (check mode, traces, NCCL).
+        _seq: the calls numbered so far, the same on every rank (``entry``).
+        _call: the call in progress (its ``describe.Call``), None between calls (``entry``).
+        _entry: the lock of one thread at a time (``entry``).
+        _refused_alone: the number of a call this rank refused or failed alone, 0 if none:
+            the next call resyncs first (written by ``entry.ended`` and ``agree.settle``,
+            cleared by ``agree.resync``).
+        _packet, _packet_header: broadcast's and scatter's first message: the root's
+            header, and the data when it fits (``run``, ``decided``).
+        _node_of: each rank's node index, agreed (``agree.nodes``).
+        check: check mode, agreed (``agree.settings``).
+        timeout: seconds a call may take before the watchdog reports it.
+    """
+
+    _backend: Backend
+    _chooser: Chooser
+    _watch: Watch | None
+    _tracer: Tracer | None
+    _decisions: dict[tuple, Any] | None
+    _seq: int
+    _call: Call | None
+    _entry: threading.Lock
+    _refused_alone: int
+    _packet: np.ndarray
+    _packet_header: np.ndarray
+    _node_of: list[int]
+    check: bool
+    timeout: float
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._watch = self._tracer = self._decisions = self._call = None
+        self._seq = 0
+        self._refused_alone = 0
+        self._entry = threading.Lock()
+
+    @property
+    def rank(self) -> int:
+        return self._backend.transport.rank
+
+    @property
+    def size(self) -> int:
+        return self._backend.transport.size
