@@ -46,6 +46,11 @@ from .work import Work
 
 _moved.install()  # the flat layout's module names still import (mpicoll._moved)
 
+
+def __getattr__(name: str) -> object:
+    return _moved.attribute(name)  # mpicoll.watchdog and the like, as attributes too
+
+
 __version__ = "0.1.0"
 
 __all__ = [

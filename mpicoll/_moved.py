@@ -50,6 +50,23 @@ class OldNames(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if own is not None:
             module.__spec__ = own
 
+    def get_code(self, fullname: str) -> object:
+        """``python -m`` with an old name runs the module at its new name (as __main__)."""
+        return compile(f"import runpy; runpy.run_module({MOVED[fullname]!r}, "
+                       "run_name='__main__', alter_sys=True)", f"<{fullname}>", "exec")
+
+    def is_package(self, fullname: str) -> bool:
+        return False
+
+
+def attribute(name: str) -> ModuleType:
+    """``mpicoll.<old name>`` as an attribute (as the flat package had them, imported
+    with it): the module at its new name; AttributeError for any other name."""
+    moved = MOVED.get(f"mpicoll.{name}")
+    if moved is None:
+        raise AttributeError(f"module 'mpicoll' has no attribute {name!r}")
+    return importlib.import_module(moved)
+
 
 def install() -> None:
     if not any(isinstance(finder, OldNames) for finder in sys.meta_path):

@@ -137,3 +137,23 @@ def test_communicator_stays_a_thin_shell():
     # each a documented method of a few lines; making room below 500 meant cutting those
     # docstrings, not logic (the logic lives in mpicoll.pipeline)
     assert len((ROOT / "communicator.py").read_text().splitlines()) < 540
+
+
+def test_the_flat_layouts_names_are_the_moved_modules():
+    """``import mpicoll.native`` (and every name the package had before it was grouped)
+    is the module at its new place, by import, as an attribute, and under ``python -m``."""
+    import importlib
+    import subprocess
+    import sys
+
+    from mpicoll._moved import MOVED
+
+    for old, new in MOVED.items():
+        module = importlib.import_module(old)
+        assert module is importlib.import_module(new), old
+        assert module.__spec__.name == new, old  # its own spec, not the old name's
+        assert getattr(mpicoll, old.rsplit(".", 1)[1]) is module, old
+    run = subprocess.run([sys.executable, "-m", "mpicoll.native"], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert not hasattr(mpicoll, "no_such_module")

@@ -26,6 +26,17 @@ def test_unknown_algorithm_names_the_valid_ones():
                        mpicoll.InvalidArgumentError, "expected 'auto' or one of ring, recursive_doubling")
 
 
+def test_a_reduction_names_its_op_before_its_root():
+    """The first refusal is the one raised: a reduction checks x, op and the algorithm,
+    then the root (gather, without an op, checks the root first)."""
+    _raises_everywhere(3, lambda c: c.reduce(np.ones(2), "bogus", 5),
+                       mpicoll.InvalidArgumentError, "op: unknown")
+    _raises_everywhere(3, lambda c: c.reduce(np.ones(2), "sum", 5, algorithm="brick"),
+                       mpicoll.InvalidArgumentError, "expected 'auto' or one of")
+    _raises_everywhere(3, lambda c: c.gather(np.ones(2), 5, algorithm="brick"),
+                       mpicoll.InvalidArgumentError, "root: 5 is out of range")
+
+
 def test_native_is_not_on_the_local_backend():
     _raises_everywhere(2, lambda c: c.barrier(algorithm="native"),
                        mpicoll.InvalidArgumentError, "'native' needs a library collective")

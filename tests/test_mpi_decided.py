@@ -141,6 +141,43 @@ def test_out_may_change_between_decided_calls(world, collective, out_kind):
         _check(world, collective, step, got)
 
 
+@pytest.mark.parametrize("collective", ["gather", "all_gather", "reduce_scatter", "all_to_all",
+                                        "reduce", "scan"])
+@pytest.mark.parametrize("algorithm", ["auto", "native"])
+def test_out_x_of_another_shape_is_refused_after_a_kept_out_decision(world, collective,
+                                                                     algorithm):
+    """A decision kept for ``out=`` serves only an out= of the result's shape: ``out=x``
+    where the result's shape is not x's (gather, all_gather, reduce_scatter) is refused
+    on every rank, as the whole path refuses it, then the next call is right."""
+    world._decisions.clear()
+    p, r = world.size, world.rank
+    spec = mpicoll.spec.SPECS[collective]
+    shape = (p, 3) if spec.input_rows else (5,)
+    given = {"algorithm": algorithm, **({"op": "sum"} if spec.reduces else {}),
+             **({"root": 0} if spec.rooted else {})}
+    method = getattr(world, collective)
+    result_shape = spec.result_shape(shape, p)
+    for step in range(2):  # the whole path, then its decision
+        x = np.empty(shape)
+        _fill(x, r, step)
+        out = np.empty(result_shape)
+        got = method(x, out=out, **given)
+        if not (spec.result_at_root_only and r != 0):
+            np.testing.assert_array_equal(got, _expected(collective, p, r, step, shape))
+    x = np.empty(shape)
+    _fill(x, r, 2)
+    receives = not spec.result_at_root_only or r == 0
+    if result_shape == shape or not receives:  # out=x is the in-place form, or ignored
+        got = method(x, out=x, **given)
+        if receives:
+            np.testing.assert_array_equal(got, _expected(collective, p, r, 2, shape))
+    else:
+        with pytest.raises(MpicollError):
+            method(x, out=x, **given)
+    got, _ = _call(world, collective, algorithm, 3)
+    _check(world, collective, 3, got)
+
+
 @pytest.mark.parametrize("collective", sorted(decided.DECIDED - {"barrier"}))
 def test_one_rank_on_the_whole_path_meets_the_others_decisions(world, collective):
     """Rank 0's input is a strided view (never kept): its calls take the whole path while

@@ -476,9 +476,9 @@ def _from_spec(c: CallState, a: dict, x: np.ndarray, name: str) -> Decision | No
         return result if done is None else done(result)
 
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
-        if out is not None and not (receives and (out is x and x.flags.writeable or
-                                                  _fits(out, shape, dtype))):
-            return None  # (the whole path checks and ignores a non-root's out=)
+        if out is not None and not (receives and _fits(out, shape, dtype)):
+            return None  # (the whole path checks and ignores a non-root's out=; out=x
+            #               fits where the result has x's shape and x can be written)
         if not receives or nothing:
             read = _reader(t, x, None)
 

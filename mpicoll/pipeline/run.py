@@ -375,7 +375,7 @@ def collective(c: CallState, call: Call, name: str, x: Any, algorithm: Any, out:
     b = c._backend
     t, v = b.transport, Verdict()
     p, rank = t.size, t.rank
-    if spec.rooted:
+    if spec.rooted and not spec.reduces:  # (a reduction checks its op first, then root)
         root = validate.root(v, root, p)
     x, back = validate.array(v, x, device_only=b.device_only)
     if spec.input_rows:
@@ -391,6 +391,8 @@ def collective(c: CallState, call: Call, name: str, x: Any, algorithm: Any, out:
         if x is not None and opd is not None:
             fn = c._chooser.pick(v, name, algorithm, x.nbytes, opd, options, dtype=x.dtype)
         opd = _traced(c, opd)
+        if spec.rooted:
+            root = validate.root(v, root, p)
     receives = not spec.result_at_root_only or rank == root
     combined = spec.combined(rank, p)  # 0: no result here (exscan's rank 0)
     result = None
