@@ -274,20 +274,28 @@ def _shaped(tensor: Any, name: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
     return shaped, copy_back
 
 
+def _how(algorithm: str, async_op: bool) -> dict[str, Any]:
+    """The keywords a call passes on: none where they are the defaults, so that the call
+    is keyed for its kept decision as the same direct call is (``pipeline.decided``)."""
+    if algorithm == "auto" and not async_op:
+        return {}
+    return {"algorithm": algorithm, "async_op": async_op}
+
+
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
                algorithm: str = "auto") -> Any:
     """Reduce ``tensor`` across the group, in place."""
     g = _group(group)
-    return _maybe(g.comm.all_reduce(tensor, _op(op), out=tensor, algorithm=algorithm,
-                                    async_op=async_op), async_op)
+    return _maybe(g.comm.all_reduce(tensor, _op(op), out=tensor, **_how(algorithm, async_op)),
+                  async_op)
 
 
 def broadcast(tensor: Any, src: int, group: Any = None, async_op: bool = False,
               algorithm: str = "auto") -> Any:
     """``src``'s tensor into every rank's ``tensor``."""
     g = _group(group)
-    return _maybe(g.comm.broadcast(tensor, g.local(src, "src"), algorithm=algorithm,
-                                   async_op=async_op), async_op)
+    return _maybe(g.comm.broadcast(tensor, g.local(src, "src"), **_how(algorithm, async_op)),
+                  async_op)
 
 
 def reduce(tensor: Any, dst: int, op: Any = ReduceOp.SUM, group: Any = None,
@@ -296,8 +304,8 @@ def reduce(tensor: Any, dst: int, op: Any = ReduceOp.SUM, group: Any = None,
     g = _group(group)
     root = g.local(dst, "dst")
     out = tensor if g.comm.rank == root else None
-    return _maybe(g.comm.reduce(tensor, _op(op), root, out=out, algorithm=algorithm,
-                                async_op=async_op), async_op)
+    return _maybe(g.comm.reduce(tensor, _op(op), root, out=out, **_how(algorithm, async_op)),
+                  async_op)
 
 
 class _Finished:
@@ -337,7 +345,7 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
         for i, t in enumerate(tensor_list):
             _view(t, f"tensor_list[{i}]")[...] = rows[i]
 
-    return _then(g.comm.all_gather(tensor, algorithm=algorithm, async_op=async_op), finish,
+    return _then(g.comm.all_gather(tensor, **_how(algorithm, async_op)), finish,
                  async_op)
 
 
@@ -347,7 +355,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     g = _group(group)
     x = _view(input_tensor, "input_tensor")
     out, copy_back = _shaped(output_tensor, "output_tensor", (g.comm.size, *x.shape))
-    result = g.comm.all_gather(input_tensor, out=out, algorithm=algorithm, async_op=async_op)
+    result = g.comm.all_gather(input_tensor, out=out, **_how(algorithm, async_op))
     return _then(result, copy_back, async_op)
 
 
@@ -359,8 +367,8 @@ def reduce_scatter(output: Any, input_list: list[Any], op: Any = ReduceOp.SUM,
         raise InvalidArgumentError(f"input_list: expected {g.comm.size} tensors, got {len(input_list)}")
     rows = [_view(t, f"input_list[{i}]") for i, t in enumerate(input_list)]
     stacked = module_of(rows[0]).stack(rows)
-    return _maybe(g.comm.reduce_scatter(stacked, _op(op), out=output, algorithm=algorithm,
-                                        async_op=async_op), async_op)
+    return _maybe(g.comm.reduce_scatter(stacked, _op(op), out=output, **_how(algorithm, async_op)),
+                  async_op)
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # noqa: A002
@@ -370,8 +378,8 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # no
     g = _group(group)
     out = _view(output, "output")
     x = _view(input, "input").reshape(g.comm.size, *out.shape)  # read: a copy is fine
-    return _maybe(g.comm.reduce_scatter(x, _op(op), out=output, algorithm=algorithm,
-                                        async_op=async_op), async_op)
+    return _maybe(g.comm.reduce_scatter(x, _op(op), out=output, **_how(algorithm, async_op)),
+                  async_op)
 
 
 def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int] | None = None,  # noqa: A002
@@ -384,8 +392,8 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     p = g.comm.size
     if output_split_sizes is None and input_split_sizes is None:
         rows, copy_back = _shaped(output, "output", (p, out.size // max(p, 1)))
-        result = g.comm.all_to_all(x.reshape(p, -1), out=rows, algorithm=algorithm,
-                                   async_op=async_op)
+        result = g.comm.all_to_all(x.reshape(p, -1), out=rows, **_how(algorithm,
+                                   async_op))
         return _then(result, copy_back, async_op)
     send = list(input_split_sizes) if input_split_sizes is not None else [x.shape[0] // p] * p
 
@@ -393,7 +401,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
         rows, _ = result
         out[...] = rows.reshape(out.shape)
 
-    return _then(g.comm.all_to_all_v(x, send, algorithm=algorithm, async_op=async_op),
+    return _then(g.comm.all_to_all_v(x, send, **_how(algorithm, async_op)),
                  finish, async_op)
 
 
@@ -413,7 +421,7 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
             view[...] = rows[start:start + n].reshape(view.shape)
             start += n
 
-    return _then(g.comm.all_to_all_v(flat, counts, algorithm=algorithm, async_op=async_op),
+    return _then(g.comm.all_to_all_v(flat, counts, **_how(algorithm, async_op)),
                  finish, async_op)
 
 
@@ -432,8 +440,8 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int = 0,
             rows = [_view(t, f"scatter_list[{i}]") for i, t in enumerate(scatter_list)]
             stacked = module_of(rows[0]).stack(rows)
     try:  # a refused list travels in the root's header: every rank raises
-        return _maybe(g.comm.scatter(stacked, root, out=tensor, algorithm=algorithm,
-                                     async_op=async_op), async_op)
+        return _maybe(g.comm.scatter(stacked, root, out=tensor, **_how(algorithm, async_op)),
+                  async_op)
     except InvalidArgumentError as exc:
         if refusal is not None:
             raise refusal from exc
@@ -453,14 +461,15 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int = 0, grou
             for i, t in enumerate(gather_list):
                 _view(t, f"gather_list[{i}]")[...] = rows[i]
 
-    return _then(g.comm.gather(tensor, root, algorithm=algorithm, async_op=async_op), finish,
+    return _then(g.comm.gather(tensor, root, **_how(algorithm, async_op)), finish,
                  async_op)
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
             algorithm: str = "auto") -> Any:
     g = _group(group)
-    return _maybe(g.comm.barrier(algorithm=algorithm, async_op=async_op), async_op)
+    return _maybe(g.comm.barrier(**_how(algorithm, async_op)),
+                  async_op)
 
 
 def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:

@@ -164,23 +164,23 @@ def _torch_numpy(x: Any) -> np.ndarray | None:
         return None
 
 
-_FROM_NUMPY: list[Any] = []  # torch.from_numpy, once a result has gone back to torch
+FROM_NUMPY: list[Any] = []  # torch.from_numpy, once a result has gone back to torch
 
 
 def to_torch(result: Any) -> Any:
     """A torch tensor over ``result``'s memory (NumPy or CuPy; ml_dtypes' types as torch's)."""
     if result is None:
         return None
-    if type(result) is np.ndarray and _FROM_NUMPY:
+    if type(result) is np.ndarray and FROM_NUMPY:
         try:
-            return _FROM_NUMPY[0](result)  # torch.from_numpy, looked up once
+            return FROM_NUMPY[0](result)  # torch.from_numpy, looked up once
         except TypeError:
             pass
     torch = sys.modules.get("torch")
     if torch is None:  # not imported yet: a caller's tensor came from it, so it is there
         import torch
     if type(result) is np.ndarray:
-        _FROM_NUMPY[:] = [torch.from_numpy]
+        FROM_NUMPY[:] = [torch.from_numpy]
         try:
             return torch.from_numpy(result)
         except TypeError:  # a dtype NumPy has from ml_dtypes (torch refuses those)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..buffers import counts_bounds, even_bounds
-from ..buffers.arrays import kept_view, same_memory, to_torch, torch_numpy
+from ..buffers.arrays import FROM_NUMPY, kept_view, same_memory, to_torch, torch_numpy
 from ..errors import InvalidArgumentError
 from ..ops import ReduceOp, resolve_op
 from ..spec import SPECS
@@ -117,6 +117,11 @@ def to_caller(result: Any, tensors: tuple) -> Any:
         return out
     if result is host:
         return x
+    if type(result) is np.ndarray and FROM_NUMPY:
+        try:
+            return FROM_NUMPY[0](result)  # torch.from_numpy (to_torch's first case, inline)
+        except TypeError:  # an ml_dtypes type: to_torch views it as torch's
+            pass
     return to_torch(result)
 
 

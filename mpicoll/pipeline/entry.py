@@ -83,21 +83,19 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             if x is not None and type(x) is not np.ndarray:  # torch CPU tensors: NumPy views
                 args, kwargs, tensors = decided.from_torch(args, kwargs)
                 x = args[0]
-            n, out = len(args), None
-            if not kwargs and type(x) is np.ndarray and (n == 1 or n == 2 and type(
-                    args[1]) in PLAIN or n == 3 and type(args[1]) in PLAIN and type(
-                    args[2]) in PLAIN):
-                # comm.all_reduce(x), comm.broadcast(x, 0), comm.reduce(x, "sum", 0): the
-                # most frequent calls, keyed here as decided.key keys them
+            n = len(args)
+            if type(x) is np.ndarray and (not kwargs or len(kwargs) == 1 and "out" in kwargs) \
+                    and (n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
+                        args[1]) in PLAIN and type(args[2]) in PLAIN):
+                # comm.all_reduce(x), comm.broadcast(x, 0), comm.reduce(x, "sum", 0), each
+                # also with out=: the most frequent calls, keyed here as decided.key keys them
+                out = kwargs["out"] if kwargs else None
                 key: tuple | None = None if not x.flags.c_contiguous else \
-                    (name, x.shape, x.dtype) if n == 1 else (name, x.shape, x.dtype, args[1:])
+                    (name, x.shape, x.dtype) if n == 1 and not kwargs else \
+                    (name, x.shape, x.dtype, args[1:])
             else:
                 out = kwargs.get("out") if kwargs else None
-                if type(x) is np.ndarray and n == 1 and out is not None and len(kwargs) == 1 \
-                        and x.flags.c_contiguous:  # comm.all_reduce(x, out=y)
-                    key = (name, x.shape, x.dtype, ())
-                else:
-                    key = decided.key(name, args, kwargs)
+                key = decided.key(name, args, kwargs)
             decision = None if key is None else decisions.get(key)
             if decision is None or decision is DECLINED or self._refused_alone:
                 result = numbered(self, name, site, args, kwargs, method,
