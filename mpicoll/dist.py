@@ -245,7 +245,8 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
 
 
 def _op(op: Any) -> Any:
-    return op.value if isinstance(op, ReduceOp) else op
+    # _value_: the member's value without the Enum property's cost (every call pays it)
+    return op._value_ if type(op) is ReduceOp else op.value if isinstance(op, ReduceOp) else op
 
 
 def _view(tensor: Any, name: str) -> Any:
