@@ -38,7 +38,7 @@ from .buffers.arrays import same as _same
 from .errors import ConcurrentCallError, InvalidArgumentError, MpicollError
 from .pipeline import decided
 from .pipeline.decided import Decision, decide
-from .pipeline.entry import busy, ended, numbered, watched_step
+from .pipeline.entry import busy, ended, numbered, public_signature, watched_step
 from .spec import SPECS
 from .work import Site, Work, submit
 
@@ -340,6 +340,8 @@ def init_method(collective: str) -> Any:
         return make_plan(self, collective, args, kwargs, sys._getframe(1))
 
     init.__name__ = init.__qualname__ = f"{collective}_init"
+    init.__signature__ = public_signature(  # type: ignore[attr-defined]
+        decided.SIGNATURES[collective], async_op=False).replace(return_annotation="Plan")
     init.__doc__ = (f"A persistent {collective} (MPI-4's ``MPI_{collective.title()}_init``): "
                     f"the parameters of ``{collective}``; returns an ``mpicoll.Plan`` whose "
                     "``start()``/``wait()`` (or ``plan()``) run it on the bound buffers. "

@@ -479,3 +479,20 @@ def test_the_local_backend_is_a_local_backend_object():
         assert comm._backend.like is None and comm._backend.averages_itself == frozenset()
     finally:
         comm.free()
+
+
+def test_a_collectives_signature_is_the_one_its_caller_writes():
+    """``help(comm.all_reduce)`` shows no hidden ``call`` and shows the entry's keywords;
+    a plan's ``_init`` shows the same parameters, no ``async_op``, and returns a Plan."""
+    import inspect
+
+    for name in (*mpicoll.COLLECTIVES, "all_gather_v", "gather_v", "scatter_v",
+                 "all_to_all_v"):
+        method = inspect.signature(getattr(mpicoll.Communicator, name))
+        assert "call" not in method.parameters, name
+        assert {"stream", "async_op"} <= set(method.parameters), name
+        init = inspect.signature(getattr(mpicoll.Communicator, f"{name}_init"))
+        assert "async_op" not in init.parameters and "stream" in init.parameters, name
+        assert init.return_annotation == "Plan", name
+        assert [p for p in init.parameters if p != "stream"] == \
+            [p for p in method.parameters if p not in ("stream", "async_op")], name

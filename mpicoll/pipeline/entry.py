@@ -62,6 +62,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         n for n, p in list(signature.parameters.items())[3:]
         if p.kind is p.POSITIONAL_OR_KEYWORD)
     keeps = name in decided.DECIDED  # whether a default call's decision is kept
+    public = public_signature(signature)
 
     @functools.wraps(method)
     def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -126,7 +127,22 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             return result if tensors is None else decided.to_caller(result, tensors)
         return numbered(self, name, site, args, kwargs, method, stream, refusal)
 
+    collective.__signature__ = public  # type: ignore[attr-defined]
     return collective
+
+
+def public_signature(signature: inspect.Signature, async_op: bool = True) -> inspect.Signature:
+    """A collective's signature as its caller writes the call: without the ``call`` the
+    entry passes, with the entry's keywords (``stream=``, and ``async_op=`` unless it is
+    a plan's ``_init``) before the algorithm's ``**options``."""
+    kept = [p for name, p in signature.parameters.items() if name != "call"]
+    extra = [inspect.Parameter("stream", inspect.Parameter.KEYWORD_ONLY, default=None)]
+    if async_op:
+        extra.append(inspect.Parameter("async_op", inspect.Parameter.KEYWORD_ONLY,
+                                       default=False))
+    var = [p for p in kept if p.kind is p.VAR_KEYWORD]
+    rest = [p for p in kept if p.kind is not p.VAR_KEYWORD]
+    return signature.replace(parameters=[*rest, *extra, *var])
 
 
 def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
