@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..buffers import counts_bounds, even_bounds
-from ..buffers.arrays import FROM_NUMPY, kept_view, same_memory, to_torch, torch_numpy
+from ..buffers.arrays import FROM_NUMPY, VIEWS, same_memory, to_torch, torch_numpy
 from ..errors import InvalidArgumentError
 from ..ops import ReduceOp, resolve_op
 from ..spec import SPECS
@@ -90,21 +90,25 @@ def from_torch(args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple | None]:
     give the result back; None: not such a call (a GPU tensor, one that needs grad, a
     dtype NumPy lacks), which takes the whole path as it is."""
     x = args[0]
-    host = kept_view(x)  # a small tensor's view, made at an earlier call
+    # a small tensor's view, made at an earlier call: arrays.kept_view, written out here
+    kept = VIEWS.get(id(x))
+    host = kept[3] if kept is not None and kept[0] is x and kept[1] == x.data_ptr() and \
+        kept[2] == x.shape and kept[4] == x.stride() and not x.requires_grad else None
     if host is None:
         if not type(x).__module__.startswith("torch") or not getattr(x, "is_cpu", False):
             return args, kwargs, None
         host = torch_numpy(x)  # bfloat16 through ml_dtypes; None: grad, conjugate
         if host is None:
             return args, kwargs, None
-    out = kwargs.get("out")
+    out = kwargs.get("out") if kwargs else None
     if out is None:
         return (host, *args[1:]), kwargs, (x, host, None, None)
     host_out = host if out is x else torch_numpy(out) \
         if type(out).__module__.startswith("torch") and getattr(out, "is_cpu", False) else None
     if host_out is None:
         return args, kwargs, None
-    return (host, *args[1:]), {**kwargs, "out": host_out}, (x, host, out, host_out)
+    kwargs["out"] = host_out  # (the entry's own **kwargs: a dict of this call's)
+    return (host, *args[1:]), kwargs, (x, host, out, host_out)
 
 
 def to_caller(result: Any, tensors: tuple) -> Any:
