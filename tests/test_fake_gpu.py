@@ -132,8 +132,10 @@ def test_mpi_v_variants_on_device(comm, collective, algorithm):
 @pytest.mark.mpi
 @pytest.mark.parametrize("collective", [c for c in mpicoll.COLLECTIVES if c != "barrier"])
 def test_mpi_plans_on_device_arrays_and_a_stream(comm, collective, fake_cupy):
-    """A persistent plan (``<collective>_init``) on device arrays, started on a stream of
-    its own, on every backend: each start reads the refilled input and is right."""
+    """A plan (``<collective>_init``) on device arrays, started on a stream of its own, on
+    every backend: each start reads the refilled input and is right. (A plan on device
+    arrays or with a stream takes the whole path at every start, as mpicoll.plan says:
+    its decisions serve host arrays.)"""
     spec = mpicoll.spec.SPECS[collective]
     p, r = comm.size, comm.rank
     shape = (p, 3) if spec.input_rows else (4,)

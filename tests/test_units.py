@@ -488,11 +488,16 @@ def test_a_collectives_signature_is_the_one_its_caller_writes():
 
     for name in (*mpicoll.COLLECTIVES, "all_gather_v", "gather_v", "scatter_v",
                  "all_to_all_v"):
-        method = inspect.signature(getattr(mpicoll.Communicator, name))
-        assert "call" not in method.parameters, name
-        assert {"stream", "async_op"} <= set(method.parameters), name
+        defined = inspect.signature(getattr(mpicoll.Communicator, name).__wrapped__)
+        shown = inspect.signature(getattr(mpicoll.Communicator, name))
         init = inspect.signature(getattr(mpicoll.Communicator, f"{name}_init"))
-        assert "async_op" not in init.parameters and "stream" in init.parameters, name
-        assert init.return_annotation == "Plan", name
-        assert [p for p in init.parameters if p != "stream"] == \
-            [p for p in method.parameters if p not in ("stream", "async_op")], name
+        written = [p for p in defined.parameters.values() if p.name != "call"]
+        entry = {"stream": None, "async_op": False}
+        assert [p for p in shown.parameters.values() if p.name not in entry] == written, name
+        assert [p for p in init.parameters.values() if p.name != "stream"] == written, name
+        for keyword, default in entry.items():
+            parameter = shown.parameters[keyword]
+            assert parameter.kind is parameter.KEYWORD_ONLY and parameter.default is default
+        assert "async_op" not in init.parameters and init.return_annotation == "Plan", name
+        shown.bind_partial(None, *(["x"] if "x" in shown.parameters else []), stream=None,
+                   async_op=True, algorithm="ring")  # a call a user writes binds
