@@ -58,7 +58,7 @@ for n in $RANKS; do
             for f in $NODE_FILES; do left+=("--ignore=$f"); done
         fi
     done
-    echo "== pytest under mpiexec -n $n${left:+ (5 files run with simulated nodes below)}"
+    echo "== pytest under mpiexec -n $n${left:+ (NODE_FILES: with simulated nodes, below)}"
     timeout -k 10 "$TIMEOUT" $MPIEXEC -n "$n" $PY -m mpi4py -m pytest --with-mpi -m mpi \
         -q -rfEs -p no:cacheprovider ${left[@]+"${left[@]}"} tests
 done
