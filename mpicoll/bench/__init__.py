@@ -575,7 +575,10 @@ def overhead(comm: Communicator, args: argparse.Namespace, say: Callable[..., No
             if torch is not None:
                 runs["torch"] = default_call(comm, collective, torch.from_numpy(x.copy()),
                                              args.op, args.root)
-        timed = time_interleaved(comm, runs, iters, args.warmup_iters, barrier, "back-to-back")
+        # a tenth of the calls first (not -w's few): the first row would otherwise pay for
+        # the machine's warming up (caches, clocks) alone
+        timed = time_interleaved(comm, runs, iters, max(args.warmup_iters, iters // 10),
+                                 barrier, "back-to-back")
         us = {name: statistics.median(times) * 1e6 for name, times in timed.items()}
         ratio = {name: us[name] / us["library"] for name in us}
         worst = max(worst, ratio["default"])
