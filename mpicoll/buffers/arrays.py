@@ -106,14 +106,14 @@ _TORCH_AS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "floa
 # its strides then). Tensor.numpy() costs more than a small collective's own overhead; a
 # view is given again while the tensor still has that memory, shape and strides. Each view holds its tensor: at most
 # _VIEWS_KEPT tensors of at most _VIEW_BYTES are kept alive by it (then it starts over).
-VIEWS: dict[int, tuple] = {}
+_VIEWS: dict[int, tuple] = {}
 _VIEW_BYTES, _VIEWS_KEPT = 1 << 16, 256
 
 
 def kept_view(x: Any) -> np.ndarray | None:
     """The kept view of ``x`` (see torch_numpy), where ``x`` is a small CPU tensor still
     on the memory and in the shape it was viewed in; else None."""
-    kept = VIEWS.get(id(x))
+    kept = _VIEWS.get(id(x))
     if kept is not None and kept[0] is x and kept[1] == x.data_ptr() and kept[2] == x.shape \
             and kept[4] == x.stride() and not x.requires_grad:  # as Tensor.numpy() refuses it
         return kept[3]
@@ -130,9 +130,9 @@ def torch_numpy(x: Any) -> np.ndarray | None:
         return view
     view = _torch_numpy(x)
     if view is not None and view.nbytes <= _VIEW_BYTES and _small_storage(x):
-        if len(VIEWS) >= _VIEWS_KEPT:
-            VIEWS.clear()
-        VIEWS[id(x)] = (x, x.data_ptr(), x.shape, view, x.stride())
+        if len(_VIEWS) >= _VIEWS_KEPT:
+            _VIEWS.clear()
+        _VIEWS[id(x)] = (x, x.data_ptr(), x.shape, view, x.stride())
     return view
 
 
@@ -164,23 +164,23 @@ def _torch_numpy(x: Any) -> np.ndarray | None:
         return None
 
 
-FROM_NUMPY: list[Any] = []  # torch.from_numpy, once a result has gone back to torch
+_FROM_NUMPY: list[Any] = []  # torch.from_numpy, once a result has gone back to torch
 
 
 def to_torch(result: Any) -> Any:
     """A torch tensor over ``result``'s memory (NumPy or CuPy; ml_dtypes' types as torch's)."""
     if result is None:
         return None
-    if type(result) is np.ndarray and FROM_NUMPY:
+    if type(result) is np.ndarray and _FROM_NUMPY:
         try:
-            return FROM_NUMPY[0](result)  # torch.from_numpy, looked up once
+            return _FROM_NUMPY[0](result)  # torch.from_numpy, looked up once
         except TypeError:
             pass
     torch = sys.modules.get("torch")
     if torch is None:  # not imported yet: a caller's tensor came from it, so it is there
         import torch
     if type(result) is np.ndarray:
-        FROM_NUMPY[:] = [torch.from_numpy]
+        _FROM_NUMPY[:] = [torch.from_numpy]
         try:
             return torch.from_numpy(result)
         except TypeError:  # a dtype NumPy has from ml_dtypes (torch refuses those)

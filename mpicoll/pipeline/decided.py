@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..buffers import counts_bounds, even_bounds
-from ..buffers.arrays import FROM_NUMPY, VIEWS, same_memory, to_torch, torch_numpy
+from ..buffers.arrays import kept_view, same_memory, to_torch, torch_numpy
 from ..errors import InvalidArgumentError
 from ..ops import ReduceOp, resolve_op
 from ..spec import SPECS
@@ -90,10 +90,7 @@ def from_torch(args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple | None]:
     give the result back; None: not such a call (a GPU tensor, one that needs grad, a
     dtype NumPy lacks), which takes the whole path as it is."""
     x = args[0]
-    # a small tensor's view, made at an earlier call: arrays.kept_view, written out here
-    kept = VIEWS.get(id(x))
-    host = kept[3] if kept is not None and kept[0] is x and kept[1] == x.data_ptr() and \
-        kept[2] == x.shape and kept[4] == x.stride() and not x.requires_grad else None
+    host = kept_view(x)  # a small tensor's view, made at an earlier call
     if host is None:
         if not type(x).__module__.startswith("torch") or not getattr(x, "is_cpu", False):
             return args, kwargs, None
@@ -121,11 +118,6 @@ def to_caller(result: Any, tensors: tuple) -> Any:
         return out
     if result is host:
         return x
-    if type(result) is np.ndarray and FROM_NUMPY:
-        try:
-            return FROM_NUMPY[0](result)  # torch.from_numpy (to_torch's first case, inline)
-        except TypeError:  # an ml_dtypes type: to_torch views it as torch's
-            pass
     return to_torch(result)
 
 

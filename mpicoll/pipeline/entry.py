@@ -221,8 +221,9 @@ def run_decided(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, m
     """``numbered`` for a call that runs a kept decision (``mpicoll.pipeline.decided``):
     the same number, record, tag, watch and errors, without the stages a decided call
     cannot need (no stream, no refusal, no trace, no resync owed: the caller checked);
-    the decision on the call's ``x`` and ``out`` (``fresh`` without out=, else bound to
-    them), or the whole path where it declines them."""
+    the decision bound to the call's ``x`` and ``out``, or the whole path where it
+    declines them. (A call without out= whose decision has a ``fresh`` run takes the
+    same steps written out in the entry's wrapper.)"""
     if not c._entry.acquire(False):
         raise ConcurrentCallError(busy(c, name))
     watch = c._watch
@@ -231,11 +232,8 @@ def run_decided(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, m
         # the entry as the deciding call wrote it (the same values: the same entry)
         call = c._call = watch.enter_kept(seq, name, site, decision.kept)
         c._backend.transport.begin()  # the call's tag: every rank advances it
-        if out is None and decision.fresh is not None:
-            result = decision.fresh(call, x)
-        else:
-            run = decision.bound(x, out)  # None: it declines these buffers, before any message
-            result = DECLINED if run is None else run(call)
+        run = decision.bound(x, out)  # None: it declines these buffers, before any message
+        result = DECLINED if run is None else run(call)
         if result is DECLINED:  # not a buffer it serves: the whole path, its own entry
             watch.enter(seq, name, site, args, kwargs)
             result = method(c, call, *args, **kwargs)
