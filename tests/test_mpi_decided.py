@@ -242,6 +242,25 @@ def test_a_refusal_on_one_rank_between_decided_calls(world):
         np.testing.assert_array_equal(world.all_reduce(x), np.full(4, total))
 
 
+@pytest.mark.parametrize("value", [0.0, False])
+def test_a_kept_decision_refuses_what_the_whole_path_refuses(world, value):
+    """A root of 0.0 or False equals 0 (and hashes as it does), but the whole path
+    refuses it: it must not find the kept decision of root 0 and run."""
+    world._decisions.clear()
+    x = np.ones(3)
+    for _ in range(2):
+        world.broadcast(x, 0)
+        world.reduce(x, "sum", 0)
+        world.gather(x, 0)
+    for call in (lambda: world.broadcast(x, value), lambda: world.reduce(x, "sum", value),
+                 lambda: world.gather(x, root=value)):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="root"):
+            call()
+    total = world.reduce(x, "sum", 0)  # and the next call is right
+    if world.rank == 0:
+        np.testing.assert_array_equal(total, np.full(3, float(world.size)))
+
+
 def test_a_user_op_is_never_kept(world):
     """A user's Op is not a key: the table would keep it alive (and its MPI op)."""
     op = mpicoll.Op(lambda a, b, out: np.add(a, b, out=out), commutative=True, name="plus")

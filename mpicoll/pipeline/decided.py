@@ -44,11 +44,24 @@ from .deliver import average
 if TYPE_CHECKING:
     from .state import CallState
 
-DECLINED = object()  # in the table: such calls take the whole path
+
+
+class _Declined:
+    """In the table: such calls take the whole path (no decision, so no prepared call).
+    Also what a run returns where it declines its buffers, before any message."""
+
+    __slots__ = ()
+    call = None
+
+
+DECLINED = _Declined()
 
 # a default call is kept only when every argument but x and out is one of these: values
-# that hash by what they are (never a user's Op, which the table would keep alive)
-PLAIN = frozenset((str, int, float, bool, type(None), ReduceOp))
+# that hash by what they are (never a user's Op, which the table would keep alive), and
+# that no value of another of them equals (not bool or float: 0 == 0.0 == False, so a
+# root of 0.0, which the whole path refuses, would find root 0's decision; ReduceOp.SUM
+# equals "sum", which means the same)
+PLAIN = frozenset((str, int, type(None), ReduceOp))
 _LIMIT = 256  # decisions one Communicator keeps; the table starts over beyond it
 _PIN_BYTES = 1 << 16  # a decision keeps its last binding of arrays up to this size
 
@@ -121,8 +134,9 @@ def to_caller(result: Any, tensors: tuple) -> Any:
     return to_torch(result)
 
 
-def keep(c: CallState, name: str, args: tuple, kwargs: dict, key: tuple) -> None:
-    """Keep the decision of the call that just ran the whole path (DECLINED: none)."""
+def keep(c: CallState, name: str, args: tuple, kwargs: dict, key: tuple) -> Decision | None:
+    """Keep the decision of the call that just ran the whole path (DECLINED: none), and
+    return it."""
     decisions = c._decisions
     if len(decisions) >= _LIMIT:
         decisions.clear()
@@ -133,6 +147,7 @@ def keep(c: CallState, name: str, args: tuple, kwargs: dict, key: tuple) -> None
     if decision is not None:
         decision.kept = c._watch.kept()  # the entry the whole path wrote for these values
     decisions[key] = DECLINED if decision is None else decision
+    return decision
 
 
 def decide(c: CallState, name: str, args: tuple, kwargs: dict) -> Callable[..., Any] | None:
@@ -165,13 +180,14 @@ class Decision:
     the call without ``out=`` run at once, on a new result, with no runner made (or
     DECLINED, before any message, for buffers it was not made for)."""
 
-    __slots__ = ("bind", "fresh", "persist", "kept", "last")
+    __slots__ = ("bind", "fresh", "persist", "kept", "last", "call")
 
     def __init__(self, bind: Callable[..., Any], fresh: Callable[..., Any] | None = None,
                  persist: Callable[..., Any] | None = None):
         self.bind, self.fresh, self.persist = bind, fresh, persist
         self.kept: tuple = ()  # the flight recorder's entry of its calls (Watch.enter_kept)
         self.last: tuple | None = None  # the last binding of small buffers (see bound)
+        self.call: Callable[..., Any] | None = None  # its prepared call (entry.prepare)
 
     def bound(self, x: Any, out: Any) -> Callable[[Any], Any] | None:
         """``bind(x, out)``, where the last call bound the same small arrays in the same

@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import sys
 from collections.abc import Callable, Iterator
+from sys import _getframe as getframe
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from numpy import ndarray
 
+from ..buffers.arrays import kept_view, to_torch
 from ..errors import (
     CollectiveError,
     ConcurrentCallError,
@@ -45,6 +46,7 @@ def busy(c: CallState, what: str) -> str:
 
 
 _ENTRY_KEYWORDS = frozenset(("stream", "async_op", "_site", "_refusal"))
+_UNKEYED = _ENTRY_KEYWORDS | {"out"}  # a call with one of these takes the longer way
 
 
 def entry(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -66,30 +68,59 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if keeps and args:
+            # comm.all_reduce(x), comm.broadcast(x, 0), comm.reduce(x, "sum", 0), each also
+            # with algorithm= and its options, on a NumPy array, the most frequent calls:
+            # a kept decision's prepared call, found by the key decided.key gives them
+            x, decisions, tensor = args[0], self._decisions, None
+            if type(x) is not ndarray and x is not None:
+                view = kept_view(x)  # a small torch CPU tensor's view, made at an earlier call
+                if view is not None:
+                    tensor, x = x, view
+                    args = (view, *args[1:])
+            if type(x) is ndarray and decisions is not None and x.flags.c_contiguous:
+                n = len(args)
+                if n == 1 and not kwargs:
+                    prepared = decisions.get((name, x.shape, x.dtype), DECLINED).call
+                elif (n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
+                        args[1]) in PLAIN and type(args[2]) in PLAIN) and (not kwargs or (
+                        _UNKEYED.isdisjoint(kwargs) and PLAIN.issuperset(
+                            map(type, kwargs.values())))):
+                    prepared = decisions.get((name, x.shape, x.dtype, args[1:],
+                                              *kwargs.items()), DECLINED).call
+                else:
+                    prepared = None
+                if prepared is not None:
+                    if tensor is None:
+                        return prepared(getframe(1), x, args, kwargs)
+                    result = prepared(getframe(1), x, args, kwargs)
+                    # the result as torch's: the caller's tensor where it is x's memory
+                    return tensor if result is x else None if result is None else \
+                        to_torch(result)
+            if tensor is not None:
+                args = (tensor, *args[1:])  # the longer way converts it itself
         # the entry's own keywords (stream=, async_op=, and from mpicoll.work.submit _site=,
         # the caller's line of an async call, and _refusal=, an async call refused at
-        # submission, numbered here) taken from kwargs only where there are any: the
-        # most frequent call, comm.all_reduce(x), has none
+        # submission, numbered here) taken from kwargs only where there are any
         stream = site = refusal = None
         if kwargs and not _ENTRY_KEYWORDS.isdisjoint(kwargs):
             stream, site = kwargs.pop("stream", None), kwargs.pop("_site", None)
             refusal = kwargs.pop("_refusal", None)
             if kwargs.pop("async_op", False):
-                return self._submit(name, args, kwargs, stream, sys._getframe(1))
-        site = site or sys._getframe(1)
+                return self._submit(name, args, kwargs, stream, getframe(1))
+        site = site or getframe(1)
         decisions = self._decisions
         if keeps and decisions is not None and stream is None and refusal is None:
             x = args[0] if args else None
             tensors = None
-            if x is not None and type(x) is not np.ndarray:  # torch CPU tensors: NumPy views
+            if x is not None and type(x) is not ndarray:  # torch CPU tensors: NumPy views
                 args, kwargs, tensors = decided.from_torch(args, kwargs)
                 x = args[0]
             n = len(args)
-            if type(x) is np.ndarray and (not kwargs or len(kwargs) == 1 and "out" in kwargs) \
+            if type(x) is ndarray and (not kwargs or len(kwargs) == 1 and "out" in kwargs) \
                     and (n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
                         args[1]) in PLAIN and type(args[2]) in PLAIN):
-                # comm.all_reduce(x), comm.broadcast(x, 0), comm.reduce(x, "sum", 0), each
-                # also with out=: the most frequent calls, keyed here as decided.key keys them
+                # as above, also with out= or from torch tensors
                 out = kwargs["out"] if kwargs else None
                 key: tuple | None = None if not x.flags.c_contiguous else \
                     (name, x.shape, x.dtype) if n == 1 and not kwargs else \
@@ -101,29 +132,10 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             if decision is None or decision is DECLINED or self._refused_alone:
                 result = numbered(self, name, site, args, kwargs, method,
                                   keep=key if decision is None else None)
-            elif out is not None or decision.fresh is None:
-                result = run_decided(self, name, site, args, kwargs, method, decision, x, out)
+            elif out is None and decision.call is not None:
+                result = decision.call(site, x, args, kwargs)
             else:
-                # the kept decision's fresh run (no out=), numbered and watched as
-                # run_decided does, written out here: the most frequent call's path
-                lock = self._entry
-                if not lock.acquire(False):
-                    raise ConcurrentCallError(busy(self, name))
-                watch = self._watch
-                try:
-                    seq = self._seq = self._seq + 1
-                    call = self._call = watch.enter_kept(seq, name, site, decision.kept)
-                    self._backend.transport.begin()  # the call's tag
-                    result = decision.fresh(call, x)
-                    if result is DECLINED:  # not a buffer it serves: the whole path
-                        watch.enter(seq, name, site, args, kwargs)
-                        result = method(self, call, *args, **kwargs)
-                except Exception as exc:  # noqa: BLE001 - only mpicoll's errors leave
-                    raise ended(self, name, exc)  # noqa: B904 - ended keeps the cause
-                finally:
-                    watch.leave()
-                    self._call = None
-                    lock.release()
+                result = run_decided(self, name, site, args, kwargs, method, decision, x, out)
             return result if tensors is None else decided.to_caller(result, tensors)
         return numbered(self, name, site, args, kwargs, method, stream, refusal)
 
@@ -183,7 +195,9 @@ def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, meth
             with stream:
                 result = method(c, call, *args, **kwargs)
         if keep is not None:
-            decided.keep(c, name, args, kwargs, keep)
+            decision = decided.keep(c, name, args, kwargs, keep)
+            if decision is not None and decision.fresh is not None:
+                decision.call = prepare(c, name, method, decision)
         return result
     except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
         raise ended(c, name, exc)  # noqa: B904 - ended keeps exc as the cause
@@ -223,7 +237,7 @@ def run_decided(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, m
     cannot need (no stream, no refusal, no trace, no resync owed: the caller checked);
     the decision bound to the call's ``x`` and ``out``, or the whole path where it
     declines them. (A call without out= whose decision has a ``fresh`` run takes the
-    same steps written out in the entry's wrapper.)"""
+    same steps in its prepared call: ``prepare``.)"""
     if not c._entry.acquire(False):
         raise ConcurrentCallError(busy(c, name))
     watch = c._watch
@@ -244,6 +258,42 @@ def run_decided(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, m
         watch.leave()
         c._call = None
         c._entry.release()
+
+
+def prepare(c: CallState, name: str, method: Any,
+            decision: decided.Decision) -> Callable[[Any, Any, tuple, dict], Any]:
+    """The prepared call of a kept decision with a ``fresh`` run: ``run_decided`` for a
+    call without ``out=``, with everything a call of it reads bound once (the lock, the
+    flight recorder, the transport, the run), so a repeated default call does only its
+    own work: number, record and watch the call, advance the tag, run it on a new result.
+    Where the run declines ``x`` (before any message) the call takes the whole path."""
+    lock, watch, transport = c._entry, c._watch, c._backend.transport
+    acquire, release, begin = lock.acquire, lock.release, transport.begin
+    enter_kept, leave = watch.enter_kept, watch.leave
+    fresh, kept = decision.fresh, decision.kept
+
+    def prepared(site: Any, x: Any, args: tuple, kwargs: dict) -> Any:
+        if c._refused_alone:  # a resync owed first: the whole path
+            return numbered(c, name, site, args, kwargs, method)
+        if not acquire(False):
+            raise ConcurrentCallError(busy(c, name))
+        try:
+            seq = c._seq = c._seq + 1
+            call = c._call = enter_kept(seq, name, site, kept)
+            begin()  # the call's tag: every rank advances it
+            result = fresh(call, x)
+            if result is DECLINED:  # not a buffer it serves: the whole path, its own entry
+                watch.enter(seq, name, site, args, kwargs)
+                result = method(c, call, *args, **kwargs)
+            return result
+        except Exception as exc:  # noqa: BLE001 - only mpicoll's errors leave
+            raise ended(c, name, exc)  # noqa: B904 - ended keeps the cause
+        finally:
+            leave()
+            c._call = None
+            release()
+
+    return prepared
 
 
 @contextlib.contextmanager
