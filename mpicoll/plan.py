@@ -125,7 +125,7 @@ class Plan:
             comm = self.comm
             if self._work is None and not comm._refused_alone and not comm._freed:
                 # what the first start decided (or the persistent request the second
-                # made), on the bound buffers: entry.run_decided's steps, its values fixed
+                # made), on the bound buffers: entry.prepare's steps, its values fixed
                 entry, watch, begin, name, site, kept, run = lean
                 if not entry.acquire(False):
                     raise ConcurrentCallError(busy(comm, f"{name} plan()"))

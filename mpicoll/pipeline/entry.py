@@ -70,8 +70,9 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
     def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
         if keeps and args:
             # comm.all_reduce(x), comm.broadcast(x, 0), comm.reduce(x, "sum", 0), each also
-            # with algorithm= and its options, on a NumPy array, the most frequent calls:
-            # a kept decision's prepared call, found by the key decided.key gives them
+            # with out=, algorithm= and its options, on a NumPy array (or a small torch CPU
+            # tensor's kept view), the most frequent calls: the prepared call of their
+            # kept decision, found by the key decided.key gives them
             x, decisions, tensor = args[0], self._decisions, None
             if type(x) is not ndarray and x is not None:
                 view = kept_view(x)  # a small torch CPU tensor's view, made at an earlier call
@@ -80,20 +81,24 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                     args = (view, *args[1:])
             if type(x) is ndarray and decisions is not None and x.flags.c_contiguous:
                 n = len(args)
+                out = prepared = None
                 if n == 1 and not kwargs:
                     prepared = decisions.get((name, x.shape, x.dtype), DECLINED).call
                 elif (n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
-                        args[1]) in PLAIN and type(args[2]) in PLAIN) and (not kwargs or (
-                        _UNKEYED.isdisjoint(kwargs) and PLAIN.issuperset(
-                            map(type, kwargs.values())))):
-                    prepared = decisions.get((name, x.shape, x.dtype, args[1:],
-                                              *kwargs.items()), DECLINED).call
-                else:
-                    prepared = None
+                        args[1]) in PLAIN and type(args[2]) in PLAIN) and (
+                        not kwargs or _ENTRY_KEYWORDS.isdisjoint(kwargs)):
+                    if kwargs and "out" in kwargs:  # the key leaves out= out, as decided.key
+                        out = kwargs.pop("out")
+                    if PLAIN.issuperset(map(type, kwargs.values())) and (
+                            out is None or type(out) is ndarray and tensor is None):
+                        prepared = decisions.get((name, x.shape, x.dtype, args[1:],
+                                                  *kwargs.items()), DECLINED).call
+                    if prepared is None and out is not None:
+                        kwargs["out"] = out  # (as the caller gave it, for the longer way)
                 if prepared is not None:
+                    result = prepared(getframe(1), x, out, args, kwargs)
                     if tensor is None:
-                        return prepared(getframe(1), x, args, kwargs)
-                    result = prepared(getframe(1), x, args, kwargs)
+                        return result
                     # the result as torch's: the caller's tensor where it is x's memory
                     return tensor if result is x else None if result is None else \
                         to_torch(result)
@@ -116,26 +121,14 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             if x is not None and type(x) is not ndarray:  # torch CPU tensors: NumPy views
                 args, kwargs, tensors = decided.from_torch(args, kwargs)
                 x = args[0]
-            n = len(args)
-            if type(x) is ndarray and (not kwargs or len(kwargs) == 1 and "out" in kwargs) \
-                    and (n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
-                        args[1]) in PLAIN and type(args[2]) in PLAIN):
-                # as above, also with out= or from torch tensors
-                out = kwargs["out"] if kwargs else None
-                key: tuple | None = None if not x.flags.c_contiguous else \
-                    (name, x.shape, x.dtype) if n == 1 and not kwargs else \
-                    (name, x.shape, x.dtype, args[1:])
-            else:
-                out = kwargs.get("out") if kwargs else None
-                key = decided.key(name, args, kwargs)
+            key = decided.key(name, args, kwargs)
             decision = None if key is None else decisions.get(key)
-            if decision is None or decision is DECLINED or self._refused_alone:
+            if decision is None or decision is DECLINED:
                 result = numbered(self, name, site, args, kwargs, method,
-                                  keep=key if decision is None else None)
-            elif out is None and decision.call is not None:
-                result = decision.call(site, x, args, kwargs)
+                                  keep=None if decision is DECLINED else key)
             else:
-                result = run_decided(self, name, site, args, kwargs, method, decision, x, out)
+                out = kwargs.pop("out", None) if kwargs else None
+                result = decision.call(site, x, out, args, kwargs)
             return result if tensors is None else decided.to_caller(result, tensors)
         return numbered(self, name, site, args, kwargs, method, stream, refusal)
 
@@ -196,7 +189,7 @@ def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, meth
                 result = method(c, call, *args, **kwargs)
         if keep is not None:
             decision = decided.keep(c, name, args, kwargs, keep)
-            if decision is not None and decision.fresh is not None:
+            if decision is not None:
                 decision.call = prepare(c, name, method, decision)
         return result
     except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
@@ -230,49 +223,26 @@ def ended(c: CallState, name: str, exc: Exception) -> MpicollError:
     return error
 
 
-def run_decided(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
-                decision: decided.Decision, x: Any, out: Any) -> Any:
-    """``numbered`` for a call that runs a kept decision (``mpicoll.pipeline.decided``):
-    the same number, record, tag, watch and errors, without the stages a decided call
-    cannot need (no stream, no refusal, no trace, no resync owed: the caller checked);
-    the decision bound to the call's ``x`` and ``out``, or the whole path where it
-    declines them. (A call without out= whose decision has a ``fresh`` run takes the
-    same steps in its prepared call: ``prepare``.)"""
-    if not c._entry.acquire(False):
-        raise ConcurrentCallError(busy(c, name))
-    watch = c._watch
-    try:
-        seq = c._seq = c._seq + 1
-        # the entry as the deciding call wrote it (the same values: the same entry)
-        call = c._call = watch.enter_kept(seq, name, site, decision.kept)
-        c._backend.transport.begin()  # the call's tag: every rank advances it
-        run = decision.bound(x, out)  # None: it declines these buffers, before any message
-        result = DECLINED if run is None else run(call)
-        if result is DECLINED:  # not a buffer it serves: the whole path, its own entry
-            watch.enter(seq, name, site, args, kwargs)
-            result = method(c, call, *args, **kwargs)
-        return result
-    except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
-        raise ended(c, name, exc)  # noqa: B904 - ended keeps exc as the cause
-    finally:
-        watch.leave()
-        c._call = None
-        c._entry.release()
-
-
 def prepare(c: CallState, name: str, method: Any,
-            decision: decided.Decision) -> Callable[[Any, Any, tuple, dict], Any]:
-    """The prepared call of a kept decision with a ``fresh`` run: ``run_decided`` for a
-    call without ``out=``, with everything a call of it reads bound once (the lock, the
-    flight recorder, the transport, the run), so a repeated default call does only its
-    own work: number, record and watch the call, advance the tag, run it on a new result.
-    Where the run declines ``x`` (before any message) the call takes the whole path."""
+            decision: decided.Decision) -> Callable[[Any, Any, Any, tuple, dict], Any]:
+    """The prepared call of a kept decision (``mpicoll.pipeline.decided``): ``numbered``
+    for a call that repeats the deciding call's values, with everything it reads bound
+    once (the lock, the flight recorder, the transport, the runs). It takes the same
+    number, record, tag, watch and errors, without the stages a decided call cannot need
+    (no stream, no refusal, no trace: the entry checked; a resync owed: the whole path),
+    and runs the decision on the call's ``x`` and ``out`` (``fresh``: on a new result),
+    or the whole path where the decision declines them, before any message.
+
+    ``prepared(site, x, out, args, kwargs)``: ``out`` is the call's out= (None: none),
+    taken out of ``kwargs``."""
     lock, watch, transport = c._entry, c._watch, c._backend.transport
     acquire, release, begin = lock.acquire, lock.release, transport.begin
     enter_kept, leave = watch.enter_kept, watch.leave
-    fresh, kept = decision.fresh, decision.kept
+    fresh, bound, kept = decision.fresh, decision.bound, decision.kept
 
-    def prepared(site: Any, x: Any, args: tuple, kwargs: dict) -> Any:
+    def prepared(site: Any, x: Any, out: Any, args: tuple, kwargs: dict) -> Any:
+        if out is not None:
+            kwargs["out"] = out  # (the call as the caller made it, where the whole path runs)
         if c._refused_alone:  # a resync owed first: the whole path
             return numbered(c, name, site, args, kwargs, method)
         if not acquire(False):
@@ -281,7 +251,11 @@ def prepare(c: CallState, name: str, method: Any,
             seq = c._seq = c._seq + 1
             call = c._call = enter_kept(seq, name, site, kept)
             begin()  # the call's tag: every rank advances it
-            result = fresh(call, x)
+            if out is None and fresh is not None:
+                result = fresh(call, x)
+            else:
+                run = bound(x, out)  # None: it declines these buffers, before any message
+                result = DECLINED if run is None else run(call)
             if result is DECLINED:  # not a buffer it serves: the whole path, its own entry
                 watch.enter(seq, name, site, args, kwargs)
                 result = method(c, call, *args, **kwargs)

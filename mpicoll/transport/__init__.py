@@ -88,7 +88,8 @@ class Workspace:
 
     def take(self, count: int, dtype: Any, like: Any = None) -> Any:
         """``count`` elements of ``dtype`` of workspace (in ``like``'s library if given)."""
-        dtype = np.dtype(dtype)
+        if not isinstance(dtype, np.dtype):
+            dtype = np.dtype(dtype)
         device = self._device if like is None else (type(like) is not np.ndarray and is_cupy(like))
         nbytes = count * dtype.itemsize
         start = self._tops[device]
@@ -100,4 +101,6 @@ class Workspace:
             raw = self._arenas[device] = (cupy_module().empty(size, np.uint8) if device
                                           else np.empty(size, np.uint8))
         self._tops[device] = -(-end // self._ALIGN) * self._ALIGN
-        return raw[start:end].view(dtype)
+        if device:
+            return raw[start:end].view(dtype)
+        return np.ndarray((count,), dtype, raw, start)  # the same view, made a third as dear
