@@ -132,14 +132,13 @@ class Plan:
                 self.starts += 1
                 try:
                     seq = comm._seq = comm._seq + 1
-                    call = comm._call = watch.enter_kept(seq, name, site, kept)
+                    call = watch.enter_kept(seq, name, site, kept)
                     begin()  # the call's tag: every rank advances it
                     return run(call)
                 except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
                     raise ended(comm, name, exc)  # noqa: B904 - keeps the cause
                 finally:
                     watch.leave()
-                    comm._call = None
                     entry.release()
         self._check_usable("__call__()")
         if self._work is not None:

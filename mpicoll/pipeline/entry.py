@@ -37,8 +37,9 @@ if TYPE_CHECKING:
 
 def busy(c: CallState, what: str) -> str:
     """Why ``what`` cannot run now: another thread is in a call of this Communicator."""
-    current = c._call  # read once: the other thread sets and clears it
-    inside = (f"in {current.name()} (at {current.site})" if current is not None
+    watch = c._watch
+    current = watch.current  # read once each: the other thread rewrites them
+    inside = (f"in {current.call.name()} (at {current.call.site})" if watch.started
               else "entering or leaving a call")
     return (f"{what}: another thread is {inside} on this Communicator; one Communicator "
             "serves one thread at a time: give each thread its own with comm.dup(), made "
@@ -82,12 +83,16 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             if type(x) is ndarray and decisions is not None and x.flags.c_contiguous:
                 n = len(args)
                 out = prepared = None
-                if n == 1 and not kwargs:
-                    prepared = decisions.get((name, x.shape, x.dtype), DECLINED).call
-                elif (n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
-                        args[1]) in PLAIN and type(args[2]) in PLAIN) and (
-                        not kwargs or _ENTRY_KEYWORDS.isdisjoint(kwargs)):
-                    if kwargs and "out" in kwargs:  # the key leaves out= out, as decided.key
+                plain = n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
+                    args[1]) in PLAIN and type(args[2]) in PLAIN
+                if not kwargs:
+                    if n == 1:
+                        prepared = decisions.get((name, x.shape, x.dtype), DECLINED).call
+                    elif plain:
+                        prepared = decisions.get((name, x.shape, x.dtype, args[1:]),
+                                                 DECLINED).call
+                elif plain and _ENTRY_KEYWORDS.isdisjoint(kwargs):
+                    if "out" in kwargs:  # the key leaves out= out, as decided.key does
                         out = kwargs.pop("out")
                     if PLAIN.issuperset(map(type, kwargs.values())) and (
                             out is None or type(out) is ndarray and tensor is None):
@@ -164,7 +169,7 @@ def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, meth
     try:
         c._seq += 1
         # the call's record: the flight recorder's entry, with the watchdog's clock
-        call = c._call = watch.enter(c._seq, name, site, args, kwargs)
+        call = watch.enter(c._seq, name, site, args, kwargs)
         b.transport.begin()  # the call's tag: every rank advances it, refused or not
         if b.separate_control:
             b.control.begin()
@@ -198,7 +203,6 @@ def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, meth
         watch.leave()
         if tracer is not None:
             tracer.end_call()
-        c._call = None
         c._entry.release()
 
 
@@ -249,7 +253,7 @@ def prepare(c: CallState, name: str, method: Any,
             raise ConcurrentCallError(busy(c, name))
         try:
             seq = c._seq = c._seq + 1
-            call = c._call = enter_kept(seq, name, site, kept)
+            call = enter_kept(seq, name, site, kept)
             begin()  # the call's tag: every rank advances it
             if out is None and fresh is not None:
                 result = fresh(call, x)
@@ -264,7 +268,6 @@ def prepare(c: CallState, name: str, method: Any,
             raise ended(c, name, exc)  # noqa: B904 - ended keeps the cause
         finally:
             leave()
-            c._call = None
             release()
 
     return prepared
@@ -300,7 +303,7 @@ def announce(c: CallState, label: str, site: Any, refusal: Exception | None) -> 
     on every rank."""
     b, watch = c._backend, c._watch
     c._seq += 1
-    call = c._call = watch.enter(c._seq, label, site, (), {})
+    call = watch.enter(c._seq, label, site, (), {})
     try:
         b.transport.begin()
         if b.separate_control:
@@ -321,4 +324,3 @@ def announce(c: CallState, label: str, site: Any, refusal: Exception | None) -> 
                               f"{type(exc).__name__}: {exc}") from exc
     finally:
         watch.leave()
-        c._call = None

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from ..observe.recorder import Watch
     from ..observe.tracing import Tracer
     from .choose import Chooser
-    from .describe import Call
 
 
 class CallState:
@@ -34,7 +33,6 @@ class CallState:
         _decisions: what default calls decided, by ``decided.key`` (``decided``); None
             where calls always take the whole path (check mode, traces, NCCL).
         _seq: the calls numbered so far, the same on every rank (``entry``).
-        _call: the call in progress (its ``describe.Call``), None between calls (``entry``).
         _entry: the lock of one thread at a time (``entry``).
         _refused_alone: the number of a call this rank refused or failed alone, 0 if none:
             the next call resyncs first (written by ``entry.ended`` and ``agree.settle``,
@@ -52,7 +50,6 @@ class CallState:
     _tracer: Tracer | None
     _decisions: dict[tuple, Any] | None
     _seq: int
-    _call: Call | None
     _entry: threading.Lock
     _refused_alone: int
     _packet: np.ndarray
@@ -63,7 +60,7 @@ class CallState:
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
-        self._watch = self._tracer = self._decisions = self._call = None
+        self._watch = self._tracer = self._decisions = None
         self._seq = 0
         self._refused_alone = 0
         self._entry = threading.Lock()
