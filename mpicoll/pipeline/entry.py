@@ -47,7 +47,6 @@ def busy(c: CallState, what: str) -> str:
 
 
 _ENTRY_KEYWORDS = frozenset(("stream", "async_op", "_site", "_refusal"))
-_UNKEYED = _ENTRY_KEYWORDS | {"out"}  # a call with one of these takes the longer way
 
 
 def entry(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -92,13 +91,14 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                         prepared = decisions.get((name, x.shape, x.dtype, args[1:]),
                                                  DECLINED).call
                 elif plain and _ENTRY_KEYWORDS.isdisjoint(kwargs):
-                    if "out" in kwargs:  # the key leaves out= out, as decided.key does
+                    given = "out" in kwargs
+                    if given:  # the key leaves out= out, as decided.key does
                         out = kwargs.pop("out")
                     if PLAIN.issuperset(map(type, kwargs.values())) and (
                             out is None or type(out) is ndarray and tensor is None):
                         prepared = decisions.get((name, x.shape, x.dtype, args[1:],
                                                   *kwargs.items()), DECLINED).call
-                    if prepared is None and out is not None:
+                    if prepared is None and given:
                         kwargs["out"] = out  # (as the caller gave it, for the longer way)
                 if prepared is not None:
                     result = prepared(getframe(1), x, out, args, kwargs)
