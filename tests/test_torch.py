@@ -101,3 +101,28 @@ def test_a_kept_view_follows_a_tensor_transposed_in_place(world):
         np.testing.assert_array_equal(world.all_reduce(x).numpy(), x.numpy() * p)
     x.t_()  # the same memory and shape, other strides
     np.testing.assert_array_equal(world.all_reduce(x).numpy(), x.numpy() * p)
+
+
+def test_out_tensors_and_arrays_mixed_with_tensors_across_repeated_calls(world):
+    """out= another tensor, an array for a tensor's x and a tensor for an array's x: each
+    form repeated (its decision kept, then found at once), the result in out= and out=
+    itself returned, as the first call gives it."""
+    p = world.size
+    x, into = torch.ones(4), torch.zeros(4)
+    array, array_into = np.ones(4, np.float32), np.zeros(4, np.float32)
+    for step in range(3):
+        x.fill_(step + 1.0)
+        array[...] = step + 1.0
+        want = np.full(4, (step + 1.0) * p, np.float32)
+        got = world.all_reduce(x, out=into)
+        assert got is into
+        np.testing.assert_array_equal(into.numpy(), want)
+        got = world.all_reduce(x, out=array_into)
+        assert got is array_into
+        np.testing.assert_array_equal(array_into, want)
+        got = world.all_reduce(array, out=into)
+        assert got is into
+        np.testing.assert_array_equal(into.numpy(), want)
+        got = world.all_reduce(x, "sum", algorithm="ring", out=x)
+        assert got is x
+        np.testing.assert_array_equal(x.numpy(), want)

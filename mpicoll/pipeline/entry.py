@@ -81,7 +81,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                     args = (view, *args[1:])
             if type(x) is ndarray and decisions is not None and x.flags.c_contiguous:
                 n = len(args)
-                out = prepared = None
+                out = prepared = out_tensor = None
                 plain = n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
                     args[1]) in PLAIN and type(args[2]) in PLAIN
                 if not kwargs:
@@ -94,19 +94,21 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                     given = "out" in kwargs
                     if given:  # the key leaves out= out, as decided.key does
                         out = kwargs.pop("out")
+                        if tensor is not None and out is not None:  # out= a tensor: its view
+                            out_tensor, out = out, x if out is tensor else kept_view(out)
                     if PLAIN.issuperset(map(type, kwargs.values())) and (
-                            out is None or type(out) is ndarray and tensor is None):
+                            type(out) is ndarray or out is None and out_tensor is None):
                         prepared = decisions.get((name, x.shape, x.dtype, args[1:],
                                                   *kwargs.items()), DECLINED).call
-                    if prepared is None and given:
-                        kwargs["out"] = out  # (as the caller gave it, for the longer way)
+                    if prepared is None and given:  # (as the caller gave it, for the longer way)
+                        kwargs["out"] = out if out_tensor is None else out_tensor
                 if prepared is not None:
                     result = prepared(getframe(1), x, out, args, kwargs)
-                    if tensor is None:
+                    if tensor is None or result is None:
                         return result
-                    # the result as torch's: the caller's tensor where it is x's memory
-                    return tensor if result is x else None if result is None else \
-                        to_torch(result)
+                    # the result as torch's: the caller's own tensor where it is its memory
+                    return out_tensor if result is out and out_tensor is not None else \
+                        tensor if result is x else to_torch(result)
             if tensor is not None:
                 args = (tensor, *args[1:])  # the longer way converts it itself
         # the entry's own keywords (stream=, async_op=, and from mpicoll.work.submit _site=,
