@@ -284,3 +284,64 @@ def test_a_small_slice_of_a_large_buffer_is_never_kept_alive_by_a_decision(world
     kept = [d.last for d in world._decisions.values() if d is not decided.DECLINED]
     assert all(last is None or last[1] is own for last in kept)
     assert any(last is not None and last[1] is own for last in kept)
+
+
+_FORMS = {  # a call form: (collective, positional arguments after x, keywords)
+    "all_reduce(x)": ("all_reduce", (), {}),
+    "all_reduce(x, op)": ("all_reduce", ("sum",), {}),
+    "all_reduce(x, op=)": ("all_reduce", (), {"op": "sum"}),
+    "all_reduce(x, ReduceOp)": ("all_reduce", (mpicoll.ReduceOp.SUM,), {}),
+    "all_reduce(x, op, algorithm=)": ("all_reduce", ("sum",), {"algorithm": "ring"}),
+    "all_reduce(x, out=y)": ("all_reduce", (), {"out": "y"}),
+    "all_reduce(x, out=None)": ("all_reduce", (), {"out": None}),
+    "all_reduce(x, op, out=x)": ("all_reduce", ("sum",), {"out": "x"}),
+    "all_reduce(x, algorithm=, out=y)": ("all_reduce", (), {"algorithm": "native", "out": "y"}),
+    "broadcast(x, root)": ("broadcast", (0,), {}),
+    "broadcast(x, root=)": ("broadcast", (), {"root": 0}),
+    "reduce(x, op, root)": ("reduce", ("sum", 0), {}),
+    "reduce(x, op=, root=)": ("reduce", (), {"op": "sum", "root": 0}),
+    "gather(x, root, algorithm=)": ("gather", (0,), {"algorithm": "linear"}),
+    "scan(x, op, out=y)": ("scan", ("sum",), {"out": "y"}),
+}
+
+
+@pytest.mark.parametrize("form", sorted(_FORMS))
+def test_every_call_form_finds_its_decision_from_its_second_call(world, form, monkeypatch):
+    """The entry's first branch keys a call as decided.key does: from the second call
+    of each form on, the call runs its kept decision, found by that branch (never by
+    decided.key, the longer way, and never the whole path again), with the whole path's
+    results. A key that differed would make every call take the longer way, or find
+    another call's decision."""
+    from mpicoll.pipeline import entry
+
+    collective, rest, keywords = _FORMS[form]
+    whole, keyed = [], []
+    original, original_key = entry.numbered, decided.key
+    monkeypatch.setattr(entry, "numbered", lambda *a, **k: (whole.append(a[1]),
+                                                             original(*a, **k))[1])
+    monkeypatch.setattr(decided, "key", lambda *a: (keyed.append(a[0]), original_key(*a))[1])
+    world._decisions.clear()
+    p = world.size
+    for step in range(4):
+        x = np.full(3, step + 1.0)
+        y = np.empty(3)
+        kwargs = {k: x if v == "x" else y if v == "y" else v for k, v in keywords.items()}
+        got = getattr(world, collective)(x, *rest, **kwargs)
+        if collective == "all_reduce":
+            want = np.full(3, (step + 1.0) * p)
+        elif collective == "broadcast":
+            want = np.full(3, step + 1.0)
+        elif collective == "reduce":
+            want = np.full(3, (step + 1.0) * p) if world.rank == 0 else None
+        elif collective == "gather":
+            want = np.full((p, 3), step + 1.0) if world.rank == 0 else None
+        else:  # scan
+            want = np.full(3, (step + 1.0) * (world.rank + 1))
+        if want is None:
+            assert got is None
+        else:
+            np.testing.assert_array_equal(got, want)
+            if keywords.get("out") in ("x", "y"):
+                assert got is kwargs["out"]
+        assert whole == [collective], f"call {step}: the whole path ran {len(whole)} times"
+        assert keyed == [collective], f"call {step}: keyed the longer way {len(keyed)} times"
