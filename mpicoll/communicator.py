@@ -28,7 +28,7 @@ from .pipeline import agree, run
 from .pipeline.choose import Chooser, check_collective
 from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
-from .pipeline.entry import busy, entry
+from .pipeline.entry import busy, entry, freed
 from .pipeline.state import CallState
 from .plan import init_method
 from .work import ProgressThread, Work, submit
@@ -84,7 +84,6 @@ class Communicator(CallState, PointToPoint, Groups):
         super().__init__(backend if isinstance(backend, Backend) else
                          make_backend(backend, comm))
         self._progress: ProgressThread | None = None  # runs the async_op=True calls
-        self._freed = False  # free() was called: its plans refuse to start
         try:  # the settings as this rank reads them, nothing raised before they are agreed
             mine = agree.read_settings(self._backend, check, trace, timeout)
             self.timeout, self.check = mine.timeout, mine.check
@@ -187,6 +186,8 @@ class Communicator(CallState, PointToPoint, Groups):
                                 trace=False, timeout=self.timeout)
 
     def _submit(self, name: str, args: tuple, kwargs: dict, stream: Any, frame: Any) -> Work:
+        if self._freed:
+            raise freed(name)
         return submit(self, name, args, kwargs, stream, frame)  # see mpicoll.work
 
     def trace_events(self) -> list[dict[str, Any]]:
@@ -220,7 +221,8 @@ class Communicator(CallState, PointToPoint, Groups):
     def free(self) -> None:
         """Collective: finish pending async calls, write the trace file (``MPICOLL_TRACE``,
         ``trace=path``), release the private communicators (also at MPI finalization)."""
-        self._freed = True  # plans of this Communicator refuse to start from now on
+        self._freed = True  # its calls and plans refuse from now on
+        self._decisions = None  # (no kept decision runs on the released communicators)
         if self._progress is not None:
             self._progress.close()
             self._progress = None

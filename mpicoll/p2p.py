@@ -41,7 +41,7 @@ from .errors import (
     InvalidArgumentError,
     MpicollError,
 )
-from .pipeline.entry import watched_step
+from .pipeline.entry import freed, watched_step
 
 ANY = -1  # ``source=ANY``: a message from any rank
 
@@ -93,6 +93,9 @@ def _waiting(what: str, peer: int, tag: int) -> str:
 
 
 def _peers(comm: Any) -> Any:
+    """The backend's point-to-point transport (every method asks it first)."""
+    if comm._freed:
+        raise freed("point-to-point messages")
     peers = comm._backend.peers
     if peers is None:
         raise InvalidArgumentError(

@@ -31,3 +31,26 @@ def test_free_twice_is_harmless():
     comm.all_reduce(np.ones(2))
     comm.free()
     comm.free()
+
+
+@pytest.mark.mpi
+def test_every_call_on_a_freed_communicator_refuses_on_every_rank():
+    """free() is collective, so every rank refuses each later call at once, before any
+    message, naming the free (not MPI's "invalid communicator"): a kept decision's call,
+    a new call, an async call, point-to-point, a split and a plan."""
+    from mpi4py import MPI
+
+    comm = mpicoll.Communicator(MPI.COMM_WORLD)
+    x = np.ones(2)
+    for _ in range(2):
+        comm.all_reduce(x)
+        comm.broadcast(x, 0)
+    plan = comm.all_reduce_init(x)
+    comm.free()
+    calls = [lambda: comm.all_reduce(x), lambda: comm.broadcast(x, 0),
+             lambda: comm.all_gather(np.ones(3)), lambda: comm.barrier(),
+             lambda: comm.all_reduce(x, async_op=True), lambda: comm.split(0),
+             lambda: comm.send(x, comm.rank), plan]
+    for call in calls:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="freed"):
+            call()

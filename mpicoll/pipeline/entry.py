@@ -46,6 +46,12 @@ def busy(c: CallState, what: str) -> str:
             "before the threads start")
 
 
+def freed(what: str) -> InvalidArgumentError:
+    """What a call on a freed Communicator raises."""
+    return InvalidArgumentError(f"{what}: this Communicator was freed (comm.free()); make "
+                                "calls on a live one")
+
+
 _ENTRY_KEYWORDS = frozenset(("stream", "async_op", "_site", "_refusal"))
 
 
@@ -165,6 +171,8 @@ def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, meth
     **kwargs)``: the whole path. ``keep``: the key under which the whole path's decision
     is kept once it succeeds (``mpicoll.pipeline.decided``). Nothing but mpicoll's errors
     leaves it."""
+    if c._freed:  # (free() is collective: every rank refuses, before any message)
+        raise freed(name)
     if not c._entry.acquire(False):
         raise ConcurrentCallError(busy(c, name))
     b, tracer, watch = c._backend, c._tracer, c._watch
@@ -280,6 +288,8 @@ def watched_step(c: CallState, what: str, note: str, site: Any = None) -> Iterat
     """A step of ``c`` that is not a numbered collective (a point-to-point message, a
     plan's vote), made at ``site``: one thread at a time, watched by the watchdog under
     ``what`` (``note``: what it waits for), nothing but mpicoll's errors leaving it."""
+    if c._freed:
+        raise freed(what)
     if not c._entry.acquire(False):
         raise ConcurrentCallError(busy(c, what))
     try:

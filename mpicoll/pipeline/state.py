@@ -40,6 +40,7 @@ class CallState:
         _packet, _packet_header: broadcast's and scatter's first message: the root's
             header, and the data when it fits (``run``, ``decided``).
         _node_of: each rank's node index, agreed (``agree.nodes``).
+        _freed: ``free()`` was called: every later call refuses (``entry``), plans too.
         check: check mode, agreed (``agree.settings``).
         timeout: seconds a call may take before the watchdog reports it.
     """
@@ -52,6 +53,7 @@ class CallState:
     _seq: int
     _entry: threading.Lock
     _refused_alone: int
+    _freed: bool
     _packet: np.ndarray
     _packet_header: np.ndarray
     _node_of: list[int]
@@ -63,6 +65,7 @@ class CallState:
         self._watch = self._tracer = self._decisions = None
         self._seq = 0
         self._refused_alone = 0
+        self._freed = False
         self._entry = threading.Lock()
 
     @property
