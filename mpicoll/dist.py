@@ -393,8 +393,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     p = g.comm.size
     if output_split_sizes is None and input_split_sizes is None:
         rows, copy_back = _shaped(output, "output", (p, out.size // max(p, 1)))
-        result = g.comm.all_to_all(x.reshape(p, -1), out=rows, **_how(algorithm,
-                                   async_op))
+        result = g.comm.all_to_all(x.reshape(p, -1), out=rows, **_how(algorithm, async_op))
         return _then(result, copy_back, async_op)
     send = list(input_split_sizes) if input_split_sizes is not None else [x.shape[0] // p] * p
 
@@ -442,7 +441,7 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int = 0,
             stacked = module_of(rows[0]).stack(rows)
     try:  # a refused list travels in the root's header: every rank raises
         return _maybe(g.comm.scatter(stacked, root, out=tensor, **_how(algorithm, async_op)),
-                  async_op)
+                      async_op)
     except InvalidArgumentError as exc:
         if refusal is not None:
             raise refusal from exc
@@ -469,8 +468,7 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int = 0, grou
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
             algorithm: str = "auto") -> Any:
     g = _group(group)
-    return _maybe(g.comm.barrier(**_how(algorithm, async_op)),
-                  async_op)
+    return _maybe(g.comm.barrier(**_how(algorithm, async_op)), async_op)
 
 
 def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:

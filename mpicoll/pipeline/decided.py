@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from .state import CallState
 
 
-
 class _Declined:
     """In the table: such calls take the whole path (no decision, so no prepared call).
     Also what a run returns where it declines its buffers, before any message."""

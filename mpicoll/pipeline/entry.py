@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from numpy import ndarray
 
-from ..buffers.arrays import kept_view, to_torch
+from ..buffers.arrays import kept_view
 from ..errors import (
     CollectiveError,
     ConcurrentCallError,
@@ -110,11 +110,8 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                         kwargs["out"] = out if out_tensor is None else out_tensor
                 if prepared is not None:
                     result = prepared(getframe(1), x, out, args, kwargs)
-                    if tensor is None or result is None:
-                        return result
-                    # the result as torch's: the caller's own tensor where it is its memory
-                    return out_tensor if result is out and out_tensor is not None else \
-                        tensor if result is x else to_torch(result)
+                    return result if tensor is None else \
+                        decided.to_caller(result, (tensor, x, out_tensor, out))
             if tensor is not None:
                 args = (tensor, *args[1:])  # the longer way converts it itself
         # the entry's own keywords (stream=, async_op=, and from mpicoll.work.submit _site=,
