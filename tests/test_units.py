@@ -500,4 +500,4 @@ def test_a_collectives_signature_is_the_one_its_caller_writes():
             assert parameter.kind is parameter.KEYWORD_ONLY and parameter.default is default
         assert "async_op" not in init.parameters and init.return_annotation == "Plan", name
         shown.bind_partial(None, *(["x"] if "x" in shown.parameters else []), stream=None,
-                   async_op=True, algorithm="ring")  # a call a user writes binds
+                           async_op=True, algorithm="ring")  # a call a user writes binds
