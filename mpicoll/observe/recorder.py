@@ -23,6 +23,7 @@ from ..pipeline.describe import Call
 DEFAULT_RECORDER = 64  # calls kept per Communicator
 
 RUNNING, DONE = "running", "done"
+_NO_FACTS = (None, None, (), None, None, None, -1)  # shape ... nbytes: no call yet
 _now = time.monotonic
 
 
@@ -37,19 +38,32 @@ def recorder_length() -> int:
 
 
 class Record:
-    """One call in the flight recorder (made once, rewritten for every N-th call)."""
+    """One call in the flight recorder (made once, rewritten for every N-th call).
 
-    __slots__ = ("call", "shape", "dtype", "args", "op", "root", "algorithm", "nbytes",
-                 "start", "end", "state", "note")
+    What the call was given and what it chose are one tuple, ``facts``: (shape, dtype,
+    args, op, root, algorithm, nbytes), so that a call repeating a kept decision writes
+    them with one store (``Watch.enter_kept``); the properties read them by name."""
+
+    __slots__ = ("call", "facts", "start", "end", "state", "note")
 
     def __init__(self) -> None:
         self.call: Any = Call()  # the pipeline's Call: seq, collective, file, line
-        self.shape = self.dtype = self.op = self.root = self.algorithm = None
-        self.args: tuple = ()
-        self.nbytes = -1
+        self.facts: tuple = _NO_FACTS
         self.start = self.end = 0.0
         self.state = DONE
         self.note = ""  # what a step that is not a numbered call waits for
+
+    shape = property(lambda self: self.facts[0])
+    dtype = property(lambda self: self.facts[1])
+    args = property(lambda self: self.facts[2])  # op, root, counts: small values, never data
+    op = property(lambda self: self.facts[3])
+    root = property(lambda self: self.facts[4])
+    algorithm = property(lambda self: self.facts[5])
+    nbytes = property(lambda self: self.facts[6])
+
+    def chose(self, algorithm: Any, nbytes: int) -> None:
+        """The call chose ``algorithm``, for ``nbytes``."""
+        self.facts = (*self.facts[:5], algorithm, nbytes)
 
     def as_dict(self, names: tuple[str, ...], transport: Any, clock: float) -> dict[str, Any]:
         """The entry as JSON-ready values; ``names``: the collective's positional
@@ -112,29 +126,25 @@ class Watch:
         call.collective = collective
         call.code = frame.f_code
         call.offset = frame.f_lasti
+        op = root = None
         if args:
             x = args[0]
-            rec.args = args[1:]  # op, root, counts: small values, never the data
-            if rec.args and hasattr(rec.args[0], "fn"):  # a user's Op: kept by name only,
-                rec.args = (rec.args[0].name, *rec.args[1:])  # so it can die with its MPI op
+            given = args[1:]  # op, root, counts: small values, never the data
+            if given and hasattr(given[0], "fn"):  # a user's Op: kept by name only,
+                given = (given[0].name, *given[1:])  # so it can die with its MPI op
         else:
             x = kwargs.get("x")
-            rec.args = ()
-        if type(x) is np.ndarray:
-            rec.shape = x.shape
-            rec.dtype = x.dtype
-        else:
-            rec.shape = getattr(x, "shape", None)
-            rec.dtype = getattr(x, "dtype", None)
+            given = ()
         if kwargs:
-            rec.op = kwargs.get("op")
-            if hasattr(rec.op, "fn"):
-                rec.op = rec.op.name
-            rec.root = kwargs.get("root")
+            op = kwargs.get("op")
+            if hasattr(op, "fn"):
+                op = op.name
+            root = kwargs.get("root")
+        if type(x) is np.ndarray:
+            rec.facts = (x.shape, x.dtype, given, op, root, None, -1)
         else:
-            rec.op = rec.root = None
-        rec.algorithm = None
-        rec.nbytes = -1
+            rec.facts = (getattr(x, "shape", None), getattr(x, "dtype", None), given, op,
+                         root, None, -1)
         rec.state = RUNNING
         self.started = rec.start = _now()
         return call
@@ -148,20 +158,18 @@ class Watch:
         call = rec.call
         call.seq, call.collective, call.code, call.offset = \
             seq, collective, frame.f_code, frame.f_lasti
-        rec.shape, rec.dtype, rec.args, rec.op, rec.root, rec.algorithm, rec.nbytes = kept
+        rec.facts = kept
         rec.state = RUNNING
         self.started = rec.start = _now()
         return call
 
     def kept(self) -> tuple:
         """What ``enter_kept`` writes, as the current entry holds it."""
-        rec = self.current
-        return rec.shape, rec.dtype, rec.args, rec.op, rec.root, rec.algorithm, rec.nbytes
+        return self.current.facts
 
     def rewrite(self, kept: tuple) -> None:
         """Write ``kept`` (see ``kept``) into the current entry."""
-        rec = self.current
-        rec.shape, rec.dtype, rec.args, rec.op, rec.root, rec.algorithm, rec.nbytes = kept
+        self.current.facts = kept
 
     def leave(self) -> None:
         """The call ended (its state is done unless ``failed`` said otherwise)."""

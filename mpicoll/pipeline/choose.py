@@ -84,7 +84,7 @@ class Chooser:
             fn, name = resolved
         watch = self.watch
         if watch is not None:  # the flight recorder's algorithm and bytes of this call
-            watch.current.algorithm, watch.current.nbytes = name, nbytes
+            watch.current.chose(name, nbytes)
         return fn
 
     def _resolve(self, collective: str, algorithm: Any, nbytes: int, op: Op | None,

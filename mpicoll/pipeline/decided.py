@@ -653,10 +653,10 @@ def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
                 payload[...] = x
             else:
                 rec = watch.current
-                rec.algorithm, rec.nbytes = pack_name, packet_bytes
+                rec.chose(pack_name, packet_bytes)
             pack_fn(t, packet, root)
             if not packed:
-                rec.algorithm, rec.nbytes = name, nbytes
+                rec.chose(name, nbytes)
                 src = x.reshape(-1)
                 if not x.flags.writeable:  # some algorithms stage blocks in their input
                     src = t.take(src.size, dtype)
@@ -677,7 +677,7 @@ def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
             return DECLINED  # the whole path refuses it
         if not packed:  # (packed: the flight recorder's entry is the packet's, as kept)
             rec = watch.current
-            rec.algorithm, rec.nbytes = pack_name, packet_bytes
+            rec.chose(pack_name, packet_bytes)
         pack_fn(t, packet, root)
         if header.tobytes() != expected:  # the root sent another header: as the whole path
             return broadcast_received(c, call, x, root, algorithm, options)
@@ -687,7 +687,7 @@ def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
             x[...] = payload
             return x
         result = np.empty(shape, dtype) if x is None else x
-        rec.algorithm, rec.nbytes = name, nbytes
+        rec.chose(name, nbytes)
         fn(t, result.reshape(-1), root)
         return result
 
