@@ -83,6 +83,9 @@ SelectTypeParameters=CR_CPU
 ReturnToService=2
 EnforcePartLimits=ALL
 MinJobAge=4
+# schedule a batch job when it is submitted (default: within 3 s, for high submission
+# rates), so each test's job starts at once
+SchedulerParameters=batch_sched_delay=0
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
@@ -138,17 +141,21 @@ start() {
 }
 
 stop() {
-    local pidfile pid i
+    # every daemon is told at once (each takes about 2 s to go), then each is waited for
+    local pidfile i
+    local -a pids=()
     for pidfile in "$DIR"/slurmd-*.pid "$DIR/slurmctld.pid" "$DIR/munged.pid"; do
         [ -e "$pidfile" ] || continue
         if alive "$pidfile"; then
-            pid=$(cat "$pidfile")
-            kill "$pid"
-            for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-            kill -9 "$pid" 2>/dev/null || true
+            pids+=("$(cat "$pidfile")")
+            kill "${pids[-1]}"
         fi
-        rm -f "$pidfile"
     done
+    for pid in ${pids[@]+"${pids[@]}"}; do
+        for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$pid" 2>/dev/null || true
+    done
+    rm -f "$DIR"/slurmd-*.pid "$DIR/slurmctld.pid" "$DIR/munged.pid"
 }
 
 status() {

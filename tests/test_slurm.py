@@ -1,7 +1,7 @@
 """jobs/ on a real SLURM cluster: slurmctld and two slurmd (virtual nodes c1 and c2) on
 this host, started by scripts/slurm-cluster.sh for this module and stopped after it.
 
-Each CPU job is submitted with small sizes through ``sbatch --wait``; the checks are its
+Each CPU job is submitted with small sizes and waited for (``sbatch_wait``); the checks are its
 exit status, that its ranks ran on both nodes, and its CSV (every algorithm's row, no
 wrong result). compare_gpu.sbatch is checked for syntax, ``sbatch --test-only`` and its
 refusals of wrong allocations. Skipped, with the reason, where SLURM cannot be started
@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,41 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "scripts" / "slurm-cluster.sh"
 JOBS = sorted((ROOT / "jobs").glob("*.sbatch"))
 PNG = b"\x89PNG\r\n\x1a\n"
+
+
+# a job's states before it has ended (squeue(1)'s JOB STATE CODES)
+_NOT_ENDED = frozenset(("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
+                        "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "STAGE_OUT",
+                        "SIGNALING", "STOPPED"))
+
+
+def sbatch_wait(args: list[str], *, cwd: Path, env: dict[str, str],
+                timeout: float) -> subprocess.CompletedProcess:
+    """``sbatch --parsable --wait ARGS``, without its waits: sbatch polls the job at 2, 4,
+    8... seconds, so a job of one second took four; this submits, then asks scontrol every
+    tenth of a second. Its returncode is the job's exit status as ``--wait`` gives it (1
+    where a signal ended it); stdout is sbatch's (the job id)."""
+    submitted = subprocess.run(["sbatch", "--parsable", *args], cwd=cwd, env=env,
+                               capture_output=True, text=True, timeout=30)
+    if submitted.returncode != 0:
+        return submitted
+    job_id = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env,
+                               capture_output=True, text=True, timeout=30).stdout
+        state = re.search(r"\bJobState=(\S+)", shown)
+        if state is not None and state[1] not in _NOT_ENDED:
+            break
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], env=env, timeout=30)
+            raise subprocess.TimeoutExpired(["sbatch", *args], timeout)
+        time.sleep(0.1)
+    code = re.search(r"\bExitCode=(\d+):(\d+)", shown)
+    assert code is not None, shown
+    returncode = 1 if int(code[2]) else int(code[1])
+    return subprocess.CompletedProcess(["sbatch", *args], returncode, submitted.stdout,
+                                       submitted.stderr)
 
 
 def _plain_env(**extra: str) -> dict[str, str]:
@@ -145,7 +181,7 @@ def cluster(tmp_path_factory):
 
 def _submit(cluster, tmp_path, script: str, *args: str, sbatch: tuple[str, ...] = (),
             timeout: int = 300, **variables: str) -> tuple[int, str, Path]:
-    """``sbatch --wait`` a job of jobs/, submitted from ``tmp_path`` as from a checkout
+    """Submit a job of jobs/ and wait for it (``sbatch_wait``), from ``tmp_path`` as from a checkout
     (a results/ folder there; MPICOLL_ROOT names the real one) with the job's own
     ``--output``; its exit status, its log (results/<jobname>-<jobid>.out) and stderr,
     and its results folder."""
@@ -153,14 +189,8 @@ def _submit(cluster, tmp_path, script: str, *args: str, sbatch: tuple[str, ...] 
     (submit_dir / "results").mkdir(parents=True, exist_ok=True)
     env = {**cluster, "MPICOLL_ROOT": str(ROOT), "MPICOLL_RESULTS": str(tmp_path / "results"),
            **variables}
-    try:
-        done = subprocess.run(
-            ["sbatch", "--parsable", "--wait", "-t", "5", *sbatch,
-             str(ROOT / "jobs" / script), *args],
-            cwd=submit_dir, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        subprocess.run(["scancel", "--user", "root"], env=env)
-        raise
+    done = sbatch_wait(["-t", "5", *sbatch, str(ROOT / "jobs" / script), *args],
+                       cwd=submit_dir, env=env, timeout=timeout)
     job_id = done.stdout.strip().split(";")[0]
     logs = list((submit_dir / "results").glob(f"*-{job_id}.out")) if job_id else []
     output = logs[0].read_text() if logs else ""
@@ -299,9 +329,8 @@ def test_a_job_submitted_from_the_checkout_logs_into_its_results(cluster):
     """The user's way: sbatch from the checkout's root, nothing set; the log is
     results/<jobname>-<jobid>.out there, none in the root."""
     before = set(ROOT.glob("*.out"))
-    done = subprocess.run(["sbatch", "--parsable", "--wait", "-t", "5", "--gpus-per-node=0",
-                           "jobs/compare_gpu.sbatch"], cwd=ROOT, env=cluster,
-                          capture_output=True, text=True, timeout=120)
+    done = sbatch_wait(["-t", "5", "--gpus-per-node=0", "jobs/compare_gpu.sbatch"],
+                       cwd=ROOT, env=cluster, timeout=120)
     job_id = done.stdout.strip().split(";")[0]
     log = ROOT / "results" / f"mpicoll-compare-gpu-{job_id}.out"
     try:
