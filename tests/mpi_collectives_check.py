@@ -4,9 +4,9 @@
         mpiexec -n 4 python tests/mpi_collectives_check.py [MAX_COUNT]
 
 Run by tests/test_tuning_export.py under an exported tuning file: every count from 1 to
-MAX_COUNT (default 1M) stepping by 4x, plus the counts around each power of two up to the
-ranks (MPICH's ``count < pof2`` preconditions) and around the byte limits the tests'
-tables use. Allreduce (in place and on bytes too), Reduce, Reduce_scatter_block and
+MAX_COUNT (default 256K: 2 MiB of float64, 32 times the largest byte limit the tests'
+tables use) stepping by 4x, plus the counts around each power of two up to the ranks
+(MPICH's ``count < pof2`` preconditions) and around the byte limits the tables use. Allreduce (in place and on bytes too), Reduce, Reduce_scatter_block and
 Reduce_scatter, each with sum and a non-commutative user op; Bcast; Allgather and
 Alltoall (in place too). Runs under MPICH or Open MPI.
 Prints one line, ``checked N calls``, on rank 0; a wrong result raises (the job fails)
@@ -51,7 +51,7 @@ def first_op() -> MPI.Op:
 
 
 def main() -> None:
-    max_count = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 20
+    max_count = int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 18
     comm = MPI.COMM_WORLD
     p, r = comm.Get_size(), comm.Get_rank()
     first = first_op()

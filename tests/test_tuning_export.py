@@ -2,7 +2,7 @@
 
 Both are checked the way they are used: MPI's own collectives run under the exported file
 at 1..8 ranks (three per variant by default; ``MPICOLL_EXPORT_RANKS``: these at every
-variant) over counts 1..1M, each result checked
+variant) over counts 1..256K, each result checked
 (tests/mpi_collectives_check.py), one mpiexec job per number of ranks. An algorithm
 exported outside its preconditions makes MPICH assert, or gives a wrong result, and the
 job fails. Open MPI cannot share the MPICH wheel's environment: its runs need
