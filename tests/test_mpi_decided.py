@@ -345,3 +345,23 @@ def test_every_call_form_finds_its_decision_from_its_second_call(world, form, mo
                 assert got is kwargs["out"]
         assert whole == [collective], f"call {step}: the whole path ran {len(whole)} times"
         assert keyed == [collective], f"call {step}: keyed the longer way {len(keyed)} times"
+
+
+def test_an_entry_keyword_is_never_part_of_a_key(world):
+    """stream=None and async_op=False are plain values, but the entry's own keywords:
+    the first branch keys them as given and finds nothing (decided.key is taken without
+    them, so no key in the table holds one), and the call runs as the same call without
+    them, through the longer way."""
+    world._decisions.clear()
+    x = np.full(3, 2.0)
+    y = np.empty(3)
+    for _ in range(3):
+        for kwargs in ({}, {"stream": None}, {"async_op": False}, {"stream": None, "out": y},
+                       {"op": "sum", "async_op": False}):
+            got = world.all_reduce(x, **kwargs)
+            np.testing.assert_array_equal(got, np.full(3, 2.0 * world.size))
+            assert (got is y) == ("out" in kwargs)
+    entry_keywords = {"stream", "async_op", "_site", "_refusal"}
+    held = [k for key in world._decisions for k in key
+            if type(k) is tuple and len(k) == 2 and k[0] in entry_keywords]
+    assert world._decisions and not held, held

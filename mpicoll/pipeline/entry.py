@@ -96,16 +96,21 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                     elif plain:
                         prepared = decisions.get((name, x.shape, x.dtype, args[1:]),
                                                  DECLINED).call
-                elif plain and _ENTRY_KEYWORDS.isdisjoint(kwargs):
+                elif plain:
                     given = "out" in kwargs
                     if given:  # the key leaves out= out, as decided.key does
                         out = kwargs.pop("out")
                         if tensor is not None and out is not None:  # out= a tensor: its view
                             out_tensor, out = out, x if out is tensor else kept_view(out)
-                    if PLAIN.issuperset(map(type, kwargs.values())) and (
-                            type(out) is ndarray or out is None and out_tensor is None):
-                        prepared = decisions.get((name, x.shape, x.dtype, args[1:],
-                                                  *kwargs.items()), DECLINED).call
+                    if type(out) is ndarray or out is None and out_tensor is None:
+                        if not kwargs:  # out= alone, the most frequent keyword
+                            prepared = decisions.get((name, x.shape, x.dtype, args[1:]),
+                                                     DECLINED).call
+                        elif PLAIN.issuperset(map(type, kwargs.values())):
+                            # (an entry keyword, stream=None say, finds nothing: the table
+                            # keeps no key with one, decided.key being taken without them)
+                            prepared = decisions.get((name, x.shape, x.dtype, args[1:],
+                                                      *kwargs.items()), DECLINED).call
                     if prepared is None and given:  # (as the caller gave it, for the longer way)
                         kwargs["out"] = out if out_tensor is None else out_tensor
                 if prepared is not None:
@@ -252,10 +257,8 @@ def prepare(c: CallState, name: str, method: Any,
     fresh, bound, kept = decision.fresh, decision.bound, decision.kept
 
     def prepared(site: Any, x: Any, out: Any, args: tuple, kwargs: dict) -> Any:
-        if out is not None:
-            kwargs["out"] = out  # (the call as the caller made it, where the whole path runs)
         if c._refused_alone:  # a resync owed first: the whole path
-            return numbered(c, name, site, args, kwargs, method)
+            return numbered(c, name, site, args, as_given(kwargs, out), method)
         if not acquire(False):
             raise ConcurrentCallError(busy(c, name))
         try:
@@ -268,7 +271,7 @@ def prepare(c: CallState, name: str, method: Any,
                 run = bound(x, out)  # None: it declines these buffers, before any message
                 result = DECLINED if run is None else run(call)
             if result is DECLINED:  # not a buffer it serves: the whole path, its own entry
-                watch.enter(seq, name, site, args, kwargs)
+                watch.enter(seq, name, site, args, as_given(kwargs, out))
                 result = method(c, call, *args, **kwargs)
             return result
         except Exception as exc:  # noqa: BLE001 - only mpicoll's errors leave
@@ -278,6 +281,14 @@ def prepare(c: CallState, name: str, method: Any,
             release()
 
     return prepared
+
+
+def as_given(kwargs: dict, out: Any) -> dict:
+    """A prepared call's keywords as its caller gave them: with the out= taken out for
+    the key (None: none), where the whole path runs it."""
+    if out is not None:
+        kwargs["out"] = out
+    return kwargs
 
 
 @contextlib.contextmanager
