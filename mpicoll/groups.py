@@ -24,10 +24,12 @@ import numpy as np
 from .errors import InvalidArgumentError, MismatchError
 from .pipeline.describe import Call
 
-_BAD_COLOR, _BAD_KEY, _BAD_RANKS = 1, 2, 4
+_BAD_COLOR, _BAD_KEY, _BAD_RANKS, _BAD_MESH = 1, 2, 4, 8
 _REASONS = {_BAD_COLOR: "color: expected an int in 0..2**31-1 or None",
             _BAD_KEY: "key: expected an int in -2**31..2**31-1",
-            _BAD_RANKS: "ranks: expected distinct ints in range"}
+            _BAD_RANKS: "ranks: expected distinct ints in range",
+            _BAD_MESH: "shape: expected positive ints whose product is the ranks, with as "
+                       "many distinct str names"}
 
 
 def _int(value: Any) -> bool:
@@ -73,7 +75,7 @@ class Groups:
         mine = members.index(self.rank) if good and self.rank in members else None
         fingerprint = zlib.crc32(repr(members).encode())
         return _split(self, None if mine is None else 0, mine or 0, faults, fingerprint,
-                      sys._getframe(1))
+                      sys._getframe(1), "new_group", "ranks")
 
     def mesh(self, shape: Any, names: Any = None) -> Mesh:
         """An n-dimensional grid of these ranks, row-major (``shape=(2, 4), names=("dp",
@@ -83,8 +85,9 @@ class Groups:
 
 
 def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int,
-           site: Any) -> Any:
+           site: Any, what: str = "split", given: str = "") -> Any:
     # agree: every rank's (faults, color, key, fingerprint) in one numbered all_gather
+    # (``fingerprint``: of what ``what`` was ``given``, which every rank must give alike)
     mine = np.array([faults, -1 if color is None or faults else int(color),
                      0 if faults else int(key), fingerprint], np.int64)
     if comm._backend.separate_control:  # NCCL moves device arrays: agree over its MPI side
@@ -103,12 +106,12 @@ def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int
     bad = np.flatnonzero(table[:, 0]).tolist()
     if bad:
         reasons = sorted({_REASONS[f] for r in bad for f in _REASONS if table[r, 0] & f})
-        raise InvalidArgumentError(f"split: refused on rank(s) {', '.join(map(str, bad))}: "
+        raise InvalidArgumentError(f"{what}: refused on rank(s) {', '.join(map(str, bad))}: "
                                    f"{'; '.join(reasons)}")
     differ = np.flatnonzero(table[:, 3] != table[0, 3]).tolist()
     if differ:
-        raise MismatchError(f"new_group: rank(s) {', '.join(map(str, differ))} give other "
-                            "ranks than rank 0; every rank must pass the same ranks")
+        raise MismatchError(f"{what}: rank(s) {', '.join(map(str, differ))} give other "
+                            f"{given} than rank 0; every rank must pass the same {given}")
     colors, keys = table[:, 1], table[:, 2]
     call = Call(comm._seq, "split")
     call.at(site)
@@ -154,23 +157,29 @@ class Mesh:
 
 def make_mesh(comm: Any, shape: Any, names: Any = None) -> Mesh:
     """``comm.mesh(shape, names)``: the grid and this rank's group along each dimension
-    (one split per dimension, every rank alike)."""
+    (one split per dimension, every rank alike). The first split agrees the shape and
+    names: one rank's bad or different ones raise on every rank, before any group."""
     try:
         shape = tuple(int(s) if _int(s) else -1 for s in shape)
     except TypeError:
         shape = (-1,)
-    names = tuple(f"dim{d}" for d in range(len(shape))) if names is None else tuple(names)
-    if not shape or any(s < 1 for s in shape) or int(np.prod(shape)) != comm.size:
-        raise InvalidArgumentError(
-            f"mesh: shape {shape} must be positive ints whose product is the {comm.size} ranks")
-    if len(names) != len(shape) or len(set(names)) != len(names) \
-            or not all(isinstance(n, str) for n in names):
-        raise InvalidArgumentError(f"mesh: expected {len(shape)} distinct names, got {names}")
+    try:
+        names = tuple(f"dim{d}" for d in range(len(shape))) if names is None else tuple(names)
+    except TypeError:
+        names = ()
+    good = bool(shape) and all(s >= 1 for s in shape) and int(np.prod(shape)) == comm.size \
+        and len(names) == len(shape) and len(set(names)) == len(names) \
+        and all(isinstance(n, str) for n in names)
+    fingerprint = zlib.crc32(repr((shape, names)).encode())
+    if not good:  # refused on every rank by the first split, which agrees it
+        _split(comm, None, 0, _BAD_MESH, fingerprint, sys._getframe(1), "mesh",
+               "shape and names")
     coordinates = tuple(int(c) for c in np.unravel_index(comm.rank, shape))
     groups = {}
     for d, name in enumerate(names):
         others = coordinates[:d] + coordinates[d + 1:]
         rest = shape[:d] + shape[d + 1:]
         color = int(np.ravel_multi_index(others, rest)) if rest else 0
-        groups[name] = comm.split(color, coordinates[d])
+        groups[name] = _split(comm, color, coordinates[d], 0, fingerprint if d == 0 else 0,
+                              sys._getframe(1), "mesh", "shape and names")
     return Mesh(shape, names, coordinates, groups)

@@ -204,10 +204,27 @@ def test_a_mesh_gives_each_dimension_its_group(world):
         stride = int(np.prod(shape[d + 1:]))
         first = world.rank - mesh.coordinates[d] * stride
         assert ranks == [first + k * stride for k in range(shape[d])]
-    with pytest.raises(mpicoll.InvalidArgumentError, match="mesh: shape"):
+    with pytest.raises(mpicoll.InvalidArgumentError, match="mesh: refused .*shape"):
         world.mesh((world.size + 1,))
     mesh.free()
     _next_call_is_right(world)
+
+
+def test_a_mesh_one_rank_gives_wrong_or_other_raises_on_every_rank(world):
+    """The first split agrees the shape and names: one rank's bad shape, or a shape or
+    names that differ from the others', raise on every rank before any group; then the
+    next call is right."""
+    last = world.rank == world.size - 1
+    with pytest.raises(mpicoll.InvalidArgumentError, match=rf"mesh: refused on rank\(s\) {world.size - 1}"):
+        world.mesh((world.size + 1,) if last else (world.size,))
+    _next_call_is_right(world)
+    if world.size > 1:
+        with pytest.raises(mpicoll.MismatchError, match=rf"mesh: rank\(s\) {world.size - 1} give"):
+            world.mesh((1, world.size) if last else (world.size, 1))
+        _next_call_is_right(world)
+        with pytest.raises(mpicoll.MismatchError, match="shape and names"):
+            world.mesh((world.size,), ("b",) if last else ("a",))
+        _next_call_is_right(world)
 
 
 def test_nodes_are_agreed_and_follow_ranks_per_node(world):
