@@ -218,6 +218,11 @@ class Communicator(CallState, PointToPoint, Groups):
         if failure is not None:
             raise refusal(failure)
 
+    @property
+    def freed(self) -> bool:
+        """Whether ``free()`` was called (its calls then refuse)."""
+        return self._freed
+
     def free(self) -> None:
         """Collective: finish pending async calls, write the trace file (``MPICOLL_TRACE``,
         ``trace=path``), release the private communicators (also at MPI finalization)."""

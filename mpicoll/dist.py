@@ -23,22 +23,23 @@ from __future__ import annotations
 
 import enum
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .buffers.arrays import as_array, module_of
+from .buffers.arrays import as_array, is_cupy, module_of
 from .communicator import Communicator
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, MpicollError
 from .p2p import ANY
 from .p2p import P2POp as _P2POp
 
 __all__ = [
     "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "all_gather", "all_gather_into_tensor",
     "all_reduce", "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv",
-    "broadcast", "destroy_process_group", "gather", "get_backend", "get_rank",
-    "get_world_size", "init_device_mesh", "init_process_group", "irecv", "is_available",
+    "broadcast", "destroy_process_group", "gather", "get_backend", "get_global_rank",
+    "get_group_rank", "get_rank", "get_world_size", "init_device_mesh", "init_process_group", "irecv", "is_available",
     "is_initialized", "isend", "monitored_barrier", "new_group", "recv", "reduce",
     "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",
 ]
@@ -89,7 +90,8 @@ class GroupMember:
     WORLD: ProcessGroup | None = None
 
 
-_STATE: dict[str, Any] = {"world": None, "backend": None}
+# the default group, its backend, and every group made since (destroy_process_group frees them)
+_STATE: dict[str, Any] = {"world": None, "backend": None, "groups": []}
 
 
 def is_available() -> bool:
@@ -145,8 +147,13 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
-    """Free ``group``, or every group and the default one."""
+    """Free ``group``, or every group and the default one (every rank calls it; each
+    frees the groups it is in, in the order they were made, as every rank made them)."""
     if group is None:
+        groups, _STATE["groups"] = _STATE["groups"], []
+        for made in groups:
+            if not made.comm.freed:
+                made.comm.free()
         world = _STATE["world"]
         if world is not None:
             world.comm.free()
@@ -189,15 +196,43 @@ def get_world_size(group: Any = None) -> int:
 
 
 def new_group(ranks: Sequence[int] | None = None, timeout: Any = None, backend: Any = None,
-              **_: Any) -> Any:
-    """The group of ``ranks`` (sorted, as torch's; all ranks when None). Every rank of the
-    job calls it; the others get ``GroupMember.NON_GROUP_MEMBER``."""
+              pg_options: Any = None, use_local_synchronization: bool = False,
+              group_desc: Any = None, device_id: Any = None, sort_ranks: bool = True) -> Any:
+    """The group of ``ranks`` (all ranks when None; sorted unless ``sort_ranks=False``,
+    where the order gives the group ranks, as torch's). Every rank of the job calls it;
+    the others get ``GroupMember.NON_GROUP_MEMBER``. ``use_local_synchronization=True``
+    (only the members call it) is refused: it does not work with MPI, as torch says."""
     world = _group(None)
+    if use_local_synchronization:
+        raise InvalidArgumentError(
+            "new_group: use_local_synchronization=True is not supported (as torch's, it does "
+            "not work with MPI): every rank of the job calls new_group")
     members = list(world.ranks) if ranks is None else list(ranks)
-    if all(isinstance(r, (int, np.integer)) and not isinstance(r, bool) for r in members):
+    if sort_ranks and all(isinstance(r, (int, np.integer)) and not isinstance(r, bool)
+                          for r in members):
         members = sorted(int(r) for r in members)  # as torch's; else refused on every rank
     comm = world.comm.new_group(members)
-    return GroupMember.NON_GROUP_MEMBER if comm is None else ProcessGroup(comm, members)
+    if comm is None:
+        return GroupMember.NON_GROUP_MEMBER
+    made = ProcessGroup(comm, [int(r) for r in members])
+    _STATE["groups"].append(made)
+    return made
+
+
+def get_group_rank(group: Any, global_rank: int) -> int:
+    """``global_rank``'s rank in ``group``."""
+    g = _group(group)
+    return g.local(global_rank, "global_rank")
+
+
+def get_global_rank(group: Any, group_rank: int) -> int:
+    """The global rank of ``group_rank`` of ``group``."""
+    g = _group(group)
+    if not isinstance(group_rank, (int, np.integer)) or isinstance(group_rank, bool) \
+            or not 0 <= group_rank < len(g.ranks):
+        raise InvalidArgumentError(
+            f"group_rank: expected a rank of the group (0..{len(g.ranks) - 1}), got {group_rank!r}")
+    return g.ranks[group_rank]
 
 
 class DeviceMesh:
@@ -238,10 +273,31 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
         stride = int(np.prod(shape[d + 1:]))
         first = world.comm.rank - mesh.coordinates[d] * stride
         groups[name] = ProcessGroup(mesh[name], [first + k * stride for k in range(shape[d])])
+        _STATE["groups"].append(groups[name])
     return DeviceMesh(mesh, groups, shape, names)
 
 
 # -- collectives: torch's names and in-place semantics --------------------------------
+#
+# A problem one rank alone can see is settled as mpicoll's own calls settle it: in what
+# the rank receives (its output tensors, lists), the rank takes part and then raises, so
+# the others get their results and nothing is left queued; in what it gives (its input
+# list, its split sizes), the call is made refused (the core call's ``_refusal``): this
+# rank raises at once, every rank in check mode, and its next call resyncs.
+
+
+def _member(group: Any, what: str) -> ProcessGroup | None:
+    """The group a call of ``what`` runs on; None where this rank is outside it (torch's
+    ``GroupMember.NON_GROUP_MEMBER``): there the call does nothing, with torch's warning."""
+    if group is None:
+        world = _STATE["world"]
+        if world is not None:
+            return world
+    elif group is GroupMember.NON_GROUP_MEMBER:
+        warnings.warn(f"Running {what} on global rank {get_rank()} which does not belong "
+                      "to the given group.", stacklevel=3)
+        return None
+    return _group(group)
 
 
 def _op(op: Any) -> Any:
@@ -254,8 +310,88 @@ def _view(tensor: Any, name: str) -> Any:
     return as_array(tensor, name)[0]
 
 
+def _given(tensor: Any, name: str) -> Any:
+    """An input tensor's memory as an array; the tensor itself where it has none (the
+    core call refuses it then, as it refuses its own inputs)."""
+    try:
+        return _view(tensor, name)
+    except MpicollError:
+        return tensor
+
+
+def _is_array(a: Any) -> bool:
+    return type(a) is np.ndarray or is_cupy(a)
+
+
+def _tensors(tensors: Any, name: str, count: int, like: Any) -> tuple[list[Any], str | None]:
+    """Views of a list of ``count`` tensors of ``like``'s size and dtype (torch's rule for a
+    collective's list), or what is wrong with it."""
+    if not isinstance(tensors, (list, tuple)):
+        return [], f"{name}: expected a list of {count} tensors, got {type(tensors).__name__}"
+    if len(tensors) != count:
+        return [], f"{name}: expected {count} tensors (one per rank of the group), got {len(tensors)}"
+    views = []
+    for i, t in enumerate(tensors):
+        try:
+            view = _view(t, f"{name}[{i}]")
+        except MpicollError as exc:
+            return [], str(exc)
+        if _is_array(like) and (view.size != like.size or view.dtype != like.dtype):
+            return [], (f"{name}[{i}]: expected {like.size} elements of {like.dtype} (as the "
+                        f"tensor), got shape {tuple(view.shape)} of {view.dtype}")
+        views.append(view)
+    return views, None
+
+
+class _Finished:
+    """torch's Work: ``wait()`` finishes the call (and copies what it received into the
+    caller's tensors) and returns True; ``is_completed()`` does so once it has ended."""
+
+    def __init__(self, work: Any, finish: Any) -> None:
+        self._work, self._finish, self._done = work, finish, False
+
+    def wait(self, timeout: Any = None) -> bool:
+        if not self._done:
+            self._finish(self._work.wait())
+            self._done = True
+        return True
+
+    def is_completed(self) -> bool:
+        if not self._done and self._work.test():
+            self.wait()  # ended: its tensors hold the result from now on, as torch's
+        return self._done
+
+    test = is_completed
+
+    def is_success(self) -> bool:
+        return self.is_completed()
+
+
+def _nothing(result: Any) -> None:
+    return None
+
+
 def _maybe(work: Any, async_op: bool) -> Any:
-    return work if async_op else None
+    return _Finished(work, _nothing) if async_op else None
+
+
+def _then(call: Any, args: tuple, finish: Any, problem: str | None, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)``, then ``finish(result)`` (at ``wait()`` where kwargs hold
+    ``async_op=True``); where this rank found a ``problem`` in what it receives, it takes
+    part (blocking), then raises it."""
+    if problem is not None:
+        call(*args, **{k: v for k, v in kwargs.items() if k != "async_op"})
+        raise InvalidArgumentError(problem)
+    result = call(*args, **kwargs)
+    if kwargs.get("async_op"):
+        return _Finished(result, finish)
+    finish(result)
+    return None
+
+
+def _refused(call: Any, problem: str) -> None:
+    """``call`` refused on this rank for ``problem`` in what it gives (see above)."""
+    call(None, _refusal=InvalidArgumentError(problem))
 
 
 def _shaped(tensor: Any, name: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
@@ -266,7 +402,7 @@ def _shaped(tensor: Any, name: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
     same = np.shares_memory(shaped, view) if type(view) is np.ndarray else \
         shaped.data.ptr == view.data.ptr
     if same or view.size == 0:
-        return shaped, lambda result: None
+        return shaped, _nothing
     shaped = module_of(view).empty(shape, view.dtype)
 
     def copy_back(result: Any) -> None:
@@ -283,91 +419,116 @@ def _how(algorithm: str, async_op: bool) -> dict[str, Any]:
     return {"algorithm": algorithm, "async_op": async_op}
 
 
+def _root(g: ProcessGroup, rank: int | None, group_rank: int | None, name: str) -> int:
+    """The group rank of torch's ``src``/``dst`` (a global rank) or ``group_src``/
+    ``group_dst`` (a rank of the group): one of them."""
+    if group_rank is None:
+        if rank is None:
+            raise InvalidArgumentError(f"{name}: give {name} (a global rank) or group_{name}")
+        return g.local(rank, name)
+    if rank is not None:
+        raise InvalidArgumentError(f"{name}: give {name} or group_{name}, not both")
+    if not isinstance(group_rank, (int, np.integer)) or isinstance(group_rank, bool) \
+            or not 0 <= group_rank < g.comm.size:
+        raise InvalidArgumentError(
+            f"group_{name}: expected a rank of the group (0..{g.comm.size - 1}), got {group_rank!r}")
+    return int(group_rank)
+
+
+def _number(tensor: Any, name: str) -> str | None:
+    """What is wrong with a Python number as a tensor the call writes into (torch refuses
+    it: the caller could never read the result)."""
+    if isinstance(tensor, (bool, int, float, complex, np.generic)):
+        return f"{name}: expected a tensor or an array, got {type(tensor).__name__}"
+    return None
+
+
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
                algorithm: str = "auto") -> Any:
     """Reduce ``tensor`` across the group, in place."""
-    g = _group(group)
+    g = _member(group, "all_reduce")
+    if g is None:
+        return None
     return _maybe(g.comm.all_reduce(tensor, _op(op), out=tensor, **_how(algorithm, async_op)),
                   async_op)
 
 
-def broadcast(tensor: Any, src: int, group: Any = None, async_op: bool = False,
-              algorithm: str = "auto") -> Any:
+def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
+              group_src: int | None = None, algorithm: str = "auto") -> Any:
     """``src``'s tensor into every rank's ``tensor``."""
-    g = _group(group)
-    return _maybe(g.comm.broadcast(tensor, g.local(src, "src"), **_how(algorithm, async_op)),
-                  async_op)
+    g = _member(group, "broadcast")
+    if g is None:
+        return None
+    root = _root(g, src, group_src, "src")
+    return _then(g.comm.broadcast, (tensor, root), _nothing, _number(tensor, "tensor"),
+                 **_how(algorithm, async_op))
 
 
-def reduce(tensor: Any, dst: int, op: Any = ReduceOp.SUM, group: Any = None,
-           async_op: bool = False, algorithm: str = "auto") -> Any:
+def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None,
+           async_op: bool = False, group_dst: int | None = None,
+           algorithm: str = "auto") -> Any:
     """Reduce into ``dst``'s ``tensor`` (the others' are left as they were)."""
-    g = _group(group)
-    root = g.local(dst, "dst")
+    g = _member(group, "reduce")
+    if g is None:
+        return None
+    root = _root(g, dst, group_dst, "dst")
     out = tensor if g.comm.rank == root else None
     return _maybe(g.comm.reduce(tensor, _op(op), root, out=out, **_how(algorithm, async_op)),
                   async_op)
 
 
-class _Finished:
-    """A Work whose data still has to be copied into the caller's tensors at wait()."""
-
-    def __init__(self, work: Any, finish: Any) -> None:
-        self._work, self._finish, self._done = work, finish, False
-
-    def wait(self, timeout: Any = None) -> bool:
-        if not self._done:
-            self._finish(self._work.wait())
-            self._done = True
-        return True
-
-    def is_completed(self) -> bool:
-        return self._done or self._work.test()
-
-    test = is_completed
-
-
-def _then(result: Any, finish: Any, async_op: bool) -> Any:
-    if async_op:
-        return _Finished(result, finish)
-    finish(result)
-    return None
-
-
 def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op: bool = False,
                algorithm: str = "auto") -> Any:
     """Every rank's ``tensor`` into ``tensor_list[rank]``, on every rank."""
-    g = _group(group)
+    g = _member(group, "all_gather")
+    if g is None:
+        return None
+    x = _given(tensor, "tensor")
+    outs, problem = _tensors(tensor_list, "tensor_list", g.comm.size, x)
 
-    def finish(rows: Any) -> None:  # where this rank receives: it took part, now it refuses
-        if len(tensor_list) != g.comm.size:
-            raise InvalidArgumentError(
-                f"tensor_list: expected {g.comm.size} tensors, got {len(tensor_list)}")
-        for i, t in enumerate(tensor_list):
-            _view(t, f"tensor_list[{i}]")[...] = rows[i]
+    def finish(rows: Any) -> None:
+        for view, row in zip(outs, rows, strict=True):
+            view[...] = row.reshape(view.shape)
 
-    return _then(g.comm.all_gather(tensor, **_how(algorithm, async_op)), finish,
-                 async_op)
+    return _then(g.comm.all_gather, (x,), finish, problem,
+                 **_how(algorithm, async_op))
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
                            async_op: bool = False, algorithm: str = "auto") -> Any:
     """Every rank's input, concatenated (or stacked) in rank order, into ``output_tensor``."""
-    g = _group(group)
-    x = _view(input_tensor, "input_tensor")
-    out, copy_back = _shaped(output_tensor, "output_tensor", (g.comm.size, *x.shape))
-    result = g.comm.all_gather(input_tensor, out=out, **_how(algorithm, async_op))
-    return _then(result, copy_back, async_op)
+    g = _member(group, "all_gather_into_tensor")
+    if g is None:
+        return None
+    x = _given(input_tensor, "input_tensor")
+    shape = (g.comm.size, *getattr(x, "shape", ()))
+    try:
+        out = _view(output_tensor, "output_tensor")
+    except MpicollError as exc:
+        return _then(g.comm.all_gather, (x,), _nothing, str(exc))
+    if out.size != int(np.prod(shape)):
+        return _then(g.comm.all_gather, (x,), _nothing,
+                     f"output_tensor: expected {int(np.prod(shape))} elements (the group's "
+                     f"{g.comm.size} inputs of shape {shape[1:]}), got shape {tuple(out.shape)}")
+    out, copy_back = _shaped(output_tensor, "output_tensor", shape)
+    return _then(g.comm.all_gather, (x,), copy_back, None, out=out,
+                 **_how(algorithm, async_op))
 
 
 def reduce_scatter(output: Any, input_list: list[Any], op: Any = ReduceOp.SUM,
                    group: Any = None, async_op: bool = False, algorithm: str = "auto") -> Any:
     """Reduce ``input_list[j]`` across ranks into rank j's ``output``."""
-    g = _group(group)
-    if len(input_list) != g.comm.size:
-        raise InvalidArgumentError(f"input_list: expected {g.comm.size} tensors, got {len(input_list)}")
-    rows = [_view(t, f"input_list[{i}]") for i, t in enumerate(input_list)]
-    stacked = module_of(rows[0]).stack(rows)
+    g = _member(group, "reduce_scatter")
+    if g is None:
+        return None
+    like = _given(output, "output")
+    rows, problem = _tensors(input_list, "input_list", g.comm.size, like)
+    if problem is None and not _is_array(like) and len({(r.shape, r.dtype) for r in rows}) > 1:
+        problem = "input_list: tensors of one shape and dtype"
+    if problem is not None:
+        return _refused(g.comm.reduce_scatter, problem)
+    shape = like.shape if _is_array(like) else rows[0].shape
+    stacked = module_of(rows[0]).stack([r.reshape(shape) for r in rows])
     return _maybe(g.comm.reduce_scatter(stacked, _op(op), out=output, **_how(algorithm, async_op)),
                   async_op)
 
@@ -376,119 +537,219 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # no
                           group: Any = None, async_op: bool = False,
                           algorithm: str = "auto") -> Any:
     """Reduce ``input`` (the group's blocks, concatenated) and keep this rank's block."""
-    g = _group(group)
-    out = _view(output, "output")
-    x = _view(input, "input").reshape(g.comm.size, *out.shape)  # read: a copy is fine
+    g = _member(group, "reduce_scatter_tensor")
+    if g is None:
+        return None
+    out, x = _given(output, "output"), _given(input, "input")
+    p = g.comm.size
+    if hasattr(out, "shape") and hasattr(x, "shape"):
+        if x.size != p * out.size:
+            return _refused(g.comm.reduce_scatter,
+                            f"input: expected {p * out.size} elements (the group's {p} blocks "
+                            f"of the output's shape {tuple(out.shape)}), got shape {tuple(x.shape)}")
+        x = x.reshape(p, *out.shape)  # read: a copy is fine
     return _maybe(g.comm.reduce_scatter(x, _op(op), out=output, **_how(algorithm, async_op)),
                   async_op)
+
+
+def _splits(sizes: Sequence[int] | None, rows: int, p: int, name: str) -> tuple[list[int], str | None]:
+    """torch's split sizes (rows of dim 0 per rank; even when None) for a tensor of
+    ``rows`` rows, or what is wrong with them."""
+    if sizes is None:
+        if rows % p:
+            return [], f"{name}: {rows} rows do not split evenly over {p} ranks (give split sizes)"
+        return [rows // p] * p, None
+    try:
+        values = [int(s) for s in sizes]
+        whole = all(float(s) == int(s) for s in sizes)
+    except (TypeError, ValueError):
+        return [], f"{name}_split_sizes: expected {p} ints, got {sizes!r}"
+    if len(values) != p or not whole or min(values, default=0) < 0:
+        return [], f"{name}_split_sizes: expected {p} non-negative ints, got {list(sizes)}"
+    if sum(values) != rows:
+        return [], (f"{name}_split_sizes: they sum to {sum(values)}, but the {name} has "
+                    f"{rows} rows (dim 0)")
+    return values, None
 
 
 def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int] | None = None,  # noqa: A002
                       input_split_sizes: Sequence[int] | None = None, group: Any = None,
                       async_op: bool = False, algorithm: str = "auto") -> Any:
     """Block j of ``input`` (along the first dimension) to rank j; block i of ``output``
-    from rank i (even blocks, or the split sizes)."""
-    g = _group(group)
-    x, out = _view(input, "input"), _view(output, "output")
+    from rank i (even blocks, or the split sizes). Every rank gives split sizes or none
+    does: even blocks are one collective (all_to_all), split sizes another (all_to_all_v)."""
+    g = _member(group, "all_to_all_single")
+    if g is None:
+        return None
     p = g.comm.size
-    if output_split_sizes is None and input_split_sizes is None:
-        rows, copy_back = _shaped(output, "output", (p, out.size // max(p, 1)))
-        result = g.comm.all_to_all(x.reshape(p, -1), out=rows, **_how(algorithm, async_op))
-        return _then(result, copy_back, async_op)
-    send = list(input_split_sizes) if input_split_sizes is not None else [x.shape[0] // p] * p
+    x = _given(input, "input")
+    if not hasattr(x, "shape"):
+        return _refused(g.comm.all_to_all_v, f"input: expected a tensor, got {type(input).__name__}")
+    if x.ndim == 0:
+        return _refused(g.comm.all_to_all_v, "input: needs at least one dimension (dim 0 is split)")
+    send, problem = _splits(input_split_sizes, x.shape[0], p, "input")
+    if problem is not None:
+        return _refused(g.comm.all_to_all_v, problem)
+    out, expect, problem = None, [], None
+    try:
+        out = _view(output, "output")
+    except MpicollError as exc:
+        problem = str(exc)
+    if problem is None and (out.ndim == 0 or out.dtype != x.dtype):
+        problem = (f"output: expected a tensor of {x.dtype} (as the input) with a dim 0, got "
+                   f"shape {tuple(out.shape)} of {out.dtype}")
+    if problem is None:
+        expect, problem = _splits(output_split_sizes, out.shape[0], p, "output")
+    if input_split_sizes is None and output_split_sizes is None:
+        # even blocks both ways (torch: any shapes of equal size): all_to_all, whatever
+        # this rank's output (the collective a call makes never rests on one rank's buffer)
+        if problem is None and out.size != x.size:
+            problem = f"output: expected {x.size} elements (as the input), got shape {tuple(out.shape)}"
+        if problem is not None:
+            return _then(g.comm.all_to_all, (x.reshape(p, -1),), _nothing, problem)
+        rows, copy_back = _shaped(output, "output", (p, x.size // max(p, 1)))
+        return _then(g.comm.all_to_all, (x.reshape(p, -1),), copy_back, None, out=rows,
+                     **_how(algorithm, async_op))
+    if problem is None and out.shape[1:] != x.shape[1:]:
+        problem = (f"output: expected rows of shape {tuple(x.shape[1:])} (as the input's), "
+                   f"got shape {tuple(out.shape)}")
 
     def finish(result: Any) -> None:
-        rows, _ = result
+        rows, received = result
+        if list(received) != expect:
+            raise InvalidArgumentError(
+                f"output_split_sizes: this rank received {list(received)} rows from the ranks, "
+                f"expected {expect} (the senders' input_split_sizes differ)")
         out[...] = rows.reshape(out.shape)
 
-    return _then(g.comm.all_to_all_v(x, send, **_how(algorithm, async_op)),
-                 finish, async_op)
+    return _then(g.comm.all_to_all_v, (x, send), finish, problem,
+                 **_how(algorithm, async_op))
 
 
 def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], group: Any = None,
                async_op: bool = False, algorithm: str = "auto") -> Any:
     """``input_tensor_list[j]`` to rank j; ``output_tensor_list[i]`` from rank i."""
-    g = _group(group)
-    ins = [_view(t, f"input_tensor_list[{i}]").reshape(-1) for i, t in enumerate(input_tensor_list)]
-    counts = [a.size for a in ins]
-    flat = module_of(ins[0]).concatenate(ins)
+    g = _member(group, "all_to_all")
+    if g is None:
+        return None
+    p = g.comm.size
+    ins, problem = _tensors(input_tensor_list, "input_tensor_list", p, None)
+    if problem is None and len({a.dtype for a in ins}) > 1:
+        problem = f"input_tensor_list: tensors of one dtype, got {sorted({str(a.dtype) for a in ins})}"
+    if problem is not None:
+        return _refused(g.comm.all_to_all_v, problem)
+    flat = module_of(ins[0]).concatenate([a.reshape(-1) for a in ins]) if ins else None
+    outs, problem = _tensors(output_tensor_list, "output_tensor_list", p, None)
+    if problem is None and any(o.dtype != flat.dtype for o in outs):
+        problem = f"output_tensor_list: tensors of the inputs' dtype {flat.dtype}"
 
     def finish(result: Any) -> None:
         rows, received = result
+        sizes = [o.size for o in outs]
+        if list(received) != sizes:
+            raise InvalidArgumentError(
+                f"output_tensor_list: this rank received {list(received)} elements from the "
+                f"ranks, its tensors hold {sizes}")
         start = 0
-        for i, (t, n) in enumerate(zip(output_tensor_list, received, strict=True)):
-            view = _view(t, f"output_tensor_list[{i}]")
+        for view, n in zip(outs, sizes, strict=True):
             view[...] = rows[start:start + n].reshape(view.shape)
             start += n
 
-    return _then(g.comm.all_to_all_v(flat, counts, **_how(algorithm, async_op)),
-                 finish, async_op)
+    return _then(g.comm.all_to_all_v, (flat, [a.size for a in ins]), finish, problem,
+                 **_how(algorithm, async_op))
 
 
-def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int = 0,
-            group: Any = None, async_op: bool = False, algorithm: str = "auto") -> Any:
+def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None = None,
+            group: Any = None, async_op: bool = False, group_src: int | None = None,
+            algorithm: str = "auto") -> Any:
     """``scatter_list[j]`` of ``src`` into rank j's ``tensor``."""
-    g = _group(group)
-    root = g.local(src, "src")
-    stacked, refusal = None, None
+    g = _member(group, "scatter")
+    if g is None:
+        return None
+    root = _root(g, src if src is not None or group_src is not None else 0, group_src, "src")
+    stacked, refusal, problem = None, None, None
     if g.comm.rank == root:
-        if scatter_list is None or len(scatter_list) != g.comm.size:
-            refusal = InvalidArgumentError(
-                f"scatter_list: the source gives {g.comm.size} tensors, got "
-                f"{'None' if scatter_list is None else len(scatter_list)}")
+        like = _given(tensor, "tensor")
+        rows, wrong = _tensors(scatter_list, "scatter_list", g.comm.size, like) \
+            if scatter_list else ([], "scatter_list: must be given on the source rank")
+        if wrong is not None:
+            refusal = InvalidArgumentError(wrong)
         else:
-            rows = [_view(t, f"scatter_list[{i}]") for i, t in enumerate(scatter_list)]
-            stacked = module_of(rows[0]).stack(rows)
+            shape = like.shape if _is_array(like) else rows[0].shape
+            if any(r.size != rows[0].size or r.dtype != rows[0].dtype for r in rows):
+                refusal = InvalidArgumentError("scatter_list: tensors of one size and dtype")
+            else:
+                stacked = module_of(rows[0]).stack([r.reshape(shape) for r in rows])
+    elif scatter_list:
+        problem = "scatter_list: must not be given on a rank that is not the source (as torch)"
     try:  # a refused list travels in the root's header: every rank raises
-        return _maybe(g.comm.scatter(stacked, root, out=tensor, **_how(algorithm, async_op)),
-                      async_op)
+        return _then(g.comm.scatter, (stacked, root), _nothing, problem,
+                     out=tensor, **_how(algorithm, async_op))
     except InvalidArgumentError as exc:
         if refusal is not None:
             raise refusal from exc
         raise
 
 
-def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int = 0, group: Any = None,
-           async_op: bool = False, algorithm: str = "auto") -> Any:
+def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = None,
+           group: Any = None, async_op: bool = False, group_dst: int | None = None,
+           algorithm: str = "auto") -> Any:
     """Every rank's ``tensor`` into ``dst``'s ``gather_list``."""
-    g = _group(group)
-    root = g.local(dst, "dst")
+    g = _member(group, "gather")
+    if g is None:
+        return None
+    root = _root(g, dst if dst is not None or group_dst is not None else 0, group_dst, "dst")
+    x = _given(tensor, "tensor")
+    if g.comm.rank == root:
+        outs, problem = _tensors(gather_list, "gather_list", g.comm.size, x) if gather_list \
+            else ([], "gather_list: must be given on the destination rank")
+    else:
+        outs, problem = [], ("gather_list: must not be given on a rank that is not the "
+                             "destination (as torch)") if gather_list else None
 
     def finish(rows: Any) -> None:
-        if g.comm.rank == root:
-            if gather_list is None or len(gather_list) != g.comm.size:
-                raise InvalidArgumentError(f"gather_list: the destination gives {g.comm.size} tensors")
-            for i, t in enumerate(gather_list):
-                _view(t, f"gather_list[{i}]")[...] = rows[i]
+        for view, row in zip(outs, rows if rows is not None else (), strict=True):
+            view[...] = row.reshape(view.shape)
 
-    return _then(g.comm.gather(tensor, root, **_how(algorithm, async_op)), finish,
-                 async_op)
+    return _then(g.comm.gather, (x, root), finish, problem,
+                 **_how(algorithm, async_op))
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
             algorithm: str = "auto") -> Any:
-    g = _group(group)
+    g = _member(group, "barrier")
+    if g is None:
+        return None
     return _maybe(g.comm.barrier(**_how(algorithm, async_op)), async_op)
 
 
 def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+    g = _member(group, "monitored_barrier")
+    if g is None:
+        return
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-    _group(group).comm.monitored_barrier(seconds, wait_all_ranks)
+    g.comm.monitored_barrier(seconds, wait_all_ranks)
 
 
 # -- point-to-point ------------------------------------------------------------------------
 
 
-def send(tensor: Any, dst: int, group: Any = None, tag: int = 0) -> None:
-    g = _group(group)
-    g.comm.send(tensor, g.local(dst, "dst"), tag)
+def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
+         group_dst: int | None = None) -> None:
+    g = _member(group, "send")
+    if g is not None:
+        g.comm.send(tensor, _root(g, dst, group_dst, "dst"), tag)
 
 
-def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0) -> int:
-    """Receive into ``tensor`` (from any rank when ``src`` is None); the sender's rank."""
-    g = _group(group)
-    got = g.comm.recv(tensor, ANY if src is None else g.local(src, "src"), tag)
-    return g.ranks[got]
+def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
+         group_src: int | None = None) -> int:
+    """Receive into ``tensor`` (from any rank when ``src`` is None); the sender's rank
+    (-1 outside the group)."""
+    g = _member(group, "recv")
+    if g is None:
+        return -1
+    source = ANY if src is None and group_src is None else _root(g, src, group_src, "src")
+    return g.ranks[g.comm.recv(tensor, source, tag)]
 
 
 class _P2PWork:
@@ -506,28 +767,42 @@ class _P2PWork:
         return self._group.ranks[self._request.wait()]
 
 
-def isend(tensor: Any, dst: int, group: Any = None, tag: int = 0) -> _P2PWork:
-    g = _group(group)
-    return _P2PWork(g.comm.isend(tensor, g.local(dst, "dst"), tag), g)
+def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
+          group_dst: int | None = None) -> _P2PWork | None:
+    g = _member(group, "isend")
+    if g is None:
+        return None
+    return _P2PWork(g.comm.isend(tensor, _root(g, dst, group_dst, "dst"), tag), g)
 
 
-def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0) -> _P2PWork:
-    g = _group(group)
-    return _P2PWork(g.comm.irecv(tensor, ANY if src is None else g.local(src, "src"), tag), g)
+def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
+          group_src: int | None = None) -> _P2PWork | None:
+    g = _member(group, "irecv")
+    if g is None:
+        return None
+    source = ANY if src is None and group_src is None else _root(g, src, group_src, "src")
+    return _P2PWork(g.comm.irecv(tensor, source, tag), g)
 
 
 class P2POp:
     """One message of ``batch_isend_irecv``: ``P2POp(dist.isend, tensor, peer)``."""
 
-    def __init__(self, op: Any, tensor: Any, peer: int, group: Any = None, tag: int = 0) -> None:
+    def __init__(self, op: Any, tensor: Any, peer: int | None = None, group: Any = None,
+                 tag: int = 0, group_peer: int | None = None) -> None:
         self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
+        self.group_peer = group_peer
 
 
 def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[_P2PWork]:
-    """Start every message of the list (one group, all on the same group)."""
+    """Start every message of the list (all on one group, as torch's)."""
     if not p2p_op_list:
         return []
-    g = _group(p2p_op_list[0].group)
-    ops = [_P2POp(getattr(p.op, "__name__", p.op), p.tensor, g.local(p.peer, "peer"), p.tag)
-           for p in p2p_op_list]
+    group = p2p_op_list[0].group
+    if any(p.group is not group for p in p2p_op_list):
+        raise InvalidArgumentError("batch_isend_irecv: every P2POp must use the same group")
+    g = _member(group, "batch_isend_irecv")
+    if g is None:
+        return []
+    ops = [_P2POp(getattr(p.op, "__name__", p.op), p.tensor,
+                  _root(g, p.peer, p.group_peer, "peer"), p.tag) for p in p2p_op_list]
     return [_P2PWork(r, g) for r in g.comm.batch_isend_irecv(ops)]

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .buffers import writable
 from .buffers.arrays import as_array
 from .errors import (
     CollectiveError,
@@ -156,6 +157,7 @@ def _outgoing(comm: Any, peers: Any, x: Any, name: str = "x") -> Any:
 def _incoming(comm: Any, peers: Any, out: Any, name: str = "out") -> Any:
     """Where a receive lands: ``out``'s own memory, flat (it must be contiguous and
     writeable: the message is written into it in place)."""
+    writable(out, name)
     array = _on_device(comm, peers, as_array(out, name)[0], name)
     if not array.flags.c_contiguous or (type(array) is np.ndarray and not array.flags.writeable):
         raise InvalidArgumentError(f"{name}: a receive buffer must be a writeable contiguous array")

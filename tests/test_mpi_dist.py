@@ -27,6 +27,20 @@ def test_a_wrong_rank_on_one_rank_raises_on_every_rank():
     dist.destroy_process_group()
 
 
+def test_destroy_process_group_frees_every_group_made():
+    """destroy_process_group() frees the groups new_group and init_device_mesh made, as
+    torch's: a later call on one refuses on every rank, naming the free."""
+    dist.init_process_group("mpi")
+    size = dist.get_world_size()
+    group = dist.new_group(list(range(size)))
+    mesh = dist.init_device_mesh("cpu", (size,), mesh_dim_names=("dp",))
+    dist.destroy_process_group()
+    for g in (group, mesh.get_group("dp")):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="freed"):
+            dist.all_reduce(np.ones(1), group=g)
+    assert not dist.is_initialized()
+
+
 @pytest.fixture(scope="module")
 def initialized():
     dist.init_process_group("gloo")
@@ -156,3 +170,133 @@ def test_outputs_that_are_not_contiguous_get_the_result(initialized):
     gathered = np.zeros((size, 3))[:, ::2]
     dist.all_gather_into_tensor(gathered, np.full(2, float(rank)))
     np.testing.assert_array_equal(gathered, np.repeat(np.arange(size, dtype=float)[:, None], 2, 1))
+
+
+def test_a_rank_outside_a_group_does_nothing_as_torch(initialized):
+    """torch's GroupMember.NON_GROUP_MEMBER: every rank calls the collective with the
+    group; outside it the call returns None with torch's warning, inside it runs."""
+    rank = dist.get_rank()
+    first = dist.new_group([0])
+    t = np.full(2, float(rank + 1))
+    if rank == 0:
+        assert dist.all_reduce(t, group=first) is None and (t == 1).all()
+    else:
+        assert first is dist.GroupMember.NON_GROUP_MEMBER
+        for call in (lambda: dist.all_reduce(t, group=first),
+                     lambda: dist.broadcast(t, src=0, group=first),
+                     lambda: dist.all_gather([np.zeros(2)], t, group=first),
+                     lambda: dist.barrier(group=first)):
+            with pytest.warns(UserWarning, match="does not belong to the given group"):
+                assert call() is None
+        assert (t == rank + 1).all()
+    dist.barrier()
+
+
+def test_group_ranks_translate_both_ways_and_group_src_dst(initialized):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    backwards = dist.new_group(list(range(size))[::-1], sort_ranks=False)  # order kept
+    assert dist.get_rank(backwards) == size - 1 - rank
+    assert dist.get_group_rank(backwards, 0) == size - 1
+    assert dist.get_global_rank(backwards, 0) == size - 1
+    with pytest.raises(mpicoll.InvalidArgumentError):
+        dist.get_global_rank(backwards, size)
+    t = np.full(1, float(rank))
+    dist.broadcast(t, group=backwards, group_src=0)  # the group's rank 0: global size - 1
+    assert t[0] == size - 1
+    got = [np.zeros(1) for _ in range(size)] if rank == size - 1 else None
+    dist.gather(np.full(1, float(rank)), got, group=backwards, group_dst=0)
+    if got is not None:
+        assert [g[0] for g in got] == list(range(size))[::-1]
+    with pytest.raises(mpicoll.InvalidArgumentError, match="not both"):
+        dist.broadcast(t, src=0, group_src=0)
+    sorted_group = dist.new_group(list(range(size))[::-1])  # sorted, as torch's default
+    assert dist.get_rank(sorted_group) == rank
+    with pytest.raises(mpicoll.InvalidArgumentError, match="use_local_synchronization"):
+        dist.new_group([0], use_local_synchronization=True)
+
+
+def test_an_async_work_as_torch(initialized):
+    """wait() returns True; once is_completed() says so, the list holds the result."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    rows = [np.zeros(2) for _ in range(size)]
+    work = dist.all_gather(rows, np.full(2, float(rank)), async_op=True)
+    while not work.is_completed():
+        pass
+    assert [r[0] for r in rows] == list(range(size))
+    assert work.wait() is True
+    assert dist.all_reduce(np.ones(1), async_op=True).wait() is True
+
+
+def _every_rank_refuses(call, match):
+    with pytest.raises(mpicoll.InvalidArgumentError, match=match):
+        call()
+
+
+def test_the_same_mistake_on_every_rank_raises_mpicoll_errors(initialized):
+    """What torch refuses, refused with mpicoll's error (no raw NumPy error), on every
+    rank; then the next call is right."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    x = np.full(3, float(rank))
+    cases = [
+        (lambda: dist.all_gather_into_tensor(np.zeros(3 * size - 1), x), "output_tensor"),
+        (lambda: dist.all_gather_into_tensor(np.zeros(3 * size + 3), x), "output_tensor"),
+        (lambda: dist.all_gather([np.zeros(4) for _ in range(size)], x), r"tensor_list\[0\]"),
+        (lambda: dist.all_gather([np.zeros((2, 3)) for _ in range(size)], x), "3 elements"),
+        (lambda: dist.all_gather([np.zeros(3, int) for _ in range(size)], x), "float64"),
+        (lambda: dist.all_gather([np.zeros(3)] * (size + 1), x), "tensor_list"),
+        (lambda: dist.reduce_scatter_tensor(np.zeros(3), np.zeros(3 * size + 1)), "input"),
+        (lambda: dist.reduce_scatter(np.zeros(3), [np.zeros(3)] * (size + 1)), "input_list"),
+        (lambda: dist.reduce_scatter(np.zeros(3), [np.zeros(2)] * size), r"input_list\[0\]"),
+        (lambda: dist.all_to_all_single(np.zeros(size * 2), np.zeros(size * 2 + 1)),
+         "split evenly" if size > 1 else "elements"),
+        (lambda: dist.all_to_all_single(np.zeros(size * 2), np.zeros(size * 2),
+                                        output_split_sizes=[3] * size,
+                                        input_split_sizes=[2] * size), "output_split_sizes"),
+        (lambda: dist.all_to_all_single(np.zeros(size * 2), np.zeros(size * 2),
+                                        input_split_sizes=[1] * size), "input_split_sizes"),
+        (lambda: dist.all_to_all([np.zeros(1)] * (size + 1), [np.zeros(1)] * size),
+         "output_tensor_list"),
+        (lambda: dist.all_to_all([np.zeros(2) for _ in range(size)], [np.zeros(1)] * size),
+         "received"),
+        (lambda: dist.gather(x, [np.zeros(3)] * size, dst=0) if rank != 0 else
+         dist.gather(x, None, dst=0), "gather_list"),
+        (lambda: dist.broadcast(3.0, src=0), "tensor"),
+        (lambda: dist.all_reduce(3.0), "out"),
+    ]
+    for call, match in cases:
+        _every_rank_refuses(call, match)
+        got = np.full(2, 1.0)
+        dist.all_reduce(got)
+        assert (got == size).all(), match
+
+
+def test_one_rank_s_wrong_output_takes_part_then_raises(initialized):
+    """A wrong output list or tensor on one rank: that rank takes part, then raises; the
+    others get their results and nothing is left waiting."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    last = rank == size - 1
+    x = np.full(2, float(rank))
+    out = np.zeros(2 * size - (1 if last else 0))
+    if last:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="output_tensor"):
+            dist.all_gather_into_tensor(out, x)
+    else:
+        dist.all_gather_into_tensor(out, x)
+        assert out.tolist() == [float(r) for r in range(size) for _ in range(2)]
+    rows = [np.zeros(2, int if last else float) for _ in range(size)]
+    if last:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="tensor_list"):
+            dist.all_gather(rows, x)
+    else:
+        dist.all_gather(rows, x)
+        assert [r[0] for r in rows] == list(range(size))
+    single = np.zeros(size + (1 if last else 0))
+    if last:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="output"):
+            dist.all_to_all_single(single, np.arange(size, dtype=float))
+    else:
+        dist.all_to_all_single(single, np.arange(size, dtype=float))
+        assert single.tolist() == [float(rank)] * size
+    t = np.ones(1)
+    dist.all_reduce(t)
+    assert t[0] == size

@@ -57,10 +57,14 @@ def test_every_collective_takes_tensors(world, collective):
 
 def test_tensors_numpy_cannot_view_take_the_whole_path(world):
     p = world.size
-    grad = torch.ones(3, requires_grad=True)  # refused on every rank, with the remedy
-    with pytest.raises(mpicoll.InvalidArgumentError, match="detach"):
-        world.all_reduce(grad)
-    np.testing.assert_array_equal(world.all_reduce(grad.detach()).numpy(), np.full(3, p))
+    grad = torch.ones(3, requires_grad=True)  # its memory, as torch.distributed uses it
+    np.testing.assert_array_equal(world.all_reduce(grad).numpy(), np.full(3, p))
+    assert world.all_reduce(grad, out=grad) is grad and grad.requires_grad
+    np.testing.assert_array_equal(grad.detach().numpy(), np.full(3, p))
+    weight = torch.nn.Linear(2, 3).weight  # a parameter: broadcast from rank 0 at start
+    expected = world.broadcast(weight.detach().clone(), 0).numpy()
+    assert world.broadcast(weight, 0) is weight
+    np.testing.assert_array_equal(weight.detach().numpy(), expected)
     strided = torch.ones(8)[::2]
     np.testing.assert_array_equal(world.all_reduce(strided).numpy(), np.full(4, p))
     half = torch.ones(5, dtype=torch.bfloat16)
@@ -87,9 +91,8 @@ def test_a_kept_view_follows_the_tensor_it_views(world):
     got = world.all_reduce(x)
     assert tuple(got.shape) == (1, 6)
     np.testing.assert_array_equal(got.numpy(), np.full((1, 6), float(p)))
-    x.requires_grad_(True)  # Tensor.numpy() refuses it: the whole path names it
-    with pytest.raises(mpicoll.MpicollError):
-        world.all_reduce(x)
+    x.requires_grad_(True)  # needing grad: the same memory, still its view
+    np.testing.assert_array_equal(world.all_reduce(x).numpy(), np.full((1, 6), float(p)))
     x.requires_grad_(False)
     np.testing.assert_array_equal(world.all_reduce(x).numpy(), np.full((1, 6), float(p)))
 
@@ -126,3 +129,27 @@ def test_out_tensors_and_arrays_mixed_with_tensors_across_repeated_calls(world):
         got = world.all_reduce(x, "sum", algorithm="ring", out=x)
         assert got is x
         np.testing.assert_array_equal(x.numpy(), want)
+
+
+def test_dist_lists_of_bfloat16_and_parameters_as_torch_distributed():
+    """mpicoll.dist on torch tensors: lists of bfloat16 tensors (NumPy cannot hold
+    torch's bfloat16: its rows go through ml_dtypes' views) and a parameter needing grad
+    (its memory, as torch.distributed broadcasts a model's weights at start)."""
+    import mpicoll.dist as dist
+
+    dist.init_process_group("mpi")
+    try:
+        rank, size = dist.get_rank(), dist.get_world_size()
+        mine = torch.full((3,), float(rank), dtype=torch.bfloat16)
+        rows = [torch.zeros(3, dtype=torch.bfloat16) for _ in range(size)]
+        dist.all_gather(rows, mine)
+        assert [r.float().tolist() for r in rows] == [[float(r)] * 3 for r in range(size)]
+        got = [torch.zeros(3, dtype=torch.bfloat16) for _ in range(size)] if rank == 0 else None
+        dist.gather(mine, got, dst=0)
+        if rank == 0:
+            assert [g[0].item() for g in got] == [float(r) for r in range(size)]
+        weight = torch.nn.Parameter(torch.full((2, 2), float(rank)))
+        dist.broadcast(weight, src=0)
+        assert weight.requires_grad and (weight.detach() == 0).all()
+    finally:
+        dist.destroy_process_group()

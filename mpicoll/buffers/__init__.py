@@ -68,12 +68,21 @@ def flat(x: Any) -> Any:
     return module_of(x).ascontiguousarray(x).reshape(-1)
 
 
+def writable(out: Any, name: str) -> None:
+    """Refuse a Python or NumPy number as a buffer to write into: the caller could never
+    read what is written there."""
+    if isinstance(out, (bool, int, float, complex, np.generic)):
+        raise InvalidArgumentError(
+            f"{name}: expected an array to write into, got {type(out).__name__}")
+
+
 def result_buffer(out: Any, shape: tuple[int, ...], dtype: np.dtype, name: str = "out",
                   like: Any = None) -> Any:
     """Check a user's result buffer (as an array of ``like``'s library: any writeable
     view of the right shape and dtype, strided too), or allocate one when ``out`` is None."""
     if out is None:
         return empty(shape, dtype, like=like)
+    writable(out, name)
     out, _ = as_array(out, name)
     if module_of(out) is not module_of(like if like is not None else out):
         raise InvalidArgumentError(

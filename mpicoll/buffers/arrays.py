@@ -115,7 +115,7 @@ def kept_view(x: Any) -> np.ndarray | None:
     on the memory and in the shape it was viewed in; else None."""
     kept = _VIEWS.get(id(x))
     if kept is not None and kept[0] is x and kept[1] == x.data_ptr() and kept[2] == x.shape \
-            and kept[4] == x.stride() and not x.requires_grad:  # as Tensor.numpy() refuses it
+            and kept[4] == x.stride():
         return kept[3]
     return None
 
@@ -123,8 +123,8 @@ def kept_view(x: Any) -> np.ndarray | None:
 def torch_numpy(x: Any) -> np.ndarray | None:
     """A NumPy view of the torch CPU tensor ``x`` (no copy; ``Tensor.numpy()``, far cheaper
     than a DLPack import, and kept for small tensors), bfloat16 and float8 as ml_dtypes'
-    types; None where NumPy cannot view it (a tensor that needs grad, a conjugate one:
-    DLPack then says why)."""
+    types (a tensor that needs grad: its memory, as torch.distributed's collectives use
+    it); None where NumPy cannot view it (a conjugate one: DLPack then says why)."""
     view = kept_view(x)
     if view is not None:
         return view
@@ -146,6 +146,8 @@ def _small_storage(x: Any) -> bool:
 
 
 def _torch_numpy(x: Any) -> np.ndarray | None:
+    if x.requires_grad:  # its memory, as torch.distributed reads and writes it (autograd
+        x = x.detach()   # does not see a collective)
     try:
         return x.numpy()
     except TypeError:  # a dtype NumPy lacks
@@ -223,6 +225,8 @@ def _from_dlpack(x: Any, name: str) -> Any:
     Every way the import can fail becomes mpicoll's error, so a root that cannot read its
     input still tells the other ranks (they catch TypeError and ValueError only).
     """
+    if getattr(x, "requires_grad", False):  # a torch tensor that needs grad: its memory
+        x = x.detach()
     try:
         device_type = int(x.__dlpack_device__()[0])
     except Exception as exc:  # noqa: BLE001 - a producer's own failure
