@@ -106,3 +106,14 @@ def test_scatter_root_refusing_its_out_takes_part_and_the_others_get_their_rows(
     else:  # the root took part with workspace: every other rank has its row
         np.testing.assert_array_equal(world.scatter(x, 0), [2.0 * world.rank, 2.0 * world.rank + 1])
     np.testing.assert_array_equal(world.all_reduce(np.ones(1)), [world.size])
+
+
+def test_a_number_as_out_or_receive_buffer_is_refused(world):
+    """out=3.0 (or a NumPy scalar) could never show the caller its result: refused, the
+    rank taking part as for any wrong out=; a receive into one too, before any message."""
+    for out in (3.0, np.float64(3.0)):
+        with pytest.raises(InvalidArgumentError, match="out: expected an array to write into"):
+            world.all_reduce(np.ones(1), out=out)
+        np.testing.assert_array_equal(world.all_reduce(np.ones(1)), [world.size])
+    with pytest.raises(InvalidArgumentError, match="expected an array to write into"):
+        world.recv(3.0, 0)
