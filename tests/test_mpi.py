@@ -114,6 +114,28 @@ def test_v_variants(comm, collective, algorithm):
             run_v_case(comm, collective, algorithm, (), None, op)
 
 
+@pytest.mark.parametrize("algorithm", ["auto", *(a for v, a in v_cases("mpi")
+                                                if v == "all_to_all_v")])
+def test_all_to_all_v_even_on_some_ranks_only(comm, algorithm):
+    """Every rank sends one row to each, the last rank two to itself: the others' counts
+    are even, its own are not. Whatever each rank's own counts, every rank makes the same
+    collective (native: MPI_Alltoallv on every rank, never MPI_Alltoall on some)."""
+    p, rank = comm.size, comm.rank
+    send = [1] * p
+    if rank == p - 1:
+        send[rank] = 2
+    x = np.arange(sum(send), dtype=float) + 100 * rank
+    rows, received = comm.all_to_all_v(x, send, algorithm=algorithm)
+    expected = [1] * p
+    if rank == p - 1:
+        expected[rank] = 2
+    assert list(received) == expected
+    want = [100.0 * r + rank for r in range(p)]
+    if rank == p - 1:
+        want[rank:] = [100.0 * rank + rank, 100.0 * rank + rank + 1]
+    np.testing.assert_array_equal(rows, want)
+
+
 @pytest.mark.parametrize("collective,algorithm",
                          [(c, a) for c, a in CASES if c in REDUCING and a != "native"])
 def test_matches_native(world, collective, algorithm):

@@ -233,10 +233,19 @@ def native_reduce_scatter(t: MPITransport, src: np.ndarray, bounds: tuple[int, .
 
 def native_all_to_all(t: MPITransport, src: np.ndarray, send_bounds: tuple[int, ...],
                       dst: np.ndarray, recv_bounds: tuple[int, ...]) -> None:
+    """MPI_Alltoall where the blocks are even (all_to_all: on every rank alike, its shape
+    being agreed), else MPI_Alltoallv."""
     if _even(send_bounds) and _even(recv_bounds):
         t.comm.Alltoall(_bytes(src), _bytes(dst))
     else:
         t.comm.Alltoallv(_bytes_v(src, send_bounds), _bytes_v(dst, recv_bounds))
+
+
+def native_all_to_all_v(t: MPITransport, src: np.ndarray, send_bounds: tuple[int, ...],
+                        dst: np.ndarray, recv_bounds: tuple[int, ...]) -> None:
+    """MPI_Alltoallv on every rank: a rank's own counts being even says nothing of the
+    others' (one rank in MPI_Alltoall, another in MPI_Alltoallv would never match)."""
+    t.comm.Alltoallv(_bytes_v(src, send_bounds), _bytes_v(dst, recv_bounds))
 
 
 def native_barrier(t: MPITransport) -> None:
@@ -389,6 +398,7 @@ NATIVE = {  # each: (function, positions of the buffers it reads, and of those i
     "all_reduce": _staged(native_all_reduce, (0,), (1,)),
     "reduce_scatter": _staged(native_reduce_scatter, (0,), (3,)),
     "all_to_all": _staged(native_all_to_all, (0,), (2,)),
+    "all_to_all_v": _staged(native_all_to_all_v, (0,), (2,)),  # all_to_all_v's (see above)
     "barrier": native_barrier,
     "scan": _staged(native_scan, (0,), (1,)),
     "exscan": _staged(native_exscan, (0,), (1,)),

@@ -636,6 +636,8 @@ def all_to_all_v(c: CallState, call: Call, x: Any, send_counts: Any, algorithm: 
     recv_bounds = counts_bounds([n * row for n in received])
     fn = c._chooser.function("all_to_all", algorithm, total // t.size, options=options,
                              uneven=True)
+    if fn is b.native.get("all_to_all"):  # the library's own: its v-form, where it has one
+        fn = b.native.get("all_to_all_v", fn)
     result = empty((sum(received), *x.shape[1:]), x.dtype, like=x)
     t.use(x)
     fn(t, flat(x), send_bounds, result.reshape(-1), recv_bounds)
