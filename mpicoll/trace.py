@@ -36,11 +36,21 @@ def main(argv: list[str] | None = None) -> int:
 
         print("\n".join(explain(load_dumps(args.path))))
         return 0
-    events = load(args.path)
+    try:
+        events = load(args.path)
+    except ValueError as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
     if not events:
         print(f"{parser.prog}: {args.path} has no events", file=sys.stderr)
         return 2
     if args.command == "draw":
+        from mpicoll.bench.report import unwritable
+
+        problem = unwritable(args.output)
+        if problem:
+            print(f"{parser.prog}: -o {args.output}: {problem}", file=sys.stderr)
+            return 2
         draw(events, args.output)
         print(f"wrote {args.output}")
         return 0

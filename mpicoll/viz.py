@@ -317,8 +317,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("-n: at least 1 rank")
     if args.ranks_per_node is not None and args.ranks_per_node < 1:
         parser.error("--ranks-per-node: at least 1")
+    if args.chunks < 1:
+        parser.error("--chunks: at least 1 element per rank-chunk")
     if not args.ascii and not args.output:
         parser.error("give -o FILE.png, or --ascii")
+    if args.output:
+        from mpicoll.bench.report import unwritable
+
+        problem = unwritable(args.output)
+        if problem:
+            parser.error(f"-o {args.output}: {problem}")
     try:
         traced = trace_flow(args.collective, args.algorithm, args.ranks, args.chunks,
                             args.ranks_per_node)

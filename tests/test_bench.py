@@ -270,3 +270,23 @@ def test_gloo_comparison_runs_where_torch_is(world, capsys):
     if world.rank == 0:
         out = capsys.readouterr().out
         assert "gloo/dist" in out and "64B" in out
+
+
+def test_osu_layout_means_what_osu_means():
+    """OSU's latency is each rank's mean over the iterations, then its average, minimum
+    and maximum over the ranks (not the iterations' spread), at OSU's message size (per
+    rank for all_gather, per peer for all_to_all)."""
+    from mpicoll.bench import Row
+
+    def row(collective, size):
+        return Row(collective, "mpi", "numpy", size, size // 4, "float32", "sum", -1, "ring",
+                   9.0, 1.0, 50.0, 40.0, 0.0, 0.0, 0, 0.0, mean_us=12.0,
+                   rank_avg_us=10.0, rank_min_us=8.0, rank_max_us=12.0)
+
+    head = {"ranks": 4, "iterations": 20}
+    lines = report.osu_lines([row("all_reduce", 1024), row("all_gather", 1024),
+                              row("all_to_all", 1024)], head)
+    data = [line.split() for line in lines if line and not line.startswith("#")]
+    assert data == [["1024", "10.00", "8.00", "12.00", "20"],
+                    ["256", "10.00", "8.00", "12.00", "20"],
+                    ["256", "10.00", "8.00", "12.00", "20"]]

@@ -71,7 +71,7 @@ def parse_size(text: str) -> int:
     number = cleaned[:-1] if cleaned[-1:] in ("K", "M", "G") else cleaned
     try:
         size = int(float(number) * scale)
-    except ValueError:
+    except (ValueError, OverflowError):  # (inf and nan: OverflowError, ValueError)
         raise ValueError(f"{text!r} is not a size (bytes, with K, M or G)") from None
     if size < 0:
         raise ValueError(f"{text!r}: a size cannot be negative")
@@ -250,8 +250,12 @@ BACK_TO_BACK_ROUNDS = 10  # back-to-back timing: the calls take turns in this ma
 
 def time_interleaved(comm: Communicator, calls: dict[str, Callable[[], object]], iters: int,
                      warmup: int, barrier: Callable[[], None],
-                     timing: str = "barrier") -> dict[str, list[float]]:
+                     timing: str = "barrier",
+                     spread: dict[str, tuple[float, float, float]] | None = None
+                     ) -> dict[str, list[float]]:
     """Per-iteration times of each call, each the slowest rank's; warm-up excluded.
+    ``spread``, where given, gets OSU's view of each call: each rank's mean over the
+    iterations, and their (average, minimum, maximum) over the ranks, in seconds.
 
     ``timing="barrier"``: the calls take turns (iteration i of every call, in a shuffled
     order, then i+1), each after a barrier, so a slow spell of the machine hits them all
@@ -291,7 +295,16 @@ def time_interleaved(comm: Communicator, calls: dict[str, Callable[[], object]],
                 times[name][i] = time.perf_counter() - start
     mine = np.stack(list(times.values())) if times else np.empty((0, iters))
     slowest = np.empty_like(mine)
-    comm.control_comm.Allreduce(mine, slowest, op=MPI.MAX)
+    control = comm.control_comm
+    control.Allreduce(mine, slowest, op=MPI.MAX)
+    if spread is not None:  # OSU: each rank's mean, then across the ranks
+        means = mine.mean(axis=1)
+        total, low, high = (np.empty_like(means) for _ in range(3))
+        control.Allreduce(means, total, op=MPI.SUM)
+        control.Allreduce(means, low, op=MPI.MIN)
+        control.Allreduce(means, high, op=MPI.MAX)
+        for k, name in enumerate(times):
+            spread[name] = (total[k] / comm.size, low[k], high[k])
     return {name: slowest[k].tolist() for k, name in enumerate(times)}
 
 
@@ -332,6 +345,11 @@ class Row:
     vs_native: float = math.nan
     mean_us: float = math.nan
     inplace: bool = False
+    # OSU's latency: each rank's mean over the iterations, then their average, minimum
+    # and maximum over the ranks
+    rank_avg_us: float = math.nan
+    rank_min_us: float = math.nan
+    rank_max_us: float = math.nan
 
     @property
     def measured_over_predicted(self) -> float:
@@ -417,8 +435,9 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
             from mpicoll.buffers.cuda import current_stream
 
             runs = {name: _synchronized(run, current_stream()) for name, run in runs.items()}
+        spread: dict[str, tuple[float, float, float]] = {}
         timed = time_interleaved(comm, runs, args.iters, args.warmup_iters,
-                                 lambda: comm.barrier(algorithm="native"), args.timing)
+                                 lambda: comm.barrier(algorithm="native"), args.timing, spread)
         measured = {name: (timed[name], wrongs[name]) for name in runs}
         for name, (times, wrong) in measured.items():
             seconds = statistics.median(times)
@@ -439,7 +458,9 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
                 algbw * record.busbw_factor(comm.size), wrong,
                 model.predict(collective, stand_in, wire_size, comm.size, params) * 1e6,
                 mean_us=statistics.fmean(times) * 1e6,
-                inplace=inplace and collective in INPLACE))
+                inplace=inplace and collective in INPLACE,
+                rank_avg_us=spread[name][0] * 1e6, rank_min_us=spread[name][1] * 1e6,
+                rank_max_us=spread[name][2] * 1e6))
         baseline = measured.get(library_name, measured.get("native", ([math.nan], 0)))[0]
         for row in rows[-len(measured):]:
             row.vs_native = statistics.median(baseline) * 1e6 / row.time_us
@@ -564,6 +585,10 @@ def overhead(comm: Communicator, args: argparse.Namespace, say: Callable[..., No
                     "default": comm.barrier,
                     "native": lambda: comm.barrier(algorithm="native"),
                     "plan": comm.barrier_init()}
+        elif RECORDS[collective].reduces and not comm.native_serves(
+                resolve_op(args.op, dtype), dtype):
+            say(f"  {collective:>14} (the library cannot reduce {dtype.name} with {args.op})")
+            continue
         else:
             x = on_buffer(make_input(comm, collective, nbytes, dtype, args.op), args.buffer)
             call = Call(comm, collective, x, args.op, args.root)
@@ -709,9 +734,14 @@ def _check_arguments(parser: _Parser, args: argparse.Namespace) -> None:
         parser.error(f"-b/-e: {exc}")
     if begin > end:
         parser.error(f"-b {args.minbytes} is larger than -e {args.maxbytes}")
-    if args.stepfactor <= 1:
-        parser.error(f"-f {args.stepfactor:g}: the step factor must be above 1")
+    if not 1 < args.stepfactor < math.inf:  # (nan fails it too)
+        parser.error(f"-f {args.stepfactor:g}: the step factor must be a number above 1")
     args.size_list = sizes(begin, end, args.stepfactor)
+    for flag in ("json", "csv", "plot", "output"):
+        path = getattr(args, flag, None)
+        problem = report.unwritable(path) if path else None
+        if problem:
+            parser.error(f"--{flag} {path}: {problem}")
     if args.iters < 1:
         parser.error(f"-n {args.iters}: at least 1 timed iteration")
     if args.warmup_iters < 0:

@@ -231,17 +231,28 @@ def nccl_lines(out_of_place: list[Any], in_place: list[Any], head: dict[str, Any
     return lines
 
 
+# OSU's message size, from nccl-tests' bytes: per rank (a gather's, a scatter's row) or per
+# peer (all_to_all) where nccl-tests counts the whole buffer
+_OSU_PER_RANK = frozenset(("all_gather", "gather", "scatter", "all_to_all"))
+
+
 def osu_lines(rows: list[Any], head: dict[str, Any]) -> list[str]:
-    """OSU micro-benchmarks' layout: per collective and algorithm, the average, minimum
-    and maximum latency at each size (each iteration's time is the slowest rank's)."""
+    """OSU micro-benchmarks' layout and meaning: per collective and algorithm, at each
+    message size (OSU's: per rank for all_gather, gather and scatter, per peer for
+    all_to_all), each rank's mean latency over the iterations, then their average,
+    minimum and maximum over the ranks."""
     lines = []
+    ranks = int(head["ranks"])
     for collective, algorithm, mine in _blocks(rows):
         lines += ["", f"# OSU-style {collective} latency test, algorithm {algorithm}, "
-                  f"{head['ranks']} ranks (size: nccl-tests' bytes)",
+                  f"{ranks} ranks",
                   f"# {'Size':<10} {'Avg Latency(us)':>17} {'Min Latency(us)':>17} "
                   f"{'Max Latency(us)':>17} {'Iterations':>11}"]
-        lines += [f"{r.size:<12} {r.mean_us:>17.2f} {r.min_us:>17.2f} {r.max_us:>17.2f} "
-                  f"{head['iterations']:>11}" for r in mine]
+        for r in mine:
+            size = r.size // ranks if collective in _OSU_PER_RANK else r.size
+            lines.append(f"{size:<12} {r.rank_avg_us:>17.2f} {r.rank_min_us:>17.2f} "
+                         f"{r.rank_max_us:>17.2f} "
+                         f"{head['iterations']:>11}")
     return lines
 
 
@@ -285,6 +296,21 @@ def _row_dict(row: Any) -> dict[str, Any]:
 # the run's header, repeated on every CSV row (the JSON keeps it once, as "header")
 CSV_RUN_COLUMNS = ("ranks", "hosts", "host_names", "dtype", "op", "timing", "iterations",
                    "warmup", "mpicoll", "mpi_library", "mpi4py", "numpy", "slurm_job_id")
+
+
+def unwritable(path: str) -> str | None:
+    """Why the file ``path`` could not be written (None: it can), its folder made where
+    missing: asked before a run, so hours of measurements are never lost at its end."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"{path} is a folder"
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        return f"cannot make the folder {folder} ({exc.strerror or exc})"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the folder {folder} is not writable"
+    return None
 
 
 def write(rows: list[Any], head: dict[str, Any], json_path: str | None, csv_path: str | None,

@@ -16,15 +16,29 @@ from .. import model
 
 
 def load(path: str) -> list[dict[str, Any]]:
-    """The message, reduction and call events of a trace file, times in seconds."""
-    with open(path) as f:
-        trace = json.load(f)
+    """The message, reduction and call events of a trace file, times in seconds.
+
+    Raises:
+        ValueError: the file cannot be read, or is not a trace mpicoll wrote (says which).
+    """
+    try:
+        with open(path) as f:
+            trace = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise ValueError(f"{path}: not a trace mpicoll wrote (no traceEvents list)")
     events = []
-    for e in trace["traceEvents"]:
-        if e.get("ph") != "X":
-            continue
-        events.append({**e["args"], "rank": e["pid"], "track": e["tid"],
-                       "start": e["ts"] / 1e6, "end": (e["ts"] + e["dur"]) / 1e6})
+    try:
+        for e in trace["traceEvents"]:
+            if e.get("ph") != "X":
+                continue
+            events.append({**e["args"], "rank": e["pid"], "track": e["tid"],
+                           "start": e["ts"] / 1e6, "end": (e["ts"] + e["dur"]) / 1e6})
+    except (AttributeError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a trace mpicoll wrote (an event lacks {exc})") from None
     return events
 
 
