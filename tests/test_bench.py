@@ -96,7 +96,10 @@ def test_float_means_float32_in_the_output(world, shared_dir):
     (["-o", "avg", "-d", "int32"], "-o avg:"),
     (["-b", "1K", "-e", "8"], "-b 1K is larger than -e 8"),
     (["-d", "floaty"], "'floaty' is not a dtype"),
-    (["-f", "1"], "-f 1: the step factor must be above 1"),
+    (["-f", "1"], "-f 1: the step factor must be a number above 1"),
+    (["-f", "nan"], "-f nan: the step factor must be a number above 1"),
+    (["-e", "inf"], "'inf' is not a size"),
+    (["--json", "/proc/no/such/x.json"], "--json /proc/no/such/x.json: cannot make the folder"),
     (["-c", "2"], "argument -c/--check"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(world, capsys, flags, message):
@@ -290,3 +293,18 @@ def test_osu_layout_means_what_osu_means():
     assert data == [["1024", "10.00", "8.00", "12.00", "20"],
                     ["256", "10.00", "8.00", "12.00", "20"],
                     ["256", "10.00", "8.00", "12.00", "20"]]
+
+
+def test_overhead_and_tune_on_a_dtype_the_library_cannot_reduce(world, shared_dir, capsys):
+    """bfloat16: MPI cannot reduce it; the overhead table says so for the reducing rows and
+    tune leaves the library's column out, neither stops."""
+    assert main(["overhead", "-n", "1", "-w", "0", "-d", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    if world.rank == 0:
+        assert "all_reduce (the library cannot reduce bfloat16 with sum)" in out
+        assert "all_gather" in out
+    path = os.path.join(shared_dir, "bf16-tuning.json")
+    assert main(["tune", "-b", "8", "-e", "8", "-n", "1", "-w", "0", "-d", "bfloat16",
+                 "--collectives", "all_reduce", "--output", path]) == 0
+    if world.rank == 0:
+        assert "the MPI library cannot take it" in capsys.readouterr().out

@@ -241,3 +241,15 @@ def test_viz_draws_node_boundaries_and_the_messages_that_cross_them(capsys, tmp_
     assert viz.main(["all_reduce", "--algorithm", "ring", "-n", "4", "--ranks-per-node", "2",
                      "-o", str(tmp_path / "ring.png")]) == 0
     assert (tmp_path / "ring.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_reading_a_missing_or_foreign_file_is_one_line(tmp_path, capsys):
+    from mpicoll.trace import main
+
+    foreign = tmp_path / "tuning.json"
+    foreign.write_text('{"mpicoll_tuning": 1}')
+    for path in (str(tmp_path / "none.json"), str(foreign)):
+        for command in (["summary", path], ["draw", path, "-o", str(tmp_path / "t.png")]):
+            assert main(command) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and path in err
