@@ -14,6 +14,11 @@ caller goes on computing the next gradients. Buckets start strictly in bucket or
 every rank starts them in the same order whatever order ``add`` is called in. ``wait``
 returns views of the buckets shaped as the inputs: valid until the next round of ``add``.
 
+Making a Bucketer is collective (every rank of ``comm``, with the same arrays): it works on
+a duplicate of ``comm`` (``free()`` releases it), so its buckets' calls never pair with
+the caller's own asynchronous calls on ``comm``, which ranks may make between their
+``add`` calls at different points.
+
 Buckets live where the arrays do: CuPy gradients fill device buckets (copied by a kernel
 on the current stream), NumPy ones host buckets; a bucket's arrays are all on the GPU or
 all on the host.
@@ -22,6 +27,7 @@ all on the host.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +35,7 @@ import numpy as np
 
 from .buffers.arrays import as_array, copy_into, empty
 from .errors import InvalidArgumentError
+from .work import start_progress
 
 DEFAULT_CAP_BYTES = 25 * 1024 * 1024  # DDP's bucket_cap_mb default
 
@@ -38,8 +45,10 @@ class Bucketer:
                  op: Any = "sum", algorithm: str = "auto") -> None:
         if cap_bytes <= 0:
             raise InvalidArgumentError(f"cap_bytes: must be positive, got {cap_bytes}")
-        self.comm, self.op, self.algorithm = comm, op, algorithm
+        self.op, self.algorithm = op, algorithm
         arrays = [as_array(a, f"arrays[{i}]")[0] for i, a in enumerate(arrays)]
+        self.comm = comm.dup()  # its own: see above, with its progress thread made now
+        start_progress(self.comm, sys._getframe(1))  # (not at a first add: see work.py)
         self.shapes = [tuple(a.shape) for a in arrays]
         dtypes = [np.dtype(a.dtype) for a in arrays]
         on_host = [type(a) is np.ndarray for a in arrays]
@@ -90,7 +99,8 @@ class Bucketer:
         while self._next < len(self.members) and self._missing[self._next] == 0:
             flat = self.buffers[self._next]
             self.works[self._next] = self.comm.all_reduce(
-                flat, self.op, algorithm=self.algorithm, out=flat, async_op=True)
+                flat, self.op, algorithm=self.algorithm, out=flat, async_op=True,
+                _site=sys._getframe(1))  # (a hang report names the caller's add)
             self._next += 1
 
     def wait(self) -> list[Any]:
@@ -99,9 +109,15 @@ class Bucketer:
         missing = [i for i, filled in enumerate(self._filled) if not filled]
         if missing:
             raise InvalidArgumentError(f"wait: arrays {missing} were never added this round")
-        for work in self.works:
-            work.wait()
-        self._missing = [len(m) for m in self.members]
-        self._filled = [False] * len(self.shapes)
-        self._next = 0
+        try:
+            for work in self.works:
+                work.wait()
+        finally:  # a failed round (an OpError on every rank) ends too: a new one may begin
+            self._missing = [len(m) for m in self.members]
+            self._filled = [False] * len(self.shapes)
+            self._next = 0
         return [self._slot(i).reshape(self.shapes[i]) for i in range(len(self.shapes))]
+
+    def free(self) -> None:
+        """Collective: release the Bucketer's communicator (after its last ``wait``)."""
+        self.comm.free()

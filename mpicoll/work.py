@@ -241,14 +241,7 @@ def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: 
         if comm.check:  # agree the call (and any refusal) on comm first: every rank raises
             announce(comm, f"{name} async", site, refusal)
         if progress is None:
-            if not comm._backend.ranks_are_threads:  # MPI carries the progress thread's calls
-                from mpi4py import MPI
-
-                if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-                    raise InvalidArgumentError(
-                        "async_op=True: needs MPI_THREAD_MULTIPLE (mpi4py's default; "
-                        "mpi4py.rc.thread_level was set lower)")
-            progress = comm._progress = ProgressThread(comm._duplicate(site))
+            progress = _made_progress(comm, site)
         if refusal is None:
             # the progress thread runs on the caller's GPU and after the caller's stream
             # (nothing to do where no stream or CuPy buffer is in play)
@@ -268,6 +261,40 @@ def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: 
                 return getattr(duplicate, name)(*args, stream=stream, _site=site, **kwargs)
 
         return progress.submit(name, call)
+    finally:
+        comm._entry.release()
+
+
+def _made_progress(comm: Any, site: Site) -> ProgressThread:
+    """``comm``'s progress thread, made now (its duplicate communicator: a collective of
+    ``comm``), the caller holding ``comm``'s entry."""
+    if not comm._backend.ranks_are_threads:  # MPI carries the progress thread's calls
+        from mpi4py import MPI
+
+        from .errors import InvalidArgumentError
+
+        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            raise InvalidArgumentError(
+                "async_op=True: needs MPI_THREAD_MULTIPLE (mpi4py's default; "
+                "mpi4py.rc.thread_level was set lower)")
+    progress = comm._progress = ProgressThread(comm._duplicate(site))
+    return progress
+
+
+def start_progress(comm: Any, frame: Any) -> None:
+    """Collective: make ``comm``'s progress thread now, where every rank is (the first
+    ``async_op=True`` call makes it otherwise: where ranks make their first async calls on
+    two communicators in different orders, those duplicates would wait for each other).
+    The Bucketer's constructor calls it for its communicator."""
+    if comm._backend.queues_on_stream or comm._progress is not None:
+        return
+    from .errors import ConcurrentCallError
+    from .pipeline.entry import busy
+
+    if not comm._entry.acquire(False):
+        raise ConcurrentCallError(busy(comm, "start_progress"))
+    try:
+        _made_progress(comm, Site(frame))
     finally:
         comm._entry.release()
 

@@ -119,6 +119,32 @@ def test_bucketer_local():
         run_local(size, body, timeout=20)
 
 
+def test_bucketer_apart_from_the_callers_own_async_calls():
+    """Ranks add in different orders with an async call of their own in between: on rank
+    0 it comes after bucket 0 started, elsewhere before. The Bucketer's calls run on its
+    own duplicate, so they never pair with the caller's."""
+    def body(comm):
+        buckets = mpicoll.Bucketer(comm, [np.zeros(4), np.zeros(4)], cap_bytes=32, op="sum")
+        first, second = np.full(4, 1.0), np.full(4, 10.0)
+        for _ in range(2):
+            if comm.rank == 0:
+                buckets.add(0, first)
+                mine = comm.all_reduce(np.full(4, 1000.0), async_op=True)
+                buckets.add(1, second)
+            else:
+                buckets.add(1, second)
+                mine = comm.all_reduce(np.full(4, 1000.0), async_op=True)
+                buckets.add(0, first)
+            got = buckets.wait()
+            np.testing.assert_array_equal(got[0], np.full(4, comm.size * 1.0))
+            np.testing.assert_array_equal(got[1], np.full(4, comm.size * 10.0))
+            np.testing.assert_array_equal(mine.wait(), np.full(4, comm.size * 1000.0))
+        buckets.free()
+
+    for size in (2, 3):
+        run_local(size, body, timeout=20)
+
+
 # ---- under mpiexec ----------------------------------------------------------------------
 
 
