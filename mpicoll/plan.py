@@ -299,6 +299,9 @@ def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, fr
     """``comm.<collective>_init(*args, **kwargs)``: check what this rank can check now,
     bind the buffers, and (check mode) agree the plan across ranks."""
     site = Site(frame)
+    if comm.freed:  # (free() is collective: every rank refuses, before any message)
+        raise InvalidArgumentError(f"{collective}_init: this Communicator was freed "
+                                   "(comm.free()); make plans on a live one")
     if kwargs.pop("async_op", False):
         raise InvalidArgumentError(f"{collective}_init: a plan takes no async_op (use start())")
     refusal: MpicollError | None = None
