@@ -200,6 +200,14 @@ def test_ompi_rules_follow_open_mpi_reader():
                         (2, [(0, 0, 0, 0), (4096, 0, 0, 0), (1 << 20, 3, 0, 0)]),
                         (4, [(0, 6, 0, 0), (8, 0, 0, 0)])]
     assert rules[7][1][1][1] == (4096, 6, 0, 0)  # broadcast binomial
+    # scatter and gather: Open MPI sizes them from the send count, which a scatter's
+    # non-root ranks need not give; a table that varies by size leaves them to the fixed
+    # rules, one that does not keeps its algorithm for every size
+    assert rules[15] == [(1, [(0, 0, 0, 0)]), (2, [(0, 0, 0, 0)])]
+    assert rules[9] == [(1, [(0, 0, 0, 0)]), (2, [(0, 0, 0, 0)])]
+    table.set("scatter", 2, [{"below": 64, "algorithm": "binomial"},
+                             {"below": None, "algorithm": "binomial"}])
+    assert read_ompi_rules(tuning.to_ompi_rules(table))[15][1] == (2, [(0, 2, 0, 0)])
 
 
 OPENMPI_PYTHON = os.environ.get("MPICOLL_OPENMPI_PYTHON")

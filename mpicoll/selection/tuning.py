@@ -280,6 +280,11 @@ _OMPI: dict[str, tuple[tuple[int, dict[str, int]], ...]] = {
     "exscan": ((8, {"linear": 1, "recursive_doubling": 2}),),
 }
 _OMPI_SEGMENTED = ("ring_pipelined", "pipelined_chain")  # given a 64 KiB segment size
+# Open MPI's dynamic scatter and gather take the message size from the send count and type
+# (coll_tuned_decision_dynamic.c), which a scatter's non-root ranks and a gather's in-place
+# root need not give (MPI ignores them there): sized rules could pick another algorithm on
+# those ranks than on the others, and the job would hang. Their rules never vary by size.
+_OMPI_SIZED_BY_SENDER = frozenset(("scatter", "gather"))
 
 
 def to_ompi_rules(table: TuningTable) -> str:
@@ -291,7 +296,8 @@ def to_ompi_rules(table: TuningTable) -> str:
     ranks is a rule at p; below the smallest table a rule at 1 with algorithm 0 (tuned's
     fixed rules). Its message sizes are the same bytes as the table's (count times type
     size, times the ranks for the gathers, scatters and all_to_all). ``native`` and
-    algorithms tuned lacks are 0: the fixed rules decide there.
+    algorithms tuned lacks are 0: the fixed rules decide there. Scatter and gather keep
+    one algorithm for all sizes, or the fixed rules (see _OMPI_SIZED_BY_SENDER).
     """
     blocks = []
     for collective, exports in _OMPI.items():
@@ -305,6 +311,11 @@ def to_ompi_rules(table: TuningTable) -> str:
                 for entry in table.tables[str(p)][collective]:
                     sizes.append((lower, ids.get(entry["algorithm"], 0), entry["algorithm"]))
                     lower = entry["below"] or lower
+                if collective in _OMPI_SIZED_BY_SENDER and len({a for _, a, _ in sizes}) > 1:
+                    sizes = [(0, 0, "fixed rules: the table varies by size, which Open MPI "
+                                    "cannot read alike on every rank here")]
+                elif collective in _OMPI_SIZED_BY_SENDER:
+                    sizes = sizes[:1]
                 rules.append((p, sizes))
             lines = [f"{cid}  # collective id: {collective}",
                      f"{len(rules)}  # number of comm sizes"]
