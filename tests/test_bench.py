@@ -99,6 +99,7 @@ def test_float_means_float32_in_the_output(world, shared_dir):
     (["-f", "1"], "-f 1: the step factor must be a number above 1"),
     (["-f", "nan"], "-f nan: the step factor must be a number above 1"),
     (["-e", "inf"], "'inf' is not a size"),
+    (["-d", "int32", "--compress", "bf16"], "--compress bf16: compresses all_reduce"),
     (["--json", "/proc/no/such/x.json"], "--json /proc/no/such/x.json: cannot make the folder"),
     (["-c", "2"], "argument -c/--check"),
 ])

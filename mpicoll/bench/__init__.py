@@ -742,6 +742,10 @@ def _check_arguments(parser: _Parser, args: argparse.Namespace) -> None:
         problem = report.unwritable(path) if path else None
         if problem:
             parser.error(f"--{flag} {path}: {problem}")
+    if args.compress and (args.dtype not in (np.float32, np.float64)
+                          or "all_reduce" not in chosen):
+        parser.error(f"--compress {args.compress}: compresses all_reduce on float32 or "
+                     f"float64 (got {', '.join(chosen)} on {args.dtype.name})")
     if args.iters < 1:
         parser.error(f"-n {args.iters}: at least 1 timed iteration")
     if args.warmup_iters < 0:

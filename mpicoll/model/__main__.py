@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--topology", default=None,
                       help="torus:8x8, torus:4x4x4, fattree:16[,2], dragonfly:9,4,4 (groups, "
                            "routers, nodes a router)")
-    show.add_argument("--collective", default="all_reduce", help="with --topology")
+    show.add_argument("--collective", default=None, help="with --topology (default all_reduce)")
     show.add_argument("--link-bandwidth", type=float, default=None, metavar="GBPS",
                       help="GB/s a link (default: the model's 1/beta)")
     show.add_argument("--hop-latency", type=float, default=None, metavar="US",
@@ -75,8 +75,15 @@ def main(argv: list[str] | None = None) -> int:
               "the defaults")
         params = Params()
     if args.topology is None:
+        alone = [flag for flag, value in (("--collective", args.collective),
+                                          ("--link-bandwidth", args.link_bandwidth),
+                                          ("--hop-latency", args.hop_latency))
+                 if value is not None]
+        if alone:
+            parser.error(f"{', '.join(alone)}: only with --topology")
         print(table(params, args.ranks or 8))
         return 0
+    args.collective = args.collective or "all_reduce"
     return _topology_table(parser, args, params)
 
 
