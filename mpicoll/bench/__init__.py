@@ -145,9 +145,10 @@ def result_shape(collective: str, x: np.ndarray, p: int) -> tuple[int, ...]:
 
 
 def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
-                 root: int) -> Callable[[], None]:
+                 root: int, inplace: bool = False) -> Callable[[], None]:
     """The MPI library's own collective on ready flat buffers: no mpicoll validation,
-    no allocation; the baseline of ``vs_native``."""
+    no allocation; the baseline of ``vs_native``. ``inplace``: its in-place form where
+    the library has one (all_gather and broadcast are in place always)."""
     t, p, record = comm.transport, comm.size, RECORDS[collective]
     fn, src, is_root = comm.native_collective(collective), x.reshape(-1), comm.rank == root
     opd = resolve_op(op, x.dtype) if record.reduces else None
@@ -165,6 +166,15 @@ def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
         return direct
     spec = SPECS[collective]
     bounds = spec.bounds(x.shape, p)
+    if inplace and collective in ("all_reduce", "scan", "exscan", "reduce"):
+        src = src.copy()  # the result over it (MPI_IN_PLACE: the native functions give it
+        dst = src         # where dst is src)
+    elif inplace and collective == "all_to_all" and comm.backend == "mpi" and \
+            type(src) is np.ndarray:
+        from mpi4py import MPI
+
+        buf, alltoall = src.copy(), t.comm.Alltoall
+        return lambda: alltoall(MPI.IN_PLACE, buf)
     if spec.result_at_root_only and not is_root:
         dst = None
     if spec.input_at_root_only and not is_root:
@@ -403,7 +413,8 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
         count = x.size * comm.size if record.per_rank else x.size
         size = count * dtype.itemsize
         call = Call(comm, collective, x, args.op, args.root, inplace)
-        library = library_call(comm, collective, x, args.op, args.root) if not lacks else None
+        library = library_call(comm, collective, x, args.op, args.root,
+                               call.inplace) if not lacks else None
         reference = None
         if args.check:
             call.reset()
