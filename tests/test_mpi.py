@@ -114,6 +114,26 @@ def test_v_variants(comm, collective, algorithm):
             run_v_case(comm, collective, algorithm, (), None, op)
 
 
+@pytest.mark.parametrize("algorithm", [a for a in mpicoll.algorithms("all_reduce")
+                                       if a != "native"])
+def test_all_reduce_leaves_the_same_bits_on_every_rank(comm, algorithm):
+    """Where two ranks compute the same value (recursive doubling's partners), they
+    compute it alike: the bits agree on every rank (min of +0.0 and -0.0, complex
+    products, one element or many). (MPICH's own does not always: its min of +0.0 and
+    -0.0 differs between ranks at 4.)"""
+    rng = np.random.default_rng(comm.rank)
+    cases = [(np.array([0.0 if comm.rank % 2 else -0.0] * 3), "min"),
+             (np.array([0.0 if comm.rank % 2 else -0.0] * 3), "max")]
+    for n in (1, 7, 1000):
+        cases.append(((rng.standard_normal(n) + 1j * rng.standard_normal(n)), "prod"))
+        cases.append((rng.standard_normal(n).astype(np.float32) * 1e3, "sum"))
+    for x, op in cases:
+        got = comm.all_reduce(x, op, algorithm=algorithm)
+        mine = np.frombuffer(got.tobytes(), np.uint8)
+        every = comm.all_gather(mine)
+        assert (every == mine).all(), (algorithm, op, x.dtype, x.size)
+
+
 @pytest.mark.parametrize("algorithm", ["auto", *(a for v, a in v_cases("mpi")
                                                 if v == "all_to_all_v")])
 def test_all_to_all_v_even_on_some_ranks_only(comm, algorithm):

@@ -43,15 +43,20 @@ def ring_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op) -> N
 
 
 def _whole_vector_exchanges(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op,
-                            peer: Callable[[int, int, int], int], in_rank_order: bool) -> None:
+                            peer: Callable[[int, int, int], int]) -> None:
     """The steps of recursive doubling and of Swing's latency all_reduce: at step k the
-    whole partial result is exchanged with ``peer(new rank, k, p2)`` and added in (the
-    lower rank's operand first where ``in_rank_order``), over the largest power of two
-    p2, the extra ranks folded onto it (``Fold``: 2 more steps)."""
+    whole partial result is exchanged with ``peer(new rank, k, p2)`` and added in, over
+    the largest power of two p2, the extra ranks folded onto it (``Fold``: 2 more steps).
+
+    Both partners of a step compute the same value, so they must compute it alike, bit
+    for bit: the lower rank's operand first (for recursive doubling that is rank order,
+    so non-commutative ops are exact too), and into a buffer apart from both operands on
+    every rank (NumPy's loop for an output over an input can round otherwise)."""
     rank = t.rank
     fold = Fold(t.size)
     with t.workspace() as ws:
         incoming = ws.take(src.size, src.dtype)
+        spare = ws.take(src.size, src.dtype)  # the partial's other home, where dst holds it
         cur = src
         if rank < 2 * fold.rem:
             if fold.sits_out(rank):
@@ -59,19 +64,21 @@ def _whole_vector_exchanges(t: Transport, src: np.ndarray, dst: np.ndarray, op: 
                 t.recv(dst, rank + 1)
                 return
             t.recv(incoming, rank - 1)
-            op(incoming, src, out=dst)
-            cur = dst
+            into = spare if src is dst else dst
+            op(incoming, src, out=into)
+            cur = into
         new = fold.new_rank(rank)
         for step in range(fold.p2.bit_length() - 1):
             partner = fold.old_rank(peer(new, step, fold.p2))
             t.sendrecv(cur, partner, incoming, partner)
-            if in_rank_order and partner > rank:
-                op(cur, incoming, out=dst)
+            into = spare if cur is dst else dst
+            if partner > rank:
+                op(cur, incoming, out=into)
             else:
-                op(incoming, cur, out=dst)
-            cur = dst
-        if cur is not dst:  # one rank: nothing was exchanged
-            dst[...] = src
+                op(incoming, cur, out=into)
+            cur = into
+        if cur is not dst:  # one rank (nothing exchanged), or the partial in spare
+            dst[...] = cur
         if rank < 2 * fold.rem:
             t.send(dst, rank - 1)
 
@@ -85,8 +92,7 @@ def recursive_doubling_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray
     Steps: lg p2 (+2 if folded); bytes: n lg p2 per rank; reductions: n lg p2.
     Cost: (lg p2 + 2*[p != p2])*(alpha + n*beta) + (lg p2 + [p != p2])*n*gamma
     """
-    _whole_vector_exchanges(t, src, dst, op, lambda new, step, p2: new ^ (1 << step),
-                            in_rank_order=True)
+    _whole_vector_exchanges(t, src, dst, op, lambda new, step, p2: new ^ (1 << step))
 
 
 @register("all_reduce", "swing_latency", commutative_only=True)
@@ -104,7 +110,7 @@ def swing_latency_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op:
     Steps: lg p2 (+2 if folded); bytes: n lg p2 per rank; reductions: n lg p2.
     Cost: (lg p2 + 2*[p != p2])*(alpha + n*beta) + (lg p2 + [p != p2])*n*gamma
     """
-    _whole_vector_exchanges(t, src, dst, op, swing.peer, in_rank_order=False)
+    _whole_vector_exchanges(t, src, dst, op, swing.peer)
 
 
 @register("all_reduce", "swing_bandwidth", commutative_only=True)
