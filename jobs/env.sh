@@ -52,6 +52,9 @@ mpicoll_build_venv() {
     ) 9>"$venv.lock"
 }
 
+# the Python a venv is built with: MPICOLL_BASE_PYTHON, else the PYTHON the caller gave
+# (as scripts/setup.sh takes it), else python3; PYTHON itself becomes the venv's below
+MPICOLL_BASE_PYTHON=${MPICOLL_BASE_PYTHON:-${PYTHON:-python3}}
 if [ -n "${MPICOLL_PYTHON:-}" ]; then
     PYTHON=$MPICOLL_PYTHON
 else
@@ -60,7 +63,8 @@ else
     PYTHON=$MPICOLL_VENV/bin/python
     if ! mpicoll_imports "$PYTHON"; then
         if [ "$MPICOLL_VENV" = "$MPICOLL_ROOT/.venv" ]; then
-            MPICOLL_EXTRAS=${MPICOLL_EXTRAS:-mpich,test} bash "$MPICOLL_ROOT/scripts/setup.sh" \
+            PYTHON=$MPICOLL_BASE_PYTHON MPICOLL_EXTRAS=${MPICOLL_EXTRAS:-mpich,test} \
+                bash "$MPICOLL_ROOT/scripts/setup.sh" \
                 || mpicoll_fail "scripts/setup.sh could not build $MPICOLL_ROOT/.venv"
         else
             mpicoll_build_venv "$MPICOLL_VENV" "${MPICOLL_EXTRAS:-mpich,test}" \

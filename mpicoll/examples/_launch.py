@@ -9,6 +9,7 @@ never join.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 
@@ -60,15 +61,32 @@ def print_in_rank_order(comm: object, title: str, text: str, width: int = 96) ->
             print(f"  rank {r}: {row.tobytes().decode().rstrip()}")
 
 
+def parser_for(doc: str) -> argparse.ArgumentParser:
+    """An example's argument parser: its ``--help`` shows the whole docstring (what the
+    example teaches and how to run it)."""
+    return argparse.ArgumentParser(description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a size, a count of steps)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return value
+
+
 def algorithm_option(description: str) -> Callable[[str], str]:
     """Parse ``--algorithm NAME`` (default auto); return collective -> the algorithm to run:
     NAME where the collective has an algorithm of that name, else "auto". A name no
-    collective has is refused: one line on rank 0, and the job ends with status 2."""
-    import argparse
-
+    collective has is refused: one line on rank 0, and the job ends with status 2.
+    ``description``: the example's docstring."""
     import mpicoll
 
-    parser = argparse.ArgumentParser(description=description)
+    parser = parser_for(description)
     parser.add_argument("--algorithm", default="auto",
                         help="run every collective that has an algorithm of this name with it")
     chosen = parser.parse_args().algorithm

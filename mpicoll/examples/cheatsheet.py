@@ -43,7 +43,7 @@ def cells(values: object) -> str:
 
 
 def main() -> None:
-    algo = algorithm_option(__doc__.splitlines()[0])
+    algo = algorithm_option(__doc__)
     comm = mpicoll.Communicator()
     p, r = comm.size, comm.rank
 
@@ -108,6 +108,16 @@ def main() -> None:
     column = [label(100 * k + r) for k in range(p)]
     show("reduce_scatter (sum): chunk j of every rank, summed, on rank j only",
          cells(chunks), "[" + ("+".join(column) if p <= 6 else f"{column[0]}+..+{column[-1]}") + "]")
+
+    # scan and exscan: the running sum in rank order (exscan: of the ranks before; rank 0
+    # gets nothing)
+    got = comm.scan(value[:1], "sum", algorithm=algo("scan"))
+    same(got, np.full(1, (r + 1) * (r + 2) // 2), "scan")
+    show("scan (sum): on rank j the sum over ranks 0..j", sums(value[:1]), str(got))
+    got = comm.exscan(value[:1], "sum", algorithm=algo("exscan"))
+    same(got, np.full(1, r * (r + 1) // 2) if r > 0 else None, "exscan")
+    show("exscan (sum): on rank j the sum over ranks 0..j-1, rank 0 none", sums(value[:1]),
+         str(got) if got is not None else "[ ]")
 
     # barrier: the last rank arrives LATE seconds late; no rank may leave before it came
     if r == p - 1:

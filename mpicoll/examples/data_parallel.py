@@ -20,14 +20,13 @@ ranks spent blocked in ``wait`` rather than overlapped with the backward pass.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
 
 import mpicoll
 from mpicoll.buffers import chunk_bounds
-from mpicoll.examples._launch import check, launch
+from mpicoll.examples._launch import check, launch, parser_for, positive
 
 
 def init_params(sizes: list[int], seed: int = 0) -> list[np.ndarray]:
@@ -68,9 +67,9 @@ def train(params, x, y, steps, lr, scale, step_grads):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--batch", type=int, default=512, help="global batch size")
+    parser = parser_for(__doc__)
+    parser.add_argument("--steps", type=positive, default=20)
+    parser.add_argument("--batch", type=positive, default=512, help="global batch size")
     parser.add_argument("--sizes", default="32,256,256,8", help="layer widths")
     parser.add_argument("--bucket-mb", type=float, default=0.25,
                         help="bucket cap in MB, DDP's bucket_cap_mb (DDP's default 25 would "

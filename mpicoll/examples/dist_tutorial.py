@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 import mpicoll.dist as dist  # the tutorial: import torch.distributed as dist
-from mpicoll.examples._launch import check, launch
+from mpicoll.examples._launch import check, launch, parser_for
 
 
 def run_blocking(rank: int, size: int) -> None:
@@ -106,6 +106,7 @@ def run_sgd(rank: int, size: int, steps: int = 20) -> np.ndarray:
 
 
 def main() -> None:
+    parser_for(__doc__).parse_args()  # (no options: --help tells what it teaches)
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     run_blocking(rank, size)

@@ -10,12 +10,10 @@ Every rank's answer is checked against np.argmax of all values gathered on rank 
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 import mpicoll
-from mpicoll.examples._launch import check, launch, print_in_rank_order
+from mpicoll.examples._launch import check, launch, parser_for, print_in_rank_order
 
 CANDIDATE = np.dtype([("value", "f8"), ("rank", "i8"), ("index", "i8")])
 
@@ -30,7 +28,7 @@ MAXLOC = mpicoll.Op(better, commutative=True)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--seed", type=int, default=3)
     args = parser.parse_args()
     comm = mpicoll.Communicator()

@@ -10,16 +10,14 @@ mean is checked against np.mean of all the values gathered on rank 0.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 import mpicoll
-from mpicoll.examples._launch import check, launch, print_in_rank_order
+from mpicoll.examples._launch import check, launch, parser_for, print_in_rank_order
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = parser_for(__doc__)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     comm = mpicoll.Communicator()

@@ -13,18 +13,16 @@ Checked against the softmax of the whole vector, gathered on every rank.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 import mpicoll
 from mpicoll.buffers import chunk_bounds
-from mpicoll.examples._launch import check, launch, print_in_rank_order
+from mpicoll.examples._launch import check, launch, parser_for, positive, print_in_rank_order
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", type=int, default=10, help="length of the whole vector")
+    parser = parser_for(__doc__)
+    parser.add_argument("-n", type=positive, default=10, help="length of the whole vector")
     args = parser.parse_args()
     comm = mpicoll.Communicator()
     whole = np.random.default_rng(1).normal(0, 30, args.n)  # large values: exp would overflow

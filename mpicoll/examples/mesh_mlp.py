@@ -30,14 +30,13 @@ training the whole model on the whole batch, which every rank checks.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 
 import mpicoll
 from mpicoll.buffers import chunk_bounds
-from mpicoll.examples._launch import check, launch
+from mpicoll.examples._launch import check, launch, parser_for, positive
 
 
 def init_model(d: int, h: int) -> dict[str, np.ndarray]:
@@ -65,13 +64,13 @@ def loss_and_grads(p: dict[str, np.ndarray], x: np.ndarray, target: np.ndarray,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--tp", type=int, default=None,
+    parser = parser_for(__doc__)
+    parser.add_argument("--steps", type=positive, default=5)
+    parser.add_argument("--tp", type=positive, default=None,
                         help="tensor-parallel ranks (default 2 when the ranks are even, else 1)")
-    parser.add_argument("--batch", type=int, default=8, help="rows per data-parallel replica")
-    parser.add_argument("--model", type=int, default=6, help="d, the model width")
-    parser.add_argument("--hidden", type=int, default=16, help="h, the hidden width")
+    parser.add_argument("--batch", type=positive, default=8, help="rows per data-parallel replica")
+    parser.add_argument("--model", type=positive, default=6, help="d, the model width")
+    parser.add_argument("--hidden", type=positive, default=16, help="h, the hidden width")
     parser.add_argument("--lr", type=float, default=0.1)
     args = parser.parse_args()
     comm = mpicoll.Communicator()

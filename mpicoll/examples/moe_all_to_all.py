@@ -13,12 +13,10 @@ is restored. Checked against running every token through its expert locally.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 import mpicoll
-from mpicoll.examples._launch import check, launch, print_in_rank_order
+from mpicoll.examples._launch import check, launch, parser_for, positive, print_in_rank_order
 
 
 def expert_weights(expert: int, width: int) -> np.ndarray:
@@ -26,9 +24,9 @@ def expert_weights(expert: int, width: int) -> np.ndarray:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--experts-per-rank", type=int, default=2)
-    parser.add_argument("--width", type=int, default=8)
+    parser = parser_for(__doc__)
+    parser.add_argument("--experts-per-rank", type=positive, default=2)
+    parser.add_argument("--width", type=positive, default=8)
     args = parser.parse_args()
     comm = mpicoll.Communicator()
     p, r, per = comm.size, comm.rank, args.experts_per_rank

@@ -25,12 +25,10 @@ rounding, the same layer of one process training the whole model on the whole ba
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 import mpicoll
-from mpicoll.examples._launch import check, launch
+from mpicoll.examples._launch import check, launch, parser_for, positive
 
 
 def init_layers(widths: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -68,10 +66,10 @@ def gpipe_schedule(stages: int, micro: int) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--micro-batches", type=int, default=4, help="M")
-    parser.add_argument("--micro-batch", type=int, default=4, help="rows per micro-batch")
-    parser.add_argument("--steps", type=int, default=3)
+    parser = parser_for(__doc__)
+    parser.add_argument("--micro-batches", type=positive, default=4, help="M")
+    parser.add_argument("--micro-batch", type=positive, default=4, help="rows per micro-batch")
+    parser.add_argument("--steps", type=positive, default=3)
     parser.add_argument("--lr", type=float, default=0.1)
     args = parser.parse_args()
     comm = mpicoll.Communicator()

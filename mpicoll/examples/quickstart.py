@@ -30,7 +30,7 @@ def show(comm: mpicoll.Communicator, title: str, before: object, after: object) 
 
 
 def main() -> None:
-    algo = algorithm_option(__doc__.splitlines()[0])
+    algo = algorithm_option(__doc__)
     comm = mpicoll.Communicator()
     p, r = comm.size, comm.rank
 
@@ -77,6 +77,15 @@ def main() -> None:
     same(got, np.stack([all_rows[k][r] for k in range(p)]), "all_to_all")
     show(comm, f"all_to_all: row j goes to rank j, a transpose ({ran('all_to_all', rows)})",
          rows.tolist(), got.tolist())
+
+    got = comm.scan(x, "sum", algorithm=algo("scan"))
+    same(got, np.sum(all_x[:r + 1], axis=0), "scan")
+    show(comm, f"scan sum: rank j gets the sum over ranks 0..j ({ran('scan', x, 'sum')})", x, got)
+
+    got = comm.exscan(x, "sum", algorithm=algo("exscan"))
+    same(got, np.sum(all_x[:r], axis=0) if r > 0 else None, "exscan")
+    show(comm, f"exscan sum: rank j gets the sum over ranks 0..j-1, rank 0 nothing "
+         f"({ran('exscan', x, 'sum')})", x, got)
 
     comm.barrier(algorithm=algo("barrier"))
     if r == 0:

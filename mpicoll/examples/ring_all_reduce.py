@@ -20,14 +20,12 @@ numbers, posted receives and no allocation per step.)
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 from mpi4py import MPI
 
 import mpicoll
 from mpicoll.buffers import chunk_bounds
-from mpicoll.examples._launch import check, launch, print_in_rank_order, same
+from mpicoll.examples._launch import check, launch, parser_for, positive, print_in_rank_order, same
 
 
 def ring_all_reduce(comm: MPI.Intracomm, x: np.ndarray, report: object = None) -> np.ndarray:
@@ -55,8 +53,8 @@ def ring_all_reduce(comm: MPI.Intracomm, x: np.ndarray, report: object = None) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", type=int, default=8, help="vector length")
+    parser = parser_for(__doc__)
+    parser.add_argument("-n", type=positive, default=8, help="vector length")
     parser.add_argument("--quiet", action="store_true", help="no per-step printing")
     args = parser.parse_args()
     comm = mpicoll.Communicator()

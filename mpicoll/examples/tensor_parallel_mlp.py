@@ -16,13 +16,11 @@ gradients.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 import mpicoll
 from mpicoll.buffers import chunk_bounds
-from mpicoll.examples._launch import check, launch
+from mpicoll.examples._launch import check, launch, parser_for, positive
 
 
 def gelu(z: np.ndarray) -> np.ndarray:
@@ -46,10 +44,10 @@ def mlp(x, w1, w2, dy):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--model", type=int, default=16, help="d, the model width")
-    parser.add_argument("--hidden", type=int, default=64, help="h, the hidden width")
+    parser = parser_for(__doc__)
+    parser.add_argument("--batch", type=positive, default=8)
+    parser.add_argument("--model", type=positive, default=16, help="d, the model width")
+    parser.add_argument("--hidden", type=positive, default=64, help="h, the hidden width")
     args = parser.parse_args()
     comm = mpicoll.Communicator()
     rng = np.random.default_rng(0)  # every rank draws the same full weights and data

@@ -27,12 +27,10 @@ batch, which every rank checks.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 import mpicoll.dist as dist
-from mpicoll.examples._launch import check, launch
+from mpicoll.examples._launch import check, launch, parser_for, positive
 
 SHAPES = [(10, 23), (23,), (23, 3), (3,)]  # W1, b1, W2, b2: 325 parameters in all
 COUNT = sum(int(np.prod(s)) for s in SHAPES)
@@ -77,9 +75,9 @@ def adam(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray, step
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=8, help="rows per rank")
+    parser = parser_for(__doc__)
+    parser.add_argument("--steps", type=positive, default=5)
+    parser.add_argument("--batch", type=positive, default=8, help="rows per rank")
     args = parser.parse_args()
     dist.init_process_group("gloo")  # as torch's CPU backend; mpicoll takes it as "mpi"
     rank, p = dist.get_rank(), dist.get_world_size()

@@ -10,8 +10,7 @@ This module only evaluates them. Their notation: n bytes, p ranks, p2 the larges
 of two <= p, ``lg`` the base-2 logarithm, ``log_k`` base k, ``[cond]`` 1 when cond holds,
 k a tree's radix and S a pipeline's number of segments (both from the algorithm's
 options or their defaults). ``native`` is predicted with the formula of the algorithm
-MPICH's default selection runs for that call (``mpich_rules.mpich_default``, the thresholds
-``auto`` falls back to).
+MPICH's default selection runs for that call (``mpich_rules.mpich_native``).
 
 This package is the runtime part (``auto`` reads it); the fit and the command line are
 tools beside it (``mpicoll.model.fit``, ``python -m mpicoll.model``):
@@ -33,7 +32,7 @@ from typing import Any
 
 from ..algorithms import COLLECTIVES, REGISTRY
 from ..config import config_file
-from ..selection.mpich_rules import RULED, mpich_default
+from ..selection.mpich_rules import RULED, mpich_native
 
 
 @dataclass(frozen=True)
@@ -121,12 +120,12 @@ def option_defaults(collective: str, algorithm: str) -> dict[str, int]:
 
 
 def native_stand_in(collective: str, nbytes: int, p: int) -> str:
-    """The algorithm MPICH's default selection runs for this call: the thresholds of
-    ``mpich_rules.mpich_default`` (where ``auto`` falls back to), without its ``native``;
-    for a collective those rules lack, its first registered algorithm."""
+    """The algorithm MPICH's default selection runs for this call
+    (``mpich_rules.mpich_native``); for a collective those rules lack, its first
+    registered algorithm."""
     if collective not in RULED:
         return next(iter(REGISTRY[collective]))
-    return mpich_default(collective, nbytes, p, None, has_native=False)
+    return mpich_native(collective, nbytes, p, None)
 
 
 def predict(collective: str, algorithm: str, nbytes: int, p: int,

@@ -40,45 +40,61 @@ def _power_of_two(p: int) -> bool:
 
 def mpich_default(collective: str, nbytes: int, size: int, op: Op | None, has_native: bool,
                   uneven: bool = False) -> str:
-    """MPICH's default thresholds, with ``native`` for small messages."""
+    """What ``auto`` falls back to: ``native`` for small messages, else MPICH's default
+    thresholds (``mpich_native``), except where our own algorithms measured otherwise
+    here (all_reduce, reduce, scan and exscan: below)."""
     if collective == "barrier":
         return "native" if has_native else "dissemination"
     if has_native and nbytes < NATIVE_BELOW[collective]:
         return "native"
     commutative = op is None or op.commutative
-    if collective == "broadcast":  # MPICH: binomial below 12 KiB or 8 ranks
+    if collective == "reduce":  # (MPICH: Rabenseifner from 2 KiB)
+        return "rabenseifner" if commutative and nbytes >= RABENSEIFNER_REDUCE_FROM else "binomial"
+    if collective == "all_reduce" and commutative:
+        # (MPICH: Rabenseifner from 2 KiB) measured here (one node): recursive doubling
+        # up to about 1 MiB, where the ring's halved reduction work starts to win
+        return "recursive_doubling" if nbytes < (1 << 20) else "ring"
+    if collective in ("scan", "exscan"):
+        # (MPICH: recursive doubling at every size) measured here (one node, 2 and 3
+        # ranks): the binomial tree's fewer reductions and messages per rank win from
+        # 256 KiB (2x at 4 MiB, also over MPICH's own scan)
+        return "recursive_doubling" if nbytes < BINOMIAL_SCAN_FROM else "binomial"
+    return mpich_native(collective, nbytes, size, op, uneven)
+
+
+def mpich_native(collective: str, nbytes: int, size: int, op: Op | None,
+                 uneven: bool = False) -> str:
+    """The algorithm MPICH's default selection runs for this call (the intra-node
+    defaults of MPICH 4/5's ``coll_selection.json``), as mpicoll names it: what the cost
+    model takes MPI's own collective (``native``) to run."""
+    commutative = op is None or op.commutative
+    if collective == "barrier":
+        return "dissemination"
+    if collective == "broadcast":  # binomial below 12 KiB or 8 ranks
         return "binomial" if nbytes < 12288 or size < 8 else "scatter_allgather"
     if collective in ("scatter", "gather"):
         return "binomial"
     if collective == "all_gather":
-        # MPICH: recursive doubling below 80 KiB at powers of two, Bruck below 80 KiB
-        # otherwise, ring above
+        # recursive doubling below 80 KiB at powers of two, Bruck below 80 KiB otherwise,
+        # ring above
         if nbytes < 81920:
             return "recursive_doubling" if _power_of_two(size) else "bruck"
         return "ring"
-    if collective == "reduce":  # MPICH: binomial below 2 KiB, Rabenseifner above
-        return "rabenseifner" if commutative and nbytes >= RABENSEIFNER_REDUCE_FROM else "binomial"
-    if collective == "all_reduce":
-        # MPICH: recursive doubling below 2 KiB, Rabenseifner above. Measured here (one
-        # node): recursive doubling up to about 1 MiB, where the ring's halved
-        # reduction work starts to win.
-        if not commutative:
-            return "recursive_doubling"
-        return "recursive_doubling" if nbytes < (1 << 20) else "ring"
-    if collective == "reduce_scatter":  # MPICH: recursive halving below 512 KiB
+    if collective == "reduce":  # binomial below 2 KiB, Rabenseifner above
+        return "rabenseifner" if commutative and nbytes >= 2048 else "binomial"
+    if collective == "all_reduce":  # recursive doubling below 2 KiB, Rabenseifner above
+        return "rabenseifner" if commutative and nbytes >= 2048 else "recursive_doubling"
+    if collective == "reduce_scatter":  # recursive halving below 512 KiB
         if not commutative:
             return "recursive_doubling"
         return "recursive_halving" if nbytes < 524288 else "ring"
     if collective == "all_to_all":
-        # MPICH: Bruck for blocks up to 256 B at 8+ ranks, isend/irecv below 32 KiB
-        # blocks, pairwise above
+        # Bruck for blocks up to 256 B at 8+ ranks, isend/irecv below 32 KiB blocks,
+        # pairwise above
         block = nbytes // max(size, 1)
         if not uneven and block <= 256 and size >= 8:
             return "bruck"
         return "linear" if block < 32768 else "pairwise"
-    if collective in ("scan", "exscan"):
-        # MPICH: recursive doubling at every size. Measured here (one node, 2 and 3
-        # ranks): the binomial tree's fewer reductions and messages per rank win from
-        # 256 KiB (2x at 4 MiB, also over MPICH's own scan)
-        return "recursive_doubling" if nbytes < BINOMIAL_SCAN_FROM else "binomial"
+    if collective in ("scan", "exscan"):  # recursive doubling at every size
+        return "recursive_doubling"
     raise ValueError(f"no selection rule for {collective!r}")
