@@ -398,8 +398,9 @@ NATIVE = {  # each: (function, positions of the buffers it reads, and of those i
     "all_reduce": _staged(native_all_reduce, (0,), (1,)),
     "reduce_scatter": _staged(native_reduce_scatter, (0,), (3,)),
     "all_to_all": _staged(native_all_to_all, (0,), (2,)),
-    "all_to_all_v": _staged(native_all_to_all_v, (0,), (2,)),  # all_to_all_v's (see above)
     "barrier": native_barrier,
     "scan": _staged(native_scan, (0,), (1,)),
     "exscan": _staged(native_exscan, (0,), (1,)),
 }
+# all_to_all_v's: MPI_Alltoallv on every rank (see native_all_to_all_v)
+NATIVE["all_to_all"].v_form = _staged(native_all_to_all_v, (0,), (2,))  # type: ignore[attr-defined]

@@ -637,7 +637,7 @@ def all_to_all_v(c: CallState, call: Call, x: Any, send_counts: Any, algorithm: 
     fn = c._chooser.function("all_to_all", algorithm, total // t.size, options=options,
                              uneven=True)
     if fn is b.native.get("all_to_all"):  # the library's own: its v-form, where it has one
-        fn = b.native.get("all_to_all_v", fn)
+        fn = getattr(fn, "v_form", fn)
     result = empty((sum(received), *x.shape[1:]), x.dtype, like=x)
     t.use(x)
     fn(t, flat(x), send_bounds, result.reshape(-1), recv_bounds)
