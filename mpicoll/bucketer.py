@@ -109,13 +109,18 @@ class Bucketer:
         missing = [i for i, filled in enumerate(self._filled) if not filled]
         if missing:
             raise InvalidArgumentError(f"wait: arrays {missing} were never added this round")
-        try:
-            for work in self.works:
+        failure = None
+        for work in self.works:  # every one, even after one failed: the buckets are free
+            try:               # for the next round only once no call still uses them
                 work.wait()
-        finally:  # a failed round (an OpError on every rank) ends too: a new one may begin
-            self._missing = [len(m) for m in self.members]
-            self._filled = [False] * len(self.shapes)
-            self._next = 0
+            except Exception as exc:  # noqa: BLE001 - mpicoll's, raised below
+                failure = failure or exc
+        # the round ends, failed or not (an OpError on every rank): a new one may begin
+        self._missing = [len(m) for m in self.members]
+        self._filled = [False] * len(self.shapes)
+        self._next = 0
+        if failure is not None:
+            raise failure
         return [self._slot(i).reshape(self.shapes[i]) for i in range(len(self.shapes))]
 
     def free(self) -> None:

@@ -185,10 +185,11 @@ class Communicator(CallState, PointToPoint, Groups):
             return Communicator(backend=self._backend.duplicate(), check=self.check,
                                 trace=False, timeout=self.timeout)
 
-    def _submit(self, name: str, args: tuple, kwargs: dict, stream: Any, frame: Any) -> Work:
+    def _submit(self, name: str, args: tuple, kwargs: dict, stream: Any, frame: Any,
+                refused: Exception | None = None) -> Work:
         if self._freed:
             raise freed(name)
-        return submit(self, name, args, kwargs, stream, frame)  # see mpicoll.work
+        return submit(self, name, args, kwargs, stream, frame, refused)  # see mpicoll.work
 
     def trace_events(self) -> list[dict[str, Any]]:
         """This rank's traced events so far (``trace=True``), in its own clock."""

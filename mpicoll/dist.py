@@ -264,10 +264,9 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
     """A mesh of the job's ranks, row-major (the last dimension inside a node when
     ranks are placed by node), as torch's ``init_device_mesh``."""
     world = _group(None)
-    shape = tuple(int(s) for s in mesh_shape)
-    names = tuple(mesh_dim_names) if mesh_dim_names is not None else \
-        tuple(f"dim{d}" for d in range(len(shape)))
-    mesh = world.comm.mesh(shape, names)
+    names = tuple(mesh_dim_names) if mesh_dim_names is not None else None
+    mesh = world.comm.mesh(mesh_shape, names)  # agreed there: a bad shape raises on every rank
+    shape, names = mesh.shape, mesh.names
     groups = {}
     for d, name in enumerate(names):  # the ranks along dimension d through this rank
         stride = int(np.prod(shape[d + 1:]))
@@ -319,6 +318,12 @@ def _given(tensor: Any, name: str) -> Any:
         return tensor
 
 
+def _given_list(tensors: Any) -> bool:
+    """Whether a rank gave a list (torch: None and [] are none; anything else is one,
+    checked as a list)."""
+    return tensors is not None and not (isinstance(tensors, (list, tuple)) and not tensors)
+
+
 def _is_array(a: Any) -> bool:
     return type(a) is np.ndarray or is_cupy(a)
 
@@ -336,6 +341,10 @@ def _tensors(tensors: Any, name: str, count: int, like: Any) -> tuple[list[Any],
             view = _view(t, f"{name}[{i}]")
         except MpicollError as exc:
             return [], str(exc)
+        first = like if _is_array(like) else views[0] if views else view
+        if module_of(view) is not module_of(first):
+            return [], (f"{name}[{i}]: a {module_of(view).__name__} array among "
+                        f"{module_of(first).__name__} ones")
         if _is_array(like) and (view.size != like.size or view.dtype != like.dtype):
             return [], (f"{name}[{i}]: expected {like.size} elements of {like.dtype} (as the "
                         f"tensor), got shape {tuple(view.shape)} of {view.dtype}")
@@ -378,20 +387,22 @@ def _maybe(work: Any, async_op: bool) -> Any:
 def _then(call: Any, args: tuple, finish: Any, problem: str | None, **kwargs: Any) -> Any:
     """``call(*args, **kwargs)``, then ``finish(result)`` (at ``wait()`` where kwargs hold
     ``async_op=True``); where this rank found a ``problem`` in what it receives, it takes
-    part (blocking), then raises it."""
-    if problem is not None:
-        call(*args, **{k: v for k, v in kwargs.items() if k != "async_op"})
-        raise InvalidArgumentError(problem)
+    part (the call made as the others make it, async too, and waited for), then raises."""
     result = call(*args, **kwargs)
+    if problem is not None:
+        if kwargs.get("async_op"):
+            result.wait()
+        raise InvalidArgumentError(problem)
     if kwargs.get("async_op"):
         return _Finished(result, finish)
     finish(result)
     return None
 
 
-def _refused(call: Any, problem: str) -> None:
-    """``call`` refused on this rank for ``problem`` in what it gives (see above)."""
-    call(None, _refusal=InvalidArgumentError(problem))
+def _refused(call: Any, problem: str, algorithm: str, async_op: bool) -> None:
+    """``call`` (as the others make it, async too) refused on this rank for ``problem`` in
+    what it gives (see above)."""
+    call(None, _refusal=InvalidArgumentError(problem), **_how(algorithm, async_op))
 
 
 def _shaped(tensor: Any, name: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
@@ -459,7 +470,10 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
     g = _member(group, "broadcast")
     if g is None:
         return None
-    root = _root(g, src, group_src, "src")
+    try:
+        root = _root(g, src, group_src, "src")
+    except InvalidArgumentError as exc:  # what it gives: refused
+        return _refused(g.comm.broadcast, str(exc), algorithm, async_op)
     return _then(g.comm.broadcast, (tensor, root), _nothing, _number(tensor, "tensor"),
                  **_how(algorithm, async_op))
 
@@ -471,7 +485,10 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: A
     g = _member(group, "reduce")
     if g is None:
         return None
-    root = _root(g, dst, group_dst, "dst")
+    try:
+        root = _root(g, dst, group_dst, "dst")
+    except InvalidArgumentError as exc:  # what it gives: refused
+        return _refused(g.comm.reduce, str(exc), algorithm, async_op)
     out = tensor if g.comm.rank == root else None
     return _maybe(g.comm.reduce(tensor, _op(op), root, out=out, **_how(algorithm, async_op)),
                   async_op)
@@ -505,11 +522,12 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
     try:
         out = _view(output_tensor, "output_tensor")
     except MpicollError as exc:
-        return _then(g.comm.all_gather, (x,), _nothing, str(exc))
+        return _then(g.comm.all_gather, (x,), _nothing, str(exc), **_how(algorithm, async_op))
     if out.size != int(np.prod(shape)):
         return _then(g.comm.all_gather, (x,), _nothing,
                      f"output_tensor: expected {int(np.prod(shape))} elements (the group's "
-                     f"{g.comm.size} inputs of shape {shape[1:]}), got shape {tuple(out.shape)}")
+                     f"{g.comm.size} inputs of shape {shape[1:]}), got shape {tuple(out.shape)}",
+                     **_how(algorithm, async_op))
     out, copy_back = _shaped(output_tensor, "output_tensor", shape)
     return _then(g.comm.all_gather, (x,), copy_back, None, out=out,
                  **_how(algorithm, async_op))
@@ -521,14 +539,16 @@ def reduce_scatter(output: Any, input_list: list[Any], op: Any = ReduceOp.SUM,
     g = _member(group, "reduce_scatter")
     if g is None:
         return None
-    like = _given(output, "output")
-    rows, problem = _tensors(input_list, "input_list", g.comm.size, like)
-    if problem is None and not _is_array(like) and len({(r.shape, r.dtype) for r in rows}) > 1:
-        problem = "input_list: tensors of one shape and dtype"
-    if problem is not None:
-        return _refused(g.comm.reduce_scatter, problem)
-    shape = like.shape if _is_array(like) else rows[0].shape
-    stacked = module_of(rows[0]).stack([r.reshape(shape) for r in rows])
+    rows, problem = _tensors(input_list, "input_list", g.comm.size, None)
+    if problem is None and len({(r.shape, r.dtype, module_of(r)) for r in rows}) > 1:
+        problem = "input_list: tensors of one shape and dtype, in one array library"
+    if problem is not None:  # what it gives: refused
+        return _refused(g.comm.reduce_scatter, problem, algorithm, async_op)
+    stacked = module_of(rows[0]).stack(rows)
+    out = _given(output, "output")
+    if _is_array(out) and out.size == rows[0].size:
+        stacked = stacked.reshape(len(rows), *out.shape)  # (any shape of that size, as torch)
+    # a wrong output: the core call takes part, then refuses it
     return _maybe(g.comm.reduce_scatter(stacked, _op(op), out=output, **_how(algorithm, async_op)),
                   async_op)
 
@@ -542,12 +562,14 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # no
         return None
     out, x = _given(output, "output"), _given(input, "input")
     p = g.comm.size
-    if hasattr(out, "shape") and hasattr(x, "shape"):
-        if x.size != p * out.size:
+    if _is_array(x):
+        if x.size % p:  # what it gives: refused
             return _refused(g.comm.reduce_scatter,
-                            f"input: expected {p * out.size} elements (the group's {p} blocks "
-                            f"of the output's shape {tuple(out.shape)}), got shape {tuple(x.shape)}")
-        x = x.reshape(p, *out.shape)  # read: a copy is fine
+                            f"input: its {x.size} elements do not split into the group's {p} "
+                            "blocks", algorithm, async_op)
+        # read: a copy is fine; a wrong output: the core call takes part, then refuses it
+        x = x.reshape(p, *out.shape) if _is_array(out) and out.size * p == x.size else \
+            x.reshape(p, -1)
     return _maybe(g.comm.reduce_scatter(x, _op(op), out=output, **_how(algorithm, async_op)),
                   async_op)
 
@@ -560,16 +582,16 @@ def _splits(sizes: Sequence[int] | None, rows: int, p: int, name: str) -> tuple[
             return [], f"{name}: {rows} rows do not split evenly over {p} ranks (give split sizes)"
         return [rows // p] * p, None
     try:
-        values = [int(s) for s in sizes]
-        whole = all(float(s) == int(s) for s in sizes)
-    except (TypeError, ValueError):
+        values = list(sizes)
+    except TypeError:
         return [], f"{name}_split_sizes: expected {p} ints, got {sizes!r}"
-    if len(values) != p or not whole or min(values, default=0) < 0:
-        return [], f"{name}_split_sizes: expected {p} non-negative ints, got {list(sizes)}"
+    if len(values) != p or not all(isinstance(v, (int, np.integer)) and not isinstance(
+            v, (bool, np.bool_)) and v >= 0 for v in values):
+        return [], f"{name}_split_sizes: expected {p} non-negative ints, got {values}"
     if sum(values) != rows:
         return [], (f"{name}_split_sizes: they sum to {sum(values)}, but the {name} has "
                     f"{rows} rows (dim 0)")
-    return values, None
+    return [int(v) for v in values], None
 
 
 def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int] | None = None,  # noqa: A002
@@ -584,12 +606,14 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     p = g.comm.size
     x = _given(input, "input")
     if not hasattr(x, "shape"):
-        return _refused(g.comm.all_to_all_v, f"input: expected a tensor, got {type(input).__name__}")
+        return _refused(g.comm.all_to_all_v, f"input: expected a tensor, got "
+                        f"{type(input).__name__}", algorithm, async_op)
     if x.ndim == 0:
-        return _refused(g.comm.all_to_all_v, "input: needs at least one dimension (dim 0 is split)")
+        return _refused(g.comm.all_to_all_v, "input: needs at least one dimension (dim 0 is "
+                        "split)", algorithm, async_op)
     send, problem = _splits(input_split_sizes, x.shape[0], p, "input")
     if problem is not None:
-        return _refused(g.comm.all_to_all_v, problem)
+        return _refused(g.comm.all_to_all_v, problem, algorithm, async_op)
     out, expect, problem = None, [], None
     try:
         out = _view(output, "output")
@@ -606,7 +630,8 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
         if problem is None and out.size != x.size:
             problem = f"output: expected {x.size} elements (as the input), got shape {tuple(out.shape)}"
         if problem is not None:
-            return _then(g.comm.all_to_all, (x.reshape(p, -1),), _nothing, problem)
+            return _then(g.comm.all_to_all, (x.reshape(p, -1),), _nothing, problem,
+                         **_how(algorithm, async_op))
         rows, copy_back = _shaped(output, "output", (p, x.size // max(p, 1)))
         return _then(g.comm.all_to_all, (x.reshape(p, -1),), copy_back, None, out=rows,
                      **_how(algorithm, async_op))
@@ -637,7 +662,7 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
     if problem is None and len({a.dtype for a in ins}) > 1:
         problem = f"input_tensor_list: tensors of one dtype, got {sorted({str(a.dtype) for a in ins})}"
     if problem is not None:
-        return _refused(g.comm.all_to_all_v, problem)
+        return _refused(g.comm.all_to_all_v, problem, algorithm, async_op)
     flat = module_of(ins[0]).concatenate([a.reshape(-1) for a in ins]) if ins else None
     outs, problem = _tensors(output_tensor_list, "output_tensor_list", p, None)
     if problem is None and any(o.dtype != flat.dtype for o in outs):
@@ -666,12 +691,16 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
     g = _member(group, "scatter")
     if g is None:
         return None
-    root = _root(g, src if src is not None or group_src is not None else 0, group_src, "src")
+    try:
+        root = _root(g, src if src is not None or group_src is not None else 0, group_src,
+                     "src")
+    except InvalidArgumentError as exc:  # what it gives: refused
+        return _refused(g.comm.scatter, str(exc), algorithm, async_op)
     stacked, refusal, problem = None, None, None
     if g.comm.rank == root:
         like = _given(tensor, "tensor")
         rows, wrong = _tensors(scatter_list, "scatter_list", g.comm.size, like) \
-            if scatter_list else ([], "scatter_list: must be given on the source rank")
+            if _given_list(scatter_list) else ([], "scatter_list: must be given on the source rank")
         if wrong is not None:
             refusal = InvalidArgumentError(wrong)
         else:
@@ -680,7 +709,7 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
                 refusal = InvalidArgumentError("scatter_list: tensors of one size and dtype")
             else:
                 stacked = module_of(rows[0]).stack([r.reshape(shape) for r in rows])
-    elif scatter_list:
+    elif _given_list(scatter_list):
         problem = "scatter_list: must not be given on a rank that is not the source (as torch)"
     try:  # a refused list travels in the root's header: every rank raises
         return _then(g.comm.scatter, (stacked, root), _nothing, problem,
@@ -698,14 +727,18 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
     g = _member(group, "gather")
     if g is None:
         return None
-    root = _root(g, dst if dst is not None or group_dst is not None else 0, group_dst, "dst")
+    try:
+        root = _root(g, dst if dst is not None or group_dst is not None else 0, group_dst,
+                     "dst")
+    except InvalidArgumentError as exc:  # what it gives: refused
+        return _refused(g.comm.gather, str(exc), algorithm, async_op)
     x = _given(tensor, "tensor")
     if g.comm.rank == root:
-        outs, problem = _tensors(gather_list, "gather_list", g.comm.size, x) if gather_list \
-            else ([], "gather_list: must be given on the destination rank")
+        outs, problem = _tensors(gather_list, "gather_list", g.comm.size, x) \
+            if _given_list(gather_list) else ([], "gather_list: must be given on the destination rank")
     else:
         outs, problem = [], ("gather_list: must not be given on a rank that is not the "
-                             "destination (as torch)") if gather_list else None
+                             "destination (as torch)") if _given_list(gather_list) else None
 
     def finish(rows: Any) -> None:
         for view, row in zip(outs, rows if rows is not None else (), strict=True):

@@ -168,8 +168,8 @@ def make_mesh(comm: Any, shape: Any, names: Any = None) -> Mesh:
     except TypeError:
         names = ()
     good = bool(shape) and all(s >= 1 for s in shape) and int(np.prod(shape)) == comm.size \
-        and len(names) == len(shape) and len(set(names)) == len(names) \
-        and all(isinstance(n, str) for n in names)
+        and len(names) == len(shape) and all(isinstance(n, str) for n in names) \
+        and len(set(names)) == len(names)
     fingerprint = zlib.crc32(repr((shape, names)).encode())
     if not good:  # refused on every rank by the first split, which agrees it
         _split(comm, None, 0, _BAD_MESH, fingerprint, sys._getframe(1), "mesh",

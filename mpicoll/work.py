@@ -202,7 +202,8 @@ def _finish_at_exit() -> None:
         abort_job(EXIT_UNCAUGHT)
 
 
-def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: Any) -> Work:
+def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: Any,
+           refused: Exception | None = None) -> Work:
     """``comm.<name>(*args, async_op=True, **kwargs)``: queue the call and return its Work.
 
     The call is numbered on every path: a submission refused here (another thread's
@@ -211,10 +212,13 @@ def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: 
     other ranks' next call. In check mode the call is first agreed on ``comm`` itself
     (a numbered step of its own), so a rank that makes it async while another makes it
     blocking raises on every rank, and the progress communicator is made only where
-    every rank makes it.
+    every rank makes it. ``refused``: the caller's own refusal of the call (the entry's
+    ``_refusal=``), settled as these.
     """
     site = Site(frame)
     if comm._backend.queues_on_stream:  # NCCL is asynchronous already: queue it
+        if refused is not None:
+            kwargs = {**kwargs, "_refusal": refused}
         return queued_on_stream(
             name, lambda current: getattr(comm, name)(*args, stream=current, _site=site, **kwargs),
             stream, comm.timeout)
@@ -227,15 +231,16 @@ def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: 
             _refused(comm._progress, name, args, kwargs, stream, site, refusal)
         raise refusal
     try:
-        refusal = None
+        refusal = refused
         progress = comm._progress
-        if progress is not None and progress.other_thread_pending():
+        if refusal is None and progress is not None and progress.other_thread_pending():
             refusal = ConcurrentCallError(
                 f"{name}(async_op=True): another thread's asynchronous calls are still "
                 "pending on this Communicator; the ranks could queue the two threads' calls "
                 "in different orders. One Communicator serves one thread at a time: give "
                 "each thread its own with comm.dup(), made before the threads start")
-        elif stream is not None and (not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
+        elif refusal is None and stream is not None and (
+                not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
             refusal = InvalidArgumentError(
                 f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
         if comm.check:  # agree the call (and any refusal) on comm first: every rank raises

@@ -244,9 +244,12 @@ def test_the_same_mistake_on_every_rank_raises_mpicoll_errors(initialized):
         (lambda: dist.all_gather([np.zeros((2, 3)) for _ in range(size)], x), "3 elements"),
         (lambda: dist.all_gather([np.zeros(3, int) for _ in range(size)], x), "float64"),
         (lambda: dist.all_gather([np.zeros(3)] * (size + 1), x), "tensor_list"),
-        (lambda: dist.reduce_scatter_tensor(np.zeros(3), np.zeros(3 * size + 1)), "input"),
+        (lambda: dist.reduce_scatter_tensor(np.zeros(3), np.zeros(3 * size + 1)),
+         "input" if size > 1 else "out"),
         (lambda: dist.reduce_scatter(np.zeros(3), [np.zeros(3)] * (size + 1)), "input_list"),
-        (lambda: dist.reduce_scatter(np.zeros(3), [np.zeros(2)] * size), r"input_list\[0\]"),
+        (lambda: dist.reduce_scatter(np.zeros(3), [np.zeros(2)] * size), "out: expected shape"),
+        (lambda: dist.reduce_scatter(np.zeros(2), [np.zeros(2)] * (size - 1) + [np.zeros(3)]),
+         "input_list: tensors of one shape" if size > 1 else "out: expected shape"),
         (lambda: dist.all_to_all_single(np.zeros(size * 2), np.zeros(size * 2 + 1)),
          "split evenly" if size > 1 else "elements"),
         (lambda: dist.all_to_all_single(np.zeros(size * 2), np.zeros(size * 2),
@@ -297,6 +300,51 @@ def test_one_rank_s_wrong_output_takes_part_then_raises(initialized):
     else:
         dist.all_to_all_single(single, np.arange(size, dtype=float))
         assert single.tolist() == [float(rank)] * size
+    t = np.ones(1)
+    dist.all_reduce(t)
+    assert t[0] == size
+
+
+def test_one_rank_s_wrong_output_with_async_and_an_algorithm(initialized):
+    """The rank with the wrong output makes the call as the others do (async_op=True on
+    the progress thread's communicator, the algorithm named), waits, then raises."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    last = rank == size - 1
+    x = np.full(2, float(rank))
+    rows = [np.zeros(2) for _ in range(size + (1 if last else 0))]
+    if last:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="tensor_list"):
+            dist.all_gather(rows, x, async_op=True)
+    else:
+        dist.all_gather(rows, x, async_op=True).wait()
+        assert [r[0] for r in rows] == list(range(size))
+    out = np.zeros(2 * size - (1 if last else 0))
+    if last:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="output_tensor"):
+            dist.all_gather_into_tensor(out, x, algorithm="ring")
+    else:
+        dist.all_gather_into_tensor(out, x, algorithm="ring")
+        assert out.tolist() == [float(r) for r in range(size) for _ in range(2)]
+    mine = np.zeros(3 if last else 2)  # reduce_scatter: a wrong output is received, too
+    if last:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="out"):
+            dist.reduce_scatter(mine, [np.ones(2) for _ in range(size)])
+    else:
+        dist.reduce_scatter(mine, [np.ones(2) for _ in range(size)])
+        assert (mine == size).all()
+    t = np.ones(1)
+    dist.all_reduce(t)
+    assert t[0] == size
+
+
+def test_lists_and_roots_that_are_not_what_torch_takes(initialized):
+    size = dist.get_world_size()
+    with pytest.raises(mpicoll.InvalidArgumentError, match="gather_list"):
+        dist.gather(np.ones(2), np.zeros((size, 2)), dst=0)  # an array, not a list
+    with pytest.raises(mpicoll.InvalidArgumentError, match="src"):
+        dist.broadcast(np.ones(1), src=size)  # on every rank: refused as a call
+    with pytest.raises(mpicoll.InvalidArgumentError, match="split_sizes"):
+        dist.all_to_all_single(np.zeros(size), np.zeros(size), input_split_sizes=[True] * size)
     t = np.ones(1)
     dist.all_reduce(t)
     assert t[0] == size

@@ -748,11 +748,6 @@ def _check_arguments(parser: _Parser, args: argparse.Namespace) -> None:
     if not 1 < args.stepfactor < math.inf:  # (nan fails it too)
         parser.error(f"-f {args.stepfactor:g}: the step factor must be a number above 1")
     args.size_list = sizes(begin, end, args.stepfactor)
-    for flag in ("json", "csv", "plot", "output"):
-        path = getattr(args, flag, None)
-        problem = report.unwritable(path) if path else None
-        if problem:
-            parser.error(f"--{flag} {path}: {problem}")
     if args.compress and (args.dtype not in (np.float32, np.float64)
                           or "all_reduce" not in chosen):
         parser.error(f"--compress {args.compress}: compresses all_reduce on float32 or "
@@ -780,6 +775,17 @@ def _check_arguments(parser: _Parser, args: argparse.Namespace) -> None:
                          f"{', '.join(chosen)}; choose from {', '.join(sorted(known))}")
 
 
+def _unwritable_output(args: argparse.Namespace) -> str | None:
+    """Why rank 0 could not write an output the flags name (its folder made where
+    missing), asked before the run so its hours are never lost at the end; None: it can."""
+    for flag in ("json", "csv", "plot", "output"):
+        path = getattr(args, flag, None)
+        problem = report.unwritable(path) if path else None
+        if problem:
+            return f"--{flag} {path}: {problem}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -800,6 +806,10 @@ def main(argv: list[str] | None = None) -> int:
 
         select_device(MPI.COMM_WORLD)  # the NCCL backend selects its own
     comm = Communicator(backend=args.backend)
+    problem = _unwritable_output(args) if comm.rank == 0 else None  # rank 0 writes them:
+    problem = comm.control_comm.bcast(problem, root=0)  # its verdict, on every rank
+    if problem:
+        parser.error(problem)
     if args.root >= comm.size:
         parser.error(f"-r {args.root}: there are {comm.size} ranks (0..{comm.size - 1})")
     say = print if comm.rank == 0 else (lambda *a, **k: None)

@@ -126,8 +126,9 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         if kwargs and not _ENTRY_KEYWORDS.isdisjoint(kwargs):
             stream, site = kwargs.pop("stream", None), kwargs.pop("_site", None)
             refusal = kwargs.pop("_refusal", None)
-            if kwargs.pop("async_op", False):  # (_site: a caller's own frame, the Bucketer's)
-                return self._submit(name, args, kwargs, stream, site or getframe(1))
+            if kwargs.pop("async_op", False):  # (_site: a caller's own frame, the Bucketer's;
+                # _refusal: the caller's refusal, mpicoll.dist's: queued refused)
+                return self._submit(name, args, kwargs, stream, site or getframe(1), refusal)
         site = site or getframe(1)
         decisions = self._decisions
         if keeps and decisions is not None and stream is None and refusal is None:
