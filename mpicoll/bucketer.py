@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .buffers.arrays import as_array, copy_into, empty
-from .errors import InvalidArgumentError
+from .errors import CollectiveTimeoutError, InvalidArgumentError, MpicollError
 from .work import start_progress
 
 DEFAULT_CAP_BYTES = 25 * 1024 * 1024  # DDP's bucket_cap_mb default
@@ -109,16 +109,22 @@ class Bucketer:
         missing = [i for i, filled in enumerate(self._filled) if not filled]
         if missing:
             raise InvalidArgumentError(f"wait: arrays {missing} were never added this round")
+        if self._next < len(self.members):  # its all_reduce was refused at add
+            raise InvalidArgumentError(f"wait: bucket {self._next} was never started this "
+                                       "round (add raised when it was full)")
         failure = None
         for work in self.works:  # every one, even after one failed: the buckets are free
             try:               # for the next round only once no call still uses them
                 work.wait()
-            except Exception as exc:  # noqa: BLE001 - mpicoll's, raised below
+            except CollectiveTimeoutError:
+                raise  # (the job is ending: the watchdog's report says why)
+            except MpicollError as exc:
                 failure = failure or exc
         # the round ends, failed or not (an OpError on every rank): a new one may begin
         self._missing = [len(m) for m in self.members]
         self._filled = [False] * len(self.shapes)
         self._next = 0
+        self.works = [None] * len(self.members)
         if failure is not None:
             raise failure
         return [self._slot(i).reshape(self.shapes[i]) for i in range(len(self.shapes))]

@@ -264,8 +264,7 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
     """A mesh of the job's ranks, row-major (the last dimension inside a node when
     ranks are placed by node), as torch's ``init_device_mesh``."""
     world = _group(None)
-    names = tuple(mesh_dim_names) if mesh_dim_names is not None else None
-    mesh = world.comm.mesh(mesh_shape, names)  # agreed there: a bad shape raises on every rank
+    mesh = world.comm.mesh(mesh_shape, mesh_dim_names)  # agreed there: bad ones raise on every rank
     shape, names = mesh.shape, mesh.names
     groups = {}
     for d, name in enumerate(names):  # the ranks along dimension d through this rank
@@ -604,16 +603,20 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     if g is None:
         return None
     p = g.comm.size
+    # even blocks both ways are one collective, split sizes another: chosen from whether
+    # they were given (as every rank gives them), never from this rank's buffers
+    even = input_split_sizes is None and output_split_sizes is None
+    made = g.comm.all_to_all if even else g.comm.all_to_all_v
     x = _given(input, "input")
     if not hasattr(x, "shape"):
-        return _refused(g.comm.all_to_all_v, f"input: expected a tensor, got "
+        return _refused(made, f"input: expected a tensor, got "
                         f"{type(input).__name__}", algorithm, async_op)
     if x.ndim == 0:
-        return _refused(g.comm.all_to_all_v, "input: needs at least one dimension (dim 0 is "
-                        "split)", algorithm, async_op)
+        return _refused(made, "input: needs at least one dimension (dim 0 is split)",
+                        algorithm, async_op)
     send, problem = _splits(input_split_sizes, x.shape[0], p, "input")
     if problem is not None:
-        return _refused(g.comm.all_to_all_v, problem, algorithm, async_op)
+        return _refused(made, problem, algorithm, async_op)
     out, expect, problem = None, [], None
     try:
         out = _view(output, "output")
@@ -624,9 +627,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
                    f"shape {tuple(out.shape)} of {out.dtype}")
     if problem is None:
         expect, problem = _splits(output_split_sizes, out.shape[0], p, "output")
-    if input_split_sizes is None and output_split_sizes is None:
-        # even blocks both ways (torch: any shapes of equal size): all_to_all, whatever
-        # this rank's output (the collective a call makes never rests on one rank's buffer)
+    if even:  # (torch: an output of any shape of the input's size)
         if problem is None and out.size != x.size:
             problem = f"output: expected {x.size} elements (as the input), got shape {tuple(out.shape)}"
         if problem is not None:

@@ -217,11 +217,14 @@ def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: 
     """
     site = Site(frame)
     if comm._backend.queues_on_stream:  # NCCL is asynchronous already: queue it
-        if refused is not None:
+        if refused is not None:  # numbered there (refused), then raised here, as below
             kwargs = {**kwargs, "_refusal": refused}
-        return queued_on_stream(
+        work = queued_on_stream(
             name, lambda current: getattr(comm, name)(*args, stream=current, _site=site, **kwargs),
             stream, comm.timeout)
+        if refused is not None:
+            raise refused
+        return work
     from .errors import ConcurrentCallError, InvalidArgumentError
     from .pipeline.entry import announce, busy
 

@@ -348,3 +348,22 @@ def test_lists_and_roots_that_are_not_what_torch_takes(initialized):
     t = np.ones(1)
     dist.all_reduce(t)
     assert t[0] == size
+
+
+def test_an_async_call_refused_for_what_it_gives(initialized):
+    """A bad input list with async_op=True: the call is queued refused on the progress
+    thread (numbered as the others'), and raises at once; then both an async and a
+    blocking call are right."""
+    size = dist.get_world_size()
+    for _ in range(2):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="input_list"):
+            dist.reduce_scatter(np.zeros(2), [np.zeros(2)] * (size + 1), async_op=True)
+        if size > 1:  # (one rank takes any number of rows)
+            with pytest.raises(mpicoll.InvalidArgumentError, match="split evenly"):
+                dist.all_to_all_single(np.zeros(2 * size + 1), np.zeros(2 * size + 1),
+                                       async_op=True)
+        t = np.ones(2)
+        dist.all_reduce(t, async_op=True).wait()
+        u = np.ones(2)
+        dist.all_reduce(u)
+        assert (t == size).all() and (u == size).all()
