@@ -25,7 +25,7 @@ import enum
 import os
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -398,10 +398,11 @@ def _then(call: Any, args: tuple, finish: Any, problem: str | None, **kwargs: An
     return None
 
 
-def _refused(call: Any, problem: str, algorithm: str, async_op: bool) -> None:
+def _refused(call: Any, problem: str, algorithm: str, async_op: bool) -> NoReturn:
     """``call`` (as the others make it, async too) refused on this rank for ``problem`` in
-    what it gives (see above)."""
+    what it gives (see above): it raises."""
     call(None, _refusal=InvalidArgumentError(problem), **_how(algorithm, async_op))
+    raise InvalidArgumentError(problem)  # (not reached: the refused call raises it)
 
 
 def _shaped(tensor: Any, name: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
@@ -445,6 +446,15 @@ def _root(g: ProcessGroup, rank: int | None, group_rank: int | None, name: str) 
     return int(group_rank)
 
 
+def _root_of(g: ProcessGroup, call: Any, rank: int | None, group_rank: int | None,
+             name: str, algorithm: str, async_op: bool) -> int:
+    """``_root``; a bad one is ``call`` refused (what this rank gives)."""
+    try:
+        return _root(g, rank, group_rank, name)
+    except InvalidArgumentError as exc:
+        _refused(call, str(exc), algorithm, async_op)
+
+
 def _number(tensor: Any, name: str) -> str | None:
     """What is wrong with a Python number as a tensor the call writes into (torch refuses
     it: the caller could never read the result)."""
@@ -469,10 +479,7 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
     g = _member(group, "broadcast")
     if g is None:
         return None
-    try:
-        root = _root(g, src, group_src, "src")
-    except InvalidArgumentError as exc:  # what it gives: refused
-        return _refused(g.comm.broadcast, str(exc), algorithm, async_op)
+    root = _root_of(g, g.comm.broadcast, src, group_src, "src", algorithm, async_op)
     return _then(g.comm.broadcast, (tensor, root), _nothing, _number(tensor, "tensor"),
                  **_how(algorithm, async_op))
 
@@ -484,10 +491,7 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: A
     g = _member(group, "reduce")
     if g is None:
         return None
-    try:
-        root = _root(g, dst, group_dst, "dst")
-    except InvalidArgumentError as exc:  # what it gives: refused
-        return _refused(g.comm.reduce, str(exc), algorithm, async_op)
+    root = _root_of(g, g.comm.reduce, dst, group_dst, "dst", algorithm, async_op)
     out = tensor if g.comm.rank == root else None
     return _maybe(g.comm.reduce(tensor, _op(op), root, out=out, **_how(algorithm, async_op)),
                   async_op)
@@ -692,11 +696,8 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
     g = _member(group, "scatter")
     if g is None:
         return None
-    try:
-        root = _root(g, src if src is not None or group_src is not None else 0, group_src,
-                     "src")
-    except InvalidArgumentError as exc:  # what it gives: refused
-        return _refused(g.comm.scatter, str(exc), algorithm, async_op)
+    root = _root_of(g, g.comm.scatter, 0 if src is None and group_src is None else src,
+                    group_src, "src", algorithm, async_op)
     stacked, refusal, problem = None, None, None
     if g.comm.rank == root:
         like = _given(tensor, "tensor")
@@ -728,11 +729,8 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
     g = _member(group, "gather")
     if g is None:
         return None
-    try:
-        root = _root(g, dst if dst is not None or group_dst is not None else 0, group_dst,
-                     "dst")
-    except InvalidArgumentError as exc:  # what it gives: refused
-        return _refused(g.comm.gather, str(exc), algorithm, async_op)
+    root = _root_of(g, g.comm.gather, 0 if dst is None and group_dst is None else dst,
+                    group_dst, "dst", algorithm, async_op)
     x = _given(tensor, "tensor")
     if g.comm.rank == root:
         outs, problem = _tensors(gather_list, "gather_list", g.comm.size, x) \
