@@ -123,8 +123,7 @@ class Bucketer:
         # the round ends, failed or not (an OpError on every rank): a new one may begin
         self._missing = [len(m) for m in self.members]
         self._filled = [False] * len(self.shapes)
-        self._next = 0
-        self.works = [None] * len(self.members)
+        self._next = 0  # (works stay: each wait's Works, their times, until the next round)
         if failure is not None:
             raise failure
         return [self._slot(i).reshape(self.shapes[i]) for i in range(len(self.shapes))]
