@@ -31,7 +31,7 @@ from .pipeline.describe import Call
 from .pipeline.entry import busy, entry, freed
 from .pipeline.state import CallState
 from .plan import init_method
-from .work import ProgressThread, Work, submit
+from .work import ProgressThread, Work, start_progress, submit
 
 __all__ = ["BACKENDS", "Communicator", "algorithms"]
 
@@ -218,6 +218,14 @@ class Communicator(CallState, PointToPoint, Groups):
             self._entry.release()
         if failure is not None:
             raise refusal(failure)
+
+    def start_progress(self) -> None:
+        """Collective: make now the progress thread that runs this Communicator's
+        ``async_op=True`` calls (its duplicate communicator: a collective of this one).
+        The first async call makes it otherwise; call this where every rank is when ranks
+        may make their first async calls on two Communicators in different orders (a
+        plan makes it when it is made)."""
+        start_progress(self, sys._getframe(1))
 
     @property
     def freed(self) -> bool:

@@ -40,7 +40,7 @@ from .pipeline import decided
 from .pipeline.decided import Decision, decide
 from .pipeline.entry import busy, ended, numbered, public_signature, watched_step
 from .spec import SPECS
-from .work import Site, Work, submit
+from .work import Site, Work, start_progress, submit
 
 if TYPE_CHECKING:
     from .communicator import Communicator
@@ -332,6 +332,10 @@ def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, fr
             comm._entry.release()
     elif refusal is not None:
         raise refusal
+    # its starts run on comm's progress thread, whose duplicate communicator is made now,
+    # where every rank makes the plan (at a first start, ranks starting plans of two
+    # communicators in different orders would wait in each other's duplicate)
+    start_progress(comm, frame)
     return Plan(comm, collective, args, kwargs, site)
 
 

@@ -38,3 +38,20 @@ def test_fit_measures_the_links_inside_and_between_nodes(world):
     several = len(world.nodes) > 1 and any(len(n) > 1 for n in world.nodes)
     assert (params.alpha_intra is not None) == several
     assert (params.beta_intra is not None) == several
+
+
+def test_the_model_file_auto_reads_keeps_the_intra_node_link():
+    """auto reads the model through selection.parse_params: the inside-node alpha and
+    beta (which make hierarchical worth it) reach it, and bad ones are refused."""
+    import json
+
+    import mpicoll
+    import mpicoll.selection as selection
+
+    text = json.dumps({"alpha": 2e-5, "beta": 1e-9, "gamma": 1e-10, "ranks": 4,
+                       "alpha_intra": 5e-7, "beta_intra": 5e-11})
+    params = selection.parse_params(text, "m.json")
+    assert (params.alpha_intra, params.beta_intra) == (5e-7, 5e-11)
+    assert selection.parse_params(text.replace("5e-07", "null"), "m.json").alpha_intra is None
+    with pytest.raises(mpicoll.ConfigError, match="alpha_intra"):
+        selection.parse_params(text.replace("5e-07", "-1"), "m.json")

@@ -458,3 +458,27 @@ def test_ranks_in_place_and_not_keep_a_plan_off_the_persistent_request(world, co
             want = sum(k + step for k in range(p if collective == "all_reduce" else r + 1))
             np.testing.assert_array_equal(plan(), np.full(3, float(want)))
         assert (plan._request is None) == (p > 1)
+
+
+def test_plans_and_async_calls_of_two_communicators_started_in_other_orders(world):
+    """Each communicator sees its calls in one order, but rank 0 starts A's before B's and
+    the others B's before A's (legal in MPI: nonblocking collectives of two communicators
+    do not wait for each other). The progress threads' duplicates are made where every
+    rank is: when a plan is made, or by start_progress(), never at a first start."""
+    first, second = world.dup(), world.dup()
+    x, y = np.full(2, 1.0), np.full(2, 2.0)
+    plans = {"a": first.all_reduce_init(x), "b": second.all_reduce_init(y)}
+    order = "ab" if world.rank == 0 else "ba"
+    for name in order:
+        plans[name].start()
+    np.testing.assert_array_equal(plans["a"].wait(), np.full(2, world.size * 1.0))
+    np.testing.assert_array_equal(plans["b"].wait(), np.full(2, world.size * 2.0))
+    third, fourth = world.dup(), world.dup()
+    third.start_progress()
+    fourth.start_progress()
+    comms = {"a": third, "b": fourth}
+    works = {name: comms[name].all_reduce(x, async_op=True) for name in order}
+    np.testing.assert_array_equal(works["a"].wait(), np.full(2, world.size * 1.0))
+    np.testing.assert_array_equal(works["b"].wait(), np.full(2, world.size * 1.0))
+    for comm in (first, second, third, fourth):
+        comm.free()

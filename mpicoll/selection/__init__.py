@@ -103,6 +103,14 @@ def parse_params(text: str, path: str) -> model.Params:
                     or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{key!r} must be a non-negative number, got {value!r}")
             fields[key] = float(value)
+        for key in ("alpha_intra", "beta_intra"):  # inside a node: optional (fit measures
+            value = data.get(key)                   # them where there are several nodes)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{key!r} must be a non-negative number or null, got {value!r}")
+            fields[key] = float(value)
         if "ranks" in data:
             ranks = data["ranks"]
             if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 0:
