@@ -55,3 +55,17 @@ def test_the_model_file_auto_reads_keeps_the_intra_node_link():
     assert selection.parse_params(text.replace("5e-07", "null"), "m.json").alpha_intra is None
     with pytest.raises(mpicoll.ConfigError, match="alpha_intra"):
         selection.parse_params(text.replace("5e-07", "-1"), "m.json")
+
+
+def test_the_table_names_the_links_it_uses_and_spreads_ranks_over_nodes(capsys):
+    from mpicoll.model import Params, table
+
+    params = Params(alpha=2e-5, beta=1e-9, alpha_intra=5e-7, beta_intra=5e-11)
+    one = table(params, 16, sizes=(8,), collectives=("barrier",))
+    assert "on 1 node(s): inside a node alpha 0.50 us" in one and "between" not in one
+    four = table(params, 16, sizes=(8,), collectives=("barrier",), nodes=4)
+    assert "between nodes alpha 20.00 us" in four
+    flat = lambda text, name: float(next(line.split()[-1] for line in text.splitlines()  # noqa: E731
+                                         if line.split()[1:2] == [name]))
+    assert flat(four, "dissemination") > flat(one, "dissemination")  # the slower link
+    assert flat(four, "hierarchical") < flat(four, "dissemination")

@@ -163,15 +163,22 @@ def best(collective: str, nbytes: int, p: int, params: Params, candidates: list[
 
 
 def table(params: Params, p: int, sizes: tuple[int, ...] = (8, 1 << 12, 1 << 16, 1 << 20, 1 << 24),
-          collectives: tuple[str, ...] = COLLECTIVES) -> str:
-    """Predicted microseconds of every algorithm at a few sizes, as text."""
-    lines = [f"# predicted time (us) at {p} ranks: alpha {params.alpha * 1e6:.2f} us, "
-             f"beta {1 / params.beta / 1e9:.2f} GB/s, gamma {1 / params.gamma / 1e9:.2f} GB/s "
-             f"({params.source})",
+          collectives: tuple[str, ...] = COLLECTIVES, nodes: int = 1) -> str:
+    """Predicted microseconds of every algorithm at a few sizes, at ``p`` ranks on
+    ``nodes`` nodes, as text; its header names the link parameters the rows use."""
+    alpha_in = params.alpha if params.alpha_intra is None else params.alpha_intra
+    beta_in = params.beta if params.beta_intra is None else params.beta_intra
+    inside = f"alpha {alpha_in * 1e6:.2f} us, beta {1 / beta_in / 1e9:.2f} GB/s"
+    links = f"inside a node {inside}" if nodes == 1 else (
+        f"between nodes alpha {params.alpha * 1e6:.2f} us, beta "
+        f"{1 / params.beta / 1e9:.2f} GB/s; inside a node {inside}")
+    lines = [f"# predicted time (us) at {p} ranks on {nodes} node(s): {links}; gamma "
+             f"{1 / params.gamma / 1e9:.2f} GB/s ({params.source})",
              f"# {'collective':<15} {'algorithm':<20}" + "".join(f"{_size(s):>11}" for s in sizes)]
     for collective in collectives:
         for name in [*REGISTRY[collective], "native"]:
-            row = "".join(f"{predict(collective, name, s, p, params) * 1e6:>11.1f}" for s in sizes)
+            row = "".join(f"{predict(collective, name, s, p, params, nodes) * 1e6:>11.1f}"
+                          for s in sizes)
             lines.append(f"  {collective:<15} {name:<20}{row}")
     return "\n".join(lines)
 

@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     show = sub.add_parser("table", help="print predicted times")
     show.add_argument("--params", default=None,
                       help=f"a fitted JSON file (default {default_path()}, as auto reads)")
+    show.add_argument("--nodes", type=int, default=1,
+                      help="nodes the ranks are spread over, evenly (without --topology)")
     show.add_argument("-p", "--ranks", type=int, default=None,
                       help="ranks (default 8; with --topology: 64..1024 that fit)")
     show.add_argument("--topology", default=None,
@@ -81,8 +83,13 @@ def main(argv: list[str] | None = None) -> int:
                  if value is not None]
         if alone:
             parser.error(f"{', '.join(alone)}: only with --topology")
-        print(table(params, args.ranks or 8))
+        ranks = args.ranks or 8
+        if not 1 <= args.nodes <= ranks:
+            parser.error(f"--nodes {args.nodes}: 1 to the {ranks} ranks")
+        print(table(params, ranks, nodes=args.nodes))
         return 0
+    if args.nodes != 1:
+        parser.error("--nodes: without --topology (a topology places the ranks itself)")
     args.collective = args.collective or "all_reduce"
     return _topology_table(parser, args, params)
 
