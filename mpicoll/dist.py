@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from .buffers import writable
 from .buffers.arrays import as_array, is_cupy, module_of
 from .communicator import Communicator
 from .errors import InvalidArgumentError, MpicollError
@@ -455,14 +456,6 @@ def _root_of(g: ProcessGroup, call: Any, rank: int | None, group_rank: int | Non
         _refused(call, str(exc), algorithm, async_op)
 
 
-def _number(tensor: Any, name: str) -> str | None:
-    """What is wrong with a Python number as a tensor the call writes into (torch refuses
-    it: the caller could never read the result)."""
-    if isinstance(tensor, (bool, int, float, complex, np.generic)):
-        return f"{name}: expected a tensor or an array, got {type(tensor).__name__}"
-    return None
-
-
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
                algorithm: str = "auto") -> Any:
     """Reduce ``tensor`` across the group, in place."""
@@ -480,7 +473,12 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
     if g is None:
         return None
     root = _root_of(g, g.comm.broadcast, src, group_src, "src", algorithm, async_op)
-    return _then(g.comm.broadcast, (tensor, root), _nothing, _number(tensor, "tensor"),
+    try:  # a number: the call could not write into it (torch refuses it too)
+        writable(tensor, "tensor")
+        problem = None
+    except InvalidArgumentError as exc:
+        problem = str(exc)
+    return _then(g.comm.broadcast, (tensor, root), _nothing, problem,
                  **_how(algorithm, async_op))
 
 

@@ -60,6 +60,20 @@ RECORDS = {name: Record(s.input_rows, s.result_rows and not s.input_rows, s.root
                *NCCL_TESTS, *(n for n in SPECS if n not in NCCL_TESTS and n != "barrier")))}
 
 
+def checked_sizes(parser: argparse.ArgumentParser, minbytes: str, maxbytes: str,
+                  factor: float) -> list[int]:
+    """The sizes ``-b``, ``-e`` and ``-f`` name, or the parser's one-line refusal."""
+    try:
+        begin, end = parse_size(minbytes), parse_size(maxbytes)
+    except ValueError as exc:
+        parser.error(f"-b/-e: {exc}")
+    if begin > end:
+        parser.error(f"-b {minbytes} is larger than -e {maxbytes}")
+    if not 1 < factor < math.inf:  # (nan fails it too)
+        parser.error(f"-f {factor:g}: the step factor must be a number above 1")
+    return sizes(begin, end, factor)
+
+
 def parse_size(text: str) -> int:
     """'64M' -> 67108864; K, M, G are powers of 1024.
 
@@ -739,15 +753,7 @@ def _check_arguments(parser: _Parser, args: argparse.Namespace) -> None:
     except ValueError as exc:
         parser.error(f"-d: {exc}")
     args.datatype = args.dtype.name
-    try:
-        begin, end = parse_size(args.minbytes), parse_size(args.maxbytes)
-    except ValueError as exc:
-        parser.error(f"-b/-e: {exc}")
-    if begin > end:
-        parser.error(f"-b {args.minbytes} is larger than -e {args.maxbytes}")
-    if not 1 < args.stepfactor < math.inf:  # (nan fails it too)
-        parser.error(f"-f {args.stepfactor:g}: the step factor must be a number above 1")
-    args.size_list = sizes(begin, end, args.stepfactor)
+    args.size_list = checked_sizes(parser, args.minbytes, args.maxbytes, args.stepfactor)
     if args.compress and (args.dtype not in (np.float32, np.float64)
                           or "all_reduce" not in chosen):
         parser.error(f"--compress {args.compress}: compresses all_reduce on float32 or "

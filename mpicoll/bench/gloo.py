@@ -14,13 +14,12 @@ port), told to the others over MPI: no torchrun needed.
 from __future__ import annotations
 
 import argparse
-import math
 import socket
 import sys
 
 import numpy as np
 
-from mpicoll.bench import parse_size, sizes, time_interleaved
+from mpicoll.bench import checked_sizes, time_interleaved
 from mpicoll.bench.report import human
 
 
@@ -50,14 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", type=int, default=20, help="timed iterations")
     parser.add_argument("-w", type=int, default=3, help="warm-up iterations")
     args = parser.parse_args(argv)
-    try:
-        begin, end = parse_size(args.b), parse_size(args.e)
-    except ValueError as exc:
-        parser.error(f"-b/-e: {exc}")
-    if begin > end:
-        parser.error(f"-b {args.b} is larger than -e {args.e}")
-    if not 1 < args.f < math.inf:
-        parser.error(f"-f {args.f:g}: the step factor must be a number above 1")
+    size_list = checked_sizes(parser, args.b, args.e, args.f)
     if args.n < 1 or args.w < 0:
         parser.error("-n: at least 1 timed iteration; -w: not negative")
     try:
@@ -78,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{torch.__version__} gloo | mpicoll.dist | mpicoll on the NumPy view")
     say(f"# {'size':>10} {'gloo(us)':>10} {'dist(us)':>10} {'mpicoll(us)':>11} "
         f"{'gloo/dist':>9} {'gloo/mpicoll':>12}")
-    for nbytes in sizes(begin, end, args.f):
+    for nbytes in size_list:
         tensor = torch.ones(max(nbytes // 4, 1))
         view = tensor.numpy()
         runs = {"gloo": lambda t=tensor: torch_dist.all_reduce(t),
