@@ -38,7 +38,7 @@ from .buffers.arrays import same as _same
 from .errors import ConcurrentCallError, InvalidArgumentError, MpicollError
 from .pipeline import decided
 from .pipeline.decided import Decision, decide
-from .pipeline.entry import busy, ended, numbered, public_signature, watched_step
+from .pipeline.entry import numbered, prepare_start, public_signature, watched_step
 from .spec import SPECS
 from .work import Site, Work, start_progress, submit
 
@@ -71,7 +71,7 @@ class Plan:
         self.starts = 0  # how many times it was started
         self._decision: Decision | None = None  # what the first plan() decided
         self._request: Any = None  # the MPI library's persistent request (see _persist)
-        self._lean: tuple | None = None  # plan()'s lean path, once settled (__call__)
+        self._lean: Any = None  # plan()'s lean path, once settled (__call__)
         self._kept: tuple = ()  # its flight-recorder entry (Watch.enter_kept)
         # whether the second plan() votes on a persistent request: values every rank
         # holds alike (the backend, check mode and traces are agreed when comm is made)
@@ -126,20 +126,12 @@ class Plan:
             if self._work is None and not comm._refused_alone and not comm._freed:
                 # what the first start decided (or the persistent request the second
                 # made), on the bound buffers: entry.prepare's steps, its values fixed
-                entry, watch, begin, name, site, kept, run = lean
-                if not entry.acquire(False):
-                    raise ConcurrentCallError(busy(comm, f"{name} plan()"))
                 self.starts += 1
                 try:
-                    seq = comm._seq = comm._seq + 1
-                    call = watch.enter_kept(seq, name, site, kept)
-                    begin()  # the call's tag: every rank advances it
-                    return run(call)
-                except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
-                    raise ended(comm, name, exc)  # noqa: B904 - keeps the cause
-                finally:
-                    watch.leave()
-                    entry.release()
+                    return lean()
+                except ConcurrentCallError:  # (a start refused as busy was not made)
+                    self.starts -= 1
+                    raise
         self._check_usable("__call__()")
         if self._work is not None:
             raise InvalidArgumentError(
@@ -150,8 +142,8 @@ class Plan:
             if self.starts == 2 and self._votes:
                 self._persist()
             if self._bound is not None:  # settled: from the next start on, the lean path
-                self._lean = (comm._entry, comm._watch, comm._backend.transport.begin,
-                              self.collective, self._site, self._kept, self._bound)
+                self._lean = prepare_start(comm, self.collective, self._site, self._kept,
+                                           self._bound, getattr(self._bound, "persistent", None))
                 return numbered(comm, self.collective, self._site, self._args, self._kwargs,
                                 self._settled)  # the resync first, where a rank owes one
             result = getattr(comm, self.collective)(*self._args, stream=self._stream,

@@ -24,7 +24,7 @@ DEFAULT_RECORDER = 64  # calls kept per Communicator
 
 RUNNING, DONE = "running", "done"
 _NO_FACTS = (None, None, (), None, None, None, -1)  # shape ... nbytes: no call yet
-_now = time.monotonic
+now = time.monotonic  # the clock of every entry's start and end
 
 
 def recorder_length() -> int:
@@ -146,7 +146,7 @@ class Watch:
             rec.facts = (getattr(x, "shape", None), getattr(x, "dtype", None), given, op,
                          root, None, -1)
         rec.state = RUNNING
-        self.started = rec.start = _now()
+        self.started = rec.start = now()
         return call
 
     def enter_kept(self, seq: int, collective: str, frame: Any, kept: tuple) -> Any:
@@ -160,7 +160,7 @@ class Watch:
             seq, collective, frame.f_code, frame.f_lasti
         rec.facts = kept
         rec.state = RUNNING
-        self.started = rec.start = _now()
+        self.started = rec.start = now()
         return call
 
     def kept(self) -> tuple:
@@ -174,7 +174,7 @@ class Watch:
     def leave(self) -> None:
         """The call ended (its state is done unless ``failed`` said otherwise)."""
         rec = self.current
-        rec.end = _now()
+        rec.end = now()
         if rec.state is RUNNING:
             rec.state = DONE
         self.started = 0.0

@@ -177,13 +177,18 @@ def decide(c: CallState, name: str, args: tuple, kwargs: dict) -> Callable[..., 
 class Decision:
     """``bind(x, out)`` (see above), and ``fresh(call, x)`` where the decision has one:
     the call without ``out=`` run at once, on a new result, with no runner made (or
-    DECLINED, before any message, for buffers it was not made for)."""
+    DECLINED, before any message, for buffers it was not made for).
 
-    __slots__ = ("bind", "fresh", "persist", "kept", "last", "call")
+    ``direct``, where that fresh call is nothing but one call of MPI's own collective
+    (``native.host_direct``'s ``run(x, result)``) on a new result: ``(run, shape, dtype)``
+    (shape None: this rank gets no result, as a reduce's non-root), which the prepared
+    call makes itself (``entry.prepare``), the most frequent call being that one."""
+
+    __slots__ = ("bind", "fresh", "persist", "direct", "kept", "last", "call")
 
     def __init__(self, bind: Callable[..., Any], fresh: Callable[..., Any] | None = None,
-                 persist: Callable[..., Any] | None = None):
-        self.bind, self.fresh, self.persist = bind, fresh, persist
+                 persist: Callable[..., Any] | None = None, direct: tuple | None = None):
+        self.bind, self.fresh, self.persist, self.direct = bind, fresh, persist, direct
         self.kept: tuple = ()  # the flight recorder's entry of its calls (Watch.enter_kept)
         self.last: tuple | None = None  # the last binding of small buffers (see bound)
         self.call: Callable[..., Any] | None = None  # its prepared call (entry.prepare)
@@ -298,6 +303,9 @@ def _persisted(c: CallState, collective: str, name: str, op: Any, dtype: Any, ro
             wait()
             return done()
 
+        if before is None and type(done) is Fixed:  # Start and Wait alone: a plan's
+            run.persistent = (start, wait, done.value)  # type: ignore[attr-defined] # (entry.prepare_start)
+
         def run_after(call: Any) -> Any:
             before()
             start()
@@ -310,6 +318,19 @@ def _persisted(c: CallState, collective: str, name: str, op: Any, dtype: Any, ro
     # plan's vote checks this; reduce's root alone and all_gather's every rank are fine)
     make.in_place = x is result if collective in _IN_PLACE_AT_ALL else None  # type: ignore[attr-defined]
     return make
+
+
+class Fixed:
+    """A persistent start's ``done()`` that gives the same value every time (the bound
+    result, or None), so that the start can return it without calling anything."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self) -> Any:
+        return self.value
 
 
 _IN_PLACE_AT_ALL = frozenset(("all_reduce", "scan", "exscan"))
@@ -332,7 +353,7 @@ def _averaged(out: Any, opd: Any, fn: Callable[..., Any], ranks: int,
     """A persistent start's result: ``out``, divided by the ``ranks`` combined where the
     op is avg (as ``deliver.average`` does for every other run)."""
     if not opd.average:
-        return lambda: out
+        return Fixed(out)
     done = _averaged_by(opd, fn, ranks, averages_itself)
     return lambda: done(out)
 
@@ -432,7 +453,10 @@ def _all_reduce(c: CallState, a: dict, x: np.ndarray) -> Callable[..., Any]:
         return _persisted(c, "all_reduce", name, opd, dtype, 0, x, out,
                           _averaged(out, opd, fn, size, averages_itself))
 
-    return Decision(bind, fresh, persist)
+    mpi_alone = None
+    if native_mpi and not average_it and a["compress"] is None:  # fresh: MPI_Allreduce alone
+        mpi_alone = (_host(c, "all_reduce", name, opd, dtype), shape, dtype)
+    return Decision(bind, fresh, persist, mpi_alone)
 
 
 def _from_spec(c: CallState, a: dict, x: np.ndarray, name: str) -> Decision | None:
@@ -537,7 +561,7 @@ def _from_spec(c: CallState, a: dict, x: np.ndarray, name: str) -> Decision | No
             return None
         if not receives:
             return None if out is not None else \
-                _persisted(c, name, algorithm, opd, dtype, root, x, None, lambda: None)
+                _persisted(c, name, algorithm, opd, dtype, root, x, None, Fixed(None))
         if spec.input_in_result:  # all_gather: x into its row first, unless it is that row
             if not _fits(out, shape, dtype):
                 return None
@@ -549,16 +573,19 @@ def _from_spec(c: CallState, a: dict, x: np.ndarray, name: str) -> Decision | No
             else:
                 def copy_in() -> None:
                     row[...] = x
-            return _persisted(c, name, algorithm, None, dtype, root, x, out, lambda: out, copy_in)
+            return _persisted(c, name, algorithm, None, dtype, root, x, out, Fixed(out), copy_in)
         if out is x and (name not in IN_PLACE_AS_MPI or nothing):
             return None  # (MPI may write exscan's rank 0's result: not into its x)
         if not _separate_or_in_place(x, out, shape, dtype):
             return None
-        finished = (lambda: None) if nothing else (lambda: out) if done is None else \
+        finished = Fixed(None) if nothing else Fixed(out) if done is None else \
             (lambda: done(out))
         return _persisted(c, name, algorithm, opd, dtype, root, x, out, finished)
 
-    return Decision(bind, fresh, persist)
+    mpi_alone = None
+    if host is not None and done is None and not nothing:  # fresh is MPI's call alone
+        mpi_alone = (host, shape if receives else None, dtype)
+    return Decision(bind, fresh, persist, mpi_alone)
 
 
 def _barrier(c: CallState, a: dict, x: Any) -> Callable[..., Any]:
@@ -572,7 +599,7 @@ def _barrier(c: CallState, a: dict, x: Any) -> Callable[..., Any]:
 
     return Decision(lambda x, out: run, lambda call, x: direct(t),
                     lambda x, out: _persisted(c, "barrier", name, None, None, 0, None, None,
-                                              lambda: None))
+                                              Fixed(None)))
 
 
 # -- broadcast and scatter: the root's header still goes first, with the data when it fits
@@ -642,7 +669,7 @@ def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
         buf = x if x is not None or c.rank == root else np.empty(shape, dtype)
         return None if buf is None else _persisted(
             c, "broadcast", pack_name if packed else name, None, dtype, root, buf, None,
-            lambda: buf)
+            Fixed(buf))
 
     sent = words.tobytes()  # the root's header, as the packet's first bytes hold it
     if c.rank == root:
@@ -775,7 +802,7 @@ def _scatter(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
         else:
             return None
         return _persisted(c, "scatter", "native", None, dtype, root,
-                          x if rank == root else None, result, lambda: result)
+                          x if rank == root else None, result, Fixed(result))
 
     sent = words.tobytes()  # the root's header, as the packet's first bytes hold it
     if rank == root:

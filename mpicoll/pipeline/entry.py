@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from sys import _getframe as getframe
 from typing import TYPE_CHECKING, Any
 
-from numpy import ndarray
+from numpy import empty, ndarray
 
 from ..buffers.arrays import kept_view
 from ..errors import (
@@ -25,6 +25,7 @@ from ..errors import (
     MpicollError,
     OpError,
 )
+from ..observe.recorder import DONE, RUNNING, now
 from ..observe.watchdog import PARAMETERS
 from . import agree, decided
 from .decided import DECLINED, PLAIN
@@ -75,6 +76,13 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
         if keeps and args:
+            x = args[0]
+            if type(x) is ndarray and not kwargs and len(args) == 1:  # comm.all_reduce(x)
+                decisions = self._decisions
+                if decisions is not None and x.flags.c_contiguous:
+                    prepared = decisions.get((name, x.shape, x.dtype), DECLINED).call
+                    if prepared is not None:
+                        return prepared(getframe(1), x, None, args, kwargs)
             # comm.all_reduce(x), comm.broadcast(x, 0), comm.reduce(x, "sum", 0), each also
             # with out=, algorithm= and its options, on a NumPy array (or a small torch CPU
             # tensor's kept view), the most frequent calls: the prepared call of their
@@ -247,41 +255,109 @@ def prepare(c: CallState, name: str, method: Any,
     once (the lock, the flight recorder, the transport, the runs). It takes the same
     number, record, tag, watch and errors, without the stages a decided call cannot need
     (no stream, no refusal, no trace: the entry checked; a resync owed: the whole path),
-    and runs the decision on the call's ``x`` and ``out`` (``fresh``: on a new result),
-    or the whole path where the decision declines them, before any message.
+    and runs the decision on the call's ``x`` and ``out`` (``direct`` or ``fresh``: on a
+    new result), or the whole path where the decision declines them, before any message.
+
+    It writes the call's flight-recorder entry itself, with the stores of
+    ``Watch.enter_kept`` and ``Watch.leave`` (a method call costs about what its stores
+    do, and this is the path of every repeated call).
 
     ``prepared(site, x, out, args, kwargs)``: ``out`` is the call's out= (None: none),
     taken out of ``kwargs``."""
     lock, watch, transport = c._entry, c._watch, c._backend.transport
     acquire, release, begin = lock.acquire, lock.release, transport.begin
-    enter_kept, leave = watch.enter_kept, watch.leave
+    ring, length = watch.ring, watch.length
     fresh, bound, kept = decision.fresh, decision.bound, decision.kept
+    work, shape, dtype = decision.direct or (None, None, None)
 
     def prepared(site: Any, x: Any, out: Any, args: tuple, kwargs: dict) -> Any:
         if c._refused_alone:  # a resync owed first: the whole path
             return numbered(c, name, site, args, as_given(kwargs, out), method)
         if not acquire(False):
             raise ConcurrentCallError(busy(c, name))
+        seq = c._seq = c._seq + 1
+        rec = ring[seq % length]  # the call's flight-recorder entry (Watch.enter_kept)
         try:
-            seq = c._seq = c._seq + 1
-            call = enter_kept(seq, name, site, kept)
+            watch.current = rec
+            call = rec.call
+            call.seq, call.collective, call.code, call.offset = \
+                seq, name, site.f_code, site.f_lasti
+            rec.facts, rec.state = kept, RUNNING
+            watch.started = rec.start = now()
             begin()  # the call's tag: every rank advances it
-            if out is None and fresh is not None:
-                result = fresh(call, x)
-            else:
+            if out is None:
+                if work is not None:  # MPI's own collective into a new result, at once
+                    if shape is None:  # (no result on this rank)
+                        return work(x, None)
+                    result = empty(shape, dtype)
+                    work(x, result)
+                    return result
+                if fresh is not None:
+                    result = fresh(call, x)
+                    if result is not DECLINED:
+                        return result
+            if out is not None or fresh is None:
                 run = bound(x, out)  # None: it declines these buffers, before any message
-                result = DECLINED if run is None else run(call)
-            if result is DECLINED:  # not a buffer it serves: the whole path, its own entry
-                watch.enter(seq, name, site, args, as_given(kwargs, out))
-                result = method(c, call, *args, **kwargs)
-            return result
+                if run is not None:
+                    result = run(call)
+                    if result is not DECLINED:
+                        return result
+            # not a buffer it serves: the whole path, its own entry
+            watch.enter(seq, name, site, args, as_given(kwargs, out))
+            return method(c, call, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - only mpicoll's errors leave
             raise ended(c, name, exc)  # noqa: B904 - ended keeps the cause
-        finally:
-            leave()
+        finally:  # (Watch.leave)
+            rec = watch.current
+            rec.end = now()
+            if rec.state is RUNNING:
+                rec.state = DONE
+            watch.started = 0.0
             release()
 
     return prepared
+
+
+def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable[[Any], Any],
+                  persistent: tuple | None = None) -> Callable[[], Any]:
+    """A plan's settled start (``Plan.__call__``): ``prepare``'s steps with its values
+    fixed (the plan's site, its flight-recorder entry ``kept``, its buffers bound in
+    ``run(call)``, which gives the result), as ``start()``. ``persistent``: (Start, Wait,
+    result) where the start is MPI's persistent request and nothing else (``run`` then
+    only names it). The caller checked that no resync is owed and the Communicator lives."""
+    lock, watch, transport = c._entry, c._watch, c._backend.transport
+    acquire, release, begin = lock.acquire, lock.release, transport.begin
+    ring, length = watch.ring, watch.length
+    code, offset = site.f_code, site.f_lasti
+    mpi_start, mpi_wait, result = persistent or (None, None, None)
+
+    def start() -> Any:
+        if not acquire(False):
+            raise ConcurrentCallError(busy(c, f"{name} plan()"))
+        seq = c._seq = c._seq + 1
+        rec = ring[seq % length]  # the call's flight-recorder entry (Watch.enter_kept)
+        try:
+            watch.current = rec
+            call = rec.call
+            call.seq, call.collective, call.code, call.offset = seq, name, code, offset
+            rec.facts, rec.state = kept, RUNNING
+            watch.started = rec.start = now()
+            begin()  # the call's tag: every rank advances it
+            if mpi_start is not None:
+                mpi_start()
+                mpi_wait()
+                return result
+            return run(call)
+        except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
+            raise ended(c, name, exc)  # noqa: B904 - keeps the cause
+        finally:  # (Watch.leave)
+            rec.end = now()
+            if rec.state is RUNNING:
+                rec.state = DONE
+            watch.started = 0.0
+            release()
+
+    return start
 
 
 def as_given(kwargs: dict, out: Any) -> dict:
