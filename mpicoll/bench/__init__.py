@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import inspect
 import math
 import statistics
 import sys
@@ -569,16 +570,20 @@ def mpi_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
 
 def default_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
                  root: int) -> Callable[[], object]:
-    """The call as a user writes it first: no algorithm, no out= (broadcast in place)."""
+    """The call as a user writes it first: no algorithm, no out= (broadcast in place), and
+    no argument that says what its default does (``comm.all_reduce(x)`` for op sum)."""
     record, fn = RECORDS[collective], getattr(comm, collective)
+    given = ((op,) if record.reduces else ()) + ((root,) if record.rooted else ())
+    defaults = tuple(p.default for name, p in inspect.signature(fn).parameters.items()
+                     if name in ("op", "root"))
+    while given and given[-1] == defaults[len(given) - 1]:  # (op "sum", root 0)
+        given = given[:-1]
     if collective == "broadcast":
         buf = x.clone() if hasattr(x, "clone") else x.copy()  # a torch tensor, or an array
-        return lambda: comm.broadcast(buf, root)
+        return functools.partial(fn, buf, *given)
     if collective == "scatter":
-        return lambda: comm.scatter(x if comm.rank == root else None, root)
-    if record.reduces:
-        return functools.partial(fn, x, op, root) if record.rooted else functools.partial(fn, x, op)
-    return functools.partial(fn, x, root) if record.rooted else functools.partial(fn, x)
+        return functools.partial(fn, x if comm.rank == root else None, *given)
+    return functools.partial(fn, x, *given)
 
 
 def overhead(comm: Communicator, args: argparse.Namespace, say: Callable[..., None]) -> int:

@@ -77,10 +77,17 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
     def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
         if keeps and args:
             x = args[0]
-            if type(x) is ndarray and not kwargs and len(args) == 1:  # comm.all_reduce(x)
-                decisions = self._decisions
+            if type(x) is ndarray and not kwargs:  # comm.all_reduce(x), .broadcast(x, 0)
+                decisions, n = self._decisions, len(args)
                 if decisions is not None and x.flags.c_contiguous:
-                    prepared = decisions.get((name, x.shape, x.dtype), DECLINED).call
+                    if n == 1:
+                        key: tuple | None = (name, x.shape, x.dtype)
+                    elif n == 2 and type(args[1]) in PLAIN or n == 3 and type(
+                            args[1]) in PLAIN and type(args[2]) in PLAIN:
+                        key = (name, x.shape, x.dtype, args[1:])
+                    else:
+                        key = None
+                    prepared = None if key is None else decisions.get(key, DECLINED).call
                     if prepared is not None:
                         return prepared(getframe(1), x, None, args, kwargs)
             # comm.all_reduce(x), comm.broadcast(x, 0), comm.reduce(x, "sum", 0), each also
