@@ -77,19 +77,22 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
     def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
         if keeps and args:
             x = args[0]
-            if type(x) is ndarray and not kwargs:  # comm.all_reduce(x), .broadcast(x, 0)
+            # comm.all_reduce(x), comm.broadcast(x, 0), each also with out= alone
+            if type(x) is ndarray and (not kwargs or len(kwargs) == 1 and type(
+                    kwargs.get("out")) is ndarray):
                 decisions, n = self._decisions, len(args)
                 if decisions is not None and x.flags.c_contiguous:
-                    if n == 1:
+                    if n == 1 and not kwargs:  # (decided.key's keys)
                         key: tuple | None = (name, x.shape, x.dtype)
-                    elif n == 2 and type(args[1]) in PLAIN or n == 3 and type(
+                    elif n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
                             args[1]) in PLAIN and type(args[2]) in PLAIN:
                         key = (name, x.shape, x.dtype, args[1:])
                     else:
                         key = None
                     prepared = None if key is None else decisions.get(key, DECLINED).call
-                    if prepared is not None:
-                        return prepared(getframe(1), x, None, args, kwargs)
+                    if prepared is not None:  # (the key leaves out= out, as decided.key does)
+                        return prepared(getframe(1), x, kwargs.pop("out") if kwargs else None,
+                                        args, kwargs)
             # comm.all_reduce(x), comm.broadcast(x, 0), comm.reduce(x, "sum", 0), each also
             # with out=, algorithm= and its options, on a NumPy array (or a small torch CPU
             # tensor's kept view), the most frequent calls: the prepared call of their
