@@ -261,6 +261,57 @@ def test_a_kept_decision_refuses_what_the_whole_path_refuses(world, value):
         np.testing.assert_array_equal(total, np.full(3, float(world.size)))
 
 
+@pytest.mark.parametrize("change", ["shape", "dtype"])
+@pytest.mark.parametrize("collective", ["all_reduce", "scan", "reduce", "all_gather"])
+def test_an_out_changed_in_place_after_kept_calls_is_refused(world, collective, change):
+    """``out.shape = ...`` or ``out.dtype = ...`` on the same array between kept calls:
+    the decision's last binding of that array must not serve it (float64 bits read as
+    float32, a result of the new shape), but the whole path's refusal, on every rank; the next
+    call is right."""
+    world._decisions.clear()
+    spec = mpicoll.spec.SPECS[collective]
+    given = {**({"op": "sum"} if spec.reduces else {}), **({"root": 0} if spec.rooted else {})}
+    p, r = world.size, world.rank
+    x = np.empty(4)
+    out = np.empty(spec.result_shape((4,), p))
+    method = getattr(world, collective)
+    receives = not spec.result_at_root_only or r == 0
+    for step in range(3):
+        _fill(x, r, step)
+        got = method(x, out=out, **given)
+        if receives:
+            np.testing.assert_array_equal(got, _expected(collective, p, r, step, (4,)))
+    if change == "shape":
+        out.shape = (*out.shape, 1)
+    else:
+        out.dtype = np.float32
+    refused = False
+    try:
+        method(x, out=out, **given)
+    except mpicoll.InvalidArgumentError:
+        refused = True
+    assert refused == receives  # (a non-root's out= is not its result: not read)
+    _fill(x, r, 3)
+    got = method(x, out=np.empty(spec.result_shape((4,), p)), **given)
+    if receives:
+        np.testing.assert_array_equal(got, _expected(collective, p, r, 3, (4,)))
+
+
+def test_broadcast_out_is_refused_after_kept_calls_as_before(world):
+    """broadcast has no out=: an ``out=`` is one of its tuning options, refused with
+    "auto" on the first call; after kept calls it must still be refused on every rank,
+    not find the decision of the call without it (the key keeps it)."""
+    world._decisions.clear()
+    b, y = np.arange(4.0) * (world.rank == 0), np.full(4, -1.0)
+    for _ in range(3):
+        world.broadcast(b, 0)
+    for _ in range(2):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="option"):
+            world.broadcast(b, 0, out=y)
+    np.testing.assert_array_equal(y, np.full(4, -1.0))
+    np.testing.assert_array_equal(world.broadcast(b, 0), np.arange(4.0) * 1.0)
+
+
 def test_a_user_op_is_never_kept(world):
     """A user's Op is not a key: the table would keep it alive (and its MPI op)."""
     op = mpicoll.Op(lambda a, b, out: np.add(a, b, out=out), commutative=True, name="plus")

@@ -324,6 +324,13 @@ def host_direct(t: MPITransport, collective: str, op: Op | None, dtype: np.dtype
     return None
 
 
+def host_packet(t: MPITransport, packet: np.ndarray, root: int) -> Callable[[], None]:
+    """MPI's own broadcast of one fixed host buffer (a Communicator's header packet) as
+    one call whose arguments are made once: ``host_direct``'s broadcast on it, the same
+    message, without a Python frame around it (every small broadcast and scatter sends it)."""
+    return functools.partial(t.comm.Bcast, [packet, MPI.BYTE], root)
+
+
 class _Kept:
     """Stands in for a transport's communicator: the collective call made on it is kept
     (its mpi4py method's name and arguments), not made."""

@@ -65,6 +65,7 @@ _LIMIT = 256  # decisions one Communicator keeps; the table starts over beyond i
 _PIN_BYTES = 1 << 16  # a decision keeps its last binding of arrays up to this size
 
 SIGNATURES: dict[str, inspect.Signature] = {}  # each collective's method, from @entry
+TAKES_OUT: set[str] = set()  # the collectives with an out= parameter, from @entry
 
 
 def key(name: str, args: tuple, kwargs: dict) -> tuple | None:
@@ -87,7 +88,9 @@ def key(name: str, args: tuple, kwargs: dict) -> tuple | None:
     else:
         head = (name,)
     if kwargs:
-        rest = tuple(kwargs.items()) if "out" not in kwargs else \
+        # out= is left out of the key where the collective takes one (the decision binds
+        # it each call); where it does not (broadcast), it is an option like any other
+        rest = tuple(kwargs.items()) if "out" not in kwargs or name not in TAKES_OUT else \
             tuple(item for item in kwargs.items() if item[0] != "out")
         for _, v in rest:
             if type(v) not in PLAIN:
@@ -199,12 +202,14 @@ class Decision:
         Kept only for arrays of at most _PIN_BYTES, whose memory it keeps alive."""
         last = self.last
         if last is not None and last[0] is out and last[1] is x and out.flags.writeable \
-                and last[2] == x.flags.writeable:
-            return last[3]
+                and last[2] == x.flags.writeable and out.shape == last[4] \
+                and out.dtype == last[5] and out.strides == last[6]:
+            return last[3]  # (the same arrays: x's shape and dtype are the key's, and
+            #                 out's may have been set in place since: compared)
         run = self.bind(x, out)
         if run is not None and type(out) is np.ndarray and type(x) is np.ndarray \
                 and _small_owner(out) and _small_owner(x):
-            self.last = (out, x, x.flags.writeable, run)
+            self.last = (out, x, x.flags.writeable, run, out.shape, out.dtype, out.strides)
         return run
 
     def __call__(self, x: Any, out: Any) -> Callable[[Any], Any] | None:
@@ -655,10 +660,11 @@ def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
     # the data's place in the packet, as the caller's array (a view made once)
     payload = packet[agree.HEADER_BYTES:end].view(dtype).reshape(shape) if packed else None
     packet_bytes = agree.HEADER_BYTES + limit
-    host = _host(c, "broadcast", pack_name, None, None, root)
-    if host is not None:  # the packet goes as MPI's own broadcast: one direct call
-        def pack_fn(t: Any, packet: Any, root: int) -> None:
-            host(packet, None)
+    if _host(c, "broadcast", pack_name, None, None, root) is not None:
+        send_packet = _packet_sender(c, packet, root)  # MPI's own broadcast: one direct call
+    else:
+        def send_packet() -> None:
+            pack_fn(t, packet, root)
 
     def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
         """A plan's buffers are bound: every rank knows the shape from the first start,
@@ -681,7 +687,7 @@ def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
             else:
                 rec = watch.current
                 rec.chose(pack_name, packet_bytes)
-            pack_fn(t, packet, root)
+            send_packet()
             if not packed:
                 rec.chose(name, nbytes)
                 src = x.reshape(-1)
@@ -705,7 +711,7 @@ def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
         if not packed:  # (packed: the flight recorder's entry is the packet's, as kept)
             rec = watch.current
             rec.chose(pack_name, packet_bytes)
-        pack_fn(t, packet, root)
+        send_packet()
         if header.tobytes() != expected:  # the root sent another header: as the whole path
             return broadcast_received(c, call, x, root, algorithm, options)
         if packed:
@@ -739,10 +745,10 @@ def _packet_sender(c: CallState, packet: np.ndarray, root: int) -> Callable[[], 
     """``agree.broadcast(c, packet, root)``, the root's header packet as the whole path
     sends it: one direct MPI_Bcast where that is what it calls (``native.host_direct``)."""
     b = c._backend
-    if b.control is b.transport:
-        host = _host(c, "broadcast", "native", None, None, root)
-        if host is not None:
-            return lambda: host(packet, None)
+    if b.control is b.transport and _host(c, "broadcast", "native", None, None, root) is not None:
+        from ..backends.mpi_native import host_packet
+
+        return host_packet(b.transport, packet, root)
     return lambda: agree.broadcast(c, packet, root)
 
 

@@ -71,6 +71,9 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         n for n, p in list(signature.parameters.items())[3:]
         if p.kind is p.POSITIONAL_OR_KEYWORD)
     keeps = name in decided.DECIDED  # whether a default call's decision is kept
+    takes_out = "out" in signature.parameters  # (broadcast's out= is one of its **options)
+    if takes_out:
+        decided.TAKES_OUT.add(name)
     public = public_signature(signature)
 
     @functools.wraps(method)
@@ -78,7 +81,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         if keeps and args:
             x = args[0]
             # comm.all_reduce(x), comm.broadcast(x, 0), each also with out= alone
-            if type(x) is ndarray and (not kwargs or len(kwargs) == 1 and type(
+            if type(x) is ndarray and (not kwargs or takes_out and len(kwargs) == 1 and type(
                     kwargs.get("out")) is ndarray):
                 decisions, n = self._decisions, len(args)
                 if decisions is not None and x.flags.c_contiguous:
@@ -115,7 +118,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                         prepared = decisions.get((name, x.shape, x.dtype, args[1:]),
                                                  DECLINED).call
                 elif plain:
-                    given = "out" in kwargs
+                    given = takes_out and "out" in kwargs
                     if given:  # the key leaves out= out, as decided.key does
                         out = kwargs.pop("out")
                         if tensor is not None and out is not None:  # out= a tensor: its view
