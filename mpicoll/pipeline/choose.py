@@ -91,6 +91,10 @@ class Chooser:
                  options: dict[str, Any] | None, dtype: np.dtype | None,
                  uneven: bool, library: bool = True) -> tuple[Callable[..., None], str]:
         """(the function, the algorithm's name) for ``function``."""
+        if options and "out" in options:  # (a collective without out= took it as an option)
+            raise InvalidArgumentError(
+                f"out: {collective} takes no out= (it returns its result); its options are "
+                "an algorithm's tuning options")
         if algorithm == "auto":
             if options:
                 raise InvalidArgumentError(
