@@ -360,8 +360,8 @@ class _Finished:
         self._work, self._finish, self._done = work, finish, False
 
     def wait(self, timeout: Any = None) -> bool:
-        if not self._done:
-            self._finish(self._work.wait())
+        if not self._done:  # (timeout: seconds or a timedelta; mpicoll.Work.wait's)
+            self._finish(self._work.wait(timeout))
             self._done = True
         return True
 

@@ -36,7 +36,7 @@ import numpy as np
 from .buffers.arrays import as_array, empty
 from .buffers.arrays import same as _same
 from .errors import ConcurrentCallError, InvalidArgumentError, MpicollError
-from .pipeline import decided
+from .pipeline import agree, decided
 from .pipeline.decided import Decision, decide
 from .pipeline.entry import numbered, prepare_start, public_signature, watched_step
 from .spec import SPECS
@@ -287,6 +287,21 @@ def _bound_result(comm: Communicator, collective: str, args: tuple, kwargs: dict
     return back(empty(shape, x.dtype, like=x))  # the caller's kind: a tensor for a tensor
 
 
+def _agreed_at_init(collective: str, args: tuple, kwargs: dict) -> tuple:
+    """What check mode compares when a plan is made, besides the collective: (algorithm
+    with its options, op, root) as the plan's parameters give them (their defaults where
+    not given; the shapes and counts are compared at its first start, as a call's)."""
+    given = {k: v for k, v in kwargs.items() if k != "stream"}
+    try:
+        bound = decided.SIGNATURES[collective].bind(None, None, *args, **given)
+    except TypeError:  # the first start refuses it, on every rank in check mode
+        return ("auto", None, agree.ANY)
+    bound.apply_defaults()
+    a = bound.arguments
+    return ((a.get("algorithm", "auto"), a.get("options") or {}), a.get("op"),
+            a.get("root", agree.ANY))
+
+
 def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, frame: Any) -> Plan:
     """``comm.<collective>_init(*args, **kwargs)``: check what this rank can check now,
     bind the buffers, and (check mode) agree the plan across ranks."""
@@ -319,7 +334,8 @@ def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, fr
 
             raise ConcurrentCallError(busy(comm, f"{collective}_init"))
         try:
-            announce(comm, f"{collective}_init", site, refusal)
+            announce(comm, f"{collective}_init", site, refusal, *_agreed_at_init(collective, args,
+                                                                              kwargs))
         finally:
             comm._entry.release()
     elif refusal is not None:

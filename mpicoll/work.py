@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .errors import CollectiveTimeoutError
+from .errors import CollectiveTimeoutError, InvalidArgumentError
 from .observe.watchdog import timeout_setting
 
 _UNSET = object()
@@ -73,12 +73,19 @@ class Work:
     def wait(self, timeout: float | None = None) -> Any:
         """The collective's result, once it has finished.
 
+        ``timeout``: seconds (or a ``datetime.timedelta``, as torch's); 0 asks whether
+        it has finished without waiting. Default: the Communicator's timeout, plus
+        ``GRACE`` (its timeout 0: no limit).
+
         Raises:
-            CollectiveTimeoutError (a TimeoutError): not finished within ``timeout``
-                seconds (default: the Communicator's timeout, plus ``GRACE``).
+            CollectiveTimeoutError (a TimeoutError): not finished within ``timeout``.
         """
-        seconds = (self.timeout and self.timeout + self.GRACE) if timeout is None else timeout
-        deadline = time.monotonic() + seconds if seconds else float("inf")
+        if timeout is None:
+            seconds = self.timeout and self.timeout + self.GRACE
+            deadline = time.monotonic() + seconds if seconds else float("inf")
+        else:
+            seconds = _seconds(timeout)
+            deadline = time.monotonic() + seconds
         if not self._finished.wait(None if deadline == float("inf") else seconds):
             raise CollectiveTimeoutError(f"{self.what}: not finished after {seconds:g} s")
         if self._error is not None:
@@ -94,6 +101,16 @@ class Work:
     def __repr__(self) -> str:
         state = "done" if self._finished.is_set() else "pending"
         return f"<mpicoll.Work {self.what} {state}>"
+
+
+def _seconds(timeout: Any) -> float:
+    """A wait's ``timeout`` in seconds (a number, or a timedelta); below 0 as 0."""
+    if hasattr(timeout, "total_seconds"):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout:
+        raise InvalidArgumentError(f"timeout: expected a number of seconds or a timedelta, "
+                                   f"got {timeout!r}")
+    return max(float(timeout), 0.0)
 
 
 class Site:

@@ -7,6 +7,7 @@ not count against what mpicoll promises."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import pathlib
@@ -249,6 +250,25 @@ def test_work_wait_is_bounded():
     assert time.monotonic() - start < work.GRACE + 2
     with pytest.raises(TimeoutError):
         work.wait(timeout=0.01)
+
+
+@pytest.mark.parametrize("timeout", [0, 0.0, -1, datetime.timedelta(0),
+                                     datetime.timedelta(milliseconds=10)])
+def test_work_wait_with_timeout_zero_asks_without_waiting(timeout):
+    """``wait(timeout=0)`` asks (as threading.Event.wait(0) and Future.result(0) do): a
+    Work not finished raises at once, not after the Communicator's timeout or never;
+    a torch-style timedelta is taken as its seconds."""
+    work = mpicoll.Work("all_reduce", timeout=0)  # (the Communicator's: no limit)
+    start = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError, match="not finished"):
+        work.wait(timeout=timeout)
+    assert time.monotonic() - start < 1
+
+
+@pytest.mark.parametrize("timeout", ["1", float("nan"), True, [1]])
+def test_work_wait_refuses_a_timeout_that_is_no_time(timeout):
+    with pytest.raises(mpicoll.InvalidArgumentError, match="timeout"):
+        mpicoll.Work("all_reduce", timeout=0).wait(timeout=timeout)
 
 
 def test_flight_recorder_keeps_the_last_calls(monkeypatch):

@@ -156,6 +156,33 @@ def test_check_mode_ranks_making_different_plans_raise_everywhere():
     comm.free()
 
 
+@pytest.mark.parametrize(("collective", "mine", "theirs"), [
+    ("all_reduce", {"algorithm": "ring"}, {"algorithm": "recursive_doubling"}),
+    ("all_reduce", {"op": "max"}, {}),
+    ("reduce", {"root": 1}, {"root": 0}),
+    ("broadcast", {"root": 1}, {}),
+    ("all_reduce", {"algorithm": "ring", "segment_bytes": 64}, {"algorithm": "ring"}),
+    ("scan", {"op": "prod"}, {"op": "sum"}),
+])
+def test_check_mode_plans_made_with_other_arguments_raise_everywhere_at_init(collective, mine,
+                                                                           theirs):
+    """Making a plan is agreed as a call is: one rank's other algorithm, options, op or
+    root raises on every rank when the plans are made (not only at their first start),
+    naming what differs; the next plan is right."""
+    comm = mpicoll.Communicator(check=True)
+    if comm.size < 2:
+        comm.free()
+        pytest.skip("needs two ranks")
+    init = getattr(comm, f"{collective}_init")
+    with pytest.raises(mpicoll.MismatchError, match=f"{collective}_init.* differs in"):
+        init(np.ones(3), **(mine if comm.rank == 1 else theirs))
+    with init(np.ones(3), **theirs) as plan:
+        plan()
+    with comm.all_reduce_init(np.ones(3)) as plan:
+        np.testing.assert_array_equal(plan(), np.full(3, float(comm.size)))
+    comm.free()
+
+
 def test_check_mode_a_plan_started_on_one_rank_and_called_on_another_raises():
     comm = mpicoll.Communicator(check=True)
     if comm.size < 2:

@@ -405,12 +405,14 @@ def watched_step(c: CallState, what: str, note: str, site: Any = None) -> Iterat
         c._entry.release()
 
 
-def announce(c: CallState, label: str, site: Any, refusal: Exception | None) -> None:
+def announce(c: CallState, label: str, site: Any, refusal: Exception | None,
+             algorithm: Any = "async_op=True", op: Any = None, root: Any = agree.ANY) -> None:
     """Check mode: agree a step that is not itself a collective call on ``c`` (``label``:
     "all_reduce async", an async call before it is queued; "all_reduce_init", a plan)
     as a numbered step of its own, the caller holding ``c``'s entry: a rank that makes a
     call asynchronous while another makes it blocking, or a refusal on one rank, raises
-    on every rank."""
+    on every rank; and a plan's ``algorithm`` (with its options), ``op`` and ``root``,
+    where the ranks give them, are compared as a call's are."""
     b, watch = c._backend, c._watch
     c._seq += 1
     call = watch.enter(c._seq, label, site, (), {})
@@ -423,7 +425,7 @@ def announce(c: CallState, label: str, site: Any, refusal: Exception | None) -> 
         verdict = Verdict()
         if refusal is not None:
             verdict.refuse("params", refusal)
-        agree.fingerprint(c, call, verdict, "async_op=True", None, agree.ANY, None, None)
+        agree.fingerprint(c, call, verdict, algorithm, op, root, None, None)
     except MpicollError as exc:
         watch.failed(exc, refused=True)
         raise
