@@ -224,3 +224,39 @@ def test_broadcast_of_8_kib_with_a_refusing_receiver(world, algorithm):
         got = world.broadcast(data if world.rank == 0 else None, 0, algorithm=algorithm)
         np.testing.assert_array_equal(got, data)
     _next_call_is_right(world)
+
+
+_DEFAULT_OPTIONS = [(c, name, option, default)
+                    for c, algorithms in REGISTRY.items() for name, a in algorithms.items()
+                    for option, default in a.option_defaults.items()]
+
+
+@pytest.mark.parametrize(("collective", "algorithm", "option", "default"), _DEFAULT_OPTIONS)
+def test_check_mode_an_option_given_as_its_default_is_the_call_without_it(collective, algorithm,
+                                                                         option, default):
+    """``intra="binomial"`` on one rank and nothing on another send the same messages:
+    check mode passes them (it refused them as a mismatch); another value still differs,
+    on every rank, and the next call is right."""
+    comm = mpicoll.Communicator(check=True)
+    if comm.size < 2:
+        comm.free()
+        pytest.skip("needs two ranks")
+    method = getattr(comm, collective)
+    x = np.ones((comm.size, 2) if mpicoll.spec.SPECS[collective].input_rows else (4,))
+    args = () if collective == "barrier" else \
+        (None,) if collective == "scatter" and comm.rank != 0 else (x,)
+    method(*args, algorithm=algorithm, **({option: default} if comm.rank == 1 else {}))
+    other = {option: _another(algorithm, collective, option, default)} if comm.rank == 1 else {}
+    with pytest.raises(mpicoll.MismatchError, match="algorithm"):
+        method(*args, algorithm=algorithm, **other)
+    method(*args, algorithm=algorithm)
+    comm.free()
+
+
+def _another(algorithm: str, collective: str, option: str, default):
+    """A value of ``option`` that is not its default (and that the call takes)."""
+    if isinstance(default, str):  # the algorithm of a phase
+        phases = dict(REGISTRY[collective][algorithm].phases)[option]
+        return next(a for a in REGISTRY[phases[0]] if a not in (algorithm, default)
+                    and all(a in REGISTRY[c] for c in phases))
+    return default * 2

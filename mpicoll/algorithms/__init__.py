@@ -38,6 +38,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..spec import COLLECTIVES, SPECS
 
@@ -56,6 +57,12 @@ class Algorithm:
     # an option naming the algorithm of a phase (hierarchical's intra=, inter=): the
     # collectives in which that name must be registered
     phases: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    defaults: tuple[tuple[str, Any], ...] = ()  # each option's default, as the function's
+
+    @property
+    def option_defaults(self) -> dict[str, Any]:
+        """What each tuning option is where the call does not give it."""
+        return dict(self.defaults)
 
 
 REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
@@ -87,8 +94,12 @@ def register(collective: str, name: str, *, commutative_only: bool = False,
         unknown = set(options) - set(OPTION_MINIMUM) - set(phases)
         if unknown:
             raise ValueError(f"{fn.__name__}: options {unknown} need an OPTION_MINIMUM")
+        defaults = tuple((name, param.default) for name, param in
+                         inspect.signature(fn).parameters.items() if name in options
+                         and param.default is not inspect.Parameter.empty)
         REGISTRY[collective][name] = Algorithm(collective, name, fn, cost, commutative_only,
-                                               even_only, options, tuple(phases.items()))
+                                               even_only, options, tuple(phases.items()),
+                                               defaults)
         return fn
 
     return decorate

@@ -123,12 +123,34 @@ def settle(c: CallState, call: Call, verdict: Verdict, algorithm: Any, *, op: An
         raise refusal
 
 
-def _algorithm_text(algorithm: Any) -> str:
-    """The algorithm field of a fingerprint: its name, and its tuning options if any."""
+def _algorithm_text(algorithm: Any, collective: str = "") -> str:
+    """The algorithm field of a fingerprint: its name, and its tuning options if any,
+    less those that say what the algorithm does without them (``intra="binomial"`` on
+    one rank and nothing on another are the same call: the same messages)."""
     if isinstance(algorithm, tuple):
         name, options = algorithm
+        if options:
+            defaults = _option_defaults(collective, name)
+            options = {k: v for k, v in options.items()
+                       if k not in defaults or not _is_default(v, defaults[k])}
         return f"{name} {sorted(options.items())}" if options else str(name)
     return str(algorithm)
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    try:  # (a bool is no option's value: True == 1, but the call refuses it)
+        return type(value) is not bool and bool(value == default)
+    except Exception:  # noqa: BLE001 - a value that does not compare: not the default
+        return False
+
+
+def _option_defaults(collective: str, name: Any) -> dict[str, Any]:
+    """The tuning options of ``collective``'s algorithm ``name`` and their defaults ({}
+    where it has none, or is no registered algorithm); ``collective`` as a fingerprint
+    names it ("all_gather_v", "all_reduce_init", "all_reduce async")."""
+    base = collective.split(" ")[0].removesuffix("_init").removesuffix("_v")
+    registered = REGISTRY.get(base, {}).get(name) if isinstance(name, str) else None
+    return {} if registered is None else registered.option_defaults
 
 
 def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: Any, root: Any,
@@ -141,7 +163,7 @@ def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: 
     except MpicollError:
         op_field = crc(repr(op))
     mine[:len(_FIELDS) + 1] = (
-        crc(call.collective), crc(_algorithm_text(algorithm)), op_field,
+        crc(call.collective), crc(_algorithm_text(algorithm, call.collective)), op_field,
         root if isinstance(root, (int, np.integer)) and not isinstance(root, bool) else ANY,
         ANY if dtype is None else dtype_crc(np.dtype(dtype)),
         ANY if shape is None else crc(repr(tuple(shape))),
