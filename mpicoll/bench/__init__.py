@@ -28,7 +28,7 @@ import numpy as np
 import mpicoll
 from mpicoll import Communicator, model
 from mpicoll.algorithms import REGISTRY
-from mpicoll.buffers.arrays import empty, to_host
+from mpicoll.buffers.arrays import empty, to_host, to_torch
 from mpicoll.ops import resolve_op
 from mpicoll.spec import SPECS
 
@@ -628,7 +628,8 @@ def overhead(comm: Communicator, args: argparse.Namespace, say: Callable[..., No
                     "native": functools.partial(call.run, "native"),
                     "plan": functools.partial(call.run_plan, "auto")}
             if torch is not None:
-                runs["torch"] = default_call(comm, collective, torch.from_numpy(x.copy()),
+                # (a tensor over a copy of x: ml_dtypes' bfloat16 as torch's)
+                runs["torch"] = default_call(comm, collective, to_torch(x.copy()),
                                              args.op, args.root)
         # a tenth of the calls first (not -w's few): the first row would otherwise pay for
         # the machine's warming up (caches, clocks) alone

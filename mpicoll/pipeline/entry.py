@@ -79,66 +79,62 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
         if keeps and args:
+            # the most frequent calls first: comm.all_reduce(x), comm.reduce(x, "max", 0),
+            # each also with out=, algorithm= and its options, on a contiguous NumPy x
             x = args[0]
-            # comm.all_reduce(x), comm.broadcast(x, 0), each also with out= alone
-            if type(x) is ndarray and (not kwargs or takes_out and len(kwargs) == 1 and type(
-                    kwargs.get("out")) is ndarray):
+            if type(x) is ndarray:
                 decisions, n = self._decisions, len(args)
-                if decisions is not None and x.flags.c_contiguous:
-                    if n == 1 and not kwargs:  # (decided.key's keys)
-                        key: tuple | None = (name, x.shape, x.dtype)
-                    elif n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
-                            args[1]) in PLAIN and type(args[2]) in PLAIN:
-                        key = (name, x.shape, x.dtype, args[1:])
+                if decisions is not None and x.flags.c_contiguous and (
+                        n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
+                            args[1]) in PLAIN and type(args[2]) in PLAIN):
+                    out = key = None  # (the keys decided.key gives these calls)
+                    given = False
+                    if not kwargs:
+                        key = (name, x.shape, x.dtype) if n == 1 else \
+                            (name, x.shape, x.dtype, args[1:])
                     else:
-                        key = None
+                        given = takes_out and "out" in kwargs
+                        out = kwargs["out"] if given else None
+                        if out is None or type(out) is ndarray:
+                            rest = tuple(kwargs.items()) if not given else () if len(
+                                kwargs) == 1 else tuple(item for item in kwargs.items()
+                                                        if item[0] != "out")
+                            key = (name, x.shape, x.dtype, args[1:], *rest) if rest else \
+                                (name, x.shape, x.dtype, args[1:])
+                            for item in rest:
+                                if type(item[1]) not in PLAIN:
+                                    key = None
+                                    break
                     prepared = None if key is None else decisions.get(key, DECLINED).call
-                    if prepared is not None:  # (the key leaves out= out, as decided.key does)
-                        return prepared(getframe(1), x, kwargs.pop("out") if kwargs else None,
-                                        args, kwargs)
-            # comm.all_reduce(x), comm.broadcast(x, 0), comm.reduce(x, "sum", 0), each also
-            # with out=, algorithm= and its options, on a NumPy array (or a small torch CPU
-            # tensor's kept view), the most frequent calls: the prepared call of their
-            # kept decision, found by the key decided.key gives them
-            x, decisions, tensor = args[0], self._decisions, None
-            if type(x) is not ndarray and x is not None:
-                view = kept_view(x)  # a small torch CPU tensor's view, made at an earlier call
-                if view is not None:
-                    tensor, x = x, view
-                    args = (view, *args[1:])
-            if type(x) is ndarray and decisions is not None and x.flags.c_contiguous:
-                n = len(args)
-                out = prepared = out_tensor = None
-                plain = n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
-                    args[1]) in PLAIN and type(args[2]) in PLAIN
-                if not kwargs:
-                    if n == 1:
-                        prepared = decisions.get((name, x.shape, x.dtype), DECLINED).call
-                    elif plain:
-                        prepared = decisions.get((name, x.shape, x.dtype, args[1:]),
-                                                 DECLINED).call
-                elif plain:
+                    if prepared is not None:
+                        if given:
+                            del kwargs["out"]  # (prepared takes it apart from kwargs)
+                        return prepared(getframe(1), x, out, args, kwargs)
+            elif x is not None and (view := kept_view(x)) is not None:
+                # a small torch CPU tensor: the same, on its NumPy view (kept since an
+                # earlier call), the result given back as torch's (decided.to_caller)
+                tensor, decisions, n = x, self._decisions, len(args)
+                args = (view, *args[1:])
+                if decisions is not None and view.flags.c_contiguous and (
+                        n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
+                            args[1]) in PLAIN and type(args[2]) in PLAIN):
                     given = takes_out and "out" in kwargs
-                    if given:  # the key leaves out= out, as decided.key does
-                        out = kwargs.pop("out")
-                        if tensor is not None and out is not None:  # out= a tensor: its view
-                            out_tensor, out = out, x if out is tensor else kept_view(out)
-                    if type(out) is ndarray or out is None and out_tensor is None:
-                        if not kwargs:  # out= alone, the most frequent keyword
-                            prepared = decisions.get((name, x.shape, x.dtype, args[1:]),
-                                                     DECLINED).call
-                        elif PLAIN.issuperset(map(type, kwargs.values())):
-                            # (an entry keyword, stream=None say, finds nothing: the table
-                            # keeps no key with one, decided.key being taken without them)
-                            prepared = decisions.get((name, x.shape, x.dtype, args[1:],
-                                                      *kwargs.items()), DECLINED).call
-                    if prepared is None and given:  # (as the caller gave it, for the longer way)
-                        kwargs["out"] = out if out_tensor is None else out_tensor
-                if prepared is not None:
-                    result = prepared(getframe(1), x, out, args, kwargs)
-                    return result if tensor is None else \
-                        decided.to_caller(result, (tensor, x, out_tensor, out))
-            if tensor is not None:
+                    out = out_tensor = prepared = None
+                    if given:  # out= a tensor: its view (the key leaves it out)
+                        out_tensor = kwargs.pop("out")
+                        out = None if out_tensor is None else view if out_tensor is tensor \
+                            else kept_view(out_tensor)
+                    rest = tuple(kwargs.items()) if kwargs else ()
+                    if (out is not None or out_tensor is None) and (not rest or all(
+                            type(value) in PLAIN for _, value in rest)):
+                        key = (name, view.shape, view.dtype) if n == 1 and not given and \
+                            not rest else (name, view.shape, view.dtype, args[1:], *rest)
+                        prepared = decisions.get(key, DECLINED).call
+                    if prepared is not None:
+                        result = prepared(getframe(1), view, out, args, kwargs)
+                        return decided.to_caller(result, (tensor, view, out_tensor, out))
+                    if given:  # (as the caller gave it, for the longer way)
+                        kwargs["out"] = out_tensor
                 args = (tensor, *args[1:])  # the longer way converts it itself
         # the entry's own keywords (stream=, async_op=, and from mpicoll.work.submit _site=,
         # the caller's line of an async call, and _refusal=, an async call refused at
