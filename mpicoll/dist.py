@@ -360,8 +360,11 @@ class _Finished:
         self._work, self._finish, self._done = work, finish, False
 
     def wait(self, timeout: Any = None) -> bool:
-        if not self._done:  # (timeout: seconds or a timedelta; mpicoll.Work.wait's)
-            self._finish(self._work.wait(timeout))
+        """``timeout``: a timedelta (or seconds), as torch's; 0, torch's default, is no
+        limit there (mpicoll.Work.wait's 0 asks without waiting): None here."""
+        if not self._done:
+            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+            self._finish(self._work.wait(None if seconds == 0 else timeout))
             self._done = True
         return True
 

@@ -287,10 +287,11 @@ def _bound_result(comm: Communicator, collective: str, args: tuple, kwargs: dict
     return back(empty(shape, x.dtype, like=x))  # the caller's kind: a tensor for a tensor
 
 
-def _agreed_at_init(collective: str, args: tuple, kwargs: dict) -> tuple:
+def _agreed_at_init(collective: str, args: tuple, kwargs: dict, size: int) -> tuple:
     """What check mode compares when a plan is made, besides the collective: (algorithm
     with its options, op, root) as the plan's parameters give them (their defaults where
-    not given; the shapes and counts are compared at its first start, as a call's)."""
+    not given; a root that is no rank of ``size`` is left to the first start, which
+    refuses it on every rank, as are the shapes and counts)."""
     given = {k: v for k, v in kwargs.items() if k != "stream"}
     try:
         bound = decided.SIGNATURES[collective].bind(None, None, *args, **given)
@@ -298,8 +299,11 @@ def _agreed_at_init(collective: str, args: tuple, kwargs: dict) -> tuple:
         return ("auto", None, agree.ANY)
     bound.apply_defaults()
     a = bound.arguments
-    return ((a.get("algorithm", "auto"), a.get("options") or {}), a.get("op"),
-            a.get("root", agree.ANY))
+    root = a.get("root", agree.ANY)
+    if isinstance(root, bool) or not isinstance(root, (int, np.integer)) \
+            or not 0 <= root < size:
+        root = agree.ANY
+    return ((a.get("algorithm", "auto"), a.get("options") or {}), a.get("op"), root)
 
 
 def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, frame: Any) -> Plan:
@@ -334,8 +338,8 @@ def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, fr
 
             raise ConcurrentCallError(busy(comm, f"{collective}_init"))
         try:
-            announce(comm, f"{collective}_init", site, refusal, *_agreed_at_init(collective, args,
-                                                                              kwargs))
+            announce(comm, f"{collective}_init", site, refusal, *_agreed_at_init(
+                collective, args, kwargs, comm.size))
         finally:
             comm._entry.release()
     elif refusal is not None:

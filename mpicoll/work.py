@@ -19,6 +19,7 @@ is; its ``Work`` waits for a CUDA event recorded after it.
 from __future__ import annotations
 
 import atexit
+import numbers
 import queue
 import threading
 import time
@@ -73,8 +74,8 @@ class Work:
     def wait(self, timeout: float | None = None) -> Any:
         """The collective's result, once it has finished.
 
-        ``timeout``: seconds (or a ``datetime.timedelta``, as torch's); 0 asks whether
-        it has finished without waiting. Default: the Communicator's timeout, plus
+        ``timeout``: seconds (or a ``datetime.timedelta``); 0 asks whether it has
+        finished without waiting (``mpicoll.dist``'s Work takes torch's 0, no limit). Default: the Communicator's timeout, plus
         ``GRACE`` (its timeout 0: no limit).
 
         Raises:
@@ -107,7 +108,7 @@ def _seconds(timeout: Any) -> float:
     """A wait's ``timeout`` in seconds (a number, or a timedelta); below 0 as 0."""
     if hasattr(timeout, "total_seconds"):
         timeout = timeout.total_seconds()
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout:
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or timeout != timeout:
         raise InvalidArgumentError(f"timeout: expected a number of seconds or a timedelta, "
                                    f"got {timeout!r}")
     return max(float(timeout), 0.0)

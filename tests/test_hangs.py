@@ -252,8 +252,8 @@ def test_work_wait_is_bounded():
         work.wait(timeout=0.01)
 
 
-@pytest.mark.parametrize("timeout", [0, 0.0, -1, datetime.timedelta(0),
-                                     datetime.timedelta(milliseconds=10)])
+@pytest.mark.parametrize("timeout", [0, 0.0, -1, datetime.timedelta(0), np.int64(0),
+                                     np.float32(0.01), datetime.timedelta(milliseconds=10)])
 def test_work_wait_with_timeout_zero_asks_without_waiting(timeout):
     """``wait(timeout=0)`` asks (as threading.Event.wait(0) and Future.result(0) do): a
     Work not finished raises at once, not after the Communicator's timeout or never;
@@ -265,7 +265,7 @@ def test_work_wait_with_timeout_zero_asks_without_waiting(timeout):
     assert time.monotonic() - start < 1
 
 
-@pytest.mark.parametrize("timeout", ["1", float("nan"), True, [1]])
+@pytest.mark.parametrize("timeout", ["1", float("nan"), True, np.bool_(True), [1]])
 def test_work_wait_refuses_a_timeout_that_is_no_time(timeout):
     with pytest.raises(mpicoll.InvalidArgumentError, match="timeout"):
         mpicoll.Work("all_reduce", timeout=0).wait(timeout=timeout)

@@ -260,3 +260,18 @@ def _another(algorithm: str, collective: str, option: str, default):
         return next(a for a in REGISTRY[phases[0]] if a not in (algorithm, default)
                     and all(a in REGISTRY[c] for c in phases))
     return default * 2
+
+
+def test_check_mode_an_option_as_a_numpy_int_is_the_same_option():
+    """segment_bytes=np.int64(1024) on one rank and 1024 on another: the call takes
+    int(value), the same messages: no mismatch (another value still is one)."""
+    comm = mpicoll.Communicator(check=True)
+    x = np.ones(4)
+    given = np.int64(1024) if comm.rank == 1 else 1024
+    np.testing.assert_array_equal(comm.all_reduce(x, algorithm="ring_pipelined",
+                                                  segment_bytes=given), np.full(4, comm.size))
+    if comm.size > 1:
+        with pytest.raises(mpicoll.MismatchError, match="algorithm"):
+            comm.all_reduce(x, algorithm="ring_pipelined",
+                            segment_bytes=2048 if comm.rank == 1 else 1024)
+    comm.free()

@@ -3,6 +3,9 @@ arrays, under mpiexec (torch's semantics: in place, global src/dst, groups, asyn
 
 from __future__ import annotations
 
+import datetime
+import time
+
 import numpy as np
 import pytest
 
@@ -67,6 +70,19 @@ def test_the_tutorials_point_to_point_and_all_reduce(initialized):
     work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, async_op=True)
     work.wait()
     assert tensor[0] == size
+
+
+@pytest.mark.parametrize("timeout", [datetime.timedelta(0), 0, None,
+                                     datetime.timedelta(seconds=30)])
+def test_work_wait_takes_torchs_timeouts(initialized, timeout):
+    """torch's Work.wait(timeout=timedelta(0)) (its default) waits with no limit: a late
+    rank's call still completes on every rank (mpicoll.Work's own 0 asks instead)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if rank == size - 1:
+        time.sleep(0.3)  # the others wait for it
+    tensor = np.ones(2)
+    assert dist.all_reduce(tensor, async_op=True).wait(timeout) is True
+    np.testing.assert_array_equal(tensor, np.full(2, float(size)))
 
 
 def test_collectives_with_torch_names_and_semantics(initialized):

@@ -183,6 +183,37 @@ def test_check_mode_plans_made_with_other_arguments_raise_everywhere_at_init(col
     comm.free()
 
 
+@pytest.mark.parametrize("bad", [2**64, -1, "zero", 1.0])
+def test_check_mode_a_root_that_is_no_rank_on_one_rank_raises_everywhere(bad):
+    """A plan's root that is no rank (even past int64) on one rank: every rank raises
+    at its first start (the call's own refusal), none waits for it; the next plan is
+    right."""
+    comm = mpicoll.Communicator(check=True)
+    if comm.size < 2:
+        comm.free()
+        pytest.skip("needs two ranks")
+    with pytest.raises(mpicoll.MpicollError):
+        plan = comm.reduce_init(np.ones(3), "sum", bad if comm.rank == 1 else 0)
+        plan()
+    with comm.reduce_init(np.ones(3), "sum", 0) as plan:
+        got = plan()
+    if comm.rank == 0:
+        np.testing.assert_array_equal(got, np.full(3, float(comm.size)))
+    comm.free()
+
+
+def test_check_mode_an_option_that_is_no_option_is_refused_not_compared():
+    """broadcast_init(x, 0, out=y): out= is none of broadcast's (an option, refused):
+    every rank gets that refusal, whatever each y holds, never a mismatch of y's data."""
+    comm = mpicoll.Communicator(check=True)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="no out="):
+        plan = comm.broadcast_init(np.ones(3), 0, out=np.full(3, float(comm.rank)))
+        plan()
+    with comm.broadcast_init(np.full(3, 7.0) if comm.rank == 0 else np.empty(3)) as plan:
+        np.testing.assert_array_equal(plan(), np.full(3, 7.0))
+    comm.free()
+
+
 def test_check_mode_a_plan_started_on_one_rank_and_called_on_another_raises():
     comm = mpicoll.Communicator(check=True)
     if comm.size < 2:

@@ -133,8 +133,20 @@ def _algorithm_text(algorithm: Any, collective: str = "") -> str:
             defaults = _option_defaults(collective, name)
             options = {k: v for k, v in options.items()
                        if k not in defaults or not _is_default(v, defaults[k])}
-        return f"{name} {sorted(options.items())}" if options else str(name)
+        return f"{name} {sorted((k, _option_value(v)) for k, v in options.items())}" \
+            if options else str(name)
     return str(algorithm)
+
+
+def _option_value(value: Any) -> Any:
+    """An option's value as check mode compares it: an int as the call takes it
+    (``np.int64(1024)`` is 1024), a name as it is, anything else by its type alone (an
+    array's data is not compared: the call refuses it on every rank)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, (str, float, bool)) or value is None:
+        return value
+    return f"<{type(value).__name__}>"
 
 
 def _is_default(value: Any, default: Any) -> bool:

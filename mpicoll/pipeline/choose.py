@@ -93,8 +93,8 @@ class Chooser:
         """(the function, the algorithm's name) for ``function``."""
         if options and "out" in options:  # (a collective without out= took it as an option)
             raise InvalidArgumentError(
-                f"out: {collective} takes no out= (it returns its result); its options are "
-                "an algorithm's tuning options")
+                "out: this call takes no out= (it returns its result; its keywords besides "
+                f"algorithm= are tuning options of the {collective} algorithms)")
         if algorithm == "auto":
             if options:
                 raise InvalidArgumentError(
