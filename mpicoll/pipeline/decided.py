@@ -660,11 +660,10 @@ def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
     # the data's place in the packet, as the caller's array (a view made once)
     payload = packet[agree.HEADER_BYTES:end].view(dtype).reshape(shape) if packed else None
     packet_bytes = agree.HEADER_BYTES + limit
-    if _host(c, "broadcast", pack_name, None, None, root) is not None:
-        send_packet = _packet_sender(c, packet, root)  # MPI's own broadcast: one direct call
-    else:
-        def send_packet() -> None:
-            pack_fn(t, packet, root)
+    # the header packet: as MPI's own broadcast, one direct call (as every scatter's)
+    send_packet = _packet_sender(c, packet, root) \
+        if _host(c, "broadcast", pack_name, None, None, root) is not None \
+        else functools.partial(pack_fn, t, packet, root)
 
     def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
         """A plan's buffers are bound: every rank knows the shape from the first start,

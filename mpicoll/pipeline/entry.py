@@ -81,12 +81,12 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         if keeps and args:
             # the most frequent calls first: comm.all_reduce(x), comm.reduce(x, "max", 0),
             # each also with out=, algorithm= and its options, on a contiguous NumPy x
-            x = args[0]
+            x, n = args[0], len(args)
+            plain = n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
+                args[1]) in PLAIN and type(args[2]) in PLAIN  # (op, root: what keys hold)
             if type(x) is ndarray:
-                decisions, n = self._decisions, len(args)
-                if decisions is not None and x.flags.c_contiguous and (
-                        n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
-                            args[1]) in PLAIN and type(args[2]) in PLAIN):
+                decisions = self._decisions
+                if plain and decisions is not None and x.flags.c_contiguous:
                     out = key = None  # (the keys decided.key gives these calls)
                     given = False
                     if not kwargs:
@@ -113,11 +113,9 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             elif x is not None and (view := kept_view(x)) is not None:
                 # a small torch CPU tensor: the same, on its NumPy view (kept since an
                 # earlier call), the result given back as torch's (decided.to_caller)
-                tensor, decisions, n = x, self._decisions, len(args)
+                tensor, decisions = x, self._decisions
                 args = (view, *args[1:])
-                if decisions is not None and view.flags.c_contiguous and (
-                        n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
-                            args[1]) in PLAIN and type(args[2]) in PLAIN):
+                if plain and decisions is not None and view.flags.c_contiguous:
                     given = takes_out and "out" in kwargs
                     out = out_tensor = prepared = None
                     if given:  # out= a tensor: its view (the key leaves it out)
