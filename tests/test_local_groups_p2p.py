@@ -131,6 +131,50 @@ def test_nodes_from_ranks_per_node_and_hierarchical_messages_stay_in_their_place
                 assert rank in heads and outside <= heads, (collective, rank, mine)
 
 
+@pytest.mark.parametrize(("size", "per_node"), [(4, 2), (4, 3), (5, 2), (3, 1), (6, 3), (7, 3)])
+def test_sharded_hierarchical_all_reduce_sends_each_shard_between_its_holders_only(
+        monkeypatch, size, per_node):
+    """hierarchical_sharded: exact on even and uneven nodes (a node's ranks past the
+    smallest node's size hold no shard), in place too, every dtype's sum bit for bit on
+    every rank; between nodes, a rank talks only to the ranks of its own place in theirs,
+    and only those places the smallest node has."""
+    monkeypatch.setenv("MPICOLL_RANKS_PER_NODE", str(per_node))
+    node_of = [r // per_node for r in range(size)]
+    members = [[r for r in range(size) if node_of[r] == n] for n in sorted(set(node_of))]
+    shards = min(len(m) for m in members)
+
+    def body(comm):
+        outside = set()
+        for count in (0, 1, 5, 37):
+            x = (np.arange(count) % 7 + comm.rank).astype(np.int64)
+            want = size * (np.arange(count) % 7) + sum(range(size))
+            before = len(comm.trace_events())
+            got = comm.all_reduce(x, algorithm="hierarchical_sharded")
+            np.testing.assert_array_equal(got, want)
+            y = x.copy()
+            assert comm.all_reduce(y, algorithm="hierarchical_sharded", out=y) is y
+            np.testing.assert_array_equal(y, want)
+            outside |= {e["peer"] for e in comm.trace_events()[before:]
+                        if e.get("kind") in ("send", "recv") and
+                        node_of[e["peer"]] != node_of[comm.rank]}
+        f = np.linspace(0, 1, 11, dtype=np.float32) * (comm.rank + 1)
+        got = comm.all_reduce(f, algorithm="hierarchical_sharded", intra="recursive_doubling",
+                              inter="recursive_doubling")
+        np.testing.assert_allclose(got, f / (comm.rank + 1) * sum(range(1, size + 1)),
+                                   rtol=1e-6)
+        return outside, got.tobytes()
+
+    results = run_local(size, body, timeout=20, trace=True)
+    assert len({bits for _, bits in results}) == 1  # the same bits on every rank
+    for rank, (outside, _) in enumerate(results):
+        place = members[node_of[rank]].index(rank)
+        if place >= shards:
+            assert not outside, (rank, outside)
+        else:
+            assert outside <= {m[place] for m in members}, (rank, outside)
+            assert outside or len(members) == 1
+
+
 def test_hierarchical_phase_options_are_checked():
     def body(comm):
         x = np.ones(4)

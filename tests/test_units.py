@@ -271,7 +271,8 @@ def test_algorithms_lists_names_for_each_backend():
     assert mpicoll.algorithms("all_reduce") == [
         "ring", "recursive_doubling", "swing_latency", "swing_bandwidth", "bine_latency",
         "bine_bandwidth", "reduce_broadcast", "rabenseifner", "ring_pipelined",
-        "allgather_reduce", "hierarchical", "double_binary_tree", "native"]
+        "allgather_reduce", "hierarchical", "hierarchical_sharded", "double_binary_tree",
+        "native"]
     assert "native" not in mpicoll.algorithms("all_reduce", "local")
     with pytest.raises(mpicoll.InvalidArgumentError, match="collective: unknown"):
         mpicoll.algorithms("allreduce")
@@ -501,3 +502,40 @@ def test_a_collectives_signature_is_the_one_its_caller_writes():
         assert "async_op" not in init.parameters and init.return_annotation == "Plan", name
         shown.bind_partial(None, *(["x"] if "x" in shown.parameters else []), stream=None,
                            async_op=True, algorithm="ring")  # a call a user writes binds
+
+
+def test_a_phased_algorithms_cost_line_is_the_sum_of_its_default_phases():
+    """hierarchical's cost line (README, docstring) is what the model's sum of its phases
+    gives for the defaults; intra=/inter= change the prediction by the phase's own."""
+    from mpicoll import model
+
+    params = model.Params(alpha=2e-6, beta=1 / 1.2e9, gamma=1 / 5e9, alpha_intra=0.5e-6,
+                          beta_intra=1 / 12e9)
+    phased = [(c, name) for c, algos in REGISTRY.items() for name, a in algos.items()
+              if a.steps]
+    assert {c for c, _ in phased} == {"all_reduce", "all_gather", "reduce_scatter",
+                                      "broadcast", "reduce", "barrier"}
+    for collective, name in phased:
+        defaults = model.option_defaults(collective, name)
+        for p, nodes in ((16, 2), (512, 64), (8, 1), (12, 3), (4, 4), (5, 2)):
+            for nbytes in (8, 1 << 20, 1 << 26):
+                line = model._cost_line(collective, name, nbytes, p, params, nodes, defaults)
+                assert model.predict(collective, name, nbytes, p, params, nodes) == \
+                    pytest.approx(line, rel=1e-9, abs=1e-15), (collective, name, p, nodes, nbytes)
+    # 64 nodes x 8 ranks, 64 MiB: the leaders' all_reduce as recursive doubling, not ring
+    n, p, nodes = 1 << 26, 512, 64
+    ring = model.predict("all_reduce", "hierarchical", n, p, params, nodes)
+    doubling = model.predict("all_reduce", "hierarchical", n, p, params, nodes,
+                             inter="recursive_doubling")
+    between = model.Params(params.alpha, params.beta, params.gamma)
+    assert doubling - ring == pytest.approx(
+        model.predict("all_reduce", "recursive_doubling", n, nodes, between)
+        - model.predict("all_reduce", "ring", n, nodes, between))
+    assert doubling > ring  # the bandwidth term: lg 64 whole messages against 2(N-1)/N
+    inside = model.Params(params.alpha_intra, params.beta_intra, params.gamma)
+    linear = model.predict("all_reduce", "hierarchical", n, p, params, nodes, intra="linear")
+    assert linear - ring == pytest.approx(
+        model.predict("reduce", "linear", n, 8, inside) + model.predict(
+            "broadcast", "linear", n, 8, inside)
+        - model.predict("reduce", "binomial", n, 8, inside)
+        - model.predict("broadcast", "binomial", n, 8, inside))

@@ -26,7 +26,10 @@ are keyword-only parameters with defaults, which callers pass by name
 
 Costs use the alpha-beta-gamma model: alpha per message, beta per byte, gamma per byte
 reduced; n is the message size in bytes, p the number of ranks, p2 the largest power of
-two <= p, k a tree's radix and S the number of segments of a pipelined algorithm.
+two <= p, k a tree's radix and S the number of segments of a pipelined algorithm. An
+algorithm made of other collectives' algorithms on subsets of the ranks (hierarchical's
+phases: q ranks inside a node, N nodes) lists them as ``phases``, and the model sums
+theirs, with the algorithms a call names for them (``intra=``, ``inter=``).
 
 Workspace: an algorithm that needs memory opens a scope, ``with t.workspace() as ws:``,
 and takes from it (``ws.take(count, dtype)``): memory kept between calls, given back when
@@ -54,15 +57,25 @@ class Algorithm:
     commutative_only: bool = False
     even_only: bool = False
     options: tuple[str, ...] = ()  # keyword-only tuning parameters, e.g. ("radix",)
-    # an option naming the algorithm of a phase (hierarchical's intra=, inter=): the
-    # collectives in which that name must be registered
-    phases: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # its phases in order (hierarchical's): (the option naming the phase's algorithm,
+    # the collective it runs, its size in bytes as a cost expression)
+    steps: tuple[tuple[str, str, str], ...] = ()
     defaults: tuple[tuple[str, Any], ...] = ()  # each option's default, as the function's
 
     @property
     def option_defaults(self) -> dict[str, Any]:
         """What each tuning option is where the call does not give it."""
         return dict(self.defaults)
+
+    @property
+    def phases(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """Each option naming a phase's algorithm (``intra``, ``inter``) with the
+        collectives that phase runs (the name must be registered for each)."""
+        named: dict[str, tuple[str, ...]] = {}
+        for option, collective, _ in self.steps:
+            if collective not in named.get(option, ()):
+                named[option] = (*named.get(option, ()), collective)
+        return tuple(named.items())
 
 
 REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
@@ -72,16 +85,17 @@ OPTION_MINIMUM = {"radix": 2, "segment_bytes": 1}
 
 
 def register(collective: str, name: str, *, commutative_only: bool = False,
-             even_only: bool = False, phases: dict[str, tuple[str, ...]] | None = None):
+             even_only: bool = False, phases: tuple[tuple[str, str, str], ...] = ()):
     """File the decorated function as ``algorithm=name`` of ``collective``.
 
     The cost is the docstring line that starts with ``Cost:``; every algorithm has one.
     ``commutative_only``: it reorders operands, so a non-commutative op is refused.
     ``even_only``: it needs equal blocks, so the v-variants refuse it.
-    ``phases``: options that name the algorithm of a phase, and the collectives that
-    phase runs (the name must be registered for each).
+    ``phases``: the algorithms it runs on subsets of the ranks, in order, each as
+    (the option naming its algorithm, its collective, its size in bytes): ``"intra"``
+    phases run among the q ranks of a node, ``"inter"`` ones among N ranks, one per node.
     """
-    phases = phases or {}
+    named = {option for option, _, _ in phases}
 
     def decorate(fn: Callable[..., None]) -> Callable[..., None]:
         doc = fn.__doc__ or ""
@@ -91,14 +105,14 @@ def register(collective: str, name: str, *, commutative_only: bool = False,
             raise ValueError(f"{fn.__name__}: docstring needs a 'Cost:' line")
         options = tuple(name for name, param in inspect.signature(fn).parameters.items()
                         if param.kind is inspect.Parameter.KEYWORD_ONLY)
-        unknown = set(options) - set(OPTION_MINIMUM) - set(phases)
+        unknown = set(options) - set(OPTION_MINIMUM) - named
         if unknown:
             raise ValueError(f"{fn.__name__}: options {unknown} need an OPTION_MINIMUM")
         defaults = tuple((name, param.default) for name, param in
                          inspect.signature(fn).parameters.items() if name in options
                          and param.default is not inspect.Parameter.empty)
         REGISTRY[collective][name] = Algorithm(collective, name, fn, cost, commutative_only,
-                                               even_only, options, tuple(phases.items()),
+                                               even_only, options, tuple(phases),
                                                defaults)
         return fn
 

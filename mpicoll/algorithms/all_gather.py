@@ -205,7 +205,8 @@ def _node_packing(bounds: tuple[int, ...], ranks: tuple[int, ...]) -> tuple[int,
 
 
 @register("all_gather", "hierarchical",
-          phases={"intra": ("gather", "broadcast"), "inter": ("all_gather",)})
+          phases=(("intra", "gather", "q/p*n"), ("inter", "all_gather", "n"),
+                  ("intra", "broadcast", "n")))
 def hierarchical_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ...], *,
                             intra: str = "binomial", inter: str = "ring") -> None:
     """Gather each node's blocks on its first rank, all-gather the nodes' packs among
@@ -214,7 +215,7 @@ def hierarchical_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ..
 
     Steps: the intra algorithm's gather and broadcast among the q ranks of a node, the
     inter algorithm's all_gather among the N leaders (below: binomial and ring).
-    Cost: 2*ceil(lg q)*alpha_intra + (q-1)/p*n*beta_intra + (N-1)*alpha + (N-1)/N*n*beta + ceil(lg q)*(alpha_intra + n*beta_intra)
+    Cost: ceil(lg q)*alpha_intra + (q-1)/p*n*beta_intra + (N-1)*alpha + (N-1)/N*n*beta + ceil(lg q)*(alpha_intra + n*beta_intra)
     """
     mine, leaders, nodes = node_layout(t)
     node = Subset(t, mine)

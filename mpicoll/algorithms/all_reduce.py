@@ -314,12 +314,14 @@ def allgather_reduce_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, 
 
 
 @register("all_reduce", "hierarchical", commutative_only=True,
-          phases={"intra": ("reduce", "broadcast"), "inter": ("all_reduce",)})
+          phases=(("intra", "reduce", "n"), ("inter", "all_reduce", "n"),
+                  ("intra", "broadcast", "n")))
 def hierarchical_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op, *,
                             intra: str = "binomial", inter: str = "ring") -> None:
     """Reduce inside each node to its first rank, all-reduce among those leaders, then
-    broadcast inside each node (MPICH's SMP-aware all_reduce, Horovod's hierarchical one):
-    the links between nodes carry one rank's share per node, not every rank's.
+    broadcast inside each node (MPICH's SMP-aware all_reduce, Open MPI's han): the links
+    between nodes carry one rank's share per node, not every rank's; the few steps suit
+    small messages (large ones: ``hierarchical_sharded``).
 
     Steps: the intra algorithm's reduce and broadcast among the q ranks of a node, the
     inter algorithm's all_reduce among the N leaders (below: binomial and ring).
@@ -331,6 +333,40 @@ def hierarchical_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: 
     if node.rank == 0 and len(leaders) > 1:
         REGISTRY["all_reduce"][inter].fn(Subset(t, leaders), dst, dst, op)
     REGISTRY["broadcast"][intra].fn(node, dst, 0)
+
+
+@register("all_reduce", "hierarchical_sharded", commutative_only=True,
+          phases=(("intra", "reduce_scatter", "n"), ("inter", "all_reduce", "n/q"),
+                  ("intra", "all_gather", "n")))
+def hierarchical_sharded_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op,
+                                    *, intra: str = "ring", inter: str = "ring") -> None:
+    """Reduce-scatter inside each node into one shard per rank, all-reduce each shard
+    among the ranks that hold it (one per node), then all-gather the shards inside each
+    node (Horovod's hierarchical all_reduce, NCCL's across nodes): each rank's share of
+    the traffic between nodes is 1/q of the data, and a node's q ranks send theirs at
+    once, where ``hierarchical`` sends all of it through one leader.
+
+    Steps: the intra algorithm's reduce_scatter and all_gather among the q ranks of a
+    node, the inter algorithm's all_reduce of each shard among the N ranks holding it
+    (below: ring for both). On uneven nodes the smallest node's size is the number of
+    shards (a larger node's other ranks hold none).
+    Cost: 2*(q-1)*alpha_intra + 2*(q-1)/q*n*beta_intra + (q-1)/q*n*gamma + 2*(N-1)*alpha + 2*(N-1)/N*n/q*beta + (N-1)/N*n/q*gamma
+    """
+    mine, leaders, nodes = node_layout(t)
+    members = [tuple(r for r in range(t.size) if nodes[r] == nodes[lead]) for lead in leaders]
+    shards, local, count = min(len(group) for group in members), mine.index(t.rank), src.size
+    # the node's blocks: one shard per rank up to the smallest node's size, then none
+    bounds = chunk_bounds(count, shards) + (count,) * (len(mine) - shards)
+    lo, hi = bounds[local], bounds[local + 1]
+    node = Subset(t, mine)
+    with t.workspace() as ws:
+        shard = ws.take(hi - lo, src.dtype)  # (apart from src: dst may be src)
+        REGISTRY["reduce_scatter"][intra].fn(node, src, bounds, op, shard)
+        if local < shards and len(members) > 1:  # the same shard of every node
+            holders = Subset(t, [group[local] for group in members])
+            REGISTRY["all_reduce"][inter].fn(holders, shard, shard, op)
+        dst[lo:hi] = shard
+    REGISTRY["all_gather"][intra].fn(node, dst, bounds)
 
 
 @register("all_reduce", "double_binary_tree", commutative_only=True)

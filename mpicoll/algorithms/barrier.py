@@ -84,7 +84,8 @@ def knomial_barrier(t: Transport, *, radix: int = 4) -> None:
     t.waitall([t.isend(_EMPTY, child) for child in children])
 
 
-@register("barrier", "hierarchical", phases={"intra": ("barrier",), "inter": ("barrier",)})
+@register("barrier", "hierarchical",
+          phases=(("intra", "barrier", "0"), ("inter", "barrier", "0"), ("intra", "barrier", "0")))
 def hierarchical_barrier(t: Transport, *, intra: str = "dissemination",
                          inter: str = "dissemination") -> None:
     """A barrier inside each node, one among the nodes' first ranks, and one inside each

@@ -147,7 +147,8 @@ def knomial_broadcast(t: Transport, buf: np.ndarray, root: int, *, radix: int = 
     t.waitall([t.isend(buf, (child + root) % p) for child, _ in reversed(children)])
 
 
-@register("broadcast", "hierarchical", phases={"intra": ("broadcast",), "inter": ("broadcast",)})
+@register("broadcast", "hierarchical",
+          phases=(("inter", "broadcast", "n"), ("intra", "broadcast", "n")))
 def hierarchical_broadcast(t: Transport, buf: np.ndarray, root: int, *, intra: str = "binomial",
                            inter: str = "binomial") -> None:
     """The root sends to one rank per node (itself for its own node), each of which then

@@ -143,7 +143,7 @@ def rabenseifner_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, o
 
 
 @register("reduce", "hierarchical", commutative_only=True,
-          phases={"intra": ("reduce",), "inter": ("reduce",)})
+          phases=(("intra", "reduce", "n"), ("inter", "reduce", "n")))
 def hierarchical_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, op: Op, root: int,
                         *, intra: str = "binomial", inter: str = "binomial") -> None:
     """Reduce inside each node to one rank (the root in its own node), then reduce among

@@ -346,7 +346,8 @@ def bine_reduce_scatter(t: Transport, src: np.ndarray, bounds: tuple[int, ...], 
 
 
 @register("reduce_scatter", "hierarchical", commutative_only=True,
-          phases={"intra": ("reduce", "scatter"), "inter": ("reduce_scatter",)})
+          phases=(("intra", "reduce", "n"), ("inter", "reduce_scatter", "n"),
+                  ("intra", "scatter", "q/p*n")))
 def hierarchical_reduce_scatter(t: Transport, src: np.ndarray, bounds: tuple[int, ...], op: Op,
                                 dst: np.ndarray, *, intra: str = "binomial",
                                 inter: str = "ring") -> None:

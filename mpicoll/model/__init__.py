@@ -132,15 +132,46 @@ def predict(collective: str, algorithm: str, nbytes: int, p: int,
             params: Params | None = None, nodes: int = 1, **options: Any) -> float:
     """The model's time in seconds for ``algorithm`` on ``nbytes`` (the benchmark's size:
     nccl-tests' meaning) at ``p`` ranks on ``nodes`` nodes (N in the cost lines; q the
-    ranks of a node, alpha_intra and beta_intra its link's)."""
+    ranks of a node, alpha_intra and beta_intra its link's). An algorithm made of phases
+    (hierarchical's) is the sum of its phases' algorithms (``intra=``, ``inter=``, else its
+    defaults), each at its ranks on its link; its cost line is that sum for the defaults."""
     params = params or Params()
     if algorithm == "native":
         algorithm = native_stand_in(collective, nbytes, p)
     values = {**option_defaults(collective, algorithm), **options}
+    if p == 1:
+        return 0.0
+    nodes = min(max(int(nodes), 1), max(p, 1))
+    steps = REGISTRY[collective][algorithm].steps
+    if steps:
+        return _phased(steps, values, nbytes, p, params, nodes)
+    return _cost_line(collective, algorithm, nbytes, p, params, nodes, values)
+
+
+def _phased(steps: tuple[tuple[str, str, str], ...], values: dict[str, Any], nbytes: float,
+            p: int, params: Params, nodes: int) -> float:
+    """The sum of the phases' times: an intra phase among the q ranks of a node on the
+    node's link, an inter phase among N ranks (one per node) on the link between nodes."""
+    q = math.ceil(p / nodes)
+    inside = Params(params.alpha if params.alpha_intra is None else params.alpha_intra,
+                    params.beta if params.beta_intra is None else params.beta_intra,
+                    params.gamma)
+    between = Params(params.alpha, params.beta, params.gamma)
+    total = 0.0
+    for option, phase, size in steps:
+        ranks, link = (q, inside) if option == "intra" else (nodes, between)
+        phase_bytes = eval(size, {"__builtins__": {}}, {"n": float(nbytes), "p": p, "q": q,
+                                                        "N": nodes})
+        total += predict(phase, values[option], phase_bytes, ranks, link)
+    return total
+
+
+def _cost_line(collective: str, algorithm: str, nbytes: float, p: int, params: Params,
+               nodes: int, values: dict[str, Any]) -> float:
+    """The algorithm's ``Cost:`` line evaluated (``values``: its options)."""
     k = values.get("radix", 2)
     segments = max(1, math.ceil(nbytes / values["segment_bytes"])) if "segment_bytes" in values else 1
     p2 = 1 << (max(p, 1).bit_length() - 1)
-    nodes = min(max(int(nodes), 1), max(p, 1))
     alpha_intra = params.alpha if params.alpha_intra is None else params.alpha_intra
     beta_intra = params.beta if params.beta_intra is None else params.beta_intra
     # on one node every message stays inside it: the node's own link for every algorithm
@@ -150,8 +181,6 @@ def predict(collective: str, algorithm: str, nbytes: int, p: int,
              "N": nodes, "q": math.ceil(p / nodes),
              "alpha_intra": alpha_intra, "beta_intra": beta_intra,
              "_lg": _lg, "_ceil_log": _ceil_log, "ceil": math.ceil}
-    if p == 1:
-        return 0.0
     return float(eval(_compiled(collective, algorithm), {"__builtins__": {}}, scope))
 
 
