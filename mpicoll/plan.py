@@ -306,6 +306,26 @@ def _agreed_at_init(collective: str, args: tuple, kwargs: dict, size: int) -> tu
     return ((a.get("algorithm", "auto"), a.get("options") or {}), a.get("op"), root)
 
 
+def _check_algorithm(comm: Communicator, collective: str, args: tuple, kwargs: dict,
+                     algorithm: Any) -> None:
+    """Refuse a plan's unknown algorithm, or a tuning option it does not take or takes
+    another value of, as its first start would (the same errors)."""
+    name = _ALGORITHMS_OF.get(collective, collective)
+    _, registered = comm._chooser._lookup(name, algorithm)
+    given = {k: v for k, v in kwargs.items() if k != "stream"}
+    try:
+        bound = decided.SIGNATURES[collective].bind(None, None, *args, **given)
+    except TypeError:  # the first start refuses it, as a call's parameters
+        return
+    options = bound.arguments.get("options") or {}
+    if registered is None:
+        if options:
+            raise InvalidArgumentError(f"{', '.join(options)}: 'native' takes no tuning options")
+        return
+    if options:
+        comm._chooser._options(name, algorithm, registered, dict(options))
+
+
 def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, frame: Any) -> Plan:
     """``comm.<collective>_init(*args, **kwargs)``: check what this rank can check now,
     bind the buffers, and (check mode) agree the plan across ranks."""
@@ -318,8 +338,8 @@ def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, fr
     refusal: MpicollError | None = None
     try:
         algorithm = kwargs.get("algorithm", "auto")
-        if algorithm != "auto":
-            comm._chooser._lookup(_ALGORITHMS_OF.get(collective, collective), algorithm)
+        if algorithm != "auto":  # a named algorithm and its options: refused now, not at start
+            _check_algorithm(comm, collective, args, kwargs, algorithm)
         if args and args[0] is not None:
             as_array(args[0], "x")
         result = _bound_result(comm, collective, args, kwargs)

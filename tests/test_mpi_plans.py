@@ -132,6 +132,20 @@ def test_misuse_raises_on_the_rank_that_does_it(world):
         orphan.start()
     with pytest.raises(mpicoll.InvalidArgumentError, match="unknown all_reduce algorithm"):
         world.all_reduce_init(np.ones(3), algorithm="nope")
+    # a named algorithm's options, as the first start would refuse them (v-variants: their
+    # collective's algorithms; native: none)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="intra: expected one of"):
+        world.all_reduce_init(np.ones(3), algorithm="hierarchical", intra="bogus")
+    with pytest.raises(mpicoll.InvalidArgumentError, match="takes no option 'radix'"):
+        world.all_reduce_init(np.ones(3), algorithm="ring", radix=4)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="radix: expected an int >= 2"):
+        world.broadcast_init(np.ones(3), 0, algorithm="knomial", radix=1)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="'native' takes no tuning options"):
+        world.all_reduce_init(np.ones(3), algorithm="native", radix=4)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="takes no option 'intra'"):
+        world.all_gather_v_init(np.ones(3), algorithm="ring", intra="ring")
+    with world.broadcast_init(np.ones(3), 0, algorithm="knomial", radix=4) as plan:
+        plan()  # (a right option still makes a plan)
     with pytest.raises(mpicoll.InvalidArgumentError, match="async_op"):
         world.all_reduce_init(np.ones(3), async_op=True)
 
@@ -161,7 +175,8 @@ def test_check_mode_ranks_making_different_plans_raise_everywhere():
     ("all_reduce", {"op": "max"}, {}),
     ("reduce", {"root": 1}, {"root": 0}),
     ("broadcast", {"root": 1}, {}),
-    ("all_reduce", {"algorithm": "ring", "segment_bytes": 64}, {"algorithm": "ring"}),
+    ("all_reduce", {"algorithm": "ring_pipelined", "segment_bytes": 64},
+     {"algorithm": "ring_pipelined"}),
     ("scan", {"op": "prod"}, {"op": "sum"}),
 ])
 def test_check_mode_plans_made_with_other_arguments_raise_everywhere_at_init(collective, mine,

@@ -517,9 +517,11 @@ def test_a_phased_algorithms_cost_line_is_the_sum_of_its_default_phases():
                                       "broadcast", "reduce", "barrier"}
     for collective, name in phased:
         defaults = model.option_defaults(collective, name)
-        for p, nodes in ((16, 2), (512, 64), (8, 1), (12, 3), (4, 4), (5, 2)):
+        for p, nodes in ((16, 2), (512, 64), (8, 1), (12, 3), (4, 4), (5, 2), (7, (3, 3, 1)),
+                         (5, (2, 3))):
             for nbytes in (8, 1 << 20, 1 << 26):
-                line = model._cost_line(collective, name, nbytes, p, params, nodes, defaults)
+                line = model._cost_line(collective, name, nbytes, p, params,
+                                        model._layout(p, nodes), defaults)
                 assert model.predict(collective, name, nbytes, p, params, nodes) == \
                     pytest.approx(line, rel=1e-9, abs=1e-15), (collective, name, p, nodes, nbytes)
     # 64 nodes x 8 ranks, 64 MiB: the leaders' all_reduce as recursive doubling, not ring
@@ -532,6 +534,20 @@ def test_a_phased_algorithms_cost_line_is_the_sum_of_its_default_phases():
         model.predict("all_reduce", "recursive_doubling", n, nodes, between)
         - model.predict("all_reduce", "ring", n, nodes, between))
     assert doubling > ring  # the bandwidth term: lg 64 whole messages against 2(N-1)/N
+    # uneven nodes (3 + 3 + 1): one shard, so the whole vector crosses between nodes
+    uneven = model.predict("all_reduce", "hierarchical_sharded", n, 7, params, (3, 3, 1))
+    assert uneven - model.predict("all_reduce", "ring", n, 3, between) == pytest.approx(
+        model.predict("reduce_scatter", "ring", n, 3, model.Params(
+            params.alpha_intra, params.beta_intra, params.gamma))
+        + model.predict("all_gather", "ring", n, 3, model.Params(
+            params.alpha_intra, params.beta_intra, params.gamma)))
+    assert model._layout(7, 3) == (3, 3, 2) and model._layout(7, (3, 3, 1)) == (3, 3, 1)
+    with pytest.raises(ValueError, match="no all_reduce algorithm 'nope'"):
+        model.predict("all_reduce", "nope", n, p, params)
+    with pytest.raises(ValueError, match="takes no option radix"):
+        model.predict("all_reduce", "ring", n, p, params, radix=4)
+    with pytest.raises(ValueError, match="no reduce_scatter algorithm 'linear'"):
+        model.predict("all_reduce", "hierarchical_sharded", n, p, params, nodes, intra="linear")
     inside = model.Params(params.alpha_intra, params.beta_intra, params.gamma)
     linear = model.predict("all_reduce", "hierarchical", n, p, params, nodes, intra="linear")
     assert linear - ring == pytest.approx(

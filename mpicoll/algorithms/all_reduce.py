@@ -336,7 +336,7 @@ def hierarchical_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: 
 
 
 @register("all_reduce", "hierarchical_sharded", commutative_only=True,
-          phases=(("intra", "reduce_scatter", "n"), ("inter", "all_reduce", "n/q"),
+          phases=(("intra", "reduce_scatter", "n"), ("inter", "all_reduce", "n/s"),
                   ("intra", "all_gather", "n")))
 def hierarchical_sharded_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op,
                                     *, intra: str = "ring", inter: str = "ring") -> None:
@@ -348,9 +348,9 @@ def hierarchical_sharded_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarr
 
     Steps: the intra algorithm's reduce_scatter and all_gather among the q ranks of a
     node, the inter algorithm's all_reduce of each shard among the N ranks holding it
-    (below: ring for both). On uneven nodes the smallest node's size is the number of
-    shards (a larger node's other ranks hold none).
-    Cost: 2*(q-1)*alpha_intra + 2*(q-1)/q*n*beta_intra + (q-1)/q*n*gamma + 2*(N-1)*alpha + 2*(N-1)/N*n/q*beta + (N-1)/N*n/q*gamma
+    (below: ring for both). There are s shards, s the smallest node's ranks (q on even
+    nodes; a larger node's other ranks hold none).
+    Cost: 2*(q-1)*alpha_intra + 2*(q-1)/q*n*beta_intra + (q-1)/q*n*gamma + 2*(N-1)*alpha + 2*(N-1)/N*n/s*beta + (N-1)/N*n/s*gamma
     """
     mine, leaders, nodes = node_layout(t)
     members = [tuple(r for r in range(t.size) if nodes[r] == nodes[lead]) for lead in leaders]

@@ -41,7 +41,8 @@ def load(directory: str) -> list[dict[str, Any]]:
                 "ranks": head["ranks"], "nodes": nodes, "size": row["size"],
                 "time_us": row["time_us"], "wrong": row["wrong"],
                 "predicted_us": model.predict(row["collective"], stand_in, row["size"],
-                                              head["ranks"], params) * 1e6,
+                                              head["ranks"], params,
+                                              tuple(head.get("nodes") or ())) * 1e6,
             })
     return sorted(records, key=lambda r: (r["collective"], r["algorithm"], r["ranks"]))
 

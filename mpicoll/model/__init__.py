@@ -25,10 +25,13 @@ import inspect
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..algorithms import COLLECTIVES, REGISTRY
 from ..config import config_file
@@ -129,30 +132,51 @@ def native_stand_in(collective: str, nbytes: int, p: int) -> str:
 
 
 def predict(collective: str, algorithm: str, nbytes: int, p: int,
-            params: Params | None = None, nodes: int = 1, **options: Any) -> float:
+            params: Params | None = None, nodes: int | Sequence[int] = 1,
+            **options: Any) -> float:
     """The model's time in seconds for ``algorithm`` on ``nbytes`` (the benchmark's size:
-    nccl-tests' meaning) at ``p`` ranks on ``nodes`` nodes (N in the cost lines; q the
-    ranks of a node, alpha_intra and beta_intra its link's). An algorithm made of phases
-    (hierarchical's) is the sum of its phases' algorithms (``intra=``, ``inter=``, else its
-    defaults), each at its ranks on its link; its cost line is that sum for the defaults."""
+    nccl-tests' meaning) at ``p`` ranks on ``nodes`` nodes: their number, the ranks
+    spread evenly, or each node's number of ranks (``comm.nodes``' sizes). In the cost
+    lines N is the number of nodes, q the ranks of the largest, s of the smallest, and
+    alpha_intra, beta_intra a node's link. An algorithm made of phases (hierarchical's) is
+    the sum of its phases' algorithms (``intra=``, ``inter=``, else its defaults), each at
+    its ranks on its link; its cost line is that sum for the defaults. An unknown
+    algorithm or option raises ValueError."""
     params = params or Params()
     if algorithm == "native":
         algorithm = native_stand_in(collective, nbytes, p)
+    registered = REGISTRY.get(collective, {}).get(algorithm)
+    if registered is None:
+        raise ValueError(f"model: no {collective} algorithm {algorithm!r}")
+    unknown = set(options) - set(registered.options)
+    if unknown:
+        raise ValueError(f"model: {collective} {algorithm!r} takes no option "
+                         f"{', '.join(sorted(unknown))}")
     values = {**option_defaults(collective, algorithm), **options}
     if p == 1:
         return 0.0
-    nodes = min(max(int(nodes), 1), max(p, 1))
-    steps = REGISTRY[collective][algorithm].steps
-    if steps:
-        return _phased(steps, values, nbytes, p, params, nodes)
-    return _cost_line(collective, algorithm, nbytes, p, params, nodes, values)
+    layout = _layout(p, nodes)
+    if registered.steps:
+        return _phased(registered.steps, values, nbytes, p, params, layout)
+    return _cost_line(collective, algorithm, nbytes, p, params, layout, values)
+
+
+def _layout(p: int, nodes: int | Sequence[int]) -> tuple[int, int, int]:
+    """(N, q, s): the number of nodes and the ranks of the largest and the smallest, of
+    ``nodes`` (a number: p ranks spread evenly over that many; or each node's ranks)."""
+    if isinstance(nodes, (int, np.integer)):
+        count = min(max(int(nodes), 1), max(p, 1))
+        return count, math.ceil(p / count), p // count
+    sizes = [int(k) for k in nodes if int(k) > 0] or [p]
+    return len(sizes), max(sizes), min(sizes)
 
 
 def _phased(steps: tuple[tuple[str, str, str], ...], values: dict[str, Any], nbytes: float,
-            p: int, params: Params, nodes: int) -> float:
-    """The sum of the phases' times: an intra phase among the q ranks of a node on the
-    node's link, an inter phase among N ranks (one per node) on the link between nodes."""
-    q = math.ceil(p / nodes)
+            p: int, params: Params, layout: tuple[int, int, int]) -> float:
+    """The sum of the phases' times: an intra phase among the q ranks of the largest node
+    on the node's link, an inter phase among N ranks (one per node) on the link between
+    nodes; a phase's size in bytes is its expression of n, p, q, s and N."""
+    nodes, q, smallest = layout
     inside = Params(params.alpha if params.alpha_intra is None else params.alpha_intra,
                     params.beta if params.beta_intra is None else params.beta_intra,
                     params.gamma)
@@ -161,14 +185,16 @@ def _phased(steps: tuple[tuple[str, str, str], ...], values: dict[str, Any], nby
     for option, phase, size in steps:
         ranks, link = (q, inside) if option == "intra" else (nodes, between)
         phase_bytes = eval(size, {"__builtins__": {}}, {"n": float(nbytes), "p": p, "q": q,
-                                                        "N": nodes})
+                                                        "s": smallest, "N": nodes})
         total += predict(phase, values[option], phase_bytes, ranks, link)
     return total
 
 
 def _cost_line(collective: str, algorithm: str, nbytes: float, p: int, params: Params,
-               nodes: int, values: dict[str, Any]) -> float:
-    """The algorithm's ``Cost:`` line evaluated (``values``: its options)."""
+               layout: tuple[int, int, int], values: dict[str, Any]) -> float:
+    """The algorithm's ``Cost:`` line evaluated (``values``: its options; ``layout``:
+    ``_layout``'s)."""
+    nodes, q, smallest = layout
     k = values.get("radix", 2)
     segments = max(1, math.ceil(nbytes / values["segment_bytes"])) if "segment_bytes" in values else 1
     p2 = 1 << (max(p, 1).bit_length() - 1)
@@ -178,14 +204,14 @@ def _cost_line(collective: str, algorithm: str, nbytes: float, p: int, params: P
     alpha, beta = (alpha_intra, beta_intra) if nodes == 1 else (params.alpha, params.beta)
     scope = {"p": p, "p2": p2, "n": float(nbytes), "k": k, "S": segments,
              "alpha": alpha, "beta": beta, "gamma": params.gamma,
-             "N": nodes, "q": math.ceil(p / nodes),
+             "N": nodes, "q": q, "s": smallest,
              "alpha_intra": alpha_intra, "beta_intra": beta_intra,
              "_lg": _lg, "_ceil_log": _ceil_log, "ceil": math.ceil}
     return float(eval(_compiled(collective, algorithm), {"__builtins__": {}}, scope))
 
 
 def best(collective: str, nbytes: int, p: int, params: Params, candidates: list[str],
-         nodes: int = 1) -> str:
+         nodes: int | Sequence[int] = 1) -> str:
     """The candidate with the smallest predicted time (on ``nodes`` nodes)."""
     return min(candidates, key=lambda name: predict(collective, name, nbytes, p, params,
                                                     nodes=nodes))

@@ -146,10 +146,12 @@ class Chooser:
                                       tables=self.tables, nodes=self._nodes()))
         return picked
 
-    def _nodes(self) -> int:
-        """How many nodes the ranks are on (the transport's agreed node of each rank)."""
+    def _nodes(self) -> tuple[int, ...]:
+        """The ranks of each node (from the transport's agreed node of each rank)."""
         nodes = getattr(self.backend.transport, "nodes", None)
-        return len(set(nodes)) if nodes else 1
+        if not nodes:
+            return (self.size,)
+        return tuple(nodes.count(node) for node in dict.fromkeys(nodes))
 
     @staticmethod
     def _options(collective: str, algorithm: str, registered: Any,

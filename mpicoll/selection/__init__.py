@@ -173,15 +173,16 @@ def serves(collective: str, name: str, commutative: bool, has_native: bool,
     return (commutative or not spec.commutative_only) and not (uneven and spec.even_only)
 
 def select(collective: str, nbytes: int, size: int, op: Op | None, has_native: bool,
-           uneven: bool = False, tables: Tables | None = None, nodes: int = 1) -> str:
+           uneven: bool = False, tables: Tables | None = None,
+           nodes: int | tuple[int, ...] = 1) -> str:
     """The algorithm name ``auto`` runs for this call: a function of its arguments and
     ``tables`` only (default: this process's own reading of the files), so ranks that
     pass the same values pick the same algorithm.
 
     ``has_native``: the library's collective can run this call (it knows dtype and op).
     A non-commutative op gets an algorithm that keeps rank order; uneven blocks one that
-    takes them. ``nodes``: how many nodes the ranks are on (agreed when the Communicator
-    was made), for the cost model, whose node-aware algorithms' costs depend on it.
+    takes them. ``nodes``: the ranks of each node (agreed when the Communicator was made),
+    or how many nodes, for the cost model, whose node-aware algorithms' costs depend on it.
     """
     commutative = op is None or op.commutative
     tables = _local_tables() if tables is None else tables
