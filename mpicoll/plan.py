@@ -317,7 +317,8 @@ def _check_algorithm(comm: Communicator, collective: str, args: tuple, kwargs: d
         bound = decided.SIGNATURES[collective].bind(None, None, *args, **given)
     except TypeError:  # the first start refuses it, as a call's parameters
         return
-    options = bound.arguments.get("options") or {}
+    # (out= where the collective takes none is no tuning option: the start refuses it)
+    options = {k: v for k, v in (bound.arguments.get("options") or {}).items() if k != "out"}
     if registered is None:
         if options:
             raise InvalidArgumentError(f"{', '.join(options)}: 'native' takes no tuning options")

@@ -146,6 +146,9 @@ def test_misuse_raises_on_the_rank_that_does_it(world):
         world.all_gather_v_init(np.ones(3), algorithm="ring", intra="ring")
     with world.broadcast_init(np.ones(3), 0, algorithm="knomial", radix=4) as plan:
         plan()  # (a right option still makes a plan)
+    with world.broadcast_init(np.ones(3), 0, algorithm="binomial", out=np.ones(3)) as plan:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="takes no out="):
+            plan()  # (out= where broadcast has none: the start's refusal, as a call's)
     with pytest.raises(mpicoll.InvalidArgumentError, match="async_op"):
         world.all_reduce_init(np.ones(3), async_op=True)
 

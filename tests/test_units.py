@@ -534,13 +534,20 @@ def test_a_phased_algorithms_cost_line_is_the_sum_of_its_default_phases():
         model.predict("all_reduce", "recursive_doubling", n, nodes, between)
         - model.predict("all_reduce", "ring", n, nodes, between))
     assert doubling > ring  # the bandwidth term: lg 64 whole messages against 2(N-1)/N
-    # uneven nodes (3 + 3 + 1): one shard, so the whole vector crosses between nodes
+    # uneven nodes (3 + 3 + 1): one shard, so the whole vector crosses between nodes, and
+    # each of a node's ring steps moves all of it (blocks n, 0, 0: priced as 3n in 3)
     uneven = model.predict("all_reduce", "hierarchical_sharded", n, 7, params, (3, 3, 1))
+    node_link = model.Params(params.alpha_intra, params.beta_intra, params.gamma)
     assert uneven - model.predict("all_reduce", "ring", n, 3, between) == pytest.approx(
-        model.predict("reduce_scatter", "ring", n, 3, model.Params(
-            params.alpha_intra, params.beta_intra, params.gamma))
-        + model.predict("all_gather", "ring", n, 3, model.Params(
-            params.alpha_intra, params.beta_intra, params.gamma)))
+        model.predict("reduce_scatter", "ring", 3 * n, 3, node_link)
+        + model.predict("all_gather", "ring", 3 * n, 3, node_link))
+    # one node: the sharded sum is ring's line added up in another order; a tie of
+    # rounding goes to the earlier candidate (ring), at every size and rank count
+    fitted = model.Params(alpha=3.1e-6, beta=1 / 7.3e9, gamma=1 / 3.3e9)
+    for ranks in (3, 5, 7, 12, 24):
+        for nbytes in (8, 1 << 14, 1 << 16, 1 << 20, 3 << 20):
+            assert model.best("all_reduce", nbytes, ranks, fitted,
+                              ["ring", "hierarchical_sharded"], (ranks,)) == "ring"
     assert model._layout(7, 3) == (3, 3, 2) and model._layout(7, (3, 3, 1)) == (3, 3, 1)
     with pytest.raises(ValueError, match="no all_reduce algorithm 'nope'"):
         model.predict("all_reduce", "nope", n, p, params)

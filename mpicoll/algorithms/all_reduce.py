@@ -336,8 +336,8 @@ def hierarchical_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: 
 
 
 @register("all_reduce", "hierarchical_sharded", commutative_only=True,
-          phases=(("intra", "reduce_scatter", "n"), ("inter", "all_reduce", "n/s"),
-                  ("intra", "all_gather", "n")))
+          phases=(("intra", "reduce_scatter", "q/s*n"), ("inter", "all_reduce", "n/s"),
+                  ("intra", "all_gather", "q/s*n")))
 def hierarchical_sharded_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, op: Op,
                                     *, intra: str = "ring", inter: str = "ring") -> None:
     """Reduce-scatter inside each node into one shard per rank, all-reduce each shard
@@ -349,12 +349,18 @@ def hierarchical_sharded_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarr
     Steps: the intra algorithm's reduce_scatter and all_gather among the q ranks of a
     node, the inter algorithm's all_reduce of each shard among the N ranks holding it
     (below: ring for both). There are s shards, s the smallest node's ranks (q on even
-    nodes; a larger node's other ranks hold none).
-    Cost: 2*(q-1)*alpha_intra + 2*(q-1)/q*n*beta_intra + (q-1)/q*n*gamma + 2*(N-1)*alpha + 2*(N-1)/N*n/s*beta + (N-1)/N*n/s*gamma
+    nodes; a larger node's other ranks hold none, so each of its ring's q-1 steps moves
+    a whole shard, n/s). Between nodes the cost counts each of a node's s streams at the
+    link's beta, as if they did not share it (beta as ``model fit`` measures it: one
+    stream per node).
+    Cost: 2*(q-1)*alpha_intra + 2*(q-1)/s*n*beta_intra + (q-1)/s*n*gamma + 2*(N-1)*alpha + 2*(N-1)/N*n/s*beta + (N-1)/N*n/s*gamma
     """
-    mine, leaders, nodes = node_layout(t)
-    members = [tuple(r for r in range(t.size) if nodes[r] == nodes[lead]) for lead in leaders]
-    shards, local, count = min(len(group) for group in members), mine.index(t.rank), src.size
+    mine, _, nodes = node_layout(t)
+    ranks_of: dict[int, list[int]] = {}  # each node's ranks, nodes in order of their first
+    for r, node_of_r in enumerate(nodes):
+        ranks_of.setdefault(node_of_r, []).append(r)
+    members = list(ranks_of.values())
+    shards, local, count = min(map(len, members)), mine.index(t.rank), src.size
     # the node's blocks: one shard per rank up to the smallest node's size, then none
     bounds = chunk_bounds(count, shards) + (count,) * (len(mine) - shards)
     lo, hi = bounds[local], bounds[local + 1]

@@ -6,7 +6,8 @@ machine's alpha, beta and gamma.
 The formulas are the ``Cost:`` lines of the algorithms' docstrings (Thakur, Rabenseifner
 and Gropp 2005, "Optimization of Collective Communication Operations in MPICH", where
 they exist), which the registry keeps as one table: ``REGISTRY[collective][name].cost``.
-This module only evaluates them. Their notation: n bytes, p ranks, p2 the largest power
+This module evaluates them, and sums those of an algorithm made of phases (hierarchical's:
+its phases' algorithms' lines). Their notation: n bytes, p ranks, p2 the largest power
 of two <= p, ``lg`` the base-2 logarithm, ``log_k`` base k, ``[cond]`` 1 when cond holds,
 k a tree's radix and S a pipeline's number of segments (both from the algorithm's
 options or their defaults). ``native`` is predicted with the formula of the algorithm
@@ -212,9 +213,15 @@ def _cost_line(collective: str, algorithm: str, nbytes: float, p: int, params: P
 
 def best(collective: str, nbytes: int, p: int, params: Params, candidates: list[str],
          nodes: int | Sequence[int] = 1) -> str:
-    """The candidate with the smallest predicted time (on ``nodes`` nodes)."""
-    return min(candidates, key=lambda name: predict(collective, name, nbytes, p, params,
-                                                    nodes=nodes))
+    """The candidate with the smallest predicted time (on ``nodes`` nodes); of times
+    equal but for rounding (a phased algorithm's sum on one node is its flat twin's
+    line, added up in another order), the earlier candidate."""
+    chosen, fastest = candidates[0], math.inf
+    for name in candidates:
+        time = predict(collective, name, nbytes, p, params, nodes=nodes)
+        if time < fastest * (1 - 1e-9):
+            chosen, fastest = name, time
+    return chosen
 
 
 def table(params: Params, p: int, sizes: tuple[int, ...] = (8, 1 << 12, 1 << 16, 1 << 20, 1 << 24),
