@@ -183,6 +183,13 @@ def test_hierarchical_phase_options_are_checked():
             comm.all_reduce(x, algorithm="hierarchical", intra="ring")
         with pytest.raises(mpicoll.InvalidArgumentError, match="inter: expected one of"):
             comm.barrier(algorithm="hierarchical", inter="hierarchical")
+        for phase in ("intra", "inter"):  # no phase runs an algorithm made of phases
+            with pytest.raises(mpicoll.InvalidArgumentError, match=f"{phase}: expected one of"):
+                comm.all_reduce(x, algorithm="hierarchical_sharded", **{phase: "hierarchical"})
+            with pytest.raises(mpicoll.InvalidArgumentError, match=f"{phase}: expected one of"):
+                comm.all_reduce(x, algorithm="hierarchical",
+                                **{phase: "hierarchical_sharded" if phase == "inter"
+                                   else "hierarchical"})
         return got[0]
 
     assert run_local(3, body, timeout=10) == [3.0] * 3

@@ -164,8 +164,10 @@ class Chooser:
                     f"{name}: {collective} {algorithm!r} takes no option {name!r} "
                     f"(its options: {takes})")
             if name in phases:  # the algorithm of a phase, by name
-                able = [a for a in REGISTRY[phases[name][0]] if a != algorithm
-                        and all(a in REGISTRY[c] for c in phases[name])]
+                # (a phase runs on one node's ranks or one per node: an algorithm made
+                # of phases itself would find one node there)
+                able = [a for a in REGISTRY[phases[name][0]] if all(
+                    a in REGISTRY[c] and not REGISTRY[c][a].steps for c in phases[name])]
                 if value not in able:
                     raise InvalidArgumentError(
                         f"{name}: expected one of {', '.join(able)} (the algorithm of "
