@@ -72,7 +72,7 @@ class Plan:
         self._decision: Decision | None = None  # what the first plan() decided
         self._request: Any = None  # the MPI library's persistent request (see _persist)
         self._lean: Any = None  # plan()'s lean path, once settled (__call__)
-        self._kept: tuple = ()  # its flight-recorder entry (Watch.enter_kept)
+        self._kept: tuple = ()  # its flight-recorder entry (Watch.kept)
         # whether the second plan() votes on a persistent request: values every rank
         # holds alike (the backend, check mode and traces are agreed when comm is made)
         self._votes = collective in _PERSISTS and comm._backend.native_is_mpi \

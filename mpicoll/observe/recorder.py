@@ -42,7 +42,7 @@ class Record:
 
     What the call was given and what it chose are one tuple, ``facts``: (shape, dtype,
     args, op, root, algorithm, nbytes), so that a call repeating a kept decision writes
-    them with one store (``Watch.enter_kept``); the properties read them by name."""
+    them with one store (``entry.prepare``); the properties read them by name."""
 
     __slots__ = ("call", "facts", "start", "end", "state", "note")
 
@@ -149,22 +149,9 @@ class Watch:
         self.started = rec.start = now()
         return call
 
-    def enter_kept(self, seq: int, collective: str, frame: Any, kept: tuple) -> Any:
-        """``enter`` for a call that runs a kept decision (``mpicoll.pipeline.decided``):
-        ``kept`` is the entry's (shape, dtype, args, op, root, algorithm, nbytes) as the
-        call that made the decision recorded them (a kept call has the same values)."""
-        rec = self.ring[seq % self.length]
-        self.current = rec
-        call = rec.call
-        call.seq, call.collective, call.code, call.offset = \
-            seq, collective, frame.f_code, frame.f_lasti
-        rec.facts = kept
-        rec.state = RUNNING
-        self.started = rec.start = now()
-        return call
-
     def kept(self) -> tuple:
-        """What ``enter_kept`` writes, as the current entry holds it."""
+        """What a call repeating a kept decision writes as its entry's facts
+        (``entry.prepare``), as the current entry holds it."""
         return self.current.facts
 
     def rewrite(self, kept: tuple) -> None:

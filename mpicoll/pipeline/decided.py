@@ -192,7 +192,7 @@ class Decision:
     def __init__(self, bind: Callable[..., Any], fresh: Callable[..., Any] | None = None,
                  persist: Callable[..., Any] | None = None, direct: tuple | None = None):
         self.bind, self.fresh, self.persist, self.direct = bind, fresh, persist, direct
-        self.kept: tuple = ()  # the flight recorder's entry of its calls (Watch.enter_kept)
+        self.kept: tuple = ()  # the flight recorder's entry of its calls (Watch.kept)
         self.last: tuple | None = None  # the last binding of small buffers (see bound)
         self.call: Callable[..., Any] | None = None  # its prepared call (entry.prepare)
 

@@ -265,9 +265,9 @@ def prepare(c: CallState, name: str, method: Any,
     and runs the decision on the call's ``x`` and ``out`` (``direct`` or ``fresh``: on a
     new result), or the whole path where the decision declines them, before any message.
 
-    It writes the call's flight-recorder entry itself, with the stores of
-    ``Watch.enter_kept`` and ``Watch.leave`` (a method call costs about what its stores
-    do, and this is the path of every repeated call).
+    It writes the call's flight-recorder entry itself, with ``Watch.enter``'s stores of
+    a call whose facts are kept (``Watch.kept``) and ``Watch.leave``'s (a method call
+    costs about what its stores do, and this is the path of every repeated call).
 
     ``prepared(site, x, out, args, kwargs)``: ``out`` is the call's out= (None: none),
     taken out of ``kwargs``."""
@@ -283,7 +283,7 @@ def prepare(c: CallState, name: str, method: Any,
         if not acquire(False):
             raise ConcurrentCallError(busy(c, name))
         seq = c._seq = c._seq + 1
-        rec = ring[seq % length]  # the call's flight-recorder entry (Watch.enter_kept)
+        rec = ring[seq % length]  # the call's flight-recorder entry (its facts kept)
         try:
             watch.current = rec
             call = rec.call
@@ -342,7 +342,7 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
         if not acquire(False):
             raise ConcurrentCallError(busy(c, f"{name} plan()"))
         seq = c._seq = c._seq + 1
-        rec = ring[seq % length]  # the call's flight-recorder entry (Watch.enter_kept)
+        rec = ring[seq % length]  # the call's flight-recorder entry (its facts kept)
         try:
             watch.current = rec
             call = rec.call
