@@ -287,44 +287,50 @@ def _bound_result(comm: Communicator, collective: str, args: tuple, kwargs: dict
     return back(empty(shape, x.dtype, like=x))  # the caller's kind: a tensor for a tensor
 
 
-def _agreed_at_init(collective: str, args: tuple, kwargs: dict, size: int) -> tuple:
-    """What check mode compares when a plan is made, besides the collective: (algorithm
-    with its options, op, root) as the plan's parameters give them (their defaults where
-    not given; a root that is no rank of ``size`` is left to the first start, which
-    refuses it on every rank, as are the shapes and counts)."""
+def _arguments(collective: str, args: tuple, kwargs: dict) -> dict[str, Any] | None:
+    """A plan's parameters by name, their defaults where not given (``stream=`` aside);
+    None where they do not bind (the first start refuses them, on every rank in check
+    mode)."""
     given = {k: v for k, v in kwargs.items() if k != "stream"}
     try:
         bound = decided.SIGNATURES[collective].bind(None, None, *args, **given)
-    except TypeError:  # the first start refuses it, on every rank in check mode
-        return ("auto", None, agree.ANY)
+    except TypeError:
+        return None
     bound.apply_defaults()
-    a = bound.arguments
-    root = a.get("root", agree.ANY)
+    return dict(bound.arguments)
+
+
+def _agreed_at_init(arguments: dict[str, Any] | None, size: int) -> tuple:
+    """What check mode compares when a plan is made, besides the collective: (algorithm
+    with its options, op, root) as the plan's ``arguments`` give them (a root that is no
+    rank of ``size`` is left to the first start, which refuses it on every rank, as are
+    the shapes and counts)."""
+    if arguments is None:
+        return ("auto", None, agree.ANY)
+    root = arguments.get("root", agree.ANY)
     if isinstance(root, bool) or not isinstance(root, (int, np.integer)) \
             or not 0 <= root < size:
         root = agree.ANY
-    return ((a.get("algorithm", "auto"), a.get("options") or {}), a.get("op"), root)
+    return ((arguments.get("algorithm", "auto"), arguments.get("options") or {}),
+            arguments.get("op"), root)
 
 
-def _check_algorithm(comm: Communicator, collective: str, args: tuple, kwargs: dict,
+def _check_algorithm(comm: Communicator, collective: str, arguments: dict[str, Any] | None,
                      algorithm: Any) -> None:
     """Refuse a plan's unknown algorithm, or a tuning option it does not take or takes
     another value of, as its first start would (the same errors)."""
     name = _ALGORITHMS_OF.get(collective, collective)
     _, registered = comm._chooser._lookup(name, algorithm)
-    given = {k: v for k, v in kwargs.items() if k != "stream"}
-    try:
-        bound = decided.SIGNATURES[collective].bind(None, None, *args, **given)
-    except TypeError:  # the first start refuses it, as a call's parameters
+    if arguments is None:  # the first start refuses them, as a call's parameters
         return
     # (out= where the collective takes none is no tuning option: the start refuses it)
-    options = {k: v for k, v in (bound.arguments.get("options") or {}).items() if k != "out"}
+    options = {k: v for k, v in (arguments.get("options") or {}).items() if k != "out"}
     if registered is None:
         if options:
             raise InvalidArgumentError(f"{', '.join(options)}: 'native' takes no tuning options")
         return
     if options:
-        comm._chooser._options(name, algorithm, registered, dict(options))
+        comm._chooser._options(name, algorithm, registered, options)
 
 
 def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, frame: Any) -> Plan:
@@ -337,10 +343,11 @@ def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, fr
     if kwargs.pop("async_op", False):
         raise InvalidArgumentError(f"{collective}_init: a plan takes no async_op (use start())")
     refusal: MpicollError | None = None
+    arguments = _arguments(collective, args, kwargs)
     try:
         algorithm = kwargs.get("algorithm", "auto")
         if algorithm != "auto":  # a named algorithm and its options: refused now, not at start
-            _check_algorithm(comm, collective, args, kwargs, algorithm)
+            _check_algorithm(comm, collective, arguments, algorithm)
         if args and args[0] is not None:
             as_array(args[0], "x")
         result = _bound_result(comm, collective, args, kwargs)
@@ -359,8 +366,8 @@ def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, fr
 
             raise ConcurrentCallError(busy(comm, f"{collective}_init"))
         try:
-            announce(comm, f"{collective}_init", site, refusal, *_agreed_at_init(
-                collective, args, kwargs, comm.size))
+            announce(comm, f"{collective}_init", site, refusal,
+                     *_agreed_at_init(arguments, comm.size))
         finally:
             comm._entry.release()
     elif refusal is not None:
