@@ -75,8 +75,8 @@ class Work:
         """The collective's result, once it has finished.
 
         ``timeout``: seconds (or a ``datetime.timedelta``); 0 asks whether it has
-        finished without waiting (``mpicoll.dist``'s Work takes torch's 0, no limit). Default: the Communicator's timeout, plus
-        ``GRACE`` (its timeout 0: no limit).
+        finished without waiting (``mpicoll.dist``'s Work takes torch's 0, no limit).
+        Default: the Communicator's timeout, plus ``GRACE`` (its timeout 0: no limit).
 
         Raises:
             CollectiveTimeoutError (a TimeoutError): not finished within ``timeout``.
