@@ -166,6 +166,11 @@ def test_check_mode_ranks_making_different_plans_raise_everywhere():
     bad = "nope" if comm.rank == 1 else "ring"
     with pytest.raises(mpicoll.MpicollError, match="unknown all_reduce algorithm"):
         comm.all_reduce_init(np.ones(3), algorithm=bad)
+    # a bad option of a named algorithm on one rank: refused when the plans are made, on
+    # every rank (the others told by a RemoteError naming it), and the next plan is right
+    intra = "bogus" if comm.rank == 1 else "binomial"
+    with pytest.raises(mpicoll.MpicollError, match="intra: expected one of"):
+        comm.all_reduce_init(np.ones(3), algorithm="hierarchical", intra=intra)
     with comm.all_reduce_init(np.ones(3), algorithm="ring") as plan:
         np.testing.assert_array_equal(plan(), np.full(3, float(comm.size)))
         plan.start()
