@@ -213,7 +213,7 @@ def test_a_corrupt_tuning_file_on_rank_0_is_refused_on_every_rank(world, tmp_pat
 
 @pytest.mark.parametrize("algorithm", [*REGISTRY["broadcast"], "native", "auto"])
 def test_broadcast_of_8_kib_with_a_refusing_receiver(world, algorithm):
-    """Past the packed header's 4 KiB the data goes by the algorithm: a non-root refusing
+    """Past the header's packet (1 KiB) the data goes by the algorithm: a non-root refusing
     its receive buffer takes part in the root's items, so every other rank gets the data."""
     data = np.arange(1025.0)
     refuser = world.size - 1

@@ -416,3 +416,29 @@ def test_an_entry_keyword_is_never_part_of_a_key(world):
     held = [k for key in world._decisions for k in key
             if type(k) is tuple and len(k) == 2 and k[0] in entry_keywords]
     assert world._decisions and not held, held
+
+
+@pytest.mark.parametrize(("collective", "algorithm"),
+                         [(c, a) for c in ("broadcast", "scatter")
+                          for a in [*REGISTRY[c], "native", "auto"]])
+def test_sizes_at_the_edge_of_the_packet(world, collective, algorithm):
+    """The root's data fills the header's packet to its last byte, then passes it by one
+    item: each size twice (the whole path, then its decision), every root, receivers with
+    a buffer or None."""
+    limit, p, r = world._backend.packed_bytes, world.size, world.rank
+    edge = limit if collective == "broadcast" else limit // p  # uint8: a byte an item
+    for root in range(p):
+        for count in (edge, edge + 1):
+            shape = (count,) if collective == "broadcast" else (p, count)
+            sent = (np.arange(int(np.prod(shape))) % 251 + root).astype(np.uint8).reshape(shape)
+            assert (sent.nbytes <= limit) == (count == edge)
+            want = sent if collective == "broadcast" else sent[r]
+            for _ in range(2):
+                if collective == "broadcast":
+                    x = sent.copy() if r == root else np.empty(shape, np.uint8) \
+                        if r % 2 else None
+                    got = world.broadcast(x, root, algorithm=algorithm)
+                else:
+                    got = world.scatter(sent.copy() if r == root else None, root,
+                                        algorithm=algorithm)
+                np.testing.assert_array_equal(got, want)
