@@ -55,6 +55,27 @@ def test_every_collective_takes_tensors(world, collective):
         np.testing.assert_array_equal(x.numpy(), np.arange(4))
 
 
+@pytest.mark.parametrize("collective", ["all_reduce", "broadcast", "reduce", "gather",
+                                        "all_gather", "scan"])
+def test_the_same_tensor_called_again_and_again(world, collective):
+    """``comm.all_reduce(t)`` on one tensor in a loop (its view kept, the call's decision
+    kept): a new tensor each time, equal to NumPy's, or the caller's own tensor where the
+    result is its memory (a broadcast), or None (a reduce's non-root)."""
+    x = _x(world, (4,))
+    for step in range(4):
+        x.copy_(_x(world, (4,)) + step)
+        want = getattr(world, collective)(x.numpy().copy())
+        got = getattr(world, collective)(x)
+        if want is None:
+            assert got is None
+        elif collective == "broadcast":
+            assert got is x
+            np.testing.assert_array_equal(x.numpy(), want)
+        else:
+            assert isinstance(got, torch.Tensor) and got.data_ptr() != x.data_ptr()
+            np.testing.assert_array_equal(got.numpy(), want)
+
+
 def test_tensors_numpy_cannot_view_take_the_whole_path(world):
     p = world.size
     grad = torch.ones(3, requires_grad=True)  # its memory, as torch.distributed uses it
