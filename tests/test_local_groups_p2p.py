@@ -175,6 +175,64 @@ def test_sharded_hierarchical_all_reduce_sends_each_shard_between_its_holders_on
             assert outside or len(members) == 1
 
 
+@pytest.mark.parametrize(("size", "per_node"), [(4, 2), (4, 3), (5, 2), (3, 1), (6, 3), (7, 3),
+                                               (8, 4)])
+def test_sharded_hierarchical_reduce_scatter_and_all_gather(monkeypatch, size, per_node):
+    """reduce_scatter's and all_gather's hierarchical_sharded: exact on even and uneven
+    nodes and blocks (the v-variants' counts, empty blocks too), with other phase
+    algorithms; between nodes a rank talks only to the ranks of its column in the others
+    (its place in its node), and a rank past the smallest node's size to none."""
+    monkeypatch.setenv("MPICOLL_RANKS_PER_NODE", str(per_node))
+    node_of = [r // per_node for r in range(size)]
+    members = [[r for r in range(size) if node_of[r] == n] for n in sorted(set(node_of))]
+    shards = min(len(m) for m in members)
+
+    def body(comm):
+        outside, r = set(), comm.rank
+        phases = [{}, {"intra": "recursive_doubling", "inter": "recursive_halving"},
+                  {"intra": "pairwise", "inter": "bine"}]
+        gathers = [{}, {"intra": "bruck", "inter": "recursive_doubling"},
+                   {"intra": "swing", "inter": "ring"}]
+        for k, counts in enumerate([[0] * size, [1] * size, [3] * size,
+                                    [(q * 5) % 4 for q in range(size)],
+                                    [q + 1 for q in range(size)]]):
+            rows = np.arange(sum(counts)) % 11
+            x = (rows + r).astype(np.int64)
+            before = len(comm.trace_events())
+            options = phases[k % 3]
+            got = comm.reduce_scatter(x, counts=counts, algorithm="hierarchical_sharded",
+                                      **options)
+            lo = sum(counts[:r])
+            np.testing.assert_array_equal(got, size * rows[lo:lo + counts[r]] + sum(range(size)))
+            outside |= {e["peer"] for e in comm.trace_events()[before:]
+                        if e.get("kind") in ("send", "recv") and
+                        node_of[e["peer"]] != node_of[r]}
+            mine = (np.arange(counts[r]) + 100 * r).astype(np.float64)
+            got, rows_of = comm.all_gather_v(mine, algorithm="hierarchical_sharded",
+                                             **gathers[k % 3])
+            assert list(rows_of) == counts
+            want = np.concatenate([np.arange(c) + 100.0 * q for q, c in enumerate(counts)])
+            np.testing.assert_array_equal(got, want)  # (its counts' exchange: every rank's)
+        before = len(comm.trace_events())
+        x = np.arange(size * 3.0).reshape(size, 3) + r
+        got = comm.reduce_scatter(x, algorithm="hierarchical_sharded")
+        np.testing.assert_array_equal(got, size * (np.arange(3.0) + 3 * r) + sum(range(size)))
+        got = comm.all_gather(np.full(2, r, np.int32), algorithm="hierarchical_sharded")
+        np.testing.assert_array_equal(got, np.repeat(np.arange(size), 2).reshape(size, 2))
+        return outside | {e["peer"] for e in comm.trace_events()[before:]
+                          if e.get("kind") in ("send", "recv") and
+                          node_of[e["peer"]] != node_of[r]}
+
+    results = run_local(size, body, timeout=20, trace=True)
+    for rank, outside in enumerate(results):
+        place = members[node_of[rank]].index(rank)
+        if place >= shards:
+            assert not outside, (rank, outside)
+        else:
+            assert outside <= {m[place] for m in members}, (rank, outside)
+            assert outside or len(members) == 1
+
+
 def test_hierarchical_phase_options_are_checked():
     def body(comm):
         x = np.ones(4)

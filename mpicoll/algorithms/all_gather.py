@@ -13,6 +13,7 @@ from ..buffers import rotated_bounds
 from ..transport import Transport
 from ..transport.subset import Subset, node_layout
 from . import REGISTRY, register, swing
+from .columns import Columns
 from .fold import Fold
 
 
@@ -240,3 +241,43 @@ def hierarchical_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ..
                     buf[bounds[r]:bounds[r + 1]] = packs[pack_bounds[k]:pack_bounds[k + 1]]
                     k += 1
     REGISTRY["broadcast"][intra].fn(node, buf, 0)
+
+@register("all_gather", "hierarchical_sharded",
+          phases=(("inter", "all_gather", "n/s"), ("intra", "all_gather", "q/s*n")))
+def hierarchical_sharded_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ...], *,
+                                    intra: str = "ring", inter: str = "ring") -> None:
+    """All-gather each shard among the ranks that hold it, one per node (shard j: the
+    blocks of every node's rank j), then all-gather the shards inside each node (the 2-D
+    all-gather of NCCL's and torch's FSDP across nodes): a rank sends 1/q of the data
+    between nodes, and a node's q ranks send theirs at once, where ``hierarchical``
+    sends it all through one leader.
+
+    Steps: the inter algorithm's all_gather among the N holders of a shard, the intra
+    algorithm's among the q ranks of a node (below: ring for both). The shards land
+    packed (``columns``) and are put in rank order last: a copy of the result in memory.
+    On uneven nodes there are s shards, s the smallest node's ranks; a larger node's rank
+    i >= s first sends its block to the holder of shard i mod s (one message more, not
+    counted below). Between nodes the cost counts each of a node's s streams at the
+    link's beta, as if they did not share it.
+    Cost: (N-1)*alpha + (N-1)/N*n/s*beta + (q-1)*alpha_intra + (q-1)/s*n*beta_intra
+    """
+    grid = Columns(t, bounds)
+    with t.workspace() as ws:
+        packed = ws.take(bounds[-1], buf.dtype)  # the blocks shard by shard
+        if grid.holds:
+            j, parts, k = grid.column, grid.part_bounds, grid.node
+            shard = packed[grid.shard_bounds[j]:grid.shard_bounds[j + 1]]
+            at = parts[k]
+            for r in grid.carried:  # this rank's own block, then the others' it carries
+                size = bounds[r + 1] - bounds[r]
+                if r == t.rank:
+                    shard[at:at + size] = buf[bounds[r]:bounds[r + 1]]
+                else:
+                    t.recv(shard[at:at + size], r)
+                at += size
+            if len(grid.members) > 1:
+                REGISTRY["all_gather"][inter].fn(Subset(t, grid.holders), shard, parts)
+        else:  # its column's holder carries its block
+            t.send(buf[bounds[t.rank]:bounds[t.rank + 1]], grid.holder)
+        REGISTRY["all_gather"][intra].fn(Subset(t, grid.mine), packed, grid.node_bounds)
+        grid.unpack(packed, buf)

@@ -14,6 +14,7 @@ from ..ops import Op
 from ..transport import Transport
 from ..transport.subset import Subset, node_layout
 from . import REGISTRY, register, swing
+from .columns import Columns
 from .fold import Fold
 
 
@@ -389,3 +390,51 @@ def hierarchical_reduce_scatter(t: Transport, src: np.ndarray, bounds: tuple[int
                     ours[k:k + size] = partial[bounds[r]:bounds[r + 1]]
                     k += size
         REGISTRY["scatter"][intra].fn(node, ours, dst, mine_bounds, 0)
+
+
+@register("reduce_scatter", "hierarchical_sharded", commutative_only=True,
+          phases=(("intra", "reduce_scatter", "q/s*n"), ("inter", "reduce_scatter", "n/s")))
+def hierarchical_sharded_reduce_scatter(t: Transport, src: np.ndarray, bounds: tuple[int, ...],
+                                        op: Op, dst: np.ndarray, *, intra: str = "ring",
+                                        inter: str = "ring") -> None:
+    """Reduce-scatter inside each node into one shard per rank (shard j: the blocks of
+    every node's rank j), then reduce-scatter each shard among the ranks that hold it, one
+    per node, so that each gets its own block (the 2-D reduce-scatter of NCCL's and
+    torch's FSDP across nodes): a rank sends 1/q of the data between nodes, and a node's q
+    ranks send theirs at once, where ``hierarchical`` sends it all through one leader.
+
+    Steps: the intra algorithm's reduce_scatter among the q ranks of a node, the inter
+    algorithm's among the N holders of a shard (below: ring for both). The blocks are
+    packed shard by shard first (``columns``: a copy of the input in memory). On uneven
+    nodes there are s shards, s the smallest node's ranks; a larger node's rank i >= s
+    gets its block from the holder of shard i mod s (one message more, not counted
+    below). Between nodes the cost counts each of a node's s streams at the link's beta,
+    as if they did not share it.
+    Cost: (q-1)*alpha_intra + (q-1)/s*n*(beta_intra + gamma) + (N-1)*alpha + (N-1)/N*n/s*(beta + gamma)
+    """
+    grid = Columns(t, bounds)
+    with t.workspace() as ws:
+        packed = ws.take(src.size, src.dtype)  # the blocks shard by shard (apart from dst)
+        grid.pack(src, packed)
+        j = grid.column
+        shard = ws.take(grid.shard_bounds[j + 1] - grid.shard_bounds[j] if grid.holds else 0,
+                        src.dtype)
+        REGISTRY["reduce_scatter"][intra].fn(Subset(t, grid.mine), packed, grid.node_bounds,
+                                             op, shard)
+        if not grid.holds:  # its block comes from its column's holder
+            t.recv(dst, grid.holder)
+            return
+        ours = shard  # the blocks of the ranks this column carries, reduced
+        if len(grid.members) > 1:
+            parts, k = grid.part_bounds, grid.node
+            ours = ws.take(parts[k + 1] - parts[k], src.dtype)
+            REGISTRY["reduce_scatter"][inter].fn(Subset(t, grid.holders), shard, parts, op,
+                                                 ours)
+        at = 0
+        for r in grid.carried:  # this rank's own first, then the others' it carries
+            size = bounds[r + 1] - bounds[r]
+            if r == t.rank:
+                dst[...] = ours[at:at + size]
+            else:
+                t.send(ours[at:at + size], r)
+            at += size

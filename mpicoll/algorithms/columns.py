@@ -1,0 +1,76 @@
+"""Each node's ranks dealt into columns: the layout of the sharded hierarchical algorithms.
+
+With s the smallest node's number of ranks, rank i of a node (its ranks in rank order)
+is in column i mod s, and the node's first s ranks hold its s columns. Shard j is column
+j of every node, node after node: the blocks of those ranks, so that one rank per node
+(the holders of shard j) can reduce-scatter or all-gather it between nodes while the
+node's other holders do the same with theirs. On even nodes every rank holds its own
+column (s = q); on uneven ones a larger node's rank i >= s has its block carried by the
+holder of column i mod s.
+
+The blocks are packed shard after shard, node after node, so that each shard, and each
+node's part of it, is one contiguous range of the packed buffer::
+
+    ranks 0 1 2 3 | 4 5 6 7   (2 nodes of 4)   packed: 0 4 | 1 5 | 2 6 | 3 7
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..transport.subset import node_layout
+
+
+class Columns:
+    """This rank's place in the grid of nodes x columns, for blocks cut by ``bounds``."""
+
+    def __init__(self, t: object, bounds: tuple[int, ...]) -> None:
+        mine, _, nodes = node_layout(t)
+        ranks_of: dict[int, list[int]] = {}  # each node's ranks, nodes in order of their first
+        for r, node_of_r in enumerate(nodes):
+            ranks_of.setdefault(node_of_r, []).append(r)
+        self.members = [tuple(group) for group in ranks_of.values()]
+        self.mine = mine  # this node's ranks
+        self.shards = s = min(map(len, self.members))
+        self.local = mine.index(t.rank)  # type: ignore[attr-defined]
+        self.column = self.local % s
+        self.holds = self.local < s  # whether this rank holds its column
+        self.holder = mine[self.column]  # the rank holding this rank's column
+        # the blocks in packed order (shard by shard, node by node), and where each lands
+        self.order = tuple(r for j in range(s) for group in self.members for r in group[j::s])
+        offsets = [0]
+        for r in self.order:
+            offsets.append(offsets[-1] + bounds[r + 1] - bounds[r])
+        self.packed_bounds = tuple(offsets)  # packed_bounds[i]: where order[i]'s block starts
+        # shard j: the order's ranks [first[j], first[j + 1]); node k's part of it: the
+        # ranks of that node in column j
+        first = [0]
+        for j in range(s):
+            first.append(first[-1] + sum(len(group[j::s]) for group in self.members))
+        self.shard_bounds = tuple(offsets[i] for i in first)  # s + 1 offsets
+        # the node's intra-node blocks: shard i for its rank i < s, nothing for the others
+        self.node_bounds = self.shard_bounds + (offsets[-1],) * (len(mine) - s)
+        # shard j's parts (offsets within it), node after node, for this rank's column
+        j, parts = self.column, [0]
+        base, i = offsets[first[self.column]], first[self.column]
+        for group in self.members:
+            i += len(group[j::s])
+            parts.append(offsets[i] - base)
+        self.part_bounds = tuple(parts)  # N + 1 offsets
+        self.holders = tuple(group[j] for group in self.members)  # shard j's, node by node
+        self.node = next(k for k, group in enumerate(self.members) if group == mine)
+        self.carried = mine[self.column::s]  # the ranks whose blocks this column carries,
+        # this rank's holder first
+        self.bounds = bounds
+
+    def pack(self, src: np.ndarray, packed: np.ndarray) -> None:
+        """The blocks of ``src`` (in rank order) into ``packed`` (in packed order)."""
+        bounds, offsets = self.bounds, self.packed_bounds
+        for i, r in enumerate(self.order):
+            packed[offsets[i]:offsets[i + 1]] = src[bounds[r]:bounds[r + 1]]
+
+    def unpack(self, packed: np.ndarray, dst: np.ndarray) -> None:
+        """The blocks of ``packed`` (in packed order) into ``dst`` (in rank order)."""
+        bounds, offsets = self.bounds, self.packed_bounds
+        for i, r in enumerate(self.order):
+            dst[bounds[r]:bounds[r + 1]] = packed[offsets[i]:offsets[i + 1]]
