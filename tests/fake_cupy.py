@@ -437,6 +437,9 @@ class ndarray:  # noqa: N801  (CuPy's name)
     def ravel(self):
         return self.reshape(-1)
 
+    def transpose(self, *axes):
+        return self._view(self._memory.transpose(*axes))
+
     def __getitem__(self, key):
         if isinstance(key, ndarray):
             key = _host_of(key)

@@ -62,15 +62,29 @@ class Columns:
         self.carried = mine[self.column::s]  # the ranks whose blocks this column carries,
         # this rank's holder first
         self.bounds = bounds
+        # N nodes of q consecutive ranks, equal blocks of b: packing is a transpose of
+        # (N, q, b) into (q, N, b), one copy (else one per block)
+        p, q = len(nodes), len(mine)
+        self.grid = (len(self.members), q, bounds[1] - bounds[0]) if p % q == 0 and all(
+            group == tuple(range(k * q, k * q + q)) for k, group in enumerate(self.members)
+        ) and all(bounds[i + 1] - bounds[i] == bounds[1] for i in range(p)) else None
 
     def pack(self, src: np.ndarray, packed: np.ndarray) -> None:
         """The blocks of ``src`` (in rank order) into ``packed`` (in packed order)."""
+        if self.grid is not None:
+            nodes, q, b = self.grid
+            packed.reshape(q, nodes, b)[...] = src.reshape(nodes, q, b).transpose(1, 0, 2)
+            return
         bounds, offsets = self.bounds, self.packed_bounds
         for i, r in enumerate(self.order):
             packed[offsets[i]:offsets[i + 1]] = src[bounds[r]:bounds[r + 1]]
 
     def unpack(self, packed: np.ndarray, dst: np.ndarray) -> None:
         """The blocks of ``packed`` (in packed order) into ``dst`` (in rank order)."""
+        if self.grid is not None:
+            nodes, q, b = self.grid
+            dst.reshape(nodes, q, b)[...] = packed.reshape(q, nodes, b).transpose(1, 0, 2)
+            return
         bounds, offsets = self.bounds, self.packed_bounds
         for i, r in enumerate(self.order):
             dst[bounds[r]:bounds[r + 1]] = packed[offsets[i]:offsets[i + 1]]
