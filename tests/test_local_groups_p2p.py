@@ -131,6 +131,20 @@ def test_nodes_from_ranks_per_node_and_hierarchical_messages_stay_in_their_place
                 assert rank in heads and outside <= heads, (collective, rank, mine)
 
 
+def _between_nodes_by_place_only(outside: list[set], node_of: list[int]) -> None:
+    """Each rank's peers in other nodes (``outside[rank]``) are the ranks of its own place
+    in theirs, and only for places the smallest node has (a rank past them: none)."""
+    members = [[r for r in range(len(node_of)) if node_of[r] == n] for n in sorted(set(node_of))]
+    shards = min(len(m) for m in members)
+    for rank, peers in enumerate(outside):
+        place = members[node_of[rank]].index(rank)
+        if place >= shards:
+            assert not peers, (rank, peers)
+        else:
+            assert peers <= {m[place] for m in members}, (rank, peers)
+            assert peers or len(members) == 1
+
+
 @pytest.mark.parametrize(("size", "per_node"), [(4, 2), (4, 3), (5, 2), (3, 1), (6, 3), (7, 3)])
 def test_sharded_hierarchical_all_reduce_sends_each_shard_between_its_holders_only(
         monkeypatch, size, per_node):
@@ -140,8 +154,6 @@ def test_sharded_hierarchical_all_reduce_sends_each_shard_between_its_holders_on
     and only those places the smallest node has."""
     monkeypatch.setenv("MPICOLL_RANKS_PER_NODE", str(per_node))
     node_of = [r // per_node for r in range(size)]
-    members = [[r for r in range(size) if node_of[r] == n] for n in sorted(set(node_of))]
-    shards = min(len(m) for m in members)
 
     def body(comm):
         outside = set()
@@ -166,13 +178,7 @@ def test_sharded_hierarchical_all_reduce_sends_each_shard_between_its_holders_on
 
     results = run_local(size, body, timeout=20, trace=True)
     assert len({bits for _, bits in results}) == 1  # the same bits on every rank
-    for rank, (outside, _) in enumerate(results):
-        place = members[node_of[rank]].index(rank)
-        if place >= shards:
-            assert not outside, (rank, outside)
-        else:
-            assert outside <= {m[place] for m in members}, (rank, outside)
-            assert outside or len(members) == 1
+    _between_nodes_by_place_only([outside for outside, _ in results], node_of)
 
 
 @pytest.mark.parametrize(("size", "per_node"), [(4, 2), (4, 3), (5, 2), (3, 1), (6, 3), (7, 3),
@@ -184,8 +190,6 @@ def test_sharded_hierarchical_reduce_scatter_and_all_gather(monkeypatch, size, p
     (its place in its node), and a rank past the smallest node's size to none."""
     monkeypatch.setenv("MPICOLL_RANKS_PER_NODE", str(per_node))
     node_of = [r // per_node for r in range(size)]
-    members = [[r for r in range(size) if node_of[r] == n] for n in sorted(set(node_of))]
-    shards = min(len(m) for m in members)
 
     def body(comm):
         outside, r = set(), comm.rank
@@ -224,13 +228,7 @@ def test_sharded_hierarchical_reduce_scatter_and_all_gather(monkeypatch, size, p
                           node_of[e["peer"]] != node_of[r]}
 
     results = run_local(size, body, timeout=20, trace=True)
-    for rank, outside in enumerate(results):
-        place = members[node_of[rank]].index(rank)
-        if place >= shards:
-            assert not outside, (rank, outside)
-        else:
-            assert outside <= {m[place] for m in members}, (rank, outside)
-            assert outside or len(members) == 1
+    _between_nodes_by_place_only(results, node_of)
 
 
 def test_hierarchical_phase_options_are_checked():
