@@ -562,3 +562,45 @@ def test_a_phased_algorithms_cost_line_is_the_sum_of_its_default_phases():
             "broadcast", "linear", n, 8, inside)
         - model.predict("reduce", "binomial", n, 8, inside)
         - model.predict("broadcast", "binomial", n, 8, inside))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_columns_pack_and_unpack_every_layout(seed):
+    """The sharded algorithms' layout (``algorithms.columns``) on random nodes (consecutive,
+    interleaved, uneven) and blocks (empty too): every rank's block packed once, shard by
+    shard and node by node; a shard's parts are its holders' nodes'; a rank's holder is in
+    its node; pack then unpack gives the input back, the one-copy transpose as the loop."""
+    from mpicoll.algorithms.columns import Columns
+
+    rng = np.random.default_rng(seed)
+    p = int(rng.integers(1, 13))
+    if seed % 3 == 0:  # consecutive equal nodes, equal blocks: the transpose
+        q = int(rng.choice([d for d in range(1, p + 1) if p % d == 0]))
+        nodes, counts = [r // q for r in range(p)], [int(rng.integers(0, 4))] * p
+    else:
+        nodes = [int(k) for k in rng.integers(0, int(rng.integers(1, p + 1)), p)]
+        counts = [int(c) for c in rng.integers(0, 4, p)]
+    bounds = tuple(int(b) for b in np.concatenate([[0], np.cumsum(counts)]))
+    src = np.arange(bounds[-1], dtype=np.int64)
+    packings = set()
+    for rank in range(p):
+        mine = tuple(r for r in range(p) if nodes[r] == nodes[rank])
+        grid = Columns(tuple(nodes), mine, rank, bounds)
+        assert sorted(grid.order) == list(range(p))
+        assert grid.holder in mine and grid.holds == (grid.holder == rank)
+        assert grid.carried[0] == grid.holder and (rank in grid.carried)
+        assert [nodes[h] for h in grid.holders] == list(dict.fromkeys(nodes))
+        j = grid.column
+        shard = grid.shard_bounds[j + 1] - grid.shard_bounds[j]
+        assert grid.part_bounds[-1] == shard
+        mine_part = grid.part_bounds[grid.node + 1] - grid.part_bounds[grid.node]
+        assert mine_part == sum(counts[r] for r in grid.carried)
+        packed = np.empty_like(src)
+        grid.pack(src, packed)
+        want = np.concatenate([src[bounds[r]:bounds[r + 1]] for r in grid.order] or [src[:0]])
+        np.testing.assert_array_equal(packed, want)
+        back = np.full_like(src, -1)
+        grid.unpack(packed, back)
+        np.testing.assert_array_equal(back, src)
+        packings.add(packed.tobytes())
+    assert len(packings) == 1  # every rank packs alike

@@ -13,7 +13,7 @@ from ..buffers import rotated_bounds
 from ..transport import Transport
 from ..transport.subset import Subset, node_layout
 from . import REGISTRY, register, swing
-from .columns import Columns
+from .columns import columns
 from .fold import Fold
 
 
@@ -261,7 +261,7 @@ def hierarchical_sharded_all_gather(t: Transport, buf: np.ndarray, bounds: tuple
     link's beta, as if they did not share it.
     Cost: (N-1)*alpha + (N-1)/N*n/s*beta + (q-1)*alpha_intra + (q-1)/s*n*beta_intra
     """
-    grid = Columns(t, bounds)
+    grid = columns(t, bounds)
     with t.workspace() as ws:
         packed = ws.take(bounds[-1], buf.dtype)  # the blocks shard by shard
         if grid.holds:

@@ -16,23 +16,39 @@ node's part of it, is one contiguous range of the packed buffer::
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..transport.subset import node_layout
 
 
-class Columns:
-    """This rank's place in the grid of nodes x columns, for blocks cut by ``bounds``."""
+def columns(t: object, bounds: tuple[int, ...]) -> Columns:
+    """This rank's ``Columns`` for blocks cut by ``bounds`` (made once per layout: a plan
+    and a repeated call find it again)."""
+    mine, _, nodes = node_layout(t)
+    return _columns(nodes, mine, t.rank, tuple(bounds))  # type: ignore[attr-defined]
 
-    def __init__(self, t: object, bounds: tuple[int, ...]) -> None:
-        mine, _, nodes = node_layout(t)
+
+@functools.lru_cache(maxsize=64)
+def _columns(nodes: tuple[int, ...], mine: tuple[int, ...], rank: int,
+             bounds: tuple[int, ...]) -> Columns:
+    return Columns(nodes, mine, rank, bounds)
+
+
+class Columns:
+    """This rank's place in the grid of nodes x columns, for blocks cut by ``bounds``
+    (``nodes``: each rank's node; ``mine``: this rank's node's ranks)."""
+
+    def __init__(self, nodes: tuple[int, ...], mine: tuple[int, ...], rank: int,
+                 bounds: tuple[int, ...]) -> None:
         ranks_of: dict[int, list[int]] = {}  # each node's ranks, nodes in order of their first
         for r, node_of_r in enumerate(nodes):
             ranks_of.setdefault(node_of_r, []).append(r)
         self.members = [tuple(group) for group in ranks_of.values()]
         self.mine = mine  # this node's ranks
         self.shards = s = min(map(len, self.members))
-        self.local = mine.index(t.rank)  # type: ignore[attr-defined]
+        self.local = mine.index(rank)
         self.column = self.local % s
         self.holds = self.local < s  # whether this rank holds its column
         self.holder = mine[self.column]  # the rank holding this rank's column
@@ -62,16 +78,18 @@ class Columns:
         self.carried = mine[self.column::s]  # the ranks whose blocks this column carries,
         # this rank's holder first
         self.bounds = bounds
-        # N nodes of q consecutive ranks, equal blocks of b: packing is a transpose of
-        # (N, q, b) into (q, N, b), one copy (else one per block)
-        p, q = len(nodes), len(mine)
-        self.grid = (len(self.members), q, bounds[1] - bounds[0]) if p % q == 0 and all(
-            group == tuple(range(k * q, k * q + q)) for k, group in enumerate(self.members)
-        ) and all(bounds[i + 1] - bounds[i] == bounds[1] for i in range(p)) else None
+        # N nodes of q consecutive ranks each (rank r on node r // q), equal blocks of b:
+        # packing is a transpose of (N, q, b) into (q, N, b), one copy (else one per block)
+        p, q, b = len(nodes), self.shards, bounds[1] - bounds[0]
+        consecutive = all(group == tuple(range(k * q, k * q + q))
+                          for k, group in enumerate(self.members))
+        equal = all(bounds[i + 1] - bounds[i] == b for i in range(p))
+        self.grid = (len(self.members), q, b) if consecutive and equal else None
 
     def pack(self, src: np.ndarray, packed: np.ndarray) -> None:
         """The blocks of ``src`` (in rank order) into ``packed`` (in packed order)."""
-        if self.grid is not None:
+        if self.grid is not None and packed.flags.c_contiguous and src.flags.c_contiguous:
+            # (reshape gives views of contiguous arrays: the copy lands in packed itself)
             nodes, q, b = self.grid
             packed.reshape(q, nodes, b)[...] = src.reshape(nodes, q, b).transpose(1, 0, 2)
             return
@@ -81,7 +99,7 @@ class Columns:
 
     def unpack(self, packed: np.ndarray, dst: np.ndarray) -> None:
         """The blocks of ``packed`` (in packed order) into ``dst`` (in rank order)."""
-        if self.grid is not None:
+        if self.grid is not None and packed.flags.c_contiguous and dst.flags.c_contiguous:
             nodes, q, b = self.grid
             dst.reshape(nodes, q, b)[...] = packed.reshape(q, nodes, b).transpose(1, 0, 2)
             return

@@ -14,7 +14,7 @@ from ..ops import Op
 from ..transport import Transport
 from ..transport.subset import Subset, node_layout
 from . import REGISTRY, register, swing
-from .columns import Columns
+from .columns import columns
 from .fold import Fold
 
 
@@ -412,7 +412,7 @@ def hierarchical_sharded_reduce_scatter(t: Transport, src: np.ndarray, bounds: t
     as if they did not share it.
     Cost: (q-1)*alpha_intra + (q-1)/s*n*(beta_intra + gamma) + (N-1)*alpha + (N-1)/N*n/s*(beta + gamma)
     """
-    grid = Columns(t, bounds)
+    grid = columns(t, bounds)
     with t.workspace() as ws:
         packed = ws.take(src.size, src.dtype)  # the blocks shard by shard (apart from dst)
         grid.pack(src, packed)
