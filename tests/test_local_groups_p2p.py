@@ -182,7 +182,7 @@ def test_sharded_hierarchical_all_reduce_sends_each_shard_between_its_holders_on
 
 
 @pytest.mark.parametrize(("size", "per_node"), [(4, 2), (4, 3), (5, 2), (3, 1), (6, 3), (7, 3),
-                                               (8, 4)])
+                                               (8, 4), (5, 3), (7, 4)])
 def test_sharded_hierarchical_reduce_scatter_and_all_gather(monkeypatch, size, per_node):
     """reduce_scatter's and all_gather's hierarchical_sharded: exact on even and uneven
     nodes and blocks (the v-variants' counts, empty blocks too), with other phase
@@ -229,6 +229,36 @@ def test_sharded_hierarchical_reduce_scatter_and_all_gather(monkeypatch, size, p
 
     results = run_local(size, body, timeout=20, trace=True)
     _between_nodes_by_place_only(results, node_of)
+
+
+@pytest.mark.parametrize("node_of", [(0, 1, 0, 1, 0), (2, 0, 1, 2, 0, 1, 2), (1, 0, 1, 0, 1, 0),
+                                     (0, 0, 1, 1, 1, 0, 2, 2)])
+def test_sharded_hierarchical_on_nodes_whose_ranks_interleave(node_of):
+    """Ranks dealt to nodes in turn (srun's cyclic distribution): reduce_scatter's,
+    all_gather's and all_reduce's hierarchical_sharded are exact, and talk between nodes
+    only by place (the nodes as the Communicator would have agreed them)."""
+    size = len(node_of)
+
+    def body(comm):
+        comm._backend.transport.nodes = node_of  # (as agree.environment sets it)
+        r, outside = comm.rank, set()
+        before = len(comm.trace_events())
+        counts = [(q * 3) % 4 for q in range(size)]
+        x = (np.arange(sum(counts)) % 9 + r).astype(np.int32)
+        got = comm.reduce_scatter(x, counts=counts, algorithm="hierarchical_sharded",
+                                  intra="recursive_halving", inter="pairwise")
+        lo = sum(counts[:r])
+        np.testing.assert_array_equal(got, size * (np.arange(sum(counts)) % 9)[lo:lo + counts[r]]
+                                      + sum(range(size)))
+        got = comm.all_gather(np.full(3, r, np.int16), algorithm="hierarchical_sharded",
+                              intra="bruck", inter="recursive_doubling")
+        np.testing.assert_array_equal(got, np.repeat(np.arange(size), 3).reshape(size, 3))
+        got = comm.all_reduce(np.arange(10) + r, algorithm="hierarchical_sharded")
+        np.testing.assert_array_equal(got, size * np.arange(10) + sum(range(size)))
+        return outside | {e["peer"] for e in comm.trace_events()[before:]
+                          if e.get("kind") in ("send", "recv") and node_of[e["peer"]] != node_of[r]}
+
+    _between_nodes_by_place_only(run_local(size, body, timeout=20, trace=True), list(node_of))
 
 
 def test_hierarchical_phase_options_are_checked():

@@ -57,12 +57,17 @@ def test_every_collective_takes_tensors(world, collective):
 
 @pytest.mark.parametrize("collective", ["all_reduce", "broadcast", "reduce", "gather",
                                         "all_gather", "scan"])
-def test_the_same_tensor_called_again_and_again(world, collective):
+def test_the_same_tensor_called_again_and_again(world, collective, monkeypatch):
     """``comm.all_reduce(t)`` on one tensor in a loop (its view kept, the call's decision
     kept): a new tensor each time, equal to NumPy's, or the caller's own tensor where the
-    result is its memory (a broadcast), or None (a reduce's non-root)."""
+    result is its memory (a broadcast), or None (a reduce's non-root); from the second
+    call on without the longer ways' conversion (``decided.to_caller``)."""
+    from mpicoll.pipeline import decided
+
     x = _x(world, (4,))
     for step in range(4):
+        if step == 2:  # the view and the decision are kept by now
+            monkeypatch.setattr(decided, "to_caller", lambda *args: pytest.fail("longer way"))
         x.copy_(_x(world, (4,)) + step)
         want = getattr(world, collective)(x.numpy().copy())
         got = getattr(world, collective)(x)

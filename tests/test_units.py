@@ -586,10 +586,18 @@ def test_columns_pack_and_unpack_every_layout(seed):
     for rank in range(p):
         mine = tuple(r for r in range(p) if nodes[r] == nodes[rank])
         grid = Columns(tuple(nodes), mine, rank, bounds)
+        assert grid.transposed is not None or seed % 3  # (a random layout may be one too)
         assert sorted(grid.order) == list(range(p))
+        # shard by shard (a rank's place in its node mod s), node by node within a shard
+        members = [[r for r in range(p) if nodes[r] == k] for k in dict.fromkeys(nodes)]
+        s = min(map(len, members))
+        assert list(grid.order) == [r for j in range(s) for group in members
+                                    for r in group if group.index(r) % s == j]
         assert grid.holder in mine and grid.holds == (grid.holder == rank)
         assert grid.carried[0] == grid.holder and (rank in grid.carried)
         assert [nodes[h] for h in grid.holders] == list(dict.fromkeys(nodes))
+        assert grid.holders[grid.node] == grid.holder
+        assert grid.node_bounds == grid.shard_bounds + (bounds[-1],) * (len(mine) - s)
         j = grid.column
         shard = grid.shard_bounds[j + 1] - grid.shard_bounds[j]
         assert grid.part_bounds[-1] == shard

@@ -247,10 +247,10 @@ def hierarchical_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ..
 def hierarchical_sharded_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ...], *,
                                     intra: str = "ring", inter: str = "ring") -> None:
     """All-gather each shard among the ranks that hold it, one per node (shard j: the
-    blocks of every node's rank j), then all-gather the shards inside each node (the 2-D
-    all-gather of NCCL's and torch's FSDP across nodes): a rank sends 1/q of the data
-    between nodes, and a node's q ranks send theirs at once, where ``hierarchical``
-    sends it all through one leader.
+    blocks of every node's rank j), then all-gather the shards inside each node (two
+    hops, as MiCS's hierarchical all-gather for sharded training across nodes, Zhang et
+    al. 2022): a rank sends 1/q of the data between nodes, and a node's q ranks send
+    theirs at once, where ``hierarchical`` sends it all through one leader.
 
     Steps: the inter algorithm's all_gather among the N holders of a shard, the intra
     algorithm's among the q ranks of a node (below: ring for both). The shards land
@@ -262,6 +262,9 @@ def hierarchical_sharded_all_gather(t: Transport, buf: np.ndarray, bounds: tuple
     Cost: (N-1)*alpha + (N-1)/N*n/s*beta + (q-1)*alpha_intra + (q-1)/s*n*beta_intra
     """
     grid = columns(t, bounds)
+    if len(grid.members) == 1:  # one node: its ranks' blocks are its shards, in order
+        REGISTRY["all_gather"][intra].fn(t, buf, bounds)
+        return
     with t.workspace() as ws:
         packed = ws.take(bounds[-1], buf.dtype)  # the blocks shard by shard
         if grid.holds:
@@ -275,8 +278,7 @@ def hierarchical_sharded_all_gather(t: Transport, buf: np.ndarray, bounds: tuple
                 else:
                     t.recv(shard[at:at + size], r)
                 at += size
-            if len(grid.members) > 1:
-                REGISTRY["all_gather"][inter].fn(Subset(t, grid.holders), shard, parts)
+            REGISTRY["all_gather"][inter].fn(Subset(t, grid.holders), shard, parts)
         else:  # its column's holder carries its block
             t.send(buf[bounds[t.rank]:bounds[t.rank + 1]], grid.holder)
         REGISTRY["all_gather"][intra].fn(Subset(t, grid.mine), packed, grid.node_bounds)

@@ -17,17 +17,18 @@ node's part of it, is one contiguous range of the packed buffer::
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 
 from ..transport.subset import node_layout
 
 
-def columns(t: object, bounds: tuple[int, ...]) -> Columns:
+def columns(t: Any, bounds: tuple[int, ...]) -> Columns:
     """This rank's ``Columns`` for blocks cut by ``bounds`` (made once per layout: a plan
     and a repeated call find it again)."""
     mine, _, nodes = node_layout(t)
-    return _columns(nodes, mine, t.rank, tuple(bounds))  # type: ignore[attr-defined]
+    return _columns(nodes, mine, t.rank, tuple(bounds))
 
 
 @functools.lru_cache(maxsize=64)
@@ -45,7 +46,7 @@ class Columns:
         ranks_of: dict[int, list[int]] = {}  # each node's ranks, nodes in order of their first
         for r, node_of_r in enumerate(nodes):
             ranks_of.setdefault(node_of_r, []).append(r)
-        self.members = [tuple(group) for group in ranks_of.values()]
+        self.members = tuple(tuple(group) for group in ranks_of.values())
         self.mine = mine  # this node's ranks
         self.shards = s = min(map(len, self.members))
         self.local = mine.index(rank)
@@ -68,29 +69,30 @@ class Columns:
         self.node_bounds = self.shard_bounds + (offsets[-1],) * (len(mine) - s)
         # shard j's parts (offsets within it), node after node, for this rank's column
         j, parts = self.column, [0]
-        base, i = offsets[first[self.column]], first[self.column]
+        base, i = offsets[first[j]], first[j]
         for group in self.members:
             i += len(group[j::s])
             parts.append(offsets[i] - base)
         self.part_bounds = tuple(parts)  # N + 1 offsets
         self.holders = tuple(group[j] for group in self.members)  # shard j's, node by node
         self.node = next(k for k, group in enumerate(self.members) if group == mine)
-        self.carried = mine[self.column::s]  # the ranks whose blocks this column carries,
-        # this rank's holder first
+        # the ranks whose blocks this rank's column carries, its holder first
+        self.carried = mine[self.column::s]
         self.bounds = bounds
         # N nodes of q consecutive ranks each (rank r on node r // q), equal blocks of b:
         # packing is a transpose of (N, q, b) into (q, N, b), one copy (else one per block)
-        p, q, b = len(nodes), self.shards, bounds[1] - bounds[0]
+        p, q, b = len(nodes), len(mine), bounds[1] - bounds[0]
         consecutive = all(group == tuple(range(k * q, k * q + q))
                           for k, group in enumerate(self.members))
         equal = all(bounds[i + 1] - bounds[i] == b for i in range(p))
-        self.grid = (len(self.members), q, b) if consecutive and equal else None
+        self.transposed = (len(self.members), q, b) if consecutive and equal else None
 
     def pack(self, src: np.ndarray, packed: np.ndarray) -> None:
         """The blocks of ``src`` (in rank order) into ``packed`` (in packed order)."""
-        if self.grid is not None and packed.flags.c_contiguous and src.flags.c_contiguous:
+        if self.transposed is not None and packed.flags.c_contiguous and \
+                src.flags.c_contiguous:
             # (reshape gives views of contiguous arrays: the copy lands in packed itself)
-            nodes, q, b = self.grid
+            nodes, q, b = self.transposed
             packed.reshape(q, nodes, b)[...] = src.reshape(nodes, q, b).transpose(1, 0, 2)
             return
         bounds, offsets = self.bounds, self.packed_bounds
@@ -99,8 +101,9 @@ class Columns:
 
     def unpack(self, packed: np.ndarray, dst: np.ndarray) -> None:
         """The blocks of ``packed`` (in packed order) into ``dst`` (in rank order)."""
-        if self.grid is not None and packed.flags.c_contiguous and dst.flags.c_contiguous:
-            nodes, q, b = self.grid
+        if self.transposed is not None and packed.flags.c_contiguous and \
+                dst.flags.c_contiguous:
+            nodes, q, b = self.transposed
             dst.reshape(nodes, q, b)[...] = packed.reshape(q, nodes, b).transpose(1, 0, 2)
             return
         bounds, offsets = self.bounds, self.packed_bounds

@@ -399,9 +399,10 @@ def hierarchical_sharded_reduce_scatter(t: Transport, src: np.ndarray, bounds: t
                                         inter: str = "ring") -> None:
     """Reduce-scatter inside each node into one shard per rank (shard j: the blocks of
     every node's rank j), then reduce-scatter each shard among the ranks that hold it, one
-    per node, so that each gets its own block (the 2-D reduce-scatter of NCCL's and
-    torch's FSDP across nodes): a rank sends 1/q of the data between nodes, and a node's q
-    ranks send theirs at once, where ``hierarchical`` sends it all through one leader.
+    per node, so that each gets its own block (two hops, as the hierarchical collectives
+    of MiCS for sharded training across nodes, Zhang et al. 2022): a rank sends 1/q of
+    the data between nodes, and a node's q ranks send theirs at once, where
+    ``hierarchical`` sends it all through one leader.
 
     Steps: the intra algorithm's reduce_scatter among the q ranks of a node, the inter
     algorithm's among the N holders of a shard (below: ring for both). The blocks are
@@ -413,8 +414,11 @@ def hierarchical_sharded_reduce_scatter(t: Transport, src: np.ndarray, bounds: t
     Cost: (q-1)*alpha_intra + (q-1)/s*n*(beta_intra + gamma) + (N-1)*alpha + (N-1)/N*n/s*(beta + gamma)
     """
     grid = columns(t, bounds)
+    if len(grid.members) == 1:  # one node: its ranks' blocks are its shards, in order
+        REGISTRY["reduce_scatter"][intra].fn(t, src, bounds, op, dst)
+        return
     with t.workspace() as ws:
-        packed = ws.take(src.size, src.dtype)  # the blocks shard by shard (apart from dst)
+        packed = ws.take(bounds[-1], src.dtype)  # the blocks shard by shard (apart from dst)
         grid.pack(src, packed)
         j = grid.column
         shard = ws.take(grid.shard_bounds[j + 1] - grid.shard_bounds[j] if grid.holds else 0,
@@ -424,12 +428,9 @@ def hierarchical_sharded_reduce_scatter(t: Transport, src: np.ndarray, bounds: t
         if not grid.holds:  # its block comes from its column's holder
             t.recv(dst, grid.holder)
             return
-        ours = shard  # the blocks of the ranks this column carries, reduced
-        if len(grid.members) > 1:
-            parts, k = grid.part_bounds, grid.node
-            ours = ws.take(parts[k + 1] - parts[k], src.dtype)
-            REGISTRY["reduce_scatter"][inter].fn(Subset(t, grid.holders), shard, parts, op,
-                                                 ours)
+        parts, k = grid.part_bounds, grid.node
+        ours = ws.take(parts[k + 1] - parts[k], src.dtype)  # the blocks this column carries
+        REGISTRY["reduce_scatter"][inter].fn(Subset(t, grid.holders), shard, parts, op, ours)
         at = 0
         for r in grid.carried:  # this rank's own first, then the others' it carries
             size = bounds[r + 1] - bounds[r]

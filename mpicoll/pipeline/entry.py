@@ -119,7 +119,8 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                     if prepared is not None and view.flags.c_contiguous:
                         args = (view,)
                         result = prepared(getframe(1), view, None, args, kwargs)
-                        # (its own memory: a broadcast's receive buffer)
+                        # a result that is the view itself (a broadcast's buffer): the
+                        # caller's own tensor; a new array: a tensor over it
                         return tensor if result is view else to_torch(result)
                 args = (view, *args[1:])
                 if plain and decisions is not None and view.flags.c_contiguous:
