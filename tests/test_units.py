@@ -612,3 +612,20 @@ def test_columns_pack_and_unpack_every_layout(seed):
         np.testing.assert_array_equal(back, src)
         packings.add(packed.tobytes())
     assert len(packings) == 1  # every rank packs alike
+
+
+def test_same_memory_is_the_same_bytes_exactly():
+    """In place is the same start and size: overlapping views of one size that start
+    apart are not (the quick answer from the bounds must not say so); a view of the same
+    bytes through another shape or dtype is."""
+    from mpicoll.buffers.arrays import same_memory
+
+    buf = np.arange(16, dtype=np.float32)
+    assert same_memory(buf[2:6], buf[2:6])
+    assert same_memory(buf[2:6], buf[2:6].view(np.int32).reshape(2, 2))
+    assert not same_memory(buf[2:6], buf[3:7])  # overlapping, one element apart
+    assert not same_memory(buf[2:6], buf[2:7])  # same start, another size
+    assert not same_memory(buf[2:6], buf.copy()[2:6])
+    assert same_memory(buf[4:4], buf[4:4])
+    rows = buf.reshape(4, 4)
+    assert same_memory(rows[1], buf[4:8]) and not same_memory(rows[1], rows[:, 1])

@@ -656,6 +656,7 @@ def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
     fn = name = None
     if not packed:
         fn, name = _resolve(c, "broadcast", algorithm, nbytes, None, options, None)
+        fn = _direct(c, fn, name)
     end = agree.HEADER_BYTES + nbytes
     # the data's place in the packet, as the caller's array (a view made once)
     payload = packet[agree.HEADER_BYTES:end].view(dtype).reshape(shape) if packed else None
@@ -782,6 +783,7 @@ def _scatter(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
     name = "packet"
     if not in_packet:
         fn, name = _resolve(c, "scatter", algorithm, nbytes, None, options, None)
+        fn = _direct(c, fn, name)
     lo, hi = bounds[rank], bounds[rank + 1]
     first, last_byte = (agree.HEADER_BYTES + i * dtype.itemsize for i in (lo, hi))
     end = agree.HEADER_BYTES + nbytes
