@@ -94,11 +94,10 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                             (name, x.shape, x.dtype, args[1:])
                     else:
                         given = takes_out and "out" in kwargs
-                        out = kwargs["out"] if given else None
+                        if given:  # (prepared takes it apart from kwargs; put back below)
+                            out = kwargs.pop("out")
                         if out is None or type(out) is ndarray:
-                            rest = tuple(kwargs.items()) if not given else () if len(
-                                kwargs) == 1 else tuple(item for item in kwargs.items()
-                                                        if item[0] != "out")
+                            rest = tuple(kwargs.items()) if kwargs else ()
                             key = (name, x.shape, x.dtype, args[1:], *rest) if rest else \
                                 (name, x.shape, x.dtype, args[1:])
                             for item in rest:
@@ -107,9 +106,9 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                                     break
                     prepared = None if key is None else decisions.get(key, DECLINED).call
                     if prepared is not None:
-                        if given:
-                            del kwargs["out"]  # (prepared takes it apart from kwargs)
                         return prepared(getframe(1), x, out, args, kwargs)
+                    if given:  # (as the caller gave it, for the longer way)
+                        kwargs["out"] = out
             elif x is not None and (view := kept_view(x)) is not None:
                 # a small torch CPU tensor: the same, on its NumPy view (kept since an
                 # earlier call), the result given back as torch's (decided.to_caller)
