@@ -148,6 +148,65 @@ def node_of(ranks: int, ranks_per_node: int | None) -> tuple[int, ...]:
     return tuple(0 if ranks_per_node is None else r // ranks_per_node for r in range(ranks))
 
 
+def _follow_workspace(per_rank: list[list[dict[str, Any]]], chunk_bytes: int) -> None:
+    """Name the chunk of each message in a rank's workspace (the tracer names none there:
+    chunk None, ``offset`` its place in the workspace), by following the data: a receive
+    carries its sender's message's chunk; a reduction into the workspace, the chunk of an
+    operand that has one; a send from bytes an earlier receive or reduction of the rank
+    wrote carries the chunk at its place there (chunks of ``chunk_bytes``). What the rank
+    copied into its workspace itself stays unnamed."""
+    sends: dict[tuple[int, int], list[dict]] = {}
+    recvs: dict[tuple[int, int], list[dict]] = {}
+    for events in per_rank:
+        for e in events:
+            if e["kind"] != "reduce":
+                pair = (e["rank"], e["peer"]) if e["kind"] == "send" else (e["peer"], e["rank"])
+                (sends if e["kind"] == "send" else recvs).setdefault(pair, []).append(e)
+    # the k-th message from s to d is the k-th that d receives from s
+    sender = {id(r): s for pair, rs in recvs.items()
+              for r, s in zip(rs, sends.get(pair, []), strict=False)}
+    unnamed = {id(e) for events in per_rank for e in events
+               if e["kind"] != "reduce" and e["chunk"] is None}
+
+    def written(landed: dict, lo: int, hi: int) -> int | None:
+        """The chunk at lo..hi of what the rank last wrote there."""
+        return next((c + (lo - a) // chunk_bytes for (a, b), c in reversed(landed.items())
+                     if c is not None and a <= lo and hi <= b
+                     and (lo - a) % chunk_bytes == 0), None)
+
+    def write(landed: dict, lo: int, hi: int, chunk: int | None) -> None:
+        for place in [p for p in landed if p[0] < hi and lo < p[1]]:
+            del landed[place]  # overwritten
+        if hi > lo:
+            landed[(lo, hi)] = chunk
+
+    for _ in range(len(unnamed) + 1):  # each pass names at least one more, or none is left
+        changed = False
+        for events in per_rank:
+            landed: dict[tuple[int, int], int | None] = {}  # (offset, end): its chunk
+            for e in events:
+                lo = e["offset"]
+                if e["kind"] == "reduce":
+                    if e["chunk"] is None and e.get("sources"):
+                        hi = lo + e["bytes"]
+                        named = [c if c is not None else written(landed, o, o + e["bytes"])
+                                 for c, o in e["sources"]]
+                        write(landed, lo, hi, next((c for c in named if c is not None), None))
+                    continue
+                if id(e) not in unnamed:
+                    continue
+                hi = lo + e["bytes"]
+                if e["kind"] == "recv":
+                    chunk = sender[id(e)]["chunk"] if id(e) in sender else None
+                    write(landed, lo, hi, chunk)
+                else:
+                    chunk = written(landed, lo, hi)
+                if chunk != e["chunk"]:
+                    e["chunk"], changed = chunk, True
+        if not changed:
+            return
+
+
 def trace_flow(collective: str, algorithm: str, ranks: int, per_chunk: int = 4,
                ranks_per_node: int | None = None) -> Flow:
     """Run the call once, traced, on the local transport (with nodes of
@@ -161,6 +220,8 @@ def trace_flow(collective: str, algorithm: str, ranks: int, per_chunk: int = 4,
     with _ranks_per_node(ranks_per_node):
         traced = run_local(ranks, _run, collective, algorithm, per_chunk, timeout=30,
                            trace=True)
+    _follow_workspace([[e for e in events if e["kind"] in ("send", "recv", "reduce")]
+                       for events in traced], per_chunk * np.dtype(np.float32).itemsize)
     # a receive is reduced when the rank's next event after it is a reduction
     reduced: set[int] = set()
     holds: dict[int, int | None] = {}

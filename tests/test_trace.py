@@ -54,6 +54,23 @@ def test_chunks_of_the_ring_follow_the_textbook():
             assert chunk == (sender - 1 - k) % 4  # chunk r - 1 starts the ring at rank r
 
 
+def test_chunks_staged_in_the_workspace_follow_the_textbook():
+    """Partial sums that an algorithm keeps in its workspace (ring reduce_scatter's pair
+    of buffers, recursive halving's window) carry the chunk the data came as: ring's
+    reduce-scatter is the same steps as ring all_reduce's first phase, and recursive
+    halving at rank r sends the half of its window it does not keep, then a quarter."""
+    ring = viz.flow("reduce_scatter", "ring", 4)
+    assert ring == viz.flow("all_reduce", "ring", 4)[:3]
+    for k, messages in enumerate(viz.flow("reduce_scatter", "recursive_halving", 8)):
+        half = 8 >> (k + 1)  # chunks sent at step k+1: the other half of the window
+        for sender, receiver, chunk, nbytes in messages:
+            assert receiver == sender ^ half and nbytes == 16 * half
+            window = sender & ~(2 * half - 1)  # the window's first chunk at this step
+            assert chunk == window + (half if sender & half == 0 else 0), (k, sender, chunk)
+    flow = viz.trace_flow("all_reduce", "rabenseifner", 8)
+    assert flow.owner_note() == "then rank r holds chunk r reduced"
+
+
 def test_tree_rounds_and_ascii():
     steps = viz.flow("broadcast", "binomial", 8)
     assert [len(m) for m in steps] == [1, 2, 4]  # a binomial tree doubles each round

@@ -11,7 +11,8 @@ Every point-to-point message of every collective call is recorded on every rank
 (collective, algorithm, call, step, peer, bytes, chunk, start, end), and every reduction
 (its time). ``step`` is the message's order among this rank's sends (or receives) in the
 call; ``chunk`` is where the message lies in the buffer it is a view of, counted in p
-equal chunks of that buffer (the tutorials' chunk numbers for ring and friends). The
+equal chunks of that buffer (the tutorials' chunk numbers for ring and friends; None for
+the transport's workspace, where ``offset`` is the message's place in it). The
 merged file is Chrome's trace event format, which Perfetto (ui.perfetto.dev) and
 chrome://tracing open: one process per rank, with tracks for calls, messages and
 reductions. Clocks are aligned to rank 0's by a ping-pong estimate (the offset at the
@@ -41,14 +42,18 @@ def _bounds(nbytes: int, parts: int) -> tuple[int, ...]:
     return chunk_bounds(nbytes, parts)
 
 
-def _chunk(buf: Any, parts: int) -> tuple[int | None, int]:
-    """(chunk index, byte offset) of ``buf`` in the array it is a view of."""
+def _chunk(buf: Any, parts: int, workspace: tuple = ()) -> tuple[int | None, int]:
+    """(chunk index, byte offset) of ``buf`` in the array it is a view of; in the
+    transport's ``workspace`` (its arenas), no chunk of the caller's buffers: (None, its
+    offset there)."""
     if type(buf) is not np.ndarray:
         return None, 0
     base = buf
     while isinstance(base.base, np.ndarray):
         base = base.base
     offset = buf.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    if any(base is arena for arena in workspace):
+        return None, offset
     if base.nbytes == 0 or parts < 1:
         return 0, offset
     return bisect.bisect_right(_bounds(base.nbytes, parts), offset) - 1, offset
@@ -74,7 +79,9 @@ class Tracer:
         self._sent = self._received = 0
         self._start = 0.0
         self._timed_ops: dict[Any, Any] = {}
-        self._unplaced: list[tuple[list[Any], Any]] = []  # this call's (message, buffer)
+        # this call's (message, its buffer) and (reduction, its operands and result)
+        self._unplaced: list[tuple[list[Any], Any]] = []
+        self.transport: Any = None  # the traced transport (its workspace is no chunk)
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -86,8 +93,9 @@ class Tracer:
             event["rank"] = self.rank
             if kind == "call":
                 event["nbytes"] = record[7]
-            elif kind == "reduce":
-                event["bytes"] = record[7]
+            elif kind == "reduce":  # its result's place, and its operands' (chunk, offset)
+                event["bytes"], event["chunk"], event["offset"] = record[7], record[8], record[9]
+                event["sources"] = record[10]
             self._events.append(event)
         return self._events
 
@@ -103,8 +111,15 @@ class Tracer:
     def end_call(self) -> None:
         self._records.append(["call", self.collective, self.algorithm, self.calls,
                               self._start, time.perf_counter(), _CALL, self.nbytes])
+        arenas = getattr(self.transport, "arenas", None)
+        workspace = arenas() if arenas is not None else ()
         for record, buf in self._unplaced:  # after the call: not inside the times recorded
-            record[10], record[11] = _chunk(buf, self.size)
+            if record[0] == "reduce":  # (buf: its operands and result)
+                a, b, out = buf
+                record[8], record[9] = _chunk(out, self.size, workspace)
+                record[10] = [_chunk(a, self.size, workspace), _chunk(b, self.size, workspace)]
+            else:
+                record[10], record[11] = _chunk(buf, self.size, workspace)
         self._unplaced.clear()
 
     def message(self, kind: str, buf: Any, peer: int, start: float, end: float) -> list:
@@ -118,9 +133,13 @@ class Tracer:
         self._unplaced.append((record, buf))
         return record
 
-    def reduction(self, nbytes: int, start: float, end: float) -> None:
-        self._records.append(["reduce", self.collective, self.algorithm, self.calls,
-                              start, end, _REDUCE, nbytes])
+    def reduction(self, nbytes: int, start: float, end: float, operands: tuple = ()) -> None:
+        """A reduction of ``operands`` (a, b, out) took start..end (placed at end_call)."""
+        record = ["reduce", self.collective, self.algorithm, self.calls, start, end, _REDUCE,
+                  nbytes, None, 0, []]  # out's chunk and offset, a's and b's: at end_call
+        self._records.append(record)
+        if operands:
+            self._unplaced.append((record, operands))
 
 
 class _Posted:
@@ -137,6 +156,7 @@ class TracingTransport:
 
     def __init__(self, inner: Any, tracer: Tracer) -> None:
         self._inner, self._tracer = inner, tracer
+        tracer.transport = inner
 
     def __getattr__(self, name: str) -> Any:  # rank, size, begin, scratch, comm ...
         return getattr(self._inner, name)
@@ -236,7 +256,7 @@ def timed_op(op: Any, tracer: Tracer) -> Any:
         def fn(a: Any, b: Any, out: Any) -> None:
             start = time.perf_counter()
             op(a, b, out)
-            tracer.reduction(int(out.nbytes), start, time.perf_counter())
+            tracer.reduction(int(out.nbytes), start, time.perf_counter(), (a, b, out))
 
         timed = tracer._timed_ops[op] = dataclasses.replace(op, fn=fn)
     return timed

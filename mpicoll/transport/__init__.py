@@ -79,6 +79,11 @@ class Workspace:
         """A scope: ``with t.workspace() as ws: a = ws.take(n, dtype)``."""
         return self
 
+    def arenas(self) -> tuple[Any, ...]:
+        """The raw buffers the workspace is taken from now (a tracer tells a message in
+        the workspace from one in the caller's buffers by them)."""
+        return tuple(self._arenas.values())
+
     def __enter__(self) -> Workspace:
         self._scopes.append((self._tops[0], self._tops[1]))
         return self
