@@ -39,10 +39,12 @@ import mpicoll
 from mpicoll.local import run_local
 from mpicoll.spec import SPECS
 
+_ITEMS = np.dtype(np.float32)  # the traced call's data
+
 
 def _run(comm: Any, collective: str, algorithm: str, per_chunk: int) -> list[dict[str, Any]]:
     p, r = comm.size, comm.rank
-    rows = np.arange(p * per_chunk, dtype=np.float32).reshape(p, per_chunk) + 100 * r
+    rows = np.arange(p * per_chunk, dtype=_ITEMS).reshape(p, per_chunk) + 100 * r
     flat = rows.reshape(-1)
     spec = SPECS[collective]  # the input by its role: rows, this rank's row, or flat
     x = rows if spec.input_rows else rows[0] if spec.result_rows else flat
@@ -221,7 +223,7 @@ def trace_flow(collective: str, algorithm: str, ranks: int, per_chunk: int = 4,
         traced = run_local(ranks, _run, collective, algorithm, per_chunk, timeout=30,
                            trace=True)
     _follow_workspace([[e for e in events if e["kind"] in ("send", "recv", "reduce")]
-                       for events in traced], per_chunk * np.dtype(np.float32).itemsize)
+                       for events in traced], per_chunk * _ITEMS.itemsize)
     # a receive is reduced when the rank's next event after it is a reduction
     reduced: set[int] = set()
     holds: dict[int, int | None] = {}

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..buffers import rotated_bounds
 from ..transport import Transport
-from ..transport.subset import Subset, node_layout
+from ..transport.subset import Subset, node_groups, node_layout
 from . import REGISTRY, register, swing
 from .columns import columns
 from .fold import Fold
@@ -220,7 +220,7 @@ def hierarchical_all_gather(t: Transport, buf: np.ndarray, bounds: tuple[int, ..
     """
     mine, leaders, nodes = node_layout(t)
     node = Subset(t, mine)
-    members = [tuple(r for r in range(t.size) if nodes[r] == nodes[lead]) for lead in leaders]
+    members = node_groups(nodes)  # (in the order of their leaders)
     with t.workspace() as ws:
         packs = ws.take(bounds[-1], buf.dtype)  # every node's blocks, node after node
         pack_bounds = _node_packing(bounds, tuple(r for group in members for r in group))

@@ -13,7 +13,7 @@ import numpy as np
 from ..buffers import chunk_bounds, even_bounds
 from ..ops import Op
 from ..transport import Transport
-from ..transport.subset import Subset, node_layout
+from ..transport.subset import Subset, node_groups, node_layout
 from . import REGISTRY, register, swing
 from .all_gather import recursive_doubling_all_gather, ring_all_gather
 from .broadcast import binomial_broadcast, segment_bounds
@@ -356,10 +356,7 @@ def hierarchical_sharded_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarr
     Cost: 2*(q-1)*alpha_intra + 2*(q-1)/s*n*beta_intra + (q-1)/s*n*gamma + 2*(N-1)*alpha + 2*(N-1)/N*n/s*beta + (N-1)/N*n/s*gamma
     """
     mine, _, nodes = node_layout(t)
-    ranks_of: dict[int, list[int]] = {}  # each node's ranks, nodes in order of their first
-    for r, node_of_r in enumerate(nodes):
-        ranks_of.setdefault(node_of_r, []).append(r)
-    members = list(ranks_of.values())
+    members = node_groups(nodes)  # each node's ranks, nodes in order of their first
     shards, local, count = min(map(len, members)), mine.index(t.rank), src.size
     # the node's blocks: one shard per rank up to the smallest node's size, then none
     bounds = chunk_bounds(count, shards) + (count,) * (len(mine) - shards)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..transport.subset import node_layout
+from ..transport.subset import node_groups, node_layout
 
 
 def columns(t: Any, bounds: tuple[int, ...]) -> Columns:
@@ -43,10 +43,7 @@ class Columns:
 
     def __init__(self, nodes: tuple[int, ...], mine: tuple[int, ...], rank: int,
                  bounds: tuple[int, ...]) -> None:
-        ranks_of: dict[int, list[int]] = {}  # each node's ranks, nodes in order of their first
-        for r, node_of_r in enumerate(nodes):
-            ranks_of.setdefault(node_of_r, []).append(r)
-        self.members = tuple(tuple(group) for group in ranks_of.values())
+        self.members = node_groups(nodes)  # each node's ranks, nodes in order of their first
         self.mine = mine  # this node's ranks
         self.shards = s = min(map(len, self.members))
         self.local = mine.index(rank)

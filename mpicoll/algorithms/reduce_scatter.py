@@ -12,7 +12,7 @@ import numpy as np
 
 from ..ops import Op
 from ..transport import Transport
-from ..transport.subset import Subset, node_layout
+from ..transport.subset import Subset, node_groups, node_layout
 from . import REGISTRY, register, swing
 from .columns import columns
 from .fold import Fold
@@ -361,7 +361,7 @@ def hierarchical_reduce_scatter(t: Transport, src: np.ndarray, bounds: tuple[int
     """
     mine, leaders, nodes = node_layout(t)
     node = Subset(t, mine)
-    members = [tuple(r for r in range(t.size) if nodes[r] == nodes[lead]) for lead in leaders]
+    members = node_groups(nodes)  # (in the order of their leaders)
     order = tuple(r for group in members for r in group)
     with t.workspace() as ws:
         partial = ws.take(src.size, src.dtype) if node.rank == 0 else None

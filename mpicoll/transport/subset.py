@@ -56,11 +56,18 @@ def node_layout(t: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ..
     nodes = getattr(t, "nodes", None)
     if nodes is None or len(nodes) != t.size:
         nodes = (0,) * t.size
-    mine = tuple(r for r in range(t.size) if nodes[r] == nodes[t.rank])
-    leaders: dict[int, int] = {}
-    for r in range(t.size):
-        leaders.setdefault(nodes[r], r)
-    return mine, tuple(leaders.values()), tuple(nodes)
+    groups = node_groups(nodes)
+    mine = next(group for group in groups if t.rank in group)
+    return mine, tuple(group[0] for group in groups), tuple(nodes)
+
+
+def node_groups(nodes: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """Each node's ranks (in rank order), the nodes in the order of their first rank,
+    from each rank's node."""
+    groups: dict[int, list[int]] = {}
+    for r, node in enumerate(nodes):
+        groups.setdefault(node, []).append(r)
+    return tuple(tuple(group) for group in groups.values())
 
 
 def heads_for(root: int, leaders: tuple[int, ...], nodes: tuple[int, ...]) -> tuple[int, ...]:
