@@ -442,3 +442,82 @@ def test_sizes_at_the_edge_of_the_packet(world, collective, algorithm):
                     got = world.scatter(sent.copy() if r == root else None, root,
                                         algorithm=algorithm)
                 np.testing.assert_array_equal(got, want)
+
+
+_TYPED = "?bBhHiIlLqQefdFD"  # (MPICH reduces no long double)
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce", "scan", "exscan",
+                                        "reduce_scatter"])
+@pytest.mark.parametrize("code", _TYPED)
+def test_the_direct_call_names_count_and_datatype_as_mpi4py_finds_them(world, collective,
+                                                                       code):
+    """A decided call of MPI's own reduction gives each buffer as (array, count, datatype)
+    (``mpi_native.typed``): results equal to mpi4py's own call on the bare arrays, call
+    after call, in every dtype MPI reduces."""
+    from mpi4py import MPI
+
+    from mpicoll.backends.mpi_native import typed
+
+    dtype = np.dtype(code)
+    assert typed(dtype) is not None and typed(dtype).Get_size() == dtype.itemsize
+    p, r = world.size, world.rank
+    op = "max" if dtype.kind != "c" else "sum"
+    mpi = world._backend.transport.comm.Dup()
+    world._decisions.clear()
+    for step in range(3):
+        x = ((np.arange(2 * p) + 3 * r + step) % 5).astype(dtype)
+        if collective == "reduce_scatter":
+            x = x.reshape(p, 2)
+        args = (x, op, 0) if collective == "reduce" else (x, op)
+        got = getattr(world, collective)(*args, algorithm="native")
+        want = np.zeros((2,) if collective == "reduce_scatter" else x.shape, dtype)
+        mop = MPI.MAX if op == "max" else MPI.SUM
+        if dtype.kind == "b":
+            mop = MPI.LOR
+        {"all_reduce": lambda: mpi.Allreduce(x, want, mop),
+         "reduce": lambda: mpi.Reduce(x, want, mop, 0),
+         "scan": lambda: mpi.Scan(x, want, mop),
+         "exscan": lambda: mpi.Exscan(x, want, mop),
+         "reduce_scatter": lambda: mpi.Reduce_scatter_block(x, want, mop)}[collective]()
+        if (collective == "reduce" and r != 0) or (collective == "exscan" and r == 0):
+            assert got is None
+        else:
+            assert got.dtype == dtype and got.tobytes() == want.tobytes()
+    decision = world._decisions.get(decided.key(collective, args, {"algorithm": "native"}))
+    assert decision.direct or (collective == "exscan" and r == 0)  # (its rank 0: no result)
+    mpi.Free()
+
+
+@pytest.mark.parametrize("dtype", [">f4", "<i2" if np.little_endian is False else ">i2",
+                                   [("a", "f4")], "(2,)f8", "bfloat16"])
+def test_a_dtype_mpi4py_has_no_datatype_for_is_never_named(world, dtype):
+    """``typed``: None where mpi4py finds no predefined datatype of the same size (a
+    byte-swapped, structured or subarray dtype, ml_dtypes' bfloat16): the decided call
+    then gives the bare arrays, as before."""
+    from mpicoll.backends.mpi_native import typed
+
+    if dtype == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        dtype = ml_dtypes.bfloat16
+    assert typed(np.dtype(dtype)) is None
+
+
+def test_advance_moves_the_tag_as_begin_does(world):
+    """``MPITransport.advance`` (a decided call of MPI's own collective, which sends
+    nothing of ours) moves the tag exactly as ``begin`` does, wrapping at the limit, and
+    clears the watchdog's slots; every rank alike, so the tags stay in step."""
+    t = world._backend.transport
+    saved = t.tag
+    try:
+        for start in (5, t._tag_limit - 2, t._tag_limit - 1):
+            t.tag = start
+            t.begin()
+            by_begin = t.tag
+            t.tag = start
+            t.step, t.wait_kind = 3, "recv"
+            t.advance()
+            assert t.tag == by_begin and (t.step, t.wait_kind) == (0, None)
+    finally:
+        t.tag = saved
+    world.barrier()

@@ -266,13 +266,16 @@ def native_exscan(t: MPITransport, src: np.ndarray, dst: np.ndarray, op: Op) -> 
 
 
 def host_direct(t: MPITransport, collective: str, op: Op | None, dtype: np.dtype,
-                root: int = 0) -> Callable[[np.ndarray, np.ndarray | None], None] | None:
+                root: int = 0, count: int | None = None
+                ) -> Callable[[np.ndarray, np.ndarray | None], None] | None:
     """MPI's own ``collective`` on contiguous host arrays of ``dtype`` as one mpi4py call
     whose arguments are fixed once: ``run(x, result)`` (``result`` None where a rank has
     none: a reduce's or gather's non-root; x as result: in place), even blocks only. What
     the decided calls run; the functions above do the same call on the same buffers
     (so the same messages). None where it takes more than that call: a user's op, MPI's
-    pair types."""
+    pair types. ``count``: x's elements, where every call's x has that many: the
+    reductions then name it and its MPI datatype (``typed``), as mpi4py would find them
+    from the buffer, which it need not then read each call."""
     comm, bytes_ = t.comm, MPI.BYTE
     if op is not None:
         if not op.builtin:
@@ -280,6 +283,9 @@ def host_direct(t: MPITransport, collective: str, op: Op | None, dtype: np.dtype
         datatype, mop = mpi_op(op, dtype)
         if datatype is not None:
             return None
+        datatype = None if count is None else typed(dtype)
+        if datatype is not None:  # (buffer, count, datatype): the same call, told
+            return _typed_direct(t, collective, mop, datatype, count, root)  # type: ignore[arg-type]
     if collective == "all_reduce":
         allreduce, in_place = comm.Allreduce, MPI.IN_PLACE
         return lambda x, result: allreduce(in_place if x is result else x, result, mop)
@@ -321,6 +327,48 @@ def host_direct(t: MPITransport, collective: str, op: Op | None, dtype: np.dtype
         if t.rank == root:
             return lambda x, result: scatter([x, bytes_], [result, bytes_], root)
         return lambda x, result: scatter(None, [result, bytes_], root)
+    return None
+
+
+def typed(dtype: np.dtype) -> MPI.Datatype | None:
+    """The MPI datatype mpi4py gives a host buffer of ``dtype`` (its buffer format looked
+    up in mpi4py's own table, as mpi4py does on every call), or None: a dtype it finds no
+    predefined datatype for (byte-swapped, structured, ml_dtypes' own)."""
+    if not dtype.isnative or dtype.fields is not None or dtype.subdtype is not None:
+        return None
+    try:
+        format_ = memoryview(np.empty(0, dtype)).format
+    except (TypeError, ValueError):  # (a dtype with no buffer format)
+        return None
+    datatype = getattr(MPI, "_typedict", {}).get(format_)
+    return datatype if datatype is not None and datatype.Get_size() == dtype.itemsize \
+        else None
+
+
+def _typed_direct(t: MPITransport, collective: str, mop: MPI.Op, datatype: MPI.Datatype,
+                  count: int, root: int) -> Callable[[np.ndarray, np.ndarray | None], None] | None:
+    """``host_direct``'s reductions with each buffer given as (array, count, datatype)."""
+    comm, in_place, n = t.comm, MPI.IN_PLACE, count
+    if collective == "all_reduce":
+        allreduce = comm.Allreduce
+        return lambda x, result: allreduce(
+            in_place if x is result else (x, n, datatype), (result, n, datatype), mop)
+    if collective == "reduce":
+        reduce = comm.Reduce
+        if t.rank == root:
+            return lambda x, result: reduce(
+                in_place if x is result else (x, n, datatype), (result, n, datatype), mop,
+                root)
+        return lambda x, result: reduce((x, n, datatype), None, mop, root)
+    if collective in ("scan", "exscan"):
+        scan = comm.Scan if collective == "scan" else comm.Exscan
+        return lambda x, result: scan(
+            in_place if x is result else (x, n, datatype), (result, n, datatype), mop)
+    if collective == "reduce_scatter":
+        # (mpi4py reads the count of its send buffer as the count of each rank's block)
+        reduce_scatter, block = comm.Reduce_scatter_block, count // t.size
+        return lambda x, result: reduce_scatter((x, block, datatype), (result, block, datatype),
+                                                mop)
     return None
 
 

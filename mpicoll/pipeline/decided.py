@@ -275,14 +275,15 @@ def _direct(c: CallState, fn: Callable[..., Any], name: str) -> Callable[..., An
 
 
 def _host(c: CallState, collective: str, name: str, op: Any, dtype: np.dtype,
-          root: int = 0) -> Callable[[Any, Any], None] | None:
+          root: int = 0, count: int | None = None) -> Callable[[Any, Any], None] | None:
     """Where the decision is MPI's own collective: it as one direct mpi4py call on the
-    call's host arrays (``native.host_direct``); else None."""
+    call's host arrays (``native.host_direct``; ``count``: x's elements, as every call
+    that takes the decision has); else None."""
     if name != "native" or not c._backend.native_is_mpi:
         return None
     from ..backends.mpi_native import host_direct
 
-    return host_direct(c._backend.transport, collective, op, dtype, root)
+    return host_direct(c._backend.transport, collective, op, dtype, root, count)
 
 
 def _persisted(c: CallState, collective: str, name: str, op: Any, dtype: Any, root: int,
@@ -401,19 +402,16 @@ def _all_reduce(c: CallState, a: dict, x: np.ndarray) -> Callable[..., Any]:
     size, averages_itself, average_it = c.size, c._backend.averages_itself, opd.average
     reduce = _reduce_with(c, opd, fn)
     native_mpi = name == "native" and c._backend.native_is_mpi and opd.builtin
-    if native_mpi:  # MPI_Allreduce called directly: what native.native_all_reduce calls
-        from mpi4py import MPI
-
-        from ..backends.mpi_native import mpi_op
-
-        datatype, mop = mpi_op(opd, dtype)
-        native_mpi = datatype is None
-        allreduce, in_place = t.comm.Allreduce, MPI.IN_PLACE
+    # MPI_Allreduce called directly (what native.native_all_reduce calls), where the
+    # compressing transport is not between: allreduce(x, result), x is result in place
+    allreduce = _host(c, "all_reduce", name, opd, dtype, 0, x.size) \
+        if native_mpi and t is c._backend.transport else None
+    native_mpi = allreduce is not None
 
     def fresh(call: Any, x: Any) -> Any:
         result = np.empty(shape, dtype)
         if native_mpi:  # MPI reads x as it is (contiguous: the key's)
-            allreduce(x, result, mop)
+            allreduce(x, result)
         else:
             src = x.reshape(-1)
             if not x.flags.writeable:  # some algorithms stage blocks in their input
@@ -440,8 +438,7 @@ def _all_reduce(c: CallState, a: dict, x: np.ndarray) -> Callable[..., Any]:
 
         def run(call: Any) -> Any:
             if native_mpi:
-                src = read()
-                allreduce(in_place if src is dst else src, dst, mop)
+                allreduce(read(), dst)
             else:
                 reduce(call, t, read(), dst, opd)
             if average_it:
@@ -459,8 +456,8 @@ def _all_reduce(c: CallState, a: dict, x: np.ndarray) -> Callable[..., Any]:
                           _averaged(out, opd, fn, size, averages_itself))
 
     mpi_alone = None
-    if native_mpi and not average_it and a["compress"] is None:  # fresh: MPI_Allreduce alone
-        mpi_alone = (_host(c, "all_reduce", name, opd, dtype), shape, dtype)
+    if native_mpi and not average_it:  # fresh: MPI_Allreduce alone
+        mpi_alone = (allreduce, shape, dtype)
     return Decision(bind, fresh, persist, mpi_alone)
 
 
@@ -492,7 +489,7 @@ def _from_spec(c: CallState, a: dict, x: np.ndarray, name: str) -> Decision | No
     lo, hi = (bounds[rank], bounds[rank + 1]) if spec.input_in_result else (0, 0)
     done = None if opd is None or not opd.average else \
         _averaged_by(opd, fn, combined, c._backend.averages_itself)
-    host = _host(c, name, algorithm, opd, dtype, root) if counts is None else None
+    host = _host(c, name, algorithm, opd, dtype, root, x.size) if counts is None else None
     if opd is None or opd.builtin:
         direct = _direct(c, fn, algorithm)
 

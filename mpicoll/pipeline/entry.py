@@ -82,11 +82,16 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
             # the most frequent calls first: comm.all_reduce(x), comm.reduce(x, "max", 0),
             # each also with out=, algorithm= and its options, on a contiguous NumPy x
             x, n = args[0], len(args)
-            plain = n == 1 or n == 2 and type(args[1]) in PLAIN or n == 3 and type(
-                args[1]) in PLAIN and type(args[2]) in PLAIN  # (op, root: what keys hold)
             if type(x) is ndarray:
                 decisions = self._decisions
-                if plain and decisions is not None and x.flags.c_contiguous:
+                contiguous = decisions is not None and x.flags.c_contiguous
+                if contiguous and n == 1 and not kwargs:  # comm.all_reduce(x): the most
+                    # frequent call of all
+                    prepared = decisions.get((name, x.shape, x.dtype), DECLINED).call
+                    if prepared is not None:
+                        return prepared(getframe(1), x, None, args, kwargs)
+                elif contiguous and (n == 1 or type(args[1]) in PLAIN and (
+                        n == 2 or n == 3 and type(args[2]) in PLAIN)):  # (op, root: as keys)
                     out = key = None  # (the keys decided.key gives these calls)
                     given = False
                     if not kwargs:
@@ -110,6 +115,8 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                     if given:  # (as the caller gave it, for the longer way)
                         kwargs["out"] = out
             elif x is not None and (view := kept_view(x)) is not None:
+                plain = n == 1 or type(args[1]) in PLAIN and (n == 2 or n == 3 and type(
+                    args[2]) in PLAIN)
                 # a small torch CPU tensor: the same, on its NumPy view (kept since an
                 # earlier call), the result given back as torch's (decided.to_caller)
                 tensor, decisions = x, self._decisions
@@ -278,17 +285,20 @@ def prepare(c: CallState, name: str, method: Any,
 
     ``prepared(site, x, out, args, kwargs)``: ``out`` is the call's out= (None: none),
     taken out of ``kwargs``."""
-    lock, watch, transport = c._entry, c._watch, c._backend.transport
-    acquire, release, begin = lock.acquire, lock.release, transport.begin
+    watch, transport = c._watch, c._backend.transport
+    take, give, begin = c._entry.take, c._entry.give, transport.begin
     ring, length = watch.ring, watch.length
     fresh, bound, kept = decision.fresh, decision.bound, decision.kept
     work, shape, dtype = decision.direct or (None, None, None)
+    advance = transport.advance if work is not None else None
 
     def prepared(site: Any, x: Any, out: Any, args: tuple, kwargs: dict) -> Any:
         if c._refused_alone:  # a resync owed first: the whole path
             return numbered(c, name, site, args, as_given(kwargs, out), method)
-        if not acquire(False):
-            raise ConcurrentCallError(busy(c, name))
+        try:
+            take()  # (the Communicator's turn, or IndexError: another thread has it)
+        except IndexError:
+            raise ConcurrentCallError(busy(c, name)) from None
         seq = c._seq = c._seq + 1
         rec = ring[seq % length]  # the call's flight-recorder entry (its facts kept)
         try:
@@ -298,14 +308,15 @@ def prepare(c: CallState, name: str, method: Any,
                 seq, name, site.f_code, site.f_lasti
             rec.facts, rec.state = kept, RUNNING
             watch.started = rec.start = now()
+            if out is None and work is not None:  # MPI's own collective into a new result
+                advance()  # the call's tag, as begin() moves it (no message of ours goes)
+                if shape is None:  # (no result on this rank)
+                    return work(x, None)
+                result = empty(shape, dtype)
+                work(x, result)
+                return result
             begin()  # the call's tag: every rank advances it
             if out is None:
-                if work is not None:  # MPI's own collective into a new result, at once
-                    if shape is None:  # (no result on this rank)
-                        return work(x, None)
-                    result = empty(shape, dtype)
-                    work(x, result)
-                    return result
                 if fresh is not None:
                     result = fresh(call, x)
                     if result is not DECLINED:
@@ -327,7 +338,7 @@ def prepare(c: CallState, name: str, method: Any,
             if rec.state is RUNNING:
                 rec.state = DONE
             watch.started = 0.0
-            release()
+            give(True)
 
     return prepared
 
@@ -339,15 +350,18 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
     ``run(call)``, which gives the result), as ``start()``. ``persistent``: (Start, Wait,
     result) where the start is MPI's persistent request and nothing else (``run`` then
     only names it). The caller checked that no resync is owed and the Communicator lives."""
-    lock, watch, transport = c._entry, c._watch, c._backend.transport
-    acquire, release, begin = lock.acquire, lock.release, transport.begin
+    watch, transport = c._watch, c._backend.transport
+    take, give, begin = c._entry.take, c._entry.give, transport.begin
     ring, length = watch.ring, watch.length
     code, offset = site.f_code, site.f_lasti
     mpi_start, mpi_wait, result = persistent or (None, None, None)
+    advance = transport.advance if mpi_start is not None else None
 
     def start() -> Any:
-        if not acquire(False):
-            raise ConcurrentCallError(busy(c, f"{name} plan()"))
+        try:
+            take()  # (the Communicator's turn, or IndexError: another thread has it)
+        except IndexError:
+            raise ConcurrentCallError(busy(c, f"{name} plan()")) from None
         seq = c._seq = c._seq + 1
         rec = ring[seq % length]  # the call's flight-recorder entry (its facts kept)
         try:
@@ -356,11 +370,12 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
             call.seq, call.collective, call.code, call.offset = seq, name, code, offset
             rec.facts, rec.state = kept, RUNNING
             watch.started = rec.start = now()
-            begin()  # the call's tag: every rank advances it
-            if mpi_start is not None:
+            if mpi_start is not None:  # MPI's persistent request alone
+                advance()  # the call's tag, as begin() moves it (no message of ours goes)
                 mpi_start()
                 mpi_wait()
                 return result
+            begin()  # the call's tag: every rank advances it
             return run(call)
         except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
             raise ended(c, name, exc)  # noqa: B904 - keeps the cause
@@ -369,7 +384,7 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
             if rec.state is RUNNING:
                 rec.state = DONE
             watch.started = 0.0
-            release()
+            give(True)
 
     return start
 

@@ -8,7 +8,6 @@ the API layer, not even for its type hints.
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -18,6 +17,32 @@ if TYPE_CHECKING:
     from ..observe.recorder import Watch
     from ..observe.tracing import Tracer
     from .choose import Chooser
+
+
+class Turn:
+    """One thread at a time in a Communicator's calls: a lock that never blocks.
+
+    Its one token lies in a list: ``list.pop`` and ``list.append`` are atomic, and the two
+    cost a quarter of a ``threading.Lock``'s ``acquire(False)`` and ``release()`` (25 ns
+    against 100), on the path of every call. ``take()`` gives the turn or raises
+    IndexError (another thread has it); ``give()`` gives it back, once per take."""
+
+    __slots__ = ("take", "give")
+
+    def __init__(self) -> None:
+        token = [True]
+        self.take, self.give = token.pop, token.append
+
+    def acquire(self, blocking: bool = False) -> bool:
+        """The turn, if no other thread has it (a Lock's ``acquire(False)``)."""
+        try:
+            self.take()
+        except IndexError:
+            return False
+        return True
+
+    def release(self) -> None:
+        self.give(True)
 
 
 class CallState:
@@ -33,7 +58,7 @@ class CallState:
         _decisions: what default calls decided, by ``decided.key`` (``decided``); None
             where calls always take the whole path (check mode, traces, NCCL).
         _seq: the calls numbered so far, the same on every rank (``entry``).
-        _entry: the lock of one thread at a time (``entry``).
+        _entry: the turn of one thread at a time (``Turn``, ``entry``).
         _refused_alone: the number of a call this rank refused or failed alone, 0 if none:
             the next call resyncs first (written by ``entry.ended`` and ``agree.settle``,
             cleared by ``agree.resync``).
@@ -51,7 +76,7 @@ class CallState:
     _tracer: Tracer | None
     _decisions: dict[tuple, Any] | None
     _seq: int
-    _entry: threading.Lock
+    _entry: Turn
     _refused_alone: int
     _freed: bool
     _packet: np.ndarray
@@ -66,7 +91,7 @@ class CallState:
         self._seq = 0
         self._refused_alone = 0
         self._freed = False
-        self._entry = threading.Lock()
+        self._entry = Turn()
 
     @property
     def rank(self) -> int:

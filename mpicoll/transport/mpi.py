@@ -94,6 +94,15 @@ class MPITransport(Workspace):
         if self._staging is not None and self._staging.capacity:
             self._staging.reset()  # once the last call's copies from it have run
 
+    def advance(self) -> None:
+        """``begin()`` for a call that sends nothing through this transport (MPI's own
+        collective, called at once on host arrays: ``pipeline.entry.prepare``): its tag
+        moves as every rank's does and the watchdog's slots are cleared; the workspace
+        and the requests plans retired wait for the next ``begin()``."""
+        tag = self.tag + 1
+        self.tag = tag if tag < self._tag_limit else 1
+        self.step, self.wait_kind = 0, None
+
     # -- host buffers: straight to MPI; device buffers: _device_* below -------------------
 
     def send(self, buf: Any, dest: int) -> None:
