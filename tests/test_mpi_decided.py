@@ -398,6 +398,31 @@ def test_every_call_form_finds_its_decision_from_its_second_call(world, form, mo
         assert keyed == [collective], f"call {step}: keyed the longer way {len(keyed)} times"
 
 
+@pytest.mark.parametrize("form", ["scatter(None)", "scatter(None, root)",
+                                  "broadcast(None)", "broadcast(None, root)"])
+def test_a_receiver_giving_none_finds_its_decision_from_its_second_call(world, form,
+                                                                        monkeypatch):
+    """A receiver's ``comm.scatter(None)`` or ``comm.broadcast(None, root)`` (it has no
+    data, and no buffer) is keyed by the entry's first branch too, as decided.key keys
+    it: from the second call on, its decision runs, never the longer way."""
+    from mpicoll.pipeline import entry
+
+    collective, with_root = form.split("(")[0], "root" in form
+    whole, keyed = [], []
+    original, original_key = entry.numbered, decided.key
+    monkeypatch.setattr(entry, "numbered", lambda *a, **k: (whole.append(a[1]),
+                                                             original(*a, **k))[1])
+    monkeypatch.setattr(decided, "key", lambda *a: (keyed.append(a[0]), original_key(*a))[1])
+    world._decisions.clear()
+    p, r = world.size, world.rank
+    for step in range(4):
+        data = np.full((p, 3) if collective == "scatter" else 3, step + 1.0)
+        got = getattr(world, collective)(data if r == 0 else None, *((0,) if with_root else ()))
+        np.testing.assert_array_equal(got, np.full(3, step + 1.0))
+        assert whole == [collective], f"call {step}: the whole path ran {len(whole)} times"
+        assert keyed == [collective], f"call {step}: keyed the longer way {len(keyed)} times"
+
+
 def test_an_entry_keyword_is_never_part_of_a_key(world):
     """stream=None and async_op=False are plain values, but the entry's own keywords:
     the first branch keys them as given and finds nothing (decided.key is taken without
@@ -475,11 +500,9 @@ def test_the_direct_call_names_count_and_datatype_as_mpi4py_finds_them(world, co
         mop = MPI.MAX if op == "max" else MPI.SUM
         if dtype.kind == "b":
             mop = MPI.LOR
-        {"all_reduce": lambda: mpi.Allreduce(x, want, mop),
-         "reduce": lambda: mpi.Reduce(x, want, mop, 0),
-         "scan": lambda: mpi.Scan(x, want, mop),
-         "exscan": lambda: mpi.Exscan(x, want, mop),
-         "reduce_scatter": lambda: mpi.Reduce_scatter_block(x, want, mop)}[collective]()
+        method = {"all_reduce": mpi.Allreduce, "reduce": mpi.Reduce, "scan": mpi.Scan,
+                  "exscan": mpi.Exscan, "reduce_scatter": mpi.Reduce_scatter_block}[collective]
+        method(x, want, mop, *((0,) if collective == "reduce" else ()))
         if (collective == "reduce" and r != 0) or (collective == "exscan" and r == 0):
             assert got is None
         else:

@@ -114,7 +114,15 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                         return prepared(getframe(1), x, out, args, kwargs)
                     if given:  # (as the caller gave it, for the longer way)
                         kwargs["out"] = out
-            elif x is not None and (view := kept_view(x)) is not None:
+            elif x is None:  # a receiver's broadcast or scatter: comm.scatter(None, root)
+                decisions = self._decisions
+                if decisions is not None and not kwargs and (n == 1 or n == 2 and type(
+                        args[1]) in PLAIN):
+                    prepared = decisions.get((name, None) if n == 1 else (name, None, args[1:]),
+                                             DECLINED).call
+                    if prepared is not None:
+                        return prepared(getframe(1), x, None, args, kwargs)
+            elif (view := kept_view(x)) is not None:
                 plain = n == 1 or type(args[1]) in PLAIN and (n == 2 or n == 3 and type(
                     args[2]) in PLAIN)
                 # a small torch CPU tensor: the same, on its NumPy view (kept since an
