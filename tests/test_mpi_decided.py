@@ -204,11 +204,12 @@ def test_one_rank_on_the_whole_path_meets_the_others_decisions(world, collective
 
 @pytest.mark.parametrize(("collective", "algorithm"),
                          [(c, a) for c in ("broadcast", "scatter")
-                          for a in [*REGISTRY[c], "native", "auto"]])
+                          for a in [*REGISTRY[c], "native", "auto", None]])
 def test_receivers_follow_a_root_that_changes_what_it_sends(world, collective, algorithm):
     """A receiver's decision expects the root's header of its first call; when the root
     sends another (shape, dtype, a size past the packet), the receiver goes on as the
-    whole path does."""
+    whole path does (algorithm None: the bare call, ``comm.scatter(None)``, which the
+    entry's first branch keys)."""
     world._decisions.clear()
     p, r = world.size, world.rank
     for step, (n, dtype) in enumerate([(5, "f8"), (5, "f8"), (7, "f8"), (5, "i4"), (5, "f8"),
@@ -216,7 +217,7 @@ def test_receivers_follow_a_root_that_changes_what_it_sends(world, collective, a
         shape = (n,) if collective == "broadcast" else (p, n)
         sent = (np.arange(np.prod(shape)).reshape(shape) + step).astype(dtype)
         got = getattr(world, collective)(sent.copy() if r == 0 else None,
-                                         algorithm=algorithm)
+                                         **({} if algorithm is None else {"algorithm": algorithm}))
         want = sent if collective == "broadcast" else sent[r]
         np.testing.assert_array_equal(got, want)
         assert got.dtype == want.dtype
