@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import os
+import pickle
 import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -37,12 +38,16 @@ from .p2p import ANY
 from .p2p import P2POp as _P2POp
 
 __all__ = [
-    "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "all_gather", "all_gather_into_tensor",
-    "all_reduce", "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv",
-    "broadcast", "destroy_process_group", "gather", "get_backend", "get_global_rank",
-    "get_group_rank", "get_rank", "get_world_size", "init_device_mesh", "init_process_group", "irecv", "is_available",
-    "is_initialized", "isend", "monitored_barrier", "new_group", "recv", "reduce",
-    "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",
+    "Backend", "DeviceMesh", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "all_gather",
+    "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
+    "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
+    "destroy_process_group", "gather", "gather_object", "get_backend", "get_global_rank",
+    "get_group_rank", "get_node_local_rank", "get_process_group_ranks", "get_rank",
+    "get_world_size", "group", "init_device_mesh", "init_process_group", "irecv",
+    "is_available", "is_gloo_available", "is_initialized", "is_mpi_available",
+    "is_nccl_available", "isend", "monitored_barrier", "new_group", "new_subgroups", "recv",
+    "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list",
+    "send",
 ]
 
 
@@ -91,12 +96,49 @@ class GroupMember:
     WORLD: ProcessGroup | None = None
 
 
+class _Group:
+    """torch's ``dist.group``: ``WORLD``, the default group once initialized."""
+
+    WORLD: ProcessGroup | None = None
+
+
+group = _Group  # (dist.group.WORLD; a function's group= argument hides this name)
+
+
+class Backend(str):
+    """torch's backend names: ``Backend("gloo")``, ``Backend.NCCL`` (lower-case strings;
+    "gloo" runs as "mpi" here)."""
+
+    UNDEFINED, GLOO, NCCL, MPI = "undefined", "gloo", "nccl", "mpi"
+
+    def __new__(cls, name: str) -> Backend:
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"Backend: expected a name, got {type(name).__name__}")
+        return super().__new__(cls, name.lower())
+
+
 # the default group, its backend, and every group made since (destroy_process_group frees them)
 _STATE: dict[str, Any] = {"world": None, "backend": None, "groups": []}
 
 
 def is_available() -> bool:
     return True
+
+
+def is_mpi_available() -> bool:
+    return True
+
+
+def is_gloo_available() -> bool:
+    """True: "gloo" runs as "mpi" (on the CPU, as gloo's users want)."""
+    return True
+
+
+def is_nccl_available() -> bool:
+    """Whether CuPy and its NCCL bindings import here (a GPU is not asked for)."""
+    from .buffers.cuda import OK, gpu_status
+
+    return gpu_status(need_nccl=True, need_device=False)[0] == OK
 
 
 def is_initialized() -> bool:
@@ -144,7 +186,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             "mpiexec or srun")
     world = ProcessGroup(comm, list(range(comm.size)))
     _STATE["world"], _STATE["backend"] = world, name
-    GroupMember.WORLD = world
+    GroupMember.WORLD = _Group.WORLD = world
 
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
@@ -159,7 +201,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         if world is not None:
             world.comm.free()
         _STATE["world"] = None
-        GroupMember.WORLD = None
+        GroupMember.WORLD = _Group.WORLD = None
     elif isinstance(group, ProcessGroup):
         group.comm.free()
 
@@ -236,28 +278,132 @@ def get_global_rank(group: Any, group_rank: int) -> int:
     return g.ranks[group_rank]
 
 
+def get_process_group_ranks(group: Any) -> list[int]:
+    """The global ranks of ``group``'s members, in group-rank order."""
+    return list(_group(group).ranks)
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """This rank's place among the ranks of its node (torch reads ``LOCAL_RANK``, which
+    torchrun sets; here the job's agreed node layout, ``Communicator.nodes``, says it:
+    ``MPICOLL_RANKS_PER_NODE``, SLURM's nodes, or the shared-memory node)."""
+    world = _STATE["world"]
+    if world is None:
+        text = os.environ.get("LOCAL_RANK", "")
+        if text.isdigit():
+            return int(text)
+        if fallback_rank is not None:
+            return int(fallback_rank)
+        raise InvalidArgumentError("get_node_local_rank: the default process group is not "
+                                   "initialized and LOCAL_RANK is not set")
+    comm = world.comm
+    return comm.nodes[comm.node].index(comm.rank)
+
+
+def new_subgroups(group_size: int | None = None, group: Any = None, timeout: Any = None,
+                  backend: Any = None, pg_options: Any = None,
+                  group_desc: Any = None) -> tuple[ProcessGroup, list[Any]]:
+    """Groups of ``group_size`` consecutive ranks (default: the ranks of a node, where
+    every node has as many), as torch's: (this rank's group, every group, in order;
+    ``GroupMember.NON_GROUP_MEMBER`` for those this rank is not in). Every rank calls it."""
+    world = _group(None)
+    size = world.comm.size
+    if group is not None:
+        raise InvalidArgumentError("new_subgroups: group= is not supported; subgroups are of "
+                                   "the default group")
+    if group_size is None:
+        sizes = {len(node) for node in world.comm.nodes}
+        if len(sizes) != 1:
+            raise InvalidArgumentError("new_subgroups: the nodes have different numbers of "
+                                       "ranks; give group_size")
+        group_size = sizes.pop()
+    if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) \
+            or group_size <= 0 or size % group_size:
+        raise InvalidArgumentError(f"new_subgroups: group_size must divide the world size "
+                                   f"{size}, got {group_size!r}")
+    subgroups = [new_group(list(range(first, first + group_size)))
+                 for first in range(0, size, group_size)]
+    return subgroups[world.comm.rank // group_size], subgroups
+
+
 class DeviceMesh:
-    """torch's DeviceMesh over mpicoll: ``get_group(name)`` is that dimension's group."""
+    """torch's DeviceMesh over mpicoll: the job's ranks as an n-dimensional grid, with this
+    rank's group along each dimension. ``mesh``: the global ranks in the grid's shape (a
+    NumPy array, where torch's is a tensor); ``mesh["tp"]`` (or ``mesh["dp", "tp"]``): the
+    sub-mesh along those dimensions through this rank, as torch's."""
 
-    def __init__(self, mesh: Any, groups: dict[str, ProcessGroup], shape: tuple[int, ...],
-                 names: tuple[str, ...]) -> None:
-        self._mesh, self._groups = mesh, groups
-        self.mesh_dim_names, self.shape = names, shape
+    def __init__(self, device_type: str, ranks: np.ndarray, groups: dict[str, ProcessGroup],
+                 names: tuple[str, ...], coordinate: tuple[int, ...], rank: int) -> None:
+        self.device_type, self.mesh, self.mesh_dim_names = device_type, ranks, names
+        self._groups, self._coordinate, self._rank = groups, coordinate, rank
 
-    def get_group(self, mesh_dim: str | int = 0) -> ProcessGroup:
-        name = self.mesh_dim_names[mesh_dim] if isinstance(mesh_dim, int) else mesh_dim
-        if name not in self._groups:
-            raise InvalidArgumentError(f"mesh_dim: no {mesh_dim!r}; the mesh has {self.mesh_dim_names}")
-        return self._groups[name]
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.mesh.shape)
 
-    def get_local_rank(self, mesh_dim: str | int = 0) -> int:
-        return self.get_group(mesh_dim).comm.rank
+    @property
+    def ndim(self) -> int:
+        return self.mesh.ndim
+
+    def _dim(self, mesh_dim: str | int | None, what: str) -> int:
+        """The index of ``mesh_dim`` (a name or an index; None on a 1-D mesh only)."""
+        if mesh_dim is None:
+            if self.ndim != 1:
+                raise InvalidArgumentError(
+                    f"{what}: this mesh has {self.ndim} dimensions {self.mesh_dim_names}; "
+                    "name the one you mean (mesh_dim=)")
+            return 0
+        if isinstance(mesh_dim, str):
+            if mesh_dim not in self.mesh_dim_names:
+                raise InvalidArgumentError(
+                    f"mesh_dim: no {mesh_dim!r}; the mesh has {self.mesh_dim_names}")
+            return self.mesh_dim_names.index(mesh_dim)
+        if isinstance(mesh_dim, (int, np.integer)) and not isinstance(mesh_dim, bool) \
+                and -self.ndim <= mesh_dim < self.ndim:
+            return int(mesh_dim) % self.ndim
+        raise InvalidArgumentError(f"mesh_dim: expected a name of {self.mesh_dim_names} or a "
+                                   f"dimension index, got {mesh_dim!r}")
+
+    def get_group(self, mesh_dim: str | int | None = None) -> ProcessGroup:
+        """The group of the ranks along ``mesh_dim`` through this rank."""
+        return self._groups[self.mesh_dim_names[self._dim(mesh_dim, "get_group")]]
+
+    def get_all_groups(self) -> list[ProcessGroup]:
+        return [self._groups[name] for name in self.mesh_dim_names]
+
+    def get_local_rank(self, mesh_dim: str | int | None = None) -> int:
+        """This rank's coordinate along ``mesh_dim`` (its rank in that dimension's group)."""
+        return self._coordinate[self._dim(mesh_dim, "get_local_rank")]
+
+    def get_rank(self) -> int:
+        """This rank's global rank."""
+        return self._rank
+
+    def get_coordinate(self) -> list[int]:
+        """This rank's coordinates in the mesh, one per dimension."""
+        return list(self._coordinate)
 
     def size(self, mesh_dim: str | int | None = None) -> int:
-        return int(np.prod(self.shape)) if mesh_dim is None else self.get_group(mesh_dim).comm.size
+        return int(self.mesh.size) if mesh_dim is None else \
+            self.shape[self._dim(mesh_dim, "size")]
 
-    def __getitem__(self, name: str) -> ProcessGroup:
-        return self.get_group(name)
+    def __getitem__(self, mesh_dim_names: str | tuple[str, ...]) -> DeviceMesh:
+        """The sub-mesh along these dimensions (in the mesh's order) through this rank."""
+        wanted = (mesh_dim_names,) if isinstance(mesh_dim_names, str) else tuple(mesh_dim_names)
+        dims = [self._dim(name, "mesh[...]") if isinstance(name, str) else -1 for name in wanted]
+        if not dims or -1 in dims or dims != sorted(set(dims)):
+            raise InvalidArgumentError(
+                f"mesh[{mesh_dim_names!r}]: expected names of {self.mesh_dim_names}, each once, "
+                "in the mesh's order")
+        # the other dimensions fixed at this rank's coordinates
+        index = tuple(slice(None) if d in dims else self._coordinate[d] for d in range(self.ndim))
+        names = tuple(self.mesh_dim_names[d] for d in dims)
+        return DeviceMesh(self.device_type, self.mesh[index], {n: self._groups[n] for n in names},
+                          names, tuple(self._coordinate[d] for d in dims), self._rank)
+
+    def __repr__(self) -> str:
+        return (f"DeviceMesh('{self.device_type}', {self.mesh.tolist()}, "
+                f"mesh_dim_names={self.mesh_dim_names})")
 
 
 def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
@@ -273,7 +419,9 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
         first = world.comm.rank - mesh.coordinates[d] * stride
         groups[name] = ProcessGroup(mesh[name], [first + k * stride for k in range(shape[d])])
         _STATE["groups"].append(groups[name])
-    return DeviceMesh(mesh, groups, shape, names)
+    ranks = np.array(world.ranks).reshape(shape)
+    return DeviceMesh(device_type, ranks, groups, tuple(names), tuple(mesh.coordinates),
+                      world.ranks[world.comm.rank])
 
 
 # -- collectives: torch's names and in-place semantics --------------------------------
@@ -762,6 +910,136 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
         return
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
     g.comm.monitored_barrier(seconds, wait_all_ranks)
+
+
+# -- objects: torch's *_object collectives ---------------------------------------------------
+#
+# As torch's, each object goes as its pickle (a control path, never the arrays' data path:
+# only for objects from ranks you trust; unpickling runs code). The bytes go as uint8 arrays
+# through the v-collectives and broadcast, whose headers carry every size, each piece after
+# a status byte: an object that cannot be pickled goes as its error's text instead, so its
+# rank takes part and every rank that receives the piece raises, naming the rank.
+
+_PICKLED, _FAILED = 0, 1
+
+
+def _packed(obj: Any, name: str, rank: int) -> np.ndarray:
+    """``obj``'s pickle after the status byte (or, where it has none, why)."""
+    try:
+        status, body = _PICKLED, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - any object's own error, named
+        status, body = _FAILED, (f"{name} on rank {rank} cannot be pickled "
+                                 f"({type(exc).__name__}: {exc})").encode()
+    return np.frombuffer(bytes([status]) + body, np.uint8)
+
+
+def _unpacked(pieces: Sequence[np.ndarray], name: str) -> list[Any]:
+    """The objects of ``_packed`` pieces; a piece that says its object failed raises."""
+    failed = [bytes(p[1:]).decode(errors="replace") for p in pieces if p[0] == _FAILED]
+    if failed:
+        raise InvalidArgumentError("; ".join(failed))
+    objects = []
+    for piece in pieces:
+        try:
+            objects.append(pickle.loads(piece[1:].tobytes()))
+        except Exception as exc:  # noqa: BLE001 - the sender's class unknown here, and the like
+            raise InvalidArgumentError(f"{name}: an object received cannot be unpickled here "
+                                       f"({type(exc).__name__}: {exc})") from exc
+    return objects
+
+
+def _rows(data: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
+    """``data`` cut into consecutive pieces of ``counts`` bytes."""
+    ends = np.cumsum([0, *counts])
+    return [data[ends[i]:ends[i + 1]] for i in range(len(counts))]
+
+
+def _a_list(given: Any, length: int | None) -> bool:
+    return isinstance(given, list) and (length is None or len(given) == length)
+
+
+def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+    """Every rank's ``obj`` into ``object_list`` (one entry per rank of the group)."""
+    g = _member(group, "all_gather_object")
+    if g is None:
+        return
+    gathered, counts = g.comm.all_gather_v(_packed(obj, "obj", get_rank()))
+    objects = _unpacked(_rows(gathered, counts), "object_list")
+    if not _a_list(object_list, g.comm.size):  # (it took part: the others have theirs)
+        raise InvalidArgumentError(f"object_list: expected a list of {g.comm.size} entries "
+                                   "(one per rank of the group)")
+    object_list[:] = objects
+
+
+def gather_object(obj: Any, object_gather_list: list[Any] | None = None,
+                  dst: int | None = None, group: Any = None,
+                  group_dst: int | None = None) -> None:
+    """Every rank's ``obj`` into ``dst``'s ``object_gather_list``."""
+    g = _member(group, "gather_object")
+    if g is None:
+        return
+    root = _root_of(g, g.comm.gather_v, 0 if dst is None and group_dst is None else dst,
+                    group_dst, "dst", "auto", False)
+    piece = _packed(obj, "obj", get_rank())
+    gathered, counts = g.comm.gather_v(piece, root)
+    if g.comm.rank != root:
+        _unpacked([piece], "obj")  # (its own failure, if any: it took part, and raises)
+        if object_gather_list is not None:
+            raise InvalidArgumentError("object_gather_list: must not be given on a rank that "
+                                       "is not the destination (as torch)")
+        return
+    objects = _unpacked(_rows(gathered, counts), "object_gather_list")
+    if not _a_list(object_gather_list, g.comm.size):
+        raise InvalidArgumentError(f"object_gather_list: expected a list of {g.comm.size} "
+                                   "entries on the destination rank")
+    object_gather_list[:] = objects  # type: ignore[index]
+
+
+def broadcast_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
+                          device: Any = None, group_src: int | None = None) -> None:
+    """``src``'s objects into every rank's ``object_list`` (of the same length)."""
+    g = _member(group, "broadcast_object_list")
+    if g is None:
+        return
+    root = _root_of(g, g.comm.broadcast, 0 if src is None and group_src is None else src,
+                    group_src, "src", "auto", False)
+    mine = g.comm.rank == root
+    sent = _packed(list(object_list) if _a_list(object_list, None) else object_list,
+                   "object_list", get_rank()) if mine else None
+    received = g.comm.broadcast(sent, root)  # (its size travels in the header)
+    (objects,) = _unpacked([received], "object_list")
+    if not _a_list(object_list, None) or len(objects) != len(object_list):
+        raise InvalidArgumentError(f"object_list: expected a list of {len(objects)} entries, "
+                                   "as the source's")
+    object_list[:] = objects
+
+
+def scatter_object_list(scatter_object_output_list: list[Any],
+                        scatter_object_input_list: list[Any] | None = None,
+                        src: int | None = None, group: Any = None,
+                        group_src: int | None = None) -> None:
+    """The j-th of ``src``'s ``scatter_object_input_list`` into rank j's
+    ``scatter_object_output_list[0]``."""
+    g = _member(group, "scatter_object_list")
+    if g is None:
+        return
+    root, size = _root_of(g, g.comm.scatter_v, 0 if src is None and group_src is None
+                          else src, group_src, "src", "auto", False), g.comm.size
+    data = counts = None
+    if g.comm.rank == root:
+        if _a_list(scatter_object_input_list, size):
+            pieces = [_packed(obj, "scatter_object_input_list", get_rank())
+                      for obj in scatter_object_input_list]  # type: ignore[union-attr]
+        else:  # every rank is told (a status byte and the reason, to each)
+            pieces = [np.frombuffer(bytes([_FAILED]) + (
+                f"scatter_object_input_list on rank {get_rank()}: expected a list of {size} "
+                "objects on the source rank").encode(), np.uint8)] * size
+        data, counts = np.concatenate(pieces), [piece.size for piece in pieces]
+    (obj,) = _unpacked([g.comm.scatter_v(data, counts, root)], "scatter_object_output_list")
+    if not _a_list(scatter_object_output_list, None) or not scatter_object_output_list:
+        raise InvalidArgumentError("scatter_object_output_list: expected a list of at least "
+                                   "one entry (its first receives the object)")
+    scatter_object_output_list[0] = obj
 
 
 # -- point-to-point ------------------------------------------------------------------------

@@ -160,6 +160,101 @@ def test_a_device_mesh_and_batched_point_to_point(initialized):
     assert got[0] == left
 
 
+def test_a_device_mesh_as_torch_tutorials_use_it(initialized):
+    """The tensor-parallel tutorials' uses: ``mesh["tp"]`` is a 1-D DeviceMesh (its
+    ``get_group()``, ``get_local_rank()``, ``size()``), ``get_coordinate``,
+    ``get_local_rank("dp")``, ``ndim``, ``shape``, ``mesh`` (the ranks in the grid), and a
+    2-D mesh refuses ``get_group()`` without a dimension, as torch's."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    shape = (size // 2, 2) if size % 2 == 0 else (size, 1)
+    mesh = dist.init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp"))
+    dp_index, tp_index = divmod(rank, shape[1])
+    assert (mesh.ndim, mesh.shape, mesh.size(), mesh.get_rank()) == (2, shape, size, rank)
+    assert mesh.mesh.tolist() == np.arange(size).reshape(shape).tolist()
+    assert mesh.get_coordinate() == [dp_index, tp_index]
+    assert (mesh.get_local_rank("dp"), mesh.get_local_rank(1)) == (dp_index, tp_index)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="name the one"):
+        mesh.get_group()
+    with pytest.raises(mpicoll.InvalidArgumentError, match="no 'pp'"):
+        mesh.get_local_rank("pp")
+    tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
+    assert isinstance(tp_mesh, dist.DeviceMesh) and tp_mesh.ndim == 1
+    assert tp_mesh.mesh.tolist() == [dp_index * shape[1] + k for k in range(shape[1])]
+    assert dp_mesh.mesh.tolist() == [k * shape[1] + tp_index for k in range(shape[0])]
+    assert (tp_mesh.get_local_rank(), tp_mesh.size(), dp_mesh.get_local_rank()) == \
+        (tp_index, shape[1], dp_index)
+    assert tp_mesh.get_group() is mesh.get_group("tp")
+    assert dist.get_rank(tp_mesh.get_group()) == tp_index
+    assert mesh["dp", "tp"].mesh.tolist() == mesh.mesh.tolist()
+    with pytest.raises(mpicoll.InvalidArgumentError, match="mesh's order"):
+        mesh["tp", "dp"]
+    t = np.full(1, float(rank))
+    dist.all_reduce(t, group=tp_mesh.get_group())
+    assert t[0] == sum(tp_mesh.mesh.tolist())
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise TypeError("not today")
+
+
+def test_object_collectives_as_torch(initialized):
+    """all_gather_object, gather_object, broadcast_object_list, scatter_object_list: any
+    picklable object, its size unknown to the others; a wrong list on one rank raises
+    there after it took part, and an unpicklable object raises, every rank going on."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    mine = {"rank": rank, "text": "x" * rank, "array": np.arange(rank)}
+    everyone: list = [None] * size
+    dist.all_gather_object(everyone, mine)
+    assert [o["rank"] for o in everyone] == list(range(size))
+    assert [len(o["text"]) for o in everyone] == list(range(size))
+    np.testing.assert_array_equal(everyone[-1]["array"], np.arange(size - 1))
+    last = size - 1
+    gathered = [None] * size if rank == last else None
+    dist.gather_object(("hello", rank), gathered, dst=last)
+    if rank == last:
+        assert gathered == [("hello", r) for r in range(size)]
+    objects = [1, "two", {3: 4}] if rank == 0 else [None, None, None]
+    dist.broadcast_object_list(objects, src=0)
+    assert objects == [1, "two", {3: 4}]
+    out: list = [None]
+    dist.scatter_object_list(out, [f"for {r}" * (r + 1) for r in range(size)] if rank == 0
+                             else None, src=0)
+    assert out[0] == f"for {rank}" * (rank + 1)
+    short: list = [None] * (size - 1 if rank == last else size)
+    if rank == last:  # it took part (the others got theirs), then raises
+        with pytest.raises(mpicoll.InvalidArgumentError, match="object_list"):
+            dist.all_gather_object(short, rank)
+    else:
+        dist.all_gather_object(short, rank)
+        assert short == list(range(size))
+    with pytest.raises(mpicoll.InvalidArgumentError, match=f"obj on rank {last} cannot be"):
+        dist.all_gather_object(everyone, _Unpicklable() if rank == last else rank)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="object_list on rank 0 cannot be"):
+        dist.broadcast_object_list([_Unpicklable()] if rank == 0 else [None], src=0)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="expected a list of"):
+        dist.scatter_object_list(out, [1] * (size + 1) if rank == 0 else None, src=0)
+    dist.all_gather_object(everyone, rank * 10)  # the next call: every rank in step
+    assert everyone == [r * 10 for r in range(size)]
+
+
+def test_torch_names_tutorials_reach_for(initialized):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    assert dist.group.WORLD is dist.GroupMember.WORLD is not None
+    assert dist.get_process_group_ranks(dist.group.WORLD) == list(range(size))
+    assert dist.is_mpi_available() and dist.is_gloo_available()
+    assert isinstance(dist.is_nccl_available(), bool)
+    assert dist.Backend("GLOO") == dist.Backend.GLOO == "gloo"
+    world = mpicoll.Communicator()
+    assert dist.get_node_local_rank() == world.nodes[world.node].index(rank)
+    world.free()
+    mine, groups = dist.new_subgroups(1)
+    assert len(groups) == size and dist.get_process_group_ranks(mine) == [rank]
+    t = np.ones(1)
+    dist.all_reduce(t, group=mine)
+    assert t[0] == 1.0
+
+
 def test_a_bad_list_on_one_rank_raises_without_leaving_the_others_waiting(initialized):
     rank, size = dist.get_rank(), dist.get_world_size()
     got = np.zeros(2)
