@@ -45,7 +45,8 @@ class Groups:
         """This rank's node: nodes are numbered in the order of their first rank. Agreed
         by every rank when the Communicator is made, from ``MPICOLL_RANKS_PER_NODE=k``
         (consecutive blocks of k ranks of the job: nodes simulated on one machine), SLURM's
-        node of the task under srun, else the host MPI names."""
+        node of the task where srun started every rank, else the shared-memory node
+        (``MPI_COMM_TYPE_SHARED``)."""
         return self._node_of[self.rank]
 
     @property

@@ -318,3 +318,32 @@ def test_a_failed_calls_staged_receives_are_dropped_by_the_next_call(monkeypatch
         got = comm.all_reduce(cupy.asarray(np.ones(4)), algorithm="ring")
         assert got.get().tolist() == [comm.size] * 4
         comm.free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("launch", ["srun", "mpiexec inside a batch job", "no slurm"])
+def test_nodes_from_srun_and_else_the_shared_memory_node(monkeypatch, launch):
+    """A rank reads SLURM's node only where srun started it (its SLURM_PROCID is its rank
+    in the job); where some ranks cannot (mpiexec inside a batch job: every rank inherits
+    the batch step's SLURM_PROCID 0 and its node's name), every rank takes its
+    shared-memory node (MPI_COMM_TYPE_SHARED: here, one machine, so one node)."""
+    w = _world()
+    rank, size = w.Get_rank(), w.Get_size()
+    monkeypatch.delenv("MPICOLL_RANKS_PER_NODE", raising=False)
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    if launch == "srun":  # two virtual nodes: ranks 0.. and the rest
+        monkeypatch.setenv("SLURM_PROCID", str(rank))
+        monkeypatch.setenv("SLURMD_NODENAME", f"node{int(rank >= (size + 1) // 2)}")
+    elif launch == "mpiexec inside a batch job":  # (the names are not read: they may be
+        monkeypatch.setenv("SLURM_PROCID", "0")      # the batch node's, or a proxy's)
+        monkeypatch.setenv("SLURMD_NODENAME", f"host{rank}")
+    comm = mpicoll.Communicator()
+    try:
+        if launch == "srun" and size > 1:
+            half = (size + 1) // 2
+            assert comm.nodes == (tuple(range(half)), tuple(range(half, size)))
+        else:
+            assert comm.nodes == (tuple(range(size)),)
+    finally:
+        comm.free()

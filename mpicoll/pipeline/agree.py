@@ -392,7 +392,7 @@ SETTINGS = ("check", "timeout", "MPICOLL_FLIGHT_RECORDER", "trace", "MPICOLL_CUD
 _REFUSED_CONFIG, _REFUSED_ARGUMENT = 1, 2  # a setting's field: ConfigError, InvalidArgumentError
 _TRACE_FILE, _TRACE_BY_ENV = 2, 4  # the trace field: 0 off, 1 recorded, 2 and a file; + 4
 # + check, trace, node key, first refusal's text
-_SETTINGS_ROW = len(SETTINGS) + 3 + _TEXT_BYTES // 8
+_SETTINGS_ROW = len(SETTINGS) + 4 + _TEXT_BYTES // 8
 # a node key: where it came from (and MPICOLL_RANKS_PER_NODE's k) above the node's number
 _BY_BLOCKS, _BY_SLURM, _BY_HOST, _SOURCE_SHIFT, _K_SHIFT = 1, 2, 3, 56, 36
 
@@ -409,6 +409,7 @@ class Settings:
         self.trace_by_env = False  # from MPICOLL_TRACE, not trace=
         self.cuda_aware: bool | None = None  # MPICOLL_CUDA_AWARE where it is set
         self.node_key = 0  # which node this rank is on (see node_key), as a number
+        self.shared_node = 0  # and its shared-memory node (see shared_node)
         self.refusals: dict[str, MpicollError] = {}  # by name in SETTINGS, in that order
 
 
@@ -439,6 +440,7 @@ def read_settings(backend: Backend, check: Any, trace: Any, timeout: Any) -> Set
     if problem:
         s.refusals["MPICOLL_DUMP_DIR"] = ConfigError(
             f"MPICOLL_DUMP_DIR: cannot write the hang reports to {folder}: {problem}")
+    s.shared_node = shared_node(backend)  # (collective: before anything can raise)
     try:
         s.node_key = node_key(backend)
     except MpicollError as exc:
@@ -449,38 +451,62 @@ def read_settings(backend: Backend, check: Any, trace: Any, timeout: Any) -> Set
 def node_key(backend: Backend) -> int:
     """A number naming this rank's node, the same for the ranks of one node, from (in
     this order) ``MPICOLL_RANKS_PER_NODE=k`` (consecutive blocks of k ranks of the job:
-    nodes simulated on one machine), SLURM's node of the task under srun, else the host.
-    Its source is part of it, so ranks that read different sources never agree."""
+    nodes simulated on one machine), SLURM's node of the task where srun started it (its
+    ``SLURM_PROCID`` is its rank in the job: not a rank that mpiexec started inside a
+    batch job, which inherits the batch step's), else 0: the shared-memory node
+    (``shared_node``). Its source is part of it, so ranks that read different sources
+    never agree."""
     text = os.environ.get("MPICOLL_RANKS_PER_NODE", "").strip()
-    if backend.ranks_are_threads:
-        job_rank = getattr(backend.transport, "job_rank", backend.transport.rank)
-    else:
-        from mpi4py import MPI
-
-        job_rank = MPI.COMM_WORLD.Get_rank()
+    job_rank = _job_rank(backend)
     if text:
         if not (text.isascii() and text.isdigit()) or not 1 <= int(text) < 1 << 20:
             raise ConfigError(f"MPICOLL_RANKS_PER_NODE: expected a number of ranks >= 1, got {text!r}")
         k = int(text)
         return (_BY_BLOCKS << _SOURCE_SHIFT) | (k << _K_SHIFT) | (job_rank // k)
-    name = os.environ.get("SLURMD_NODENAME") if os.environ.get("SLURM_PROCID") else None
-    if name:
+    name = os.environ.get("SLURMD_NODENAME")
+    if name and os.environ.get("SLURM_PROCID", "").strip() == str(job_rank):
         return (_BY_SLURM << _SOURCE_SHIFT) | crc(name)
+    return 0
+
+
+def _job_rank(backend: Backend) -> int:
+    if backend.ranks_are_threads:
+        return getattr(backend.transport, "job_rank", backend.transport.rank)
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank()
+
+
+def shared_node(backend: Backend) -> int:
+    """A number naming this rank's shared-memory node: the lowest job rank of the ranks
+    that MPI_COMM_TYPE_SHARED puts with it (collective: every rank of the Communicator
+    being made calls it, whatever its settings); threads of the local backend share one."""
     if backend.ranks_are_threads:
         return _BY_HOST << _SOURCE_SHIFT
     from mpi4py import MPI
 
-    return (_BY_HOST << _SOURCE_SHIFT) | crc(MPI.Get_processor_name())
+    node = backend.control.comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        lowest = np.array([_job_rank(backend)], np.int64)
+        node.Allreduce(MPI.IN_PLACE, lowest, MPI.MIN)
+    finally:
+        node.Free()
+    return (_BY_HOST << _SOURCE_SHIFT) | int(lowest[0])
 
 
-def node_indices(keys: np.ndarray) -> tuple[int, ...]:
-    """Each rank's node index from every rank's node key: nodes numbered in the order of
-    their first rank. Raises ConfigError where the ranks read different sources."""
+def node_indices(keys: np.ndarray, shared: np.ndarray | None = None) -> tuple[int, ...]:
+    """Each rank's node index from every rank's node key (and shared-memory node, used
+    where a rank's key is 0, or where some ranks read SLURM's node and others could not):
+    nodes numbered in the order of their first rank. Raises ConfigError where
+    ``MPICOLL_RANKS_PER_NODE`` is set on some ranks only, or to different numbers."""
     sources = keys >> _SOURCE_SHIFT
     blocks = keys >> _K_SHIFT
-    if (sources != sources[0]).any() or (sources[0] == _BY_BLOCKS and (blocks != blocks[0]).any()):
+    by_blocks = sources == _BY_BLOCKS
+    if by_blocks.any() and (not by_blocks.all() or (blocks != blocks[0]).any()):
         raise ConfigError("MPICOLL_RANKS_PER_NODE: it must be the same on every rank (set on "
                           "some ranks only, or to different numbers)")
+    if shared is not None and not by_blocks.any() and not (sources == _BY_SLURM).all():
+        keys = shared  # (SLURM's node on every rank, or on none)
     first: dict[int, int] = {}
     return tuple(first.setdefault(int(k), len(first)) for k in keys.tolist())
 
@@ -544,10 +570,10 @@ def settings(c: CallState, mine: Settings) -> None:
     row[n] = int(mine.check)
     row[n + 1] = (0 if mine.trace is False else _TRACE_FILE if isinstance(mine.trace, str)
                   else 1) | (_TRACE_BY_ENV if mine.trace_by_env else 0)
-    row[n + 2] = mine.node_key
+    row[n + 2], row[n + 3] = mine.node_key, mine.shared_node
     first = next(iter(mine.refusals.values()), None)
     if first is not None:
-        row[n + 3:] = _text(" ".join(str(first).split()), _TEXT_BYTES)
+        row[n + 4:] = _text(" ".join(str(first).split()), _TEXT_BYTES)
     t.begin()
     all_gather(c, table, _SETTINGS_ROW)
     rows = table.reshape(t.size, _SETTINGS_ROW)
@@ -556,7 +582,7 @@ def settings(c: CallState, mine: Settings) -> None:
         groups: dict[str, list[int]] = {}
         for r in np.flatnonzero(refused.any(axis=1)).tolist():
             names = [SETTINGS[i] for i in np.flatnonzero(refused[r]).tolist()]
-            text = _untext(rows[r, n + 3:])
+            text = _untext(rows[r, n + 4:])
             if len(names) > 1:
                 text += f" (and its {', '.join(names[1:])})"
             groups.setdefault(text, []).append(r)
@@ -575,7 +601,7 @@ def settings(c: CallState, mine: Settings) -> None:
         kind = ConfigError if (rows[:, n + 1] & _TRACE_BY_ENV).any() else MismatchError
         raise kind(f"trace: tracing must be the same on every rank (MPICOLL_TRACE or trace=; "
                    f"rank 0 writes the file, at its path): {detail}")
-    c._node_of = node_indices(rows[:, n + 2])
+    c._node_of = node_indices(rows[:, n + 2], rows[:, n + 3])
     c._backend.transport.nodes = c._node_of  # what hierarchical algorithms split by
 
 
