@@ -79,7 +79,7 @@ def _plain_env(**extra: str) -> dict[str, str]:
 
 def test_job_scripts_parse():
     assert {p.name for p in JOBS} >= {"compare_cpu.sbatch", "compare_gpu.sbatch",
-                                      "scaling.sbatch", "tests.sbatch"}
+                                      "scaling.sbatch", "tests.sbatch", "examples.sbatch"}
     for script in [*JOBS, ROOT / "jobs" / "env.sh", CLUSTER]:
         subprocess.run(["bash", "-n", str(script)], check=True)
 
@@ -262,6 +262,26 @@ def test_tests_job_across_nodes(cluster, tmp_path):
     assert "on c[1-2]: 4 tasks" in output
     report = (results / "tests.txt").read_text()
     assert re.search(r"\d+ passed", report) and "failed" not in report
+
+
+def test_examples_job_across_nodes(cluster, tmp_path):
+    """Every example, each checking its own result, with its ranks on both nodes; mesh_mlp
+    finds its tp groups inside a node (the nodes seen as SLURM's)."""
+    import pkgutil
+
+    import mpicoll.examples
+
+    status, output, results = _submit(cluster, tmp_path, "examples.sbatch", timeout=600)
+    assert status == 0, output
+    assert "# every example passed" in output
+    names = [m.name for m in pkgutil.iter_modules(mpicoll.examples.__path__)
+             if not m.name.startswith("_")]
+    assert names and all((results / f"{name}.txt").is_file() for name in names), names
+    assert "nodes [[0, 1], [2, 3]]: every tp group inside one node" in \
+        (results / "mesh_mlp.txt").read_text()
+    status, output, _ = _submit(cluster, tmp_path, "examples.sbatch",
+                                MPICOLL_EXAMPLES="quickstart no_such_example")
+    assert status != 0 and "no example 'no_such_example'" in output, output
 
 
 def test_a_failing_test_fails_the_tests_job(cluster, tmp_path):
