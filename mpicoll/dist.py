@@ -151,10 +151,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     """Make the default group over every rank of the job (MPI_COMM_WORLD)."""
     if is_initialized():
         raise InvalidArgumentError("init_process_group: already initialized")
-    name = (backend or "mpi").lower()
-    name = "mpi" if name in ("gloo", "cpu:gloo", "mpi") else name
-    if name not in ("mpi", "nccl"):
-        raise InvalidArgumentError(f"backend: expected 'mpi' or 'nccl' (or 'gloo'), got {backend!r}")
+    name = _backend_name(backend or "mpi")
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
     comm = Communicator(backend=name, timeout=seconds)
     problem = ""
@@ -197,6 +194,9 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         for made in groups:
             if not made.comm.freed:
                 made.comm.free()
+        for other in _STATE.pop("others", {}).values():
+            if not other.freed:
+                other.free()
         world = _STATE["world"]
         if world is not None:
             world.comm.free()
@@ -221,8 +221,8 @@ def _group(group: Any) -> ProcessGroup:
 
 
 def get_backend(group: Any = None) -> str:
-    _group(group)
-    return _STATE["backend"]
+    """The group's backend: "mpi" (also where "gloo" was asked for) or "nccl"."""
+    return _STATE["backend"] if group is None else _group(group).comm.backend
 
 
 def get_rank(group: Any = None) -> int:
@@ -254,12 +254,51 @@ def new_group(ranks: Sequence[int] | None = None, timeout: Any = None, backend: 
     if sort_ranks and all(isinstance(r, (int, np.integer)) and not isinstance(r, bool)
                           for r in members):
         members = sorted(int(r) for r in members)  # as torch's; else refused on every rank
-    comm = world.comm.new_group(members)
+    comm = _world_on(backend).new_group(members)
     if comm is None:
         return GroupMember.NON_GROUP_MEMBER
     made = ProcessGroup(comm, [int(r) for r in members])
     _STATE["groups"].append(made)
     return made
+
+
+def _backend_name(backend: Any) -> str:
+    """torch's backend name as mpicoll's: "gloo" (or "cpu:gloo") and "mpi" are "mpi"."""
+    name = str(backend).lower()
+    name = "mpi" if name in ("gloo", "cpu:gloo", "mpi") else name
+    if name not in ("mpi", "nccl"):
+        raise InvalidArgumentError(f"backend: expected 'mpi' or 'nccl' (or 'gloo'), got {backend!r}")
+    return name
+
+
+_BACKEND_CODES = {"mpi": 1, "nccl": 2}
+
+
+def _world_on(backend: Any) -> Communicator:
+    """The job's Communicator on ``backend`` (None: the default group's), agreed by every
+    rank (a bad or different name on any rank raises on every rank, naming them): a CPU
+    group of an NCCL job (``new_group(backend="gloo")``) is made over an MPI Communicator
+    of every rank, made once (every rank makes it, at its first such new_group)."""
+    world = _group(None)
+    try:
+        name, problem = _STATE["backend"] if backend is None else _backend_name(backend), ""
+    except InvalidArgumentError as exc:
+        name, problem = "", str(exc)
+    codes = np.zeros(world.comm.size, np.int64)
+    control = world.comm.control_comm
+    control.Allgather(np.array([_BACKEND_CODES.get(name, 0)], np.int64), codes)
+    if not codes.all() or (codes != codes[0]).any():
+        odd = [r for r in range(len(codes)) if codes[r] != codes[0] or not codes[r]]
+        raise InvalidArgumentError(
+            f"new_group: backend {backend!r} here{': ' + problem if problem else ''}; every "
+            f"rank must give the same backend, and rank(s) {odd} give another or a bad one")
+    if name == _STATE["backend"]:
+        return world.comm
+    made = _STATE.setdefault("others", {})
+    if name not in made:
+        made[name] = Communicator(world.comm.control_comm, backend=name,
+                                  timeout=world.comm.timeout)
+    return made[name]
 
 
 def get_group_rank(group: Any, global_rank: int) -> int:

@@ -601,3 +601,32 @@ def test_split_and_new_group_on_the_nccl_backend(fake_cupy):
         first.free()
     sub.free()
     comm.free()
+
+
+@pytest.mark.mpi
+def test_a_cpu_group_of_an_nccl_job(fake_cupy):
+    """``dist.new_group(backend="gloo")`` on an NCCL job (torch's CPU side-group for host
+    metadata) is a group on the MPI backend, over the same ranks: host arrays go through
+    it, as device arrays go through the NCCL groups; destroy_process_group frees both."""
+    import mpicoll.dist as dist
+
+    dist.init_process_group("nccl")
+    try:
+        rank, size = dist.get_rank(), dist.get_world_size()
+        cpu = dist.new_group(backend="gloo")
+        assert dist.get_backend() == "nccl" and dist.get_backend(cpu) == "mpi"
+        assert dist.get_process_group_ranks(cpu) == list(range(size))
+        host = np.full(2, float(rank))
+        dist.all_reduce(host, group=cpu)
+        assert host.tolist() == [float(sum(range(size)))] * 2
+        device = fake_cupy.asarray(np.full(2, 1.0))
+        dist.all_reduce(device)
+        assert device.get().tolist() == [float(size)] * 2
+        last = dist.new_group([size - 1], backend="cpu:gloo")
+        assert (last is dist.GroupMember.NON_GROUP_MEMBER) == (rank != size - 1)
+        with pytest.raises(mpicoll.InvalidArgumentError, match=rf"rank\(s\) \[{size - 1}\]"):
+            dist.new_group(backend="ucc" if rank == size - 1 else "gloo")  # every rank raises
+        again = dist.new_group(backend="gloo")  # then the next call, as every rank makes it
+        assert dist.get_backend(again) == "mpi"
+    finally:
+        dist.destroy_process_group()
