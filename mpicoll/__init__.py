@@ -40,7 +40,7 @@ from .errors import (
 )
 from .observe.abort import abort_on_exception
 from .ops import Op, ReduceOp, loc_dtype, reduce_local
-from .p2p import ANY, P2POp, Request
+from .p2p import ANY, P2POp, Request, Status
 from .plan import Plan
 from .work import Work
 
@@ -74,6 +74,7 @@ __all__ = [
     "ReduceOp",
     "RemoteError",
     "Request",
+    "Status",
     "UnsupportedDtypeError",
     "UnsupportedOpError",
     "Work",

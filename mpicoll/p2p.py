@@ -3,6 +3,9 @@
 
     comm.send(x, dest=1, tag=7)                      # returns once x may be reused
     source = comm.recv(out, source=mpicoll.ANY)      # fills out; who sent it
+    status = comm.probe(source=mpicoll.ANY, tag=mpicoll.ANY)  # the next message's
+    out = np.empty(status.count(np.float64))         # source, tag and bytes, not taken
+    comm.recv(out, status.source, status.tag, status=status)
     request = comm.isend(x, dest=1)                  # request.wait(), request.test()
     requests = comm.batch_isend_irecv([mpicoll.P2POp("isend", x, 1),
                                        mpicoll.P2POp("irecv", y, 1)])
@@ -10,7 +13,10 @@
 Messages travel as raw bytes (no pickle) on a communicator of their own, made with the
 Communicator, so a program's tags never meet a collective's messages, and they are not
 numbered calls: a send matches the receive of the same (source, tag) in order, as in MPI.
-A receive takes a message of at most ``out``'s bytes. Every blocking step (a send, a
+A receive takes a message of at most ``out``'s bytes; its ``status=`` (an ``mpicoll.Status``)
+is filled with the sender, the tag and the message's bytes (``status.count(dtype)``: its
+elements), as MPI's status: the rest of ``out`` is left as it was. ``source`` and a
+receive's ``tag`` may be ``mpicoll.ANY``. Every blocking step (a send, a
 receive, a request's ``wait``) is watched: past the Communicator's timeout the rank
 reports what it waits for (the peer and the tag) and the job ends, as for every call.
 One thread at a time, as for the collectives.
@@ -19,8 +25,8 @@ On the nccl backend (``NCCLPeers``) messages move GPU arrays on NCCL communicato
 for each pair of ranks and tag at its first message (a meeting point of the two ranks),
 queued on the current CuPy stream: blocking calls synchronize it, a Request's ``wait``
 waits for an event recorded after the message. NCCL has no wildcard receive
-(``source=ANY`` is refused) and cannot tell a shorter message: a receive must be exactly
-as long as its send. A rank runs its messages in the order it issues them, so messages
+(``source=ANY`` and ``tag=ANY`` are refused, as is ``probe``) and cannot tell a shorter
+message: a receive must be exactly as long as its send. A rank runs its messages in the order it issues them, so messages
 that two ranks exchange, or receive in another order than they were sent, go in one
 ``sendrecv`` or ``batch_isend_irecv`` (one NCCL group), as with torch's NCCL backend.
 A backend's peers object says what it cannot do: ``any_source`` (default True) and
@@ -43,6 +49,7 @@ from .errors import (
     MpicollError,
 )
 from .pipeline.entry import freed, watched_step
+from .transport import Status
 
 ANY = -1  # ``source=ANY``: a message from any rank
 
@@ -70,10 +77,16 @@ class Request:
     def __repr__(self) -> str:
         return f"<mpicoll.Request {self._what} peer {self._peer} tag {self._tag}>"
 
-    def wait(self) -> int | None:
+    def wait(self, status: Status | None = None) -> int | None:
+        """Wait until it is done: a receive's source (``status``, where given, filled as
+        ``recv``'s), a send's None."""
         with watched_step(self._comm, self._what, _waiting(self._what, self._peer, self._tag)):
-            source = self._request.wait()
-        return source if self._receive else None
+            got = self._request.wait()
+        if not self._receive:
+            return None
+        if status is not None:
+            status.fill(got)
+        return got.source
 
     def test(self) -> bool:
         try:
@@ -89,7 +102,7 @@ class Request:
 def _waiting(what: str, peer: int, tag: int) -> str:
     if what in ("recv", "irecv"):
         return (f"waiting to receive from {'any rank' if peer == ANY else f'rank {peer}'} "
-                f"(point-to-point, tag {tag})")
+                f"(point-to-point, {'any tag' if tag == ANY else f'tag {tag}'})")
     return f"waiting to send to rank {peer} (point-to-point, tag {tag})"
 
 
@@ -128,11 +141,29 @@ def _rank(comm: Any, value: Any, name: str, any_ok: bool = False) -> int:
     return value
 
 
-def _tag(peers: Any, tag: Any) -> int:
+def _tag(peers: Any, tag: Any, any_ok: bool = False) -> int:
+    """A message's tag; a receive's (``any_ok``) may be ANY where the backend can match
+    any tag."""
+    if any_ok and tag is not None and not isinstance(tag, (bool, np.bool_)) and tag == ANY:
+        if not getattr(peers, "any_source", True):
+            raise InvalidArgumentError("tag: mpicoll.ANY (any tag) is not on the nccl backend: "
+                                       "NCCL has no wildcard receive; name the tag")
+        return ANY
     if isinstance(tag, (bool, np.bool_)) or not isinstance(tag, (int, np.integer)) \
             or not 0 <= tag <= peers.max_tag:
-        raise InvalidArgumentError(f"tag: expected an int in 0..{peers.max_tag}, got {tag!r}")
+        raise InvalidArgumentError(f"tag: expected an int in 0..{peers.max_tag}"
+                                   f"{' or mpicoll.ANY' if any_ok else ''}, got {tag!r}")
     return int(tag)
+
+
+def _filled(status: Status | None, got: Status) -> int:
+    """A receive's source, its ``status=`` filled where given."""
+    if status is not None:
+        if not isinstance(status, Status):
+            raise InvalidArgumentError(f"status: expected an mpicoll.Status, got "
+                                       f"{type(status).__name__}")
+        status.fill(got)
+    return got.source
 
 
 def _on_device(comm: Any, peers: Any, array: Any, name: str) -> Any:
@@ -177,29 +208,61 @@ class PointToPoint:
         with watched_step(self, "send", _waiting("send", dest, tag)):
             peers.send(buf, dest, tag)
 
-    def recv(self, out: Any, source: int = ANY, tag: int = 0) -> int:
+    def recv(self, out: Any, source: int = ANY, tag: int = 0,
+             status: Status | None = None) -> int:
         """Receive a message of at most ``out``'s bytes (on nccl: exactly) from ``source``
-        (``mpicoll.ANY``: any rank; not on nccl) into ``out`` in place; returns the rank
-        that sent it."""
+        (``mpicoll.ANY``: any rank; not on nccl) with ``tag`` (ANY: any tag; not on nccl)
+        into ``out`` in place; returns the rank that sent it. ``status``: an
+        ``mpicoll.Status``, filled with the sender, the tag and the message's bytes."""
         peers = _peers(self)
-        source, tag = _source(self, peers, source), _tag(peers, tag)
+        source, tag = _source(self, peers, source), _tag(peers, tag, True)
         buf = _incoming(self, peers, out)
         if source == self.rank:
             raise InvalidArgumentError("source: a blocking receive from this rank itself "
                                        "would wait forever; use isend and irecv")
         with watched_step(self, "recv", _waiting("recv", source, tag)):
-            return peers.recv(buf, source, tag)
+            got = peers.recv(buf, source, tag)
+        return _filled(status, got)
+
+    def probe(self, source: int = ANY, tag: int = ANY) -> Status:
+        """Wait for a message from ``source`` with ``tag`` (either mpicoll.ANY) and give
+        its Status (sender, tag, bytes) without receiving it: the next matching receive
+        takes it (a buffer of ``status.count(dtype)`` elements holds it). Not on nccl."""
+        peers = self._prober("probe")
+        source, tag = _source(self, peers, source), _tag(peers, tag, True)
+        if source == self.rank:
+            raise InvalidArgumentError("source: a blocking probe of this rank itself would "
+                                       "wait forever")
+        with watched_step(self, "probe", _waiting("recv", source, tag)):
+            return peers.probe(source, tag, True)
+
+    def iprobe(self, source: int = ANY, tag: int = ANY) -> Status | None:
+        """``probe`` without waiting: the Status of a matching message that has come, or
+        None."""
+        peers = self._prober("iprobe")
+        source, tag = _source(self, peers, source), _tag(peers, tag, True)
+        with watched_step(self, "iprobe", _waiting("recv", source, tag)):
+            return peers.probe(source, tag, False)
+
+    def _prober(self, what: str) -> Any:
+        peers = _peers(self)
+        if not hasattr(peers, "probe"):
+            raise InvalidArgumentError(f"{what}: not on the {self.backend} backend: NCCL "
+                                       "cannot look at a message before receiving it")
+        return peers
 
     def sendrecv(self, x: Any, dest: int, out: Any, source: int = ANY, send_tag: int = 0,
-                 recv_tag: int = 0) -> int:
+                 recv_tag: int = 0, status: Status | None = None) -> int:
         """Send ``x`` to ``dest`` and receive into ``out`` from ``source`` at once (no
-        deadlock when two ranks exchange); returns the rank the message came from."""
+        deadlock when two ranks exchange); returns the rank the message came from
+        (``status``: filled as ``recv``'s)."""
         peers = _peers(self)
         dest, source = _rank(self, dest, "dest"), _source(self, peers, source)
-        send_tag, recv_tag = _tag(peers, send_tag), _tag(peers, recv_tag)
+        send_tag, recv_tag = _tag(peers, send_tag), _tag(peers, recv_tag, True)
         sendbuf, recvbuf = _outgoing(self, peers, x), _incoming(self, peers, out)
         with watched_step(self, "sendrecv", _waiting("recv", source, recv_tag)):
-            return peers.sendrecv(sendbuf, dest, send_tag, recvbuf, source, recv_tag)
+            got = peers.sendrecv(sendbuf, dest, send_tag, recvbuf, source, recv_tag)
+        return _filled(status, got)
 
     def isend(self, x: Any, dest: int, tag: int = 0) -> Request:
         """Start sending ``x`` to ``dest``: a Request; ``x`` must not change until its
@@ -210,10 +273,10 @@ class PointToPoint:
             return Request(self, "isend", dest, tag, peers.isend(buf, dest, tag), False)
 
     def irecv(self, out: Any, source: int = ANY, tag: int = 0) -> Request:
-        """Start receiving into ``out`` from ``source``: a Request whose ``wait()`` gives
-        the rank the message came from."""
+        """Start receiving into ``out`` from ``source`` (tag: or ANY): a Request whose
+        ``wait()`` gives the rank the message came from (``wait(status)``: and fills it)."""
         peers = _peers(self)
-        source, tag = _source(self, peers, source), _tag(peers, tag)
+        source, tag = _source(self, peers, source), _tag(peers, tag, True)
         buf = _incoming(self, peers, out)
         with watched_step(self, "irecv", _waiting("recv", source, tag)):
             return Request(self, "irecv", source, tag, peers.irecv(buf, source, tag), True)

@@ -630,3 +630,27 @@ def test_a_cpu_group_of_an_nccl_job(fake_cupy):
         assert dist.get_backend(again) == "mpi"
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.mpi
+def test_a_staged_receive_of_a_shorter_message_leaves_the_rest(fake_cupy):
+    """On the mpi backend through pinned host memory, a device receive of a message
+    shorter than its buffer copies the message's bytes alone onto the GPU (the rest of
+    the buffer as it was, as MPI leaves it) and its status says how many came."""
+    comm = _communicator("0")
+    try:
+        r, p = comm.rank, comm.size
+        right, left = (r + 1) % p, (r - 1) % p
+        for receive in ("recv", "irecv"):
+            out = fake_cupy.asarray(np.full(6, -1.0))
+            status = mpicoll.Status()
+            request = comm.isend(fake_cupy.asarray(np.full(2, float(r))), right, tag=3)
+            if receive == "recv" and p > 1:  # (a blocking receive from itself is refused)
+                assert comm.recv(out, left, 3, status=status) == left
+            else:
+                assert comm.irecv(out, left, 3).wait(status) == left
+            request.wait()
+            assert status.count(np.float64) == 2
+            assert out.get().tolist() == [float(left)] * 2 + [-1.0] * 4
+    finally:
+        comm.free()

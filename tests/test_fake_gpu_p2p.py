@@ -185,6 +185,11 @@ def test_what_nccl_cannot_do_is_refused_before_any_message(comm, fake_cupy):
         comm.irecv(out, mpicoll.ANY)
     with pytest.raises(mpicoll.InvalidArgumentError, match=any_rank):
         comm.sendrecv(x, comm.rank, out)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="tag: mpicoll.ANY .any tag. is not"):
+        comm.recv(out, comm.rank, mpicoll.ANY)
+    for probe in (comm.probe, comm.iprobe):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="not on the nccl backend"):
+            probe(comm.rank, 0)
     with pytest.raises(mpicoll.InvalidArgumentError, match=r"ops\[1\].peer: mpicoll.ANY"):
         comm.batch_isend_irecv([mpicoll.P2POp("isend", x, comm.rank),
                                 mpicoll.P2POp("irecv", out, mpicoll.ANY)])
@@ -200,7 +205,9 @@ def test_what_nccl_cannot_do_is_refused_before_any_message(comm, fake_cupy):
                                 mpicoll.P2POp("irecv", fake_cupy.zeros(3), comm.rank)])
     requests = comm.batch_isend_irecv([mpicoll.P2POp("isend", x + 1, comm.rank),
                                        mpicoll.P2POp("irecv", out, comm.rank)])
-    assert requests[1].wait() == comm.rank and out.get().tolist() == [2.0, 2.0]
+    status = mpicoll.Status()
+    assert requests[1].wait(status) == comm.rank and out.get().tolist() == [2.0, 2.0]
+    assert (status.source, status.tag, status.nbytes) == (comm.rank, 0, out.nbytes)
     _next_call_is_right(comm, fake_cupy)
 
 

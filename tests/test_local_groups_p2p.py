@@ -65,6 +65,29 @@ def test_point_to_point_on_thread_ranks():
     assert run_local(3, body, timeout=10) == [True] * 3
 
 
+def test_status_probe_and_any_tag_on_thread_ranks():
+    def body(comm):
+        r, last = comm.rank, comm.size - 1
+        if r == 0:
+            assert comm.iprobe(last, 4) is None
+        comm.barrier()
+        if r == last:
+            comm.send(np.arange(3.0), 0, tag=4)
+            comm.send(np.arange(5, dtype=np.int32), 0, tag=6)
+        elif r == 0:
+            status = comm.probe(tag=mpicoll.ANY)
+            assert (status.source, status.tag, status.count(np.float64)) == (last, 4, 3)
+            out, got = np.full(5, -1.0), mpicoll.Status()
+            assert comm.recv(out, mpicoll.ANY, mpicoll.ANY, status=got) == last
+            assert got.nbytes == 24 and out.tolist() == [0.0, 1.0, 2.0, -1.0, -1.0]
+            ints, any_tag = np.zeros(8, np.int32), mpicoll.Status()
+            assert comm.irecv(ints, last, mpicoll.ANY).wait(any_tag) == last
+            assert (any_tag.tag, any_tag.count(np.int32)) == (6, 5)
+        return True
+
+    assert run_local(3, body, timeout=10) == [True] * 3
+
+
 def test_a_receive_that_never_comes_times_out_on_thread_ranks():
     def body(comm):
         if comm.rank == 0:

@@ -121,6 +121,45 @@ def test_recv_from_any_rank_reports_who_sent(world):
     _next_call_is_right(world)
 
 
+def test_status_probe_and_any_tag(world):
+    """A receive's status says who sent, with which tag, and how many bytes (a shorter
+    message leaves the rest of out as it was); probe sizes a buffer before the receive;
+    iprobe is None when nothing has come; ANY takes any tag; a staged request too."""
+    if world.size < 2:
+        pytest.skip("needs a peer")
+    r, last = world.rank, world.size - 1
+    if r == 0:
+        assert world.iprobe(last, 4) is None  # (rank `last` sends only after the barrier)
+    world.barrier()
+    if r == last:
+        world.send(np.arange(3.0), 0, tag=4)
+        world.send(np.arange(5, dtype=np.int32), 0, tag=6)
+        world.send(np.full(2, 7.0), 0, tag=8)
+    elif r == 0:
+        status = world.probe(mpicoll.ANY, 4)
+        assert (status.source, status.tag, status.nbytes, status.count(np.float64)) == \
+            (last, 4, 24, 3)
+        out = np.full(10, -1.0)
+        got = mpicoll.Status()
+        assert world.recv(out, status.source, status.tag, status=got) == last
+        assert (got.source, got.tag, got.count(np.float64)) == (last, 4, 3)
+        assert out.tolist() == [0.0, 1.0, 2.0] + [-1.0] * 7  # the rest as it was
+        ints, any_tag = np.zeros(8, np.int32), mpicoll.Status()
+        request = world.irecv(ints, last, mpicoll.ANY)
+        assert request.wait(any_tag) == last and (any_tag.tag, any_tag.count(np.int32)) == (6, 5)
+        assert ints[:5].tolist() == list(range(5))
+        polled = None
+        while polled is None:
+            polled = world.iprobe(tag=mpicoll.ANY)
+        assert (polled.source, polled.tag, polled.nbytes) == (last, 8, 16)
+        world.recv(np.empty(2), tag=mpicoll.ANY)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="tag: expected an int"):
+        world.send(np.ones(1), (r + 1) % world.size, tag=mpicoll.ANY)  # (a send names its tag)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="status: expected"):
+        world.sendrecv(np.ones(1), r, np.empty(1), r, status="status")
+    _next_call_is_right(world)
+
+
 def test_tags_are_matched_not_just_order(world):
     if world.size < 2:
         pytest.skip("needs a peer")

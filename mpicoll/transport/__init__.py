@@ -19,6 +19,26 @@ import numpy as np
 from ..buffers.arrays import cupy_module, is_cupy
 
 
+class Status:
+    """What a point-to-point receive got (MPI's status): the rank that sent it, its tag,
+    and its bytes; ``count(dtype)``: its elements of ``dtype`` (``MPI_Get_count``)."""
+
+    __slots__ = ("source", "tag", "nbytes")
+
+    def __init__(self, source: int = -1, tag: int = -1, nbytes: int = 0) -> None:
+        self.source, self.tag, self.nbytes = source, tag, nbytes
+
+    def count(self, dtype: Any = np.uint8) -> int:
+        return self.nbytes // np.dtype(dtype).itemsize
+
+    def fill(self, other: Status) -> None:
+        """Take ``other``'s values (a caller's ``status=`` filled in place)."""
+        self.source, self.tag, self.nbytes = other.source, other.tag, other.nbytes
+
+    def __repr__(self) -> str:
+        return f"Status(source={self.source}, tag={self.tag}, nbytes={self.nbytes})"
+
+
 class Transport(Protocol):
     rank: int
     size: int

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..buffers.arrays import assign_from_host
 from ..errors import AbortedError, CollectiveTimeoutError, MismatchError
-from . import Workspace
+from . import Status, Workspace
 
 
 class LocalWorld:
@@ -84,14 +84,15 @@ class PeerBoard:
 
     def _match(self, dest: int, source: int, tag: int) -> int:
         for i, (s, d, t, _) in enumerate(self.messages):
-            if d == dest and t == tag and (source < 0 or s == source):
+            if d == dest and (tag < 0 or t == tag) and (source < 0 or s == source):
                 return i
         return -1
 
     def take(self, dest: int, source: int, tag: int, buf: Any, seconds: float,
-             aborted: threading.Event) -> int | None:
-        """Receive the first matching message into ``buf``: its source, or None when none
-        came within ``seconds`` (0: do not wait)."""
+             aborted: threading.Event) -> Status | None:
+        """Receive the first matching message (source and tag: either may be mpicoll.ANY)
+        into ``buf``: its Status, or None when none came within ``seconds`` (0: do not
+        wait). ``buf`` None: look, leaving the message where it is (a probe)."""
         deadline = time.monotonic() + seconds
         with self.cond:
             while True:
@@ -104,14 +105,16 @@ class PeerBoard:
                 if left <= 0:
                     return None
                 self.cond.wait(min(left, 0.05))
-            s, _, _, data = self.messages[i]
+            s, _, t, data = self.messages[i]
+            if buf is None:
+                return Status(s, t, len(data))
             if len(data) > buf.nbytes:
                 raise MismatchError(
-                    f"rank {dest}: the message from rank {s} (tag {tag}) has {len(data)} "
+                    f"rank {dest}: the message from rank {s} (tag {t}) has {len(data)} "
                     f"bytes; the receive buffer only {buf.nbytes}")
             del self.messages[i]
         assign_from_host(buf.reshape(-1).view(np.uint8)[:len(data)], np.frombuffer(data, np.uint8))
-        return s
+        return Status(s, t, len(data))
 
 
 class LocalPeers:
@@ -131,18 +134,25 @@ class LocalPeers:
         for request in list(self.posted):
             if request is before:
                 break
-            if not request.finished and request.tag == tag and (
-                    request.source < 0 or source < 0 or request.source == source):
+            if not request.finished and (request.tag < 0 or tag < 0 or request.tag == tag) \
+                    and (request.source < 0 or source < 0 or request.source == source):
                 request.wait()
 
     def send(self, buf: Any, dest: int, tag: int) -> None:
         self.board.post(self.rank, dest, tag, _host_bytes(buf))
 
-    def recv(self, buf: Any, source: int, tag: int) -> int:
+    def recv(self, buf: Any, source: int, tag: int) -> Status:
         self._earlier(source, tag)
         return self._take(buf, source, tag)
 
-    def _take(self, buf: Any, source: int, tag: int) -> int:
+    def probe(self, source: int, tag: int, wait: bool) -> Status | None:
+        """The next matching message's Status, left to be received (None: none yet,
+        where ``wait`` is False)."""
+        if not wait:
+            return self.board.take(self.rank, source, tag, None, 0, self.transport.world.aborted)
+        return self._take(None, source, tag)
+
+    def _take(self, buf: Any, source: int, tag: int) -> Status:
         t = self.transport
         got = self.board.take(self.rank, source, tag, buf, t.timeout or float("inf"),
                               t.world.aborted)
@@ -155,7 +165,7 @@ class LocalPeers:
         return got
 
     def sendrecv(self, sendbuf: Any, dest: int, send_tag: int, recvbuf: Any, source: int,
-                 recv_tag: int) -> int:
+                 recv_tag: int) -> Status:
         self.send(sendbuf, dest, send_tag)
         return self.recv(recvbuf, source, recv_tag)
 
@@ -183,7 +193,7 @@ class LocalPeerRequest:
         if self in self.peers.posted:
             self.peers.posted.remove(self)
 
-    def wait(self) -> int | None:
+    def wait(self) -> Status | None:
         if not self.finished:
             self.peers._earlier(self.source, self.tag, before=self)
             self._done(self.peers._take(self.buf, self.source, self.tag))
@@ -193,8 +203,8 @@ class LocalPeerRequest:
         if not self.finished:
             p = self.peers
             earlier = [r for r in p.posted[:p.posted.index(self)] if not r.finished
-                       and r.tag == self.tag and (r.source < 0 or self.source < 0
-                                                  or r.source == self.source)]
+                       and (r.tag < 0 or self.tag < 0 or r.tag == self.tag)
+                       and (r.source < 0 or self.source < 0 or r.source == self.source)]
             if not all(r.test() for r in earlier):
                 return False  # an earlier receive takes the next such message first
             got = p.board.take(p.rank, self.source, self.tag, self.buf, 0,

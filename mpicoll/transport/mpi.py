@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import Workspace
+from . import Status, Workspace
 
 # Tags of this process's transports so far: a new transport starts above all of them, so
 # that a message an erroneous call left behind on a freed communicator (whose context id
@@ -356,61 +356,82 @@ class MPIPeers:
     def send(self, buf: Any, dest: int, tag: int) -> None:
         self.comm.Send([self._outgoing(buf), MPI.BYTE], dest, tag)
 
-    def recv(self, buf: Any, source: int, tag: int) -> int:
-        source = MPI.ANY_SOURCE if source < 0 else source  # mpicoll.ANY is -1
+    def recv(self, buf: Any, source: int, tag: int) -> Status:
         status = MPI.Status()
         landing = self._landing(buf)
-        self.comm.Recv([landing, MPI.BYTE], source, tag, status)
-        if landing is not buf:
-            buf.view(np.uint8).set(landing)
-        return status.Get_source()
+        self.comm.Recv([landing, MPI.BYTE], _any(source, MPI.ANY_SOURCE), _any(tag, MPI.ANY_TAG),
+                       status)
+        if landing is not buf:  # (a staged receive: the message's bytes, onto the GPU)
+            count = status.Get_count(MPI.BYTE)
+            buf.view(np.uint8)[:count].set(landing[:count])
+        return _status(status)
 
     def sendrecv(self, sendbuf: Any, dest: int, send_tag: int, recvbuf: Any, source: int,
-                 recv_tag: int) -> int:
-        source = MPI.ANY_SOURCE if source < 0 else source
+                 recv_tag: int) -> Status:
         status = MPI.Status()
         landing = self._landing(recvbuf)
         self.comm.Sendrecv([self._outgoing(sendbuf), MPI.BYTE], dest, send_tag,
-                           [landing, MPI.BYTE], source, recv_tag, status)
+                           [landing, MPI.BYTE], _any(source, MPI.ANY_SOURCE),
+                           _any(recv_tag, MPI.ANY_TAG), status)
         if landing is not recvbuf:
-            recvbuf.view(np.uint8).set(landing)
-        return status.Get_source()
+            count = status.Get_count(MPI.BYTE)
+            recvbuf.view(np.uint8)[:count].set(landing[:count])
+        return _status(status)
+
+    def probe(self, source: int, tag: int, wait: bool) -> Status | None:
+        """The status of the next message from ``source`` with ``tag`` (either may be
+        mpicoll.ANY), without receiving it; ``wait=False``: None where none has come."""
+        status = MPI.Status()
+        source, tag = _any(source, MPI.ANY_SOURCE), _any(tag, MPI.ANY_TAG)
+        if wait:
+            self.comm.Probe(source, tag, status)
+        elif not self.comm.Iprobe(source, tag, status):
+            return None
+        return _status(status)
 
     def isend(self, buf: Any, dest: int, tag: int) -> PeerRequest:
         outgoing = self._outgoing(buf)  # kept by the request until it completes
         return PeerRequest(self.comm.Isend([outgoing, MPI.BYTE], dest, tag), outgoing)
 
     def irecv(self, buf: Any, source: int, tag: int) -> PeerRequest:
-        source = MPI.ANY_SOURCE if source < 0 else source
         landing = self._landing(buf)
-        return PeerRequest(self.comm.Irecv([landing, MPI.BYTE], source, tag), landing,
-                           None if landing is buf else buf)
+        return PeerRequest(self.comm.Irecv([landing, MPI.BYTE], _any(source, MPI.ANY_SOURCE),
+                                           _any(tag, MPI.ANY_TAG)),
+                           landing, None if landing is buf else buf)
 
     def free(self) -> None:
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
 
 
+def _any(value: int, wildcard: int) -> int:
+    return wildcard if value < 0 else value  # mpicoll.ANY is -1
+
+
+def _status(status: MPI.Status) -> Status:
+    return Status(status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE))
+
+
 class PeerRequest:
-    """An MPI request of ``MPIPeers``: ``wait()`` (the source of a receive), ``test()``."""
+    """An MPI request of ``MPIPeers``: ``wait()`` (a receive's Status), ``test()``."""
 
     def __init__(self, request: MPI.Request, keep: Any, device: Any = None) -> None:
         self.request, self.keep, self.device = request, keep, device
         self.status = MPI.Status()
         self.finished = False
 
-    def _finish(self) -> int:
+    def _finish(self) -> None:
         self.finished = True
         if self.device is not None:  # a staged receive: now onto the GPU
-            self.device.view(np.uint8).set(self.keep)
+            count = self.status.Get_count(MPI.BYTE)
+            self.device.view(np.uint8)[:count].set(self.keep[:count])
         self.keep = self.device = None
-        return self.status.Get_source()
 
-    def wait(self) -> int:
+    def wait(self) -> Status:
         if not self.finished:
             self.request.Wait(self.status)
             self._finish()
-        return self.status.Get_source()
+        return _status(self.status)
 
     def test(self) -> bool:
         if not self.finished and self.request.Test(self.status):

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..buffers.arrays import cupy_module
 from ..errors import CollectiveError, InvalidArgumentError
-from . import Workspace
+from . import Status, Workspace
 
 NCCL_UINT8 = 1  # ncclDataType_t ncclUint8
 # data that only moves: an NCCL type of each width (ncclUint64, ncclUint32, ncclFloat16,
@@ -296,7 +296,7 @@ class NCCLPeers:
     send, byte for byte: NCCL cannot tell a shorter message.
     """
 
-    any_source = False  # NCCL has no wildcard receive
+    any_source = False  # NCCL has no wildcard receive (of a rank, or of a tag)
     device_only = True  # device buffers only, as the backend's collectives
 
     def __init__(self, comm: Any, device: int | None = None) -> None:
@@ -392,20 +392,21 @@ class NCCLPeers:
     def _requests(stream: Any, ops: Sequence[tuple[bool, Any, int, int]]) -> list[NCCLPeerRequest]:
         event = cupy_module().cuda.Event(block=False, disable_timing=True)
         event.record(stream)
-        return [NCCLPeerRequest(event, peer, buf) for _, buf, peer, _ in ops]
+        return [NCCLPeerRequest(event, Status(peer, tag, buf.nbytes), buf)
+                for _, buf, peer, tag in ops]
 
     def send(self, buf: Any, dest: int, tag: int) -> None:
         self._issue([(True, buf, dest, tag)]).synchronize()
 
-    def recv(self, buf: Any, source: int, tag: int) -> int:
+    def recv(self, buf: Any, source: int, tag: int) -> Status:
         self._issue([(False, buf, source, tag)]).synchronize()
-        return source
+        return Status(source, tag, buf.nbytes)  # (NCCL's messages are as long as the receive)
 
     def sendrecv(self, sendbuf: Any, dest: int, send_tag: int, recvbuf: Any, source: int,
-                 recv_tag: int) -> int:
+                 recv_tag: int) -> Status:
         self._issue([(True, sendbuf, dest, send_tag), (False, recvbuf, source, recv_tag)]
                     ).synchronize()
-        return source
+        return Status(source, recv_tag, recvbuf.nbytes)
 
     def isend(self, buf: Any, dest: int, tag: int) -> NCCLPeerRequest:
         return self.batch([(True, buf, dest, tag)])[0]
@@ -445,14 +446,14 @@ class NCCLPeerRequest:
     event recorded after them and gives the peer (a receive's source); ``test()`` asks
     the event without waiting. The buffer is kept until then."""
 
-    def __init__(self, event: Any, peer: int, keep: Any) -> None:
-        self.event, self.peer, self.keep = event, peer, keep
+    def __init__(self, event: Any, status: Status, keep: Any) -> None:
+        self.event, self.status, self.keep = event, status, keep
 
-    def wait(self) -> int:
+    def wait(self) -> Status:
         if self.keep is not None:
             self.event.synchronize()
             self.keep = None
-        return self.peer
+        return self.status
 
     def test(self) -> bool:
         if self.keep is not None and self.event.done:
