@@ -200,7 +200,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         world = _STATE["world"]
         if world is not None:
             world.comm.free()
-        _STATE["world"] = None
+        _STATE["world"] = _STATE["backend"] = None
         GroupMember.WORLD = _Group.WORLD = None
     elif isinstance(group, ProcessGroup):
         group.comm.free()
@@ -222,7 +222,7 @@ def _group(group: Any) -> ProcessGroup:
 
 def get_backend(group: Any = None) -> str:
     """The group's backend: "mpi" (also where "gloo" was asked for) or "nccl"."""
-    return _STATE["backend"] if group is None else _group(group).comm.backend
+    return _group(group).comm.backend
 
 
 def get_rank(group: Any = None) -> int:
@@ -360,7 +360,7 @@ def new_subgroups(group_size: int | None = None, group: Any = None, timeout: Any
             or group_size <= 0 or size % group_size:
         raise InvalidArgumentError(f"new_subgroups: group_size must divide the world size "
                                    f"{size}, got {group_size!r}")
-    subgroups = [new_group(list(range(first, first + group_size)))
+    subgroups = [new_group(list(range(first, first + group_size)), backend=backend)
                  for first in range(0, size, group_size)]
     return subgroups[world.comm.rank // group_size], subgroups
 
@@ -987,6 +987,20 @@ def _unpacked(pieces: Sequence[np.ndarray], name: str) -> list[Any]:
     return objects
 
 
+def _sent(g: ProcessGroup, data: np.ndarray | None) -> Any:
+    """The bytes as the group's backend moves them: on nccl, GPU arrays (CuPy)."""
+    if data is None or g.comm.backend != "nccl":
+        return data
+    import cupy
+
+    return cupy.asarray(data)
+
+
+def _got(data: Any) -> np.ndarray:
+    """Received bytes on the host."""
+    return data if data is None or type(data) is np.ndarray else data.get()
+
+
 def _rows(data: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
     """``data`` cut into consecutive pieces of ``counts`` bytes."""
     ends = np.cumsum([0, *counts])
@@ -1002,8 +1016,8 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
     g = _member(group, "all_gather_object")
     if g is None:
         return
-    gathered, counts = g.comm.all_gather_v(_packed(obj, "obj", get_rank()))
-    objects = _unpacked(_rows(gathered, counts), "object_list")
+    gathered, counts = g.comm.all_gather_v(_sent(g, _packed(obj, "obj", get_rank())))
+    objects = _unpacked(_rows(_got(gathered), counts), "object_list")
     if not _a_list(object_list, g.comm.size):  # (it took part: the others have theirs)
         raise InvalidArgumentError(f"object_list: expected a list of {g.comm.size} entries "
                                    "(one per rank of the group)")
@@ -1020,14 +1034,15 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None,
     root = _root_of(g, g.comm.gather_v, 0 if dst is None and group_dst is None else dst,
                     group_dst, "dst", "auto", False)
     piece = _packed(obj, "obj", get_rank())
-    gathered, counts = g.comm.gather_v(piece, root)
+    gathered, counts = g.comm.gather_v(_sent(g, piece), root)
     if g.comm.rank != root:
-        _unpacked([piece], "obj")  # (its own failure, if any: it took part, and raises)
+        if piece[0] == _FAILED:  # its own object: it took part, and raises
+            _unpacked([piece], "obj")
         if object_gather_list is not None:
             raise InvalidArgumentError("object_gather_list: must not be given on a rank that "
                                        "is not the destination (as torch)")
         return
-    objects = _unpacked(_rows(gathered, counts), "object_gather_list")
+    objects = _unpacked(_rows(_got(gathered), counts), "object_gather_list")
     if not _a_list(object_gather_list, g.comm.size):
         raise InvalidArgumentError(f"object_gather_list: expected a list of {g.comm.size} "
                                    "entries on the destination rank")
@@ -1045,7 +1060,13 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
     mine = g.comm.rank == root
     sent = _packed(list(object_list) if _a_list(object_list, None) else object_list,
                    "object_list", get_rank()) if mine else None
-    received = g.comm.broadcast(sent, root)  # (its size travels in the header)
+    received = _got(g.comm.broadcast(_sent(g, sent), root))  # (its size: in the header)
+    if mine:  # the source keeps its own objects (it raises where they failed to pickle)
+        if sent[0] == _FAILED:  # type: ignore[index]
+            _unpacked([sent], "object_list")  # type: ignore[list-item]
+        if not _a_list(object_list, None):
+            raise InvalidArgumentError("object_list: expected a list")
+        return
     (objects,) = _unpacked([received], "object_list")
     if not _a_list(object_list, None) or len(objects) != len(object_list):
         raise InvalidArgumentError(f"object_list: expected a list of {len(objects)} entries, "
@@ -1066,15 +1087,21 @@ def scatter_object_list(scatter_object_output_list: list[Any],
                           else src, group_src, "src", "auto", False), g.comm.size
     data = counts = None
     if g.comm.rank == root:
+        problem = None
         if _a_list(scatter_object_input_list, size):
             pieces = [_packed(obj, "scatter_object_input_list", get_rank())
                       for obj in scatter_object_input_list]  # type: ignore[union-attr]
-        else:  # every rank is told (a status byte and the reason, to each)
-            pieces = [np.frombuffer(bytes([_FAILED]) + (
+            failed = [piece for piece in pieces if piece[0] == _FAILED]
+            problem = failed[0] if failed else None
+        else:
+            problem = np.frombuffer(bytes([_FAILED]) + (
                 f"scatter_object_input_list on rank {get_rank()}: expected a list of {size} "
-                "objects on the source rank").encode(), np.uint8)] * size
+                "objects on the source rank").encode(), np.uint8)
+        if problem is not None:  # every rank is told (the source too), each the reason
+            pieces = [problem] * size
         data, counts = np.concatenate(pieces), [piece.size for piece in pieces]
-    (obj,) = _unpacked([g.comm.scatter_v(data, counts, root)], "scatter_object_output_list")
+    mine = _got(g.comm.scatter_v(_sent(g, data), counts, root))
+    (obj,) = _unpacked([mine], "scatter_object_output_list")
     if not _a_list(scatter_object_output_list, None) or not scatter_object_output_list:
         raise InvalidArgumentError("scatter_object_output_list: expected a list of at least "
                                    "one entry (its first receives the object)")

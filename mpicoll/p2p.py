@@ -80,13 +80,10 @@ class Request:
     def wait(self, status: Status | None = None) -> int | None:
         """Wait until it is done: a receive's source (``status``, where given, filled as
         ``recv``'s), a send's None."""
+        status = _status(status)
         with watched_step(self._comm, self._what, _waiting(self._what, self._peer, self._tag)):
             got = self._request.wait()
-        if not self._receive:
-            return None
-        if status is not None:
-            status.fill(got)
-        return got.source
+        return _filled(status, got) if self._receive else None
 
     def test(self) -> bool:
         try:
@@ -156,12 +153,17 @@ def _tag(peers: Any, tag: Any, any_ok: bool = False) -> int:
     return int(tag)
 
 
+def _status(status: Any) -> Status | None:
+    """A receive's ``status=``, checked before any message: None or an mpicoll.Status."""
+    if status is not None and not isinstance(status, Status):
+        raise InvalidArgumentError(f"status: expected an mpicoll.Status, got "
+                                   f"{type(status).__name__}")
+    return status
+
+
 def _filled(status: Status | None, got: Status) -> int:
     """A receive's source, its ``status=`` filled where given."""
     if status is not None:
-        if not isinstance(status, Status):
-            raise InvalidArgumentError(f"status: expected an mpicoll.Status, got "
-                                       f"{type(status).__name__}")
         status.fill(got)
     return got.source
 
@@ -216,7 +218,7 @@ class PointToPoint:
         ``mpicoll.Status``, filled with the sender, the tag and the message's bytes."""
         peers = _peers(self)
         source, tag = _source(self, peers, source), _tag(peers, tag, True)
-        buf = _incoming(self, peers, out)
+        buf, status = _incoming(self, peers, out), _status(status)
         if source == self.rank:
             raise InvalidArgumentError("source: a blocking receive from this rank itself "
                                        "would wait forever; use isend and irecv")
@@ -260,6 +262,7 @@ class PointToPoint:
         dest, source = _rank(self, dest, "dest"), _source(self, peers, source)
         send_tag, recv_tag = _tag(peers, send_tag), _tag(peers, recv_tag, True)
         sendbuf, recvbuf = _outgoing(self, peers, x), _incoming(self, peers, out)
+        status = _status(status)
         with watched_step(self, "sendrecv", _waiting("recv", source, recv_tag)):
             got = peers.sendrecv(sendbuf, dest, send_tag, recvbuf, source, recv_tag)
         return _filled(status, got)

@@ -654,3 +654,29 @@ def test_a_staged_receive_of_a_shorter_message_leaves_the_rest(fake_cupy):
             assert out.get().tolist() == [float(left)] * 2 + [-1.0] * 4
     finally:
         comm.free()
+
+
+@pytest.mark.mpi
+def test_object_collectives_on_an_nccl_job(fake_cupy):
+    """torch's *_object collectives on an NCCL job: the pickles travel as GPU bytes (the
+    NCCL groups move no host arrays), each rank's objects as on the MPI backend."""
+    import mpicoll.dist as dist
+
+    dist.init_process_group("nccl")
+    try:
+        rank, size = dist.get_rank(), dist.get_world_size()
+        everyone: list = [None] * size
+        dist.all_gather_object(everyone, {"rank": rank})
+        assert everyone == [{"rank": r} for r in range(size)]
+        objects = ["a", 2] if rank == 0 else [None, None]
+        dist.broadcast_object_list(objects, src=0)
+        assert objects == ["a", 2]
+        gathered = [None] * size if rank == 0 else None
+        dist.gather_object(rank * 3, gathered, dst=0)
+        if rank == 0:
+            assert gathered == [r * 3 for r in range(size)]
+        out: list = [None]
+        dist.scatter_object_list(out, list(range(10, 10 + size)) if rank == 0 else None, src=0)
+        assert out == [10 + rank]
+    finally:
+        dist.destroy_process_group()

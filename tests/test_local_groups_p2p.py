@@ -83,6 +83,15 @@ def test_status_probe_and_any_tag_on_thread_ranks():
             ints, any_tag = np.zeros(8, np.int32), mpicoll.Status()
             assert comm.irecv(ints, last, mpicoll.ANY).wait(any_tag) == last
             assert (any_tag.tag, any_tag.count(np.int32)) == (6, 5)
+        comm.barrier()
+        if r == last:  # two messages of one tag: a posted receive takes the first
+            comm.send(np.arange(3.0), 0, tag=9)
+            comm.send(np.arange(5.0), 0, tag=9)
+        elif r == 0:
+            first = comm.irecv(np.empty(3), last, 9)
+            assert comm.probe(last, 9).count(np.float64) == 5  # (MPI's: what is left)
+            first.wait()
+            comm.recv(np.empty(5), last, 9)
         return True
 
     assert run_local(3, body, timeout=10) == [True] * 3

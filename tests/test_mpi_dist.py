@@ -214,9 +214,11 @@ def test_object_collectives_as_torch(initialized):
     dist.gather_object(("hello", rank), gathered, dst=last)
     if rank == last:
         assert gathered == [("hello", r) for r in range(size)]
-    objects = [1, "two", {3: 4}] if rank == 0 else [None, None, None]
+    kept = {3: 4}
+    objects = [1, "two", kept] if rank == 0 else [None, None, None]
     dist.broadcast_object_list(objects, src=0)
     assert objects == [1, "two", {3: 4}]
+    assert (objects[2] is kept) == (rank == 0)  # the source keeps its own objects
     out: list = [None]
     dist.scatter_object_list(out, [f"for {r}" * (r + 1) for r in range(size)] if rank == 0
                              else None, src=0)
@@ -234,6 +236,15 @@ def test_object_collectives_as_torch(initialized):
         dist.broadcast_object_list([_Unpicklable()] if rank == 0 else [None], src=0)
     with pytest.raises(mpicoll.InvalidArgumentError, match="expected a list of"):
         dist.scatter_object_list(out, [1] * (size + 1) if rank == 0 else None, src=0)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="on rank 0 cannot be pickled"):
+        dist.scatter_object_list(out, [1] * (size - 1) + [_Unpicklable()] if rank == 0
+                                 else None, src=0)  # every rank raises, the source too
+    if rank in (0, last):  # the rank whose object failed and the destination raise
+        with pytest.raises(mpicoll.InvalidArgumentError, match=f"on rank {last} cannot be"):
+            dist.gather_object(_Unpicklable() if rank == last else rank,
+                               [None] * size if rank == 0 else None, dst=0)
+    else:
+        dist.gather_object(rank, None, dst=0)
     dist.all_gather_object(everyone, rank * 10)  # the next call: every rank in step
     assert everyone == [r * 10 for r in range(size)]
 

@@ -152,7 +152,9 @@ def test_status_probe_and_any_tag(world):
         while polled is None:
             polled = world.iprobe(tag=mpicoll.ANY)
         assert (polled.source, polled.tag, polled.nbytes) == (last, 8, 16)
-        world.recv(np.empty(2), tag=mpicoll.ANY)
+        with pytest.raises(mpicoll.InvalidArgumentError, match="status: expected"):
+            world.recv(np.empty(2), tag=mpicoll.ANY, status="status")  # before it takes it
+        assert world.recv(np.empty(2), tag=mpicoll.ANY) == last
     with pytest.raises(mpicoll.InvalidArgumentError, match="tag: expected an int"):
         world.send(np.ones(1), (r + 1) % world.size, tag=mpicoll.ANY)  # (a send names its tag)
     with pytest.raises(mpicoll.InvalidArgumentError, match="status: expected"):

@@ -336,13 +336,27 @@ def typed(dtype: np.dtype) -> MPI.Datatype | None:
     predefined datatype for (byte-swapped, structured, ml_dtypes' own)."""
     if not dtype.isnative or dtype.fields is not None or dtype.subdtype is not None:
         return None
-    try:
-        format_ = memoryview(np.empty(0, dtype)).format
-    except (TypeError, ValueError):  # (a dtype with no buffer format)
+    formats = _formats(dtype)
+    # one datatype for every dtype equal to this one: int64 is 'l' and 'q' on Linux, equal
+    # dtypes (so one decision) whose buffers mpi4py names MPI_LONG and MPI_LONG_LONG
+    if len(formats) != 1:
         return None
-    datatype = getattr(MPI, "_typedict", {}).get(format_)
+    datatype = getattr(MPI, "_typedict", {}).get(next(iter(formats)))
     return datatype if datatype is not None and datatype.Get_size() == dtype.itemsize \
         else None
+
+
+@functools.cache
+def _formats(dtype: np.dtype) -> frozenset[str]:
+    """The buffer formats of ``dtype`` and of every NumPy type code of a dtype equal to
+    it (none where one has no buffer format)."""
+    formats = set()
+    for code in {dtype.char, *(c for c in np.typecodes["All"] if np.dtype(c) == dtype)}:
+        try:
+            formats.add(memoryview(np.empty(0, np.dtype(code))).format)
+        except (TypeError, ValueError):  # (a dtype with no buffer format)
+            return frozenset()
+    return frozenset(formats)
 
 
 def _typed_direct(t: MPITransport, collective: str, mop: MPI.Op, datatype: MPI.Datatype,

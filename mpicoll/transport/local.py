@@ -147,10 +147,18 @@ class LocalPeers:
 
     def probe(self, source: int, tag: int, wait: bool) -> Status | None:
         """The next matching message's Status, left to be received (None: none yet,
-        where ``wait`` is False)."""
-        if not wait:
-            return self.board.take(self.rank, source, tag, None, 0, self.transport.world.aborted)
-        return self._take(None, source, tag)
+        where ``wait`` is False). As MPI's, it sees only what no posted receive takes:
+        those that could match complete first (``wait``), or make it None until they
+        have (they take the next such message)."""
+        if wait:
+            self._earlier(source, tag)
+            return self._take(None, source, tag)
+        for request in list(self.posted):
+            if not request.finished and (request.tag < 0 or tag < 0 or request.tag == tag) \
+                    and (request.source < 0 or source < 0 or request.source == source) \
+                    and not request.test():
+                return None
+        return self.board.take(self.rank, source, tag, None, 0, self.transport.world.aborted)
 
     def _take(self, buf: Any, source: int, tag: int) -> Status:
         t = self.transport
