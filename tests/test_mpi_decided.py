@@ -357,6 +357,19 @@ _FORMS = {  # a call form: (collective, positional arguments after x, keywords)
 }
 
 
+def _counted(monkeypatch) -> tuple[list, list]:
+    """The collectives that took the whole path (``entry.numbered``) and those keyed the
+    longer way (``decided.key``), call by call, from now on."""
+    from mpicoll.pipeline import entry
+
+    whole, keyed = [], []
+    original, original_key = entry.numbered, decided.key
+    monkeypatch.setattr(entry, "numbered", lambda *a, **k: (whole.append(a[1]),
+                                                             original(*a, **k))[1])
+    monkeypatch.setattr(decided, "key", lambda *a: (keyed.append(a[0]), original_key(*a))[1])
+    return whole, keyed
+
+
 @pytest.mark.parametrize("form", sorted(_FORMS))
 def test_every_call_form_finds_its_decision_from_its_second_call(world, form, monkeypatch):
     """The entry's first branch keys a call as decided.key does: from the second call
@@ -364,14 +377,8 @@ def test_every_call_form_finds_its_decision_from_its_second_call(world, form, mo
     decided.key, the longer way, and never the whole path again), with the whole path's
     results. A key that differed would make every call take the longer way, or find
     another call's decision."""
-    from mpicoll.pipeline import entry
-
     collective, rest, keywords = _FORMS[form]
-    whole, keyed = [], []
-    original, original_key = entry.numbered, decided.key
-    monkeypatch.setattr(entry, "numbered", lambda *a, **k: (whole.append(a[1]),
-                                                             original(*a, **k))[1])
-    monkeypatch.setattr(decided, "key", lambda *a: (keyed.append(a[0]), original_key(*a))[1])
+    whole, keyed = _counted(monkeypatch)
     world._decisions.clear()
     p = world.size
     for step in range(4):
@@ -406,14 +413,8 @@ def test_a_receiver_giving_none_finds_its_decision_from_its_second_call(world, f
     """A receiver's ``comm.scatter(None)`` or ``comm.broadcast(None, root)`` (it has no
     data, and no buffer) is keyed by the entry's first branch too, as decided.key keys
     it: from the second call on, its decision runs, never the longer way."""
-    from mpicoll.pipeline import entry
-
     collective, with_root = form.split("(")[0], "root" in form
-    whole, keyed = [], []
-    original, original_key = entry.numbered, decided.key
-    monkeypatch.setattr(entry, "numbered", lambda *a, **k: (whole.append(a[1]),
-                                                             original(*a, **k))[1])
-    monkeypatch.setattr(decided, "key", lambda *a: (keyed.append(a[0]), original_key(*a))[1])
+    whole, keyed = _counted(monkeypatch)
     world._decisions.clear()
     p, r = world.size, world.rank
     for step in range(4):
