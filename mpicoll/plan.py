@@ -9,8 +9,11 @@
     plan.free()                                      # or: with comm.all_reduce_init(...) as plan
 
 ``plan()`` is start + wait in the calling thread (no hand-over to the progress thread:
-the lowest latency), ``plan.start()`` hands the call to the Communicator's progress
-thread (``mpicoll.work``), so it overlaps the caller's work, as ``MPI_Start`` does;
+the lowest latency). ``plan.start()`` is ``MPI_Start`` where the plan is the MPI library's
+persistent request (made with the plan, where every rank's call is one the library runs
+as it is: ``_persist_at_init``), returning while it runs, and ``wait()`` its
+``MPI_Wait``; otherwise it hands the call to the Communicator's progress thread
+(``mpicoll.work``), so it overlaps the caller's work, as ``MPI_Start`` does;
 ``plan.test()`` tells whether a start has finished. Every start is a call of its own:
 numbered, watched by the watchdog, traced, and in check mode fingerprinted, so every rank
 must start its plans in the same order and in the same form (all ``start()`` or all
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+import zlib
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,7 +42,14 @@ from .buffers.arrays import same as _same
 from .errors import ConcurrentCallError, InvalidArgumentError, MpicollError
 from .pipeline import agree, decided
 from .pipeline.decided import Decision, decide
-from .pipeline.entry import numbered, prepare_start, public_signature, watched_step
+from .pipeline.entry import (
+    numbered,
+    prepare_request_start,
+    prepare_request_wait,
+    prepare_start,
+    public_signature,
+    watched_step,
+)
 from .spec import SPECS
 from .work import Site, Work, start_progress, submit
 
@@ -49,6 +60,10 @@ _UNSET = object()
 # the collectives whose decisions can run as MPI's persistent request (Decision.persist):
 # every one that keeps decisions
 _PERSISTS = decided.DECIDED
+
+# those whose persistent request can be made with the plan: every one but broadcast's and
+# scatter's, whose receivers learn the shape from the root's header at the first start
+_AT_INIT = _PERSISTS - {"broadcast", "scatter"}
 
 # a v-variant's algorithms are its collective's
 _ALGORITHMS_OF = {"all_gather_v": "all_gather", "gather_v": "gather", "scatter_v": "scatter",
@@ -72,6 +87,9 @@ class Plan:
         self._decision: Decision | None = None  # what the first plan() decided
         self._request: Any = None  # the MPI library's persistent request (see _persist)
         self._lean: Any = None  # plan()'s lean path, once settled (__call__)
+        self._start_request: Any = None  # start()'s MPI_Start, where persistent (start)
+        self._wait_request: Any = None  # and wait()'s MPI_Wait
+        self._in_flight: tuple | None = None  # a start whose request runs (finish_request)
         self._kept: tuple = ()  # its flight-recorder entry (Watch.kept)
         # whether the second plan() votes on a persistent request: values every rank
         # holds alike (the backend, check mode and traces are agreed when comm is made)
@@ -90,20 +108,48 @@ class Plan:
                 f"plan.{what}: the Communicator of this {self.collective} plan was freed")
 
     def start(self) -> None:
-        """Start the collective on the bound buffers; it runs on the progress thread."""
+        """Start the collective on the bound buffers: ``MPI_Start`` where the plan is the
+        MPI library's persistent request (agreed when it was made: see ``_persist_at_init``),
+        returning while it runs; else on the progress thread."""
         self._check_usable("start()")
-        if self._work is not None:
+        if self._work is not None or self._in_flight is not None:
             raise InvalidArgumentError(
                 f"plan.start(): this {self.collective} plan is already started; wait() for "
                 "it before starting it again")
+        comm = self.comm
+        if self._start_request is not None:
+            if comm._refused_alone:  # a resync owed first: the start at once, numbered
+                self._work = _Ended(self())
+                return
+            self.starts += 1
+            try:
+                self._in_flight = self._start_request()
+            except ConcurrentCallError:  # (a start refused as busy was not made)
+                self.starts -= 1
+                raise
+            return
         self.starts += 1
-        self._work = submit(self.comm, self.collective, self._args, self._kwargs,
+        self._work = submit(comm, self.collective, self._args, self._kwargs,
                             self._stream, self._site)
+
+    def _finished(self) -> Any:
+        """The started request ended (``test()`` saw it): its entry done, the result."""
+        started, self._in_flight = self._in_flight, None
+        self._wait_request(started)  # (MPI's wait on an ended request returns at once)
+        return self._bound.persistent[2]
 
     def wait(self, timeout: float | None = None) -> Any:
         """The result of the last start (what the blocking call returns), once finished."""
         if self._freed:
             raise InvalidArgumentError(f"plan.wait(): this {self.collective} plan was freed")
+        if self._in_flight is not None:  # MPI's wait, bounded by the watchdog
+            started, self._in_flight = self._in_flight, None
+            try:
+                self._wait_request(started)
+            except ConcurrentCallError:  # (another thread's call: still started)
+                self._in_flight = started
+                raise
+            return self._bound.persistent[2]
         if self._work is None:
             raise InvalidArgumentError(f"plan.wait(): this {self.collective} plan is not started")
         work, self._work = self._work, None
@@ -116,6 +162,11 @@ class Plan:
 
     def test(self) -> bool:
         """Whether a wait() would not block (True when no start is active)."""
+        if self._in_flight is not None:
+            if not self._request.Test():
+                return False
+            self._work = _Ended(self._finished())
+            return True
         return self._work is None or self._work.test()
 
     def __call__(self) -> Any:
@@ -123,7 +174,8 @@ class Plan:
         lean = self._lean
         if lean is not None:
             comm = self.comm
-            if self._work is None and not comm._refused_alone and not comm._freed:
+            if self._work is None and self._in_flight is None and not comm._refused_alone \
+                    and not comm._freed:
                 # what the first start decided (or the persistent request the second
                 # made), on the bound buffers: entry.prepare's steps, its values fixed
                 self.starts += 1
@@ -133,7 +185,7 @@ class Plan:
                     self.starts -= 1
                     raise
         self._check_usable("__call__()")
-        if self._work is not None:
+        if self._work is not None or self._in_flight is not None:
             raise InvalidArgumentError(
                 f"plan(): this {self.collective} plan is already started; wait() for it first")
         self.starts += 1  # (a start refused as busy was not made: not counted)
@@ -155,6 +207,18 @@ class Plan:
             self._bind_result(result)
             self._bound = self._decided()
         return result
+
+    def _settle(self, decision: Decision, run: Any, request: Any, facts: tuple) -> None:
+        """The plan's persistent request, made as the plan was (``_persist_at_init``):
+        every ``plan()`` is its start and wait, every ``start()`` its ``MPI_Start``."""
+        self._decision, self._bound, self._request, self._kept = decision, run, request, facts
+        self._votes = False  # (agreed already)
+        self._retire = weakref.finalize(self, self.comm._backend.transport.retire, request)
+        if getattr(run, "persistent", None):
+            self._start_request = prepare_request_start(
+                self.comm, self.collective, self._site, facts, request.Start)
+            self._wait_request = prepare_request_wait(self.comm, self.collective, self._site,
+                                                      request.Wait)
 
     def _bind_result(self, result: Any) -> None:
         """A receiver that passed no buffer (broadcast's x, scatter's out) binds the first
@@ -245,12 +309,12 @@ class Plan:
         if self._freed:
             return
         try:
-            if self._work is not None:
+            if self._work is not None or self._in_flight is not None:
                 self.wait()
         finally:
             self._freed = True
             self._args, self._kwargs, self._bound = (), {}, None
-            self._decision = self._lean = None
+            self._decision = self._lean = self._start_request = self._wait_request = None
             if self._request is not None:
                 self._retire.detach()
                 self.comm._backend.transport.release(self._request)
@@ -261,6 +325,21 @@ class Plan:
 
     def __exit__(self, *exc: Any) -> None:
         self.free()
+
+
+class _Ended:
+    """A start that ended before ``start()`` returned: ``wait()`` gives its result."""
+
+    done = True
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+    def wait(self, timeout: float | None = None) -> Any:
+        return self.result
+
+    def test(self) -> bool:
+        return True
 
 
 def _bound_result(comm: Communicator, collective: str, args: tuple, kwargs: dict) -> Any:
@@ -370,13 +449,84 @@ def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, fr
                      *_agreed_at_init(arguments, comm.size))
         finally:
             comm._entry.release()
-    elif refusal is not None:
-        raise refusal
     # its starts run on comm's progress thread, whose duplicate communicator is made now,
     # where every rank makes the plan (at a first start, ranks starting plans of two
-    # communicators in different orders would wait in each other's duplicate)
+    # communicators in different orders would wait in each other's duplicate): by every
+    # rank, a refusing one too
     start_progress(comm, frame)
-    return Plan(comm, collective, args, kwargs, site)
+    persistent = _persist_at_init(comm, collective, args, kwargs, arguments, refusal, site)
+    if refusal is not None:  # (check mode raised it above, on every rank)
+        raise refusal
+    plan = Plan(comm, collective, args, kwargs, site)
+    if persistent is not None:
+        plan._settle(*persistent)
+    return plan
+
+
+def _persist_at_init(comm: Communicator, collective: str, args: tuple, kwargs: dict,
+                     arguments: dict[str, Any] | None, refusal: Exception | None,
+                     site: Site) -> tuple | None:
+    """Where the MPI library has the collective as a persistent request (MPI-4's
+    ``MPI_Allreduce_init`` and kin), make it now, as the plan is made (every rank, in
+    one order), so that every start is its ``MPI_Start`` and wait its ``MPI_Wait``:
+    where every rank's plan is the same call (collective, shape, dtype, op, root,
+    algorithm: one fingerprint) whose decision is MPI's own collective on buffers MPI
+    takes as they are (and MPI_IN_PLACE on every rank or none). Every rank votes in one
+    small all-gather, a refusing one too (no); then each makes its request and all say
+    whether they did. (decision, run, request, flight-recorder facts), or None: the plan
+    runs as before (its second ``plan()`` votes again, once its first has decided; so
+    do broadcast's and scatter's, whose receivers learn the shape at the first start).
+    Only where the vote is on every rank: the backend, check mode and traces are agreed."""
+    t = comm._backend.transport
+    if collective not in _AT_INIT or not comm._backend.native_is_mpi or comm.check \
+            or comm._tracer is not None:
+        return None
+    from mpi4py import MPI
+
+    decision = persist = None
+    fingerprint = 0
+    x = args[0] if args else None
+    if refusal is None and kwargs.get("stream") is None and arguments is not None \
+            and t.persists and MPI.Get_version() >= (4, 0):
+        try:
+            decision = decide(comm, collective, args, kwargs)
+            if decision is not None and decision.persist is not None:
+                persist = decision.persist(x, kwargs.get("out"))
+            op = arguments.get("op")
+            fingerprint = zlib.crc32(repr((
+                collective, None if x is None else (tuple(x.shape), x.dtype.str),
+                getattr(op, "name", op), arguments.get("root"), arguments.get("algorithm"),
+                sorted((arguments.get("options") or {}).items()))).encode())
+        except Exception:  # noqa: BLE001 - this rank votes no; its first start tells why
+            persist = None
+    in_place = getattr(persist, "in_place", None)
+    mine = np.array([persist is not None, in_place is not False, in_place is not True,
+                     fingerprint], np.int64)
+    votes = np.zeros((comm.size, 4), np.int64)
+    with watched_step(comm, f"{collective}_init", "waiting for every rank to make the plan "
+                      "(its vote on a persistent request)", site):
+        t.comm.Allgather(mine, votes)
+        agreed = bool(votes[:, 0].all() and (votes[:, 1].all() or votes[:, 2].all())
+                      and (votes[:, 3] == votes[0, 3]).all())
+        run = request = None
+        if agreed:
+            try:
+                run, request = persist()  # type: ignore[misc]
+            except Exception:  # noqa: BLE001 - this rank could not: all are told
+                request = None
+            made = np.array([request is not None], np.int64)
+            t.comm.Allreduce(MPI.IN_PLACE, made, MPI.MIN)
+            if not made[0]:
+                if request is not None:
+                    t.release(request)  # never started: a local free
+                t.persists = False  # (a rank may have failed inside MPI's init)
+                return None
+    if not agreed:
+        return None
+    given = tuple(getattr(a, "name", a) if hasattr(a, "fn") else a for a in args[1:])
+    facts = (getattr(x, "shape", None), getattr(x, "dtype", None), given, kwargs.get("op"),
+             kwargs.get("root"), "native", getattr(x, "nbytes", 0))
+    return decision, run, request, facts
 
 
 def init_method(collective: str) -> Any:

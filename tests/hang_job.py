@@ -84,10 +84,21 @@ def main(scenario: str) -> None:
         got = comm.all_reduce(np.full(4, comm.rank + 1.0), algorithm="native")
         print(f"RESULT rank {comm.rank}: {got[0]}", flush=True)  # must never print
         return
+    elif scenario == "plan_started":
+        # a native plan's start() is MPI_Start (call #3): the others wait in its wait(),
+        # where rank 1 never started it
+        plan = comm.all_reduce_init(x, algorithm="native")
+        if culprit:
+            time.sleep(3 * timeout)
+        plan.start()
+        plan.wait()
+        return
     elif scenario in ("plan_vote", "plan_persistent"):
-        # a native all_reduce plan: its first start is call #3; the second start votes on
-        # MPI's persistent request (plan_vote: rank 1 never comes to it) and makes it, the
-        # third is its Start and Wait (plan_persistent: rank 1 never comes to the fourth)
+        # a native all_reduce plan: making it votes on MPI's persistent request
+        # (plan_vote: rank 1 never comes to it) and makes it; its first start is call #3,
+        # each its Start and Wait (plan_persistent: rank 1 never comes to the fourth)
+        if scenario == "plan_vote" and culprit:
+            time.sleep(3 * timeout)
         plan = comm.all_reduce_init(x, algorithm="native")
         plan()
         if scenario == "plan_persistent":

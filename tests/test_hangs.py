@@ -117,11 +117,13 @@ def test_a_lone_refusal_never_lets_the_next_call_match_the_others_native_call(tm
 
 @needs_mpiexec
 @pytest.mark.parametrize(("scenario", "waits_in"), [
-    ("plan_vote", "all_reduce plan"), ("plan_persistent", "call #6 all_reduce (algorithm native")])
+    ("plan_vote", "waiting for every rank to make the"),  # (its duplicate, or its vote)
+    ("plan_persistent", "call #6 all_reduce (algorithm native"),
+    ("plan_started", "call #3 all_reduce (algorithm native")])
 def test_a_plan_start_one_rank_never_makes_ends_the_job(scenario, waits_in, tmp_path):
-    """Rank 1 never makes a native plan's second start (the others wait in its vote on
-    MPI's persistent request) or its fourth (they wait in the persistent request):
-    reported and ended by the watchdog like any call."""
+    """Rank 1 never makes a native plan (the others wait in its vote on MPI's persistent
+    request, made with the plan) or its fourth start (they wait in the persistent
+    request): reported and ended by the watchdog like any call."""
     done, elapsed = job(scenario, str(tmp_path))
     assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
     assert elapsed < TIMEOUT + 10

@@ -87,10 +87,15 @@ def test_a_plan_started_again_and_again_on_refilled_input(world, collective, alg
             results.append(got)
         if form == "call" and collective in DECIDED:  # starts 2 and 3 ran as decided
             assert plan._bound is not None
-        # from the second start, a native plan is MPI's persistent request where MPI has one
+        # a native plan is MPI's persistent request where MPI has one: made with the plan
+        # (every start() its MPI_Start), or, where a receiver learns the shape at its first
+        # start (broadcast's, scatter's), voted at the second plan()
         if algorithm != "auto":  # (auto: as it picks)
-            persists = form == "call" and algorithm == "native" and collective in PERSISTS
+            persists = algorithm == "native" and collective in PERSISTS and (
+                form == "call" or collective not in ("broadcast", "scatter"))
             assert (plan._request is not None) == persists
+            if form == "start" and persists and getattr(plan._bound, "persistent", None):
+                assert plan._start_request is not None
     assert plan.starts == 3
     if results and collective not in ("broadcast", "scatter") or \
             (collective == "scatter" and r == 0):
@@ -336,9 +341,9 @@ def test_one_rank_on_the_whole_path_meets_the_others_decided_starts(world, algor
 @pytest.mark.parametrize("inplace", [False, True])
 @pytest.mark.parametrize("op", ["sum", "avg", "max"])
 def test_a_native_plan_runs_the_libraries_persistent_request(world, op, inplace):
-    """From the second plan() on, a native all_reduce plan whose buffers every rank binds
-    as they are starts MPI's persistent Allreduce (MPI_Allreduce_init): right on refilled
-    input, in place too, and freed with the plan."""
+    """A native all_reduce plan whose buffers every rank binds as they are is MPI's
+    persistent Allreduce (MPI_Allreduce_init), made with the plan: right on refilled
+    input from the first start, in place too, and freed with the plan."""
     x = np.zeros(5)
     ref = {"sum": np.sum, "avg": np.mean, "max": np.max}[op]
     t = world._backend.transport
@@ -349,7 +354,7 @@ def test_a_native_plan_runs_the_libraries_persistent_request(world, op, inplace)
         np.testing.assert_allclose(got, ref([np.arange(5) + k + step
                                              for k in range(world.size)], axis=0))
         assert (got is x) == inplace
-        assert (plan._request is not None) == (step >= 1)
+        assert plan._request is not None
     assert any(r is plan._request for r in t._persistent)
     plan.free()
     assert plan._request is None and not t._persistent
@@ -563,3 +568,28 @@ def test_plans_and_async_calls_of_two_communicators_started_in_other_orders(worl
     np.testing.assert_array_equal(works["b"].wait(), np.full(2, world.size * 1.0))
     for comm in (first, second, third, fourth):
         comm.free()
+
+
+def test_a_persistent_start_returns_while_the_request_runs(world):
+    """A native plan's start() is MPI_Start: it returns at once, before a late rank has
+    started (its wait() is where the rank waits), test() says whether it ended, and the
+    start is a numbered call in the flight recorder, done once waited for."""
+    import time
+
+    x = np.ones(3)
+    with world.all_reduce_init(x, algorithm="native") as plan:
+        assert plan._start_request is not None  # made with the plan, on every rank
+        for _ in range(2):
+            late = world.size > 1 and world.rank == world.size - 1
+            if late:
+                time.sleep(0.3)
+            began = time.monotonic()
+            plan.start()
+            assert time.monotonic() - began < 0.25  # (the others: before the late rank came)
+            entry = world._watch.current
+            assert entry.call.collective == "all_reduce" and entry.state == "running"
+            while not plan.test():
+                pass
+            np.testing.assert_array_equal(plan.wait(), np.full(3, float(world.size)))
+            assert entry.state == "done" and entry.algorithm == "native"
+            world.barrier()

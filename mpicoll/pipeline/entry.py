@@ -397,6 +397,80 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
     return start
 
 
+def prepare_request_start(c: CallState, name: str, site: Any, kept: tuple,
+                          mpi_start: Callable[[], None]) -> Callable[[], tuple]:
+    """A plan's ``start()`` where its start is MPI's persistent request alone: as
+    ``prepare_start``'s, but the call returns once ``MPI_Start`` has (the request runs on
+    while the caller computes), its flight-recorder entry left running: ``start()``
+    gives (seq, entry) for ``finish_request``, which the plan's ``wait()`` calls once
+    MPI's wait has returned."""
+    watch, transport = c._watch, c._backend.transport
+    take, give, advance = c._entry.take, c._entry.give, transport.advance
+    ring, length = watch.ring, watch.length
+    code, offset = site.f_code, site.f_lasti
+
+    def start() -> tuple:
+        try:
+            take()  # (the Communicator's turn, or IndexError: another thread has it)
+        except IndexError:
+            raise ConcurrentCallError(busy(c, f"{name} plan.start()")) from None
+        seq = c._seq = c._seq + 1
+        rec = ring[seq % length]  # the call's flight-recorder entry (its facts kept)
+        try:
+            watch.current = rec
+            call = rec.call
+            call.seq, call.collective, call.code, call.offset = seq, name, code, offset
+            rec.facts, rec.state = kept, RUNNING
+            rec.start = now()
+            advance()  # the call's tag, as begin() moves it (no message of ours goes)
+            mpi_start()
+            return seq, rec
+        except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
+            rec.end = now()
+            raise ended(c, name, exc)  # noqa: B904 - keeps the cause
+        finally:
+            give(True)
+
+    return start
+
+
+def prepare_request_wait(c: CallState, name: str, site: Any,
+                         mpi_wait: Callable[[], None]) -> Callable[[tuple], None]:
+    """A plan's ``wait()`` for a start of ``prepare_request_start``: MPI's wait on its
+    request, watched (the start's flight-recorder entry is current again, the watchdog's
+    clock from now), one thread at a time; the entry done once it returns. Where the
+    flight recorder has given the entry's place to later calls (more than its length
+    while the request ran), the wait is watched as a step of its own."""
+    watch = c._watch
+    take, give = c._entry.take, c._entry.give
+
+    def wait(started: tuple) -> None:
+        seq, rec = started
+        if rec.call.seq != seq:  # (its entry written over by later calls)
+            with watched_step(c, f"{name} plan.wait()", "waiting for every rank to start "
+                              "the plan and its request to end", site):
+                mpi_wait()
+            return
+        try:
+            take()  # (the Communicator's turn, or IndexError: another thread has it)
+        except IndexError:
+            raise ConcurrentCallError(busy(c, f"{name} plan.wait()")) from None
+        try:
+            watch.current = rec
+            watch.started = now()
+            mpi_wait()
+        except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
+            raise ended(c, name, exc)  # noqa: B904 - keeps the cause
+        finally:  # (Watch.leave)
+            rec.end = now()
+            if rec.state is RUNNING:
+                rec.state = DONE
+            watch.started = 0.0
+            give(True)
+
+    return wait
+
+
 def as_given(kwargs: dict, out: Any) -> dict:
     """A prepared call's keywords as its caller gave them: with the out= taken out for
     the key (None: none), where the whole path runs it."""
