@@ -550,3 +550,24 @@ def test_advance_moves_the_tag_as_begin_does(world):
     finally:
         t.tag = saved
     world.barrier()
+
+
+def test_an_in_place_all_reduce_is_mpis_in_place_call_alone(world, monkeypatch):
+    """``comm.all_reduce(x, out=x)`` (mpicoll.dist's all_reduce) repeated: MPI's in-place
+    Allreduce on x, nothing bound (``Decision.bound`` not called), right on every step;
+    made read-only, x is refused as the whole path refuses it, and the next call is right."""
+    world._decisions.clear()
+    bound = []
+    original = decided.Decision.bound
+    monkeypatch.setattr(decided.Decision, "bound",
+                        lambda self, x, out: (bound.append(1), original(self, x, out))[1])
+    x = np.zeros(4)
+    for step in range(4):
+        x[...] = world.rank + step
+        got = world.all_reduce(x, algorithm="native", out=x)
+        assert got is x and x.tolist() == [float(sum(range(world.size)) + world.size * step)] * 4
+    assert not bound
+    x.flags.writeable = False
+    with pytest.raises(mpicoll.InvalidArgumentError, match="read-only|writeable"):
+        world.all_reduce(x, algorithm="native", out=x)
+    np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, world.size))

@@ -183,9 +183,10 @@ class Decision:
     DECLINED, before any message, for buffers it was not made for).
 
     ``direct``, where that fresh call is nothing but one call of MPI's own collective
-    (``native.host_direct``'s ``run(x, result)``) on a new result: ``(run, shape, dtype)``
-    (shape None: this rank gets no result, as a reduce's non-root), which the prepared
-    call makes itself (``entry.prepare``), the most frequent call being that one."""
+    (``native.host_direct``'s ``run(x, result)``) on a new result: ``(run, shape, dtype,
+    in_place)`` (shape None: this rank gets no result, as a reduce's non-root; in_place:
+    ``out=x`` is ``run(x, x)``, MPI_IN_PLACE, where x can be written), which the prepared
+    call makes itself (``entry.prepare``), the most frequent calls being those."""
 
     __slots__ = ("bind", "fresh", "persist", "direct", "kept", "last", "call")
 
@@ -456,8 +457,8 @@ def _all_reduce(c: CallState, a: dict, x: np.ndarray) -> Callable[..., Any]:
                           _averaged(out, opd, fn, size, averages_itself))
 
     mpi_alone = None
-    if native_mpi and not average_it:  # fresh: MPI_Allreduce alone
-        mpi_alone = (allreduce, shape, dtype)
+    if native_mpi and not average_it:  # fresh, and in place: MPI_Allreduce alone
+        mpi_alone = (allreduce, shape, dtype, True)
     return Decision(bind, fresh, persist, mpi_alone)
 
 
@@ -586,7 +587,7 @@ def _from_spec(c: CallState, a: dict, x: np.ndarray, name: str) -> Decision | No
 
     mpi_alone = None
     if host is not None and done is None and not nothing:  # fresh is MPI's call alone
-        mpi_alone = (host, shape if receives else None, dtype)
+        mpi_alone = (host, shape if receives else None, dtype, False)
     return Decision(bind, fresh, persist, mpi_alone)
 
 

@@ -297,7 +297,7 @@ def prepare(c: CallState, name: str, method: Any,
     take, give, begin = c._entry.take, c._entry.give, transport.begin
     ring, length = watch.ring, watch.length
     fresh, bound, kept = decision.fresh, decision.bound, decision.kept
-    work, shape, dtype = decision.direct or (None, None, None)
+    work, shape, dtype, in_place = decision.direct or (None, None, None, False)
     advance = transport.advance if work is not None else None
 
     def prepared(site: Any, x: Any, out: Any, args: tuple, kwargs: dict) -> Any:
@@ -323,6 +323,10 @@ def prepare(c: CallState, name: str, method: Any,
                 result = empty(shape, dtype)
                 work(x, result)
                 return result
+            if out is x and in_place and x.flags.writeable:  # and in place (MPI_IN_PLACE)
+                advance()
+                work(x, x)
+                return x
             begin()  # the call's tag: every rank advances it
             if out is None:
                 if fresh is not None:
