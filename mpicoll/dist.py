@@ -649,8 +649,13 @@ def _root_of(g: ProcessGroup, call: Any, rank: int | None, group_rank: int | Non
 def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False,
                algorithm: str = "auto") -> Any:
     """Reduce ``tensor`` across the group, in place."""
-    g = _member(group, "all_reduce")
+    g = _STATE["world"] if group is None else None
     if g is None:
+        g = _member(group, "all_reduce")
+        if g is None:
+            return None
+    if algorithm == "auto" and not async_op:  # the most frequent call, with nothing between
+        g.comm.all_reduce(tensor, op._value_ if type(op) is ReduceOp else _op(op), out=tensor)
         return None
     return _maybe(g.comm.all_reduce(tensor, _op(op), out=tensor, **_how(algorithm, async_op)),
                   async_op)
