@@ -115,6 +115,54 @@ def test_v_variant_plans(world, algorithm):
             np.testing.assert_array_equal(got, want)
 
 
+def _uneven_case(collective: str, p: int, r: int, step: int, root: int):
+    """(the plan's args, the rows each rank sends, the result this rank should get) of a
+    v-variant with uneven rows (0 too) whose values say where they came from."""
+    rows = [(k + 1) % 3 for k in range(p)]
+    if collective == "gather_v":
+        x = np.full((rows[r], 2), r + 10.0 * step)
+        want = np.concatenate([np.full((rows[k], 2), k + 10.0 * step) for k in range(p)]) \
+            if r == root else None
+        return (x, root), x, want
+    if collective == "scatter_v":
+        data = np.concatenate([np.full((rows[k], 2), 100.0 * k + step) for k in range(p)])
+        return (data if r == root else None, rows, root), data, np.full((rows[r], 2),
+                                                                       100.0 * r + step)
+    # all_to_all_v: rank r sends (r + j) % 3 rows to rank j, each 1000 r + j + step
+    sends = [(r + j) % 3 for j in range(p)]
+    x = np.concatenate([np.full((sends[j], 2), 1000.0 * r + j + step) for j in range(p)])
+    want = np.concatenate([np.full(((k + r) % 3, 2), 1000.0 * k + r + step) for k in range(p)])
+    return (x, sends), x, want
+
+
+@pytest.mark.parametrize("form", ["call", "start"])
+@pytest.mark.parametrize(("collective", "algorithm"),
+                         [(v, a) for v, base in (("gather_v", "gather"), ("scatter_v", "scatter"),
+                                                 ("all_to_all_v", "all_to_all"))
+                          for a in [*(n for n, r in REGISTRY[base].items()
+                                      if not r.even_only), "native"]])
+def test_every_v_variant_plan_on_refilled_input(world, collective, algorithm, form):
+    """gather_v, scatter_v and all_to_all_v plans, every algorithm of their collective
+    that takes uneven blocks (not ``even_only``): uneven rows (0 too), the bound input
+    refilled in place between starts, each start right, as plan() and start()/wait()."""
+    p, r, root = world.size, world.rank, world.size - 1
+    args, buf, _ = _uneven_case(collective, p, r, 0, root)
+    with getattr(world, f"{collective}_init")(*args, algorithm=algorithm) as plan:
+        for step in range(3):
+            _, fresh, want = _uneven_case(collective, p, r, step, root)
+            buf[...] = fresh
+            if form == "call":
+                got = plan()
+            else:
+                plan.start()
+                got = plan.wait()
+            got = got[0] if collective in ("gather_v", "all_to_all_v") else got
+            if want is None:
+                assert got is None
+            else:
+                np.testing.assert_array_equal(got, want)
+
+
 def test_misuse_raises_on_the_rank_that_does_it(world):
     plan = world.all_reduce_init(np.ones(3))
     plan.start()
