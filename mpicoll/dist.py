@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from .buffers import writable
-from .buffers.arrays import as_array, is_cupy, module_of
+from .buffers.arrays import as_array, cupy_module, is_cupy, module_of
 from .communicator import Communicator
 from .errors import InvalidArgumentError, MpicollError
 from .p2p import ANY
@@ -996,9 +996,7 @@ def _sent(g: ProcessGroup, data: np.ndarray | None) -> Any:
     """The bytes as the group's backend moves them: on nccl, GPU arrays (CuPy)."""
     if data is None or g.comm.backend != "nccl":
         return data
-    import cupy
-
-    return cupy.asarray(data)
+    return cupy_module().asarray(data)
 
 
 def _got(data: Any) -> np.ndarray:

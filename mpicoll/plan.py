@@ -44,7 +44,6 @@ from .pipeline import agree, decided
 from .pipeline.decided import Decision, decide
 from .pipeline.entry import (
     numbered,
-    prepare_request_start,
     prepare_request_wait,
     prepare_start,
     public_signature,
@@ -89,7 +88,7 @@ class Plan:
         self._lean: Any = None  # plan()'s lean path, once settled (__call__)
         self._start_request: Any = None  # start()'s MPI_Start, where persistent (start)
         self._wait_request: Any = None  # and wait()'s MPI_Wait
-        self._in_flight: tuple | None = None  # a start whose request runs (finish_request)
+        self._in_flight: tuple | None = None  # a start whose request runs (its seq, entry)
         self._kept: tuple = ()  # its flight-recorder entry (Watch.kept)
         # whether the second plan() votes on a persistent request: values every rank
         # holds alike (the backend, check mode and traces are agreed when comm is made)
@@ -211,12 +210,12 @@ class Plan:
     def _settle(self, decision: Decision, run: Any, request: Any, facts: tuple) -> None:
         """The plan's persistent request, made as the plan was (``_persist_at_init``):
         every ``plan()`` is its start and wait, every ``start()`` its ``MPI_Start``."""
-        self._decision, self._bound, self._request, self._kept = decision, run, request, facts
+        self._decision, self._bound, self._kept = decision, run, facts
         self._votes = False  # (agreed already)
-        self._retire = weakref.finalize(self, self.comm._backend.transport.retire, request)
+        self._keep(request)
         if getattr(run, "persistent", None):
-            self._start_request = prepare_request_start(
-                self.comm, self.collective, self._site, facts, request.Start)
+            self._start_request = prepare_start(self.comm, self.collective, self._site,
+                                                facts, run, (request.Start, None, None))
             self._wait_request = prepare_request_wait(self.comm, self.collective, self._site,
                                                       request.Wait)
 
@@ -251,13 +250,13 @@ class Plan:
         return run
 
     def _persist(self) -> None:
-        """The second ``plan()``: every rank says whether it can run the plan's buffers
-        through the MPI library's persistent collective (``MPI_Allreduce_init`` and kin:
-        where the first start decided ``native``, on host buffers MPI takes as they are),
-        and where all can, each makes it and every later start is its ``Start`` and ``Wait``.
-        The vote is one small all-reduce, once per plan, so no rank's buffers or stream
-        alone can make it run other messages than the others."""
-        comm, persist = self.comm, None
+        """The second ``plan()`` (of a plan whose request was not made with it: a
+        broadcast's or scatter's, whose receivers learn the shape at the first start):
+        every rank says whether it can run the plan's buffers through the MPI library's
+        persistent collective (where the first start decided ``native``, on host buffers
+        MPI takes as they are), and where all can, each makes it and every later start
+        is its ``Start`` and ``Wait`` (``_vote_and_make``)."""
+        persist = None
         if self._bound is not None and self._stream is None and self._decision is not None \
                 and self._decision.persist is not None:
             try:
@@ -265,44 +264,20 @@ class Plan:
                                                  self._kwargs.get("out"))
             except Exception:  # noqa: BLE001 - this rank votes no
                 persist = None
-        from mpi4py import MPI
-
-        # a library without MPI-4's persistent collectives votes no on every rank, as does
-        # a transport where a request failed before (see below); and whether it gives
-        # MPI_IN_PLACE where every rank or none must: the minima of "in place" and of
-        # "not in place" are both 0 where ranks differ
-        t = comm._backend.transport
-        in_place = getattr(persist, "in_place", None)
-        vote = np.array([persist is not None and t.persists and MPI.Get_version() >= (4, 0),
-                         in_place is not False, in_place is not True], np.int32)
-        with watched_step(comm, f"{self.collective} plan", "waiting for every rank to start "
-                          "the plan the second time (its vote on a persistent request)",
-                          self._site):
-            t.comm.Allreduce(MPI.IN_PLACE, vote, MPI.MIN)
-            vote[0] = vote[0] and (vote[1] or vote[2])
-            if vote[0]:
-                request = None
-                try:
-                    run, request = persist()
-                except Exception:  # noqa: BLE001 - this rank could not: all are told
-                    pass
-                vote[0] = request is not None  # made on every rank, or used on none
-                t.comm.Allreduce(MPI.IN_PLACE, vote, MPI.MIN)
-                if vote[0]:
-                    self._request = request
-                    # a plan dropped without free() lets its request go (at the next
-                    # plan's, or with the Communicator); free() lets it go at once
-                    self._retire = weakref.finalize(self, t.retire, request)
-                else:
-                    if request is not None:
-                        t.release(request)  # never started: a local free
-                    # a rank may have failed before MPI's init, which counts the
-                    # communicator's persistent collectives: no more of them here
-                    t.persists = False
-        if vote[0]:
-            self._bound = run
+        made = _vote_and_make(self.comm, persist, 0, f"{self.collective} plan",
+                              "waiting for every rank to start the plan the second time (its "
+                              "vote on a persistent request)", self._site)
+        if made is not None:
+            self._bound, request = made
+            self._keep(request)
             if self._kept:  # its starts are MPI's own collective (a packet's was "auto"'s)
                 self._kept = (*self._kept[:5], "native", self._kept[6])
+
+    def _keep(self, request: Any) -> None:
+        """The plan's persistent request: a plan dropped without free() lets it go (at
+        the next plan's, or with the Communicator); free() lets it go at once."""
+        self._request = request
+        self._retire = weakref.finalize(self, self.comm._backend.transport.retire, request)
 
     def free(self) -> None:
         """Let go of the plan (an active start is waited for first)."""
@@ -477,17 +452,13 @@ def _persist_at_init(comm: Communicator, collective: str, args: tuple, kwargs: d
     runs as before (its second ``plan()`` votes again, once its first has decided; so
     do broadcast's and scatter's, whose receivers learn the shape at the first start).
     Only where the vote is on every rank: the backend, check mode and traces are agreed."""
-    t = comm._backend.transport
     if collective not in _AT_INIT or not comm._backend.native_is_mpi or comm.check \
             or comm._tracer is not None:
         return None
-    from mpi4py import MPI
-
     decision = persist = None
     fingerprint = 0
     x = args[0] if args else None
-    if refusal is None and kwargs.get("stream") is None and arguments is not None \
-            and t.persists and MPI.Get_version() >= (4, 0):
+    if refusal is None and kwargs.get("stream") is None and arguments is not None:
         try:
             decision = decide(comm, collective, args, kwargs)
             if decision is not None and decision.persist is not None:
@@ -499,34 +470,53 @@ def _persist_at_init(comm: Communicator, collective: str, args: tuple, kwargs: d
                 sorted((arguments.get("options") or {}).items()))).encode())
         except Exception:  # noqa: BLE001 - this rank votes no; its first start tells why
             persist = None
-    in_place = getattr(persist, "in_place", None)
-    mine = np.array([persist is not None, in_place is not False, in_place is not True,
-                     fingerprint], np.int64)
-    votes = np.zeros((comm.size, 4), np.int64)
-    with watched_step(comm, f"{collective}_init", "waiting for every rank to make the plan "
-                      "(its vote on a persistent request)", site):
-        t.comm.Allgather(mine, votes)
-        agreed = bool(votes[:, 0].all() and (votes[:, 1].all() or votes[:, 2].all())
-                      and (votes[:, 3] == votes[0, 3]).all())
-        run = request = None
-        if agreed:
-            try:
-                run, request = persist()  # type: ignore[misc]
-            except Exception:  # noqa: BLE001 - this rank could not: all are told
-                request = None
-            made = np.array([request is not None], np.int64)
-            t.comm.Allreduce(MPI.IN_PLACE, made, MPI.MIN)
-            if not made[0]:
-                if request is not None:
-                    t.release(request)  # never started: a local free
-                t.persists = False  # (a rank may have failed inside MPI's init)
-                return None
-    if not agreed:
+    made = _vote_and_make(comm, persist, fingerprint, f"{collective}_init", "waiting for "
+                          "every rank to make the plan (its vote on a persistent request)",
+                          site)
+    if made is None:
         return None
+    run, request = made
     given = tuple(getattr(a, "name", a) if hasattr(a, "fn") else a for a in args[1:])
     facts = (getattr(x, "shape", None), getattr(x, "dtype", None), given, kwargs.get("op"),
              kwargs.get("root"), "native", getattr(x, "nbytes", 0))
     return decision, run, request, facts
+
+
+def _vote_and_make(comm: Communicator, persist: Any, fingerprint: int, what: str, note: str,
+                   site: Site) -> tuple | None:
+    """Every rank says, in one small all-gather watched as ``what``, whether it can run
+    its plan on MPI's persistent request (``persist``: its maker, or None), whether it
+    gives MPI_IN_PLACE (every rank or none must) and its call's ``fingerprint`` (every
+    rank's must be the same); where all agree, each makes the request and all say whether
+    they did. (run, request) on every rank, or None on every rank. A library without
+    MPI-4's persistent collectives votes no on every rank, as does a transport where a
+    request failed before (a rank may fail inside MPI's init, which counts the
+    communicator's persistent collectives: no more of them there)."""
+    from mpi4py import MPI
+
+    t = comm._backend.transport
+    can = persist is not None and t.persists and MPI.Get_version() >= (4, 0)
+    in_place = getattr(persist, "in_place", None)
+    mine = np.array([can, in_place is not False, in_place is not True, fingerprint], np.int64)
+    votes = np.zeros((comm.size, 4), np.int64)
+    with watched_step(comm, what, note, site):
+        t.comm.Allgather(mine, votes)
+        if not (votes[:, 0].all() and (votes[:, 1].all() or votes[:, 2].all())
+                and (votes[:, 3] == votes[0, 3]).all()):
+            return None
+        run = request = None
+        try:
+            run, request = persist()
+        except Exception:  # noqa: BLE001 - this rank could not: all are told
+            request = None
+        made = np.array([request is not None], np.int64)
+        t.comm.Allreduce(MPI.IN_PLACE, made, MPI.MIN)
+    if made[0]:
+        return run, request
+    if request is not None:
+        t.release(request)  # never started: a local free
+    t.persists = False
+    return None
 
 
 def init_method(collective: str) -> Any:

@@ -361,7 +361,10 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
     fixed (the plan's site, its flight-recorder entry ``kept``, its buffers bound in
     ``run(call)``, which gives the result), as ``start()``. ``persistent``: (Start, Wait,
     result) where the start is MPI's persistent request and nothing else (``run`` then
-    only names it). The caller checked that no resync is owed and the Communicator lives."""
+    only names it); Wait None: ``plan.start()``'s, which returns (seq, entry) once
+    MPI_Start has, the request running on and its flight-recorder entry with it, for
+    ``prepare_request_wait``. The caller checked that no resync is owed and the
+    Communicator lives."""
     watch, transport = c._watch, c._backend.transport
     take, give, begin = c._entry.take, c._entry.give, transport.begin
     ring, length = watch.ring, watch.length
@@ -376,6 +379,7 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
             raise ConcurrentCallError(busy(c, f"{name} plan()")) from None
         seq = c._seq = c._seq + 1
         rec = ring[seq % length]  # the call's flight-recorder entry (its facts kept)
+        running = False  # (plan.start()'s request, once started: its entry stays running)
         try:
             watch.current = rec
             call = rec.call
@@ -385,6 +389,9 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
             if mpi_start is not None:  # MPI's persistent request alone
                 advance()  # the call's tag, as begin() moves it (no message of ours goes)
                 mpi_start()
+                if mpi_wait is None:
+                    running = True
+                    return seq, rec
                 mpi_wait()
                 return result
             begin()  # the call's tag: every rank advances it
@@ -392,47 +399,11 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
         except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
             raise ended(c, name, exc)  # noqa: B904 - keeps the cause
         finally:  # (Watch.leave)
-            rec.end = now()
-            if rec.state is RUNNING:
-                rec.state = DONE
+            if not running:
+                rec.end = now()
+                if rec.state is RUNNING:
+                    rec.state = DONE
             watch.started = 0.0
-            give(True)
-
-    return start
-
-
-def prepare_request_start(c: CallState, name: str, site: Any, kept: tuple,
-                          mpi_start: Callable[[], None]) -> Callable[[], tuple]:
-    """A plan's ``start()`` where its start is MPI's persistent request alone: as
-    ``prepare_start``'s, but the call returns once ``MPI_Start`` has (the request runs on
-    while the caller computes), its flight-recorder entry left running: ``start()``
-    gives (seq, entry) for ``finish_request``, which the plan's ``wait()`` calls once
-    MPI's wait has returned."""
-    watch, transport = c._watch, c._backend.transport
-    take, give, advance = c._entry.take, c._entry.give, transport.advance
-    ring, length = watch.ring, watch.length
-    code, offset = site.f_code, site.f_lasti
-
-    def start() -> tuple:
-        try:
-            take()  # (the Communicator's turn, or IndexError: another thread has it)
-        except IndexError:
-            raise ConcurrentCallError(busy(c, f"{name} plan.start()")) from None
-        seq = c._seq = c._seq + 1
-        rec = ring[seq % length]  # the call's flight-recorder entry (its facts kept)
-        try:
-            watch.current = rec
-            call = rec.call
-            call.seq, call.collective, call.code, call.offset = seq, name, code, offset
-            rec.facts, rec.state = kept, RUNNING
-            rec.start = now()
-            advance()  # the call's tag, as begin() moves it (no message of ours goes)
-            mpi_start()
-            return seq, rec
-        except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
-            rec.end = now()
-            raise ended(c, name, exc)  # noqa: B904 - keeps the cause
-        finally:
             give(True)
 
     return start
@@ -440,7 +411,7 @@ def prepare_request_start(c: CallState, name: str, site: Any, kept: tuple,
 
 def prepare_request_wait(c: CallState, name: str, site: Any,
                          mpi_wait: Callable[[], None]) -> Callable[[tuple], None]:
-    """A plan's ``wait()`` for a start of ``prepare_request_start``: MPI's wait on its
+    """A plan's ``wait()`` for a ``plan.start()`` of ``prepare_start``: MPI's wait on its
     request, watched (the start's flight-recorder entry is current again, the watchdog's
     clock from now), one thread at a time; the entry done once it returns. Where the
     flight recorder has given the entry's place to later calls (more than its length
@@ -465,11 +436,8 @@ def prepare_request_wait(c: CallState, name: str, site: Any,
             mpi_wait()
         except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
             raise ended(c, name, exc)  # noqa: B904 - keeps the cause
-        finally:  # (Watch.leave)
-            rec.end = now()
-            if rec.state is RUNNING:
-                rec.state = DONE
-            watch.started = 0.0
+        finally:
+            watch.leave()  # (the entry current: its end, done unless it failed)
             give(True)
 
     return wait
