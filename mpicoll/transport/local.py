@@ -134,8 +134,7 @@ class LocalPeers:
         for request in list(self.posted):
             if request is before:
                 break
-            if not request.finished and (request.tag < 0 or tag < 0 or request.tag == tag) \
-                    and (request.source < 0 or source < 0 or request.source == source):
+            if request.could_take(source, tag):
                 request.wait()
 
     def send(self, buf: Any, dest: int, tag: int) -> None:
@@ -154,9 +153,7 @@ class LocalPeers:
             self._earlier(source, tag)
             return self._take(None, source, tag)
         for request in list(self.posted):
-            if not request.finished and (request.tag < 0 or tag < 0 or request.tag == tag) \
-                    and (request.source < 0 or source < 0 or request.source == source) \
-                    and not request.test():
+            if request.could_take(source, tag) and not request.test():
                 return None
         return self.board.take(self.rank, source, tag, None, 0, self.transport.world.aborted)
 
@@ -196,7 +193,13 @@ class LocalPeerRequest:
         self.peers, self.buf, self.source, self.tag = peers, buf, source, tag
         self.finished, self.got = done, None
 
-    def _done(self, got: int) -> None:
+    def could_take(self, source: int, tag: int) -> bool:
+        """Whether this receive, not yet finished, matches a message from ``source`` with
+        ``tag`` (either of them, or of the receive, may be mpicoll.ANY)."""
+        return not self.finished and (self.tag < 0 or tag < 0 or self.tag == tag) \
+            and (self.source < 0 or source < 0 or self.source == source)
+
+    def _done(self, got: Status) -> None:
         self.got, self.finished = got, True
         if self in self.peers.posted:
             self.peers.posted.remove(self)
@@ -210,9 +213,8 @@ class LocalPeerRequest:
     def test(self) -> bool:
         if not self.finished:
             p = self.peers
-            earlier = [r for r in p.posted[:p.posted.index(self)] if not r.finished
-                       and (r.tag < 0 or self.tag < 0 or r.tag == self.tag)
-                       and (r.source < 0 or self.source < 0 or r.source == self.source)]
+            earlier = [r for r in p.posted[:p.posted.index(self)]
+                       if r.could_take(self.source, self.tag)]
             if not all(r.test() for r in earlier):
                 return False  # an earlier receive takes the next such message first
             got = p.board.take(p.rank, self.source, self.tag, self.buf, 0,
