@@ -571,3 +571,37 @@ def test_an_in_place_all_reduce_is_mpis_in_place_call_alone(world, monkeypatch):
     with pytest.raises(mpicoll.InvalidArgumentError, match="read-only|writeable"):
         world.all_reduce(x, algorithm="native", out=x)
     np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, world.size))
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "scatter"])
+def test_a_repeated_packet_call_moves_only_the_tag_and_reopens_where_it_goes_on(
+        world, collective, monkeypatch):
+    """A broadcast or scatter whose data rides in the header packet, repeated, is MPI's
+    own broadcast of the packet alone: the transport's tag moves (``advance``), nothing
+    else of it opens (``begin`` is not called). A receiver that then finds the root's
+    header changed to a size past the packet reopens the transport's workspace before its
+    messages (``reopen``), and gets the data right; so does every later call."""
+    world._decisions.clear()
+    t, p, r = world._backend.transport, world.size, world.rank
+    counts = {"begin": 0, "reopen": 0}
+
+    def counting(kind: str):
+        fn = getattr(t, kind)
+
+        def wrapped(*args):
+            counts[kind] += 1
+            return fn(*args)
+
+        return wrapped
+
+    for kind in counts:
+        monkeypatch.setattr(t, kind, counting(kind))
+    for step, n in enumerate([5, 5, 5, 3000, 5, 5]):
+        shape = (n,) if collective == "broadcast" else (p, n)
+        sent = np.arange(np.prod(shape), dtype="f8").reshape(shape) + step
+        got = getattr(world, collective)(sent.copy() if r == 0 else None)
+        np.testing.assert_array_equal(got, sent if collective == "broadcast" else sent[r])
+        if step == 2:  # the first call took the whole path; the two after it, the packet
+            assert counts == {"begin": 1, "reopen": 0}
+    # (step 3: the root's whole path; each receiver goes on from its decision, reopened)
+    assert counts["reopen"] == (0 if r == 0 else 1)

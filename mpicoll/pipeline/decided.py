@@ -188,11 +188,16 @@ class Decision:
     ``out=x`` is ``run(x, x)``, MPI_IN_PLACE, where x can be written), which the prepared
     call makes itself (``entry.prepare``), the most frequent calls being those."""
 
-    __slots__ = ("bind", "fresh", "persist", "direct", "kept", "last", "call")
+    __slots__ = ("bind", "fresh", "persist", "direct", "quiet", "kept", "last", "call")
 
     def __init__(self, bind: Callable[..., Any], fresh: Callable[..., Any] | None = None,
-                 persist: Callable[..., Any] | None = None, direct: tuple | None = None):
+                 persist: Callable[..., Any] | None = None, direct: tuple | None = None,
+                 quiet: bool = False):
         self.bind, self.fresh, self.persist, self.direct = bind, fresh, persist, direct
+        # quiet: fresh sends only by MPI's own calls (a header packet's MPI_Bcast), so the
+        # call's tag need only move (transport.advance); where it goes on as the whole
+        # path, fresh itself reopens the transport's workspace first (transport.reopen)
+        self.quiet = quiet
         self.kept: tuple = ()  # the flight recorder's entry of its calls (Watch.kept)
         self.last: tuple | None = None  # the last binding of small buffers (see bound)
         self.call: Callable[..., Any] | None = None  # its prepared call (entry.prepare)
@@ -660,9 +665,10 @@ def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
     payload = packet[agree.HEADER_BYTES:end].view(dtype).reshape(shape) if packed else None
     packet_bytes = agree.HEADER_BYTES + limit
     # the header packet: as MPI's own broadcast, one direct call (as every scatter's)
-    send_packet = _packet_sender(c, packet, root) \
+    send_packet, by_mpi = _packet_sender(c, packet, root) \
         if _host(c, "broadcast", pack_name, None, None, root) is not None \
-        else functools.partial(pack_fn, t, packet, root)
+        else (functools.partial(pack_fn, t, packet, root), False)
+    quiet = packed and by_mpi  # a fresh call sends nothing through the transport
 
     def persist(x: Any, out: Any) -> Callable[[], tuple] | None:
         """A plan's buffers are bound: every rank knows the shape from the first start,
@@ -698,7 +704,7 @@ def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
         def bind_root(x: Any, out: Any) -> Callable[[Any], Any]:
             return lambda call: fresh_root(call, x)
 
-        return Decision(bind_root, fresh_root, persist)
+        return Decision(bind_root, fresh_root, persist, quiet=quiet)
 
     expected = sent
     from .run import broadcast_received
@@ -706,48 +712,59 @@ def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
     def fresh(call: Any, x: Any) -> Any:
         if x is not None and not x.flags.writeable:
             return DECLINED  # the whole path refuses it
-        if not packed:  # (packed: the flight recorder's entry is the packet's, as kept)
-            rec = watch.current
-            rec.chose(pack_name, packet_bytes)
+        rec = watch.current
+        rec.chose(pack_name, packet_bytes)
         send_packet()
         if header.tobytes() != expected:  # the root sent another header: as the whole path
             return broadcast_received(c, call, x, root, algorithm, options)
-        if packed:
-            if x is None:
-                return payload.copy()
-            x[...] = payload
-            return x
         result = np.empty(shape, dtype) if x is None else x
         rec.chose(name, nbytes)
         fn(t, result.reshape(-1), root)
         return result
+
+    def fresh_packed(call: Any, x: Any) -> Any:
+        # (the flight recorder's entry is the packet's, as kept)
+        if x is not None and not x.flags.writeable:
+            return DECLINED  # the whole path refuses it
+        send_packet()
+        if header.tobytes() != expected:  # the root sent another header: as the whole path
+            if quiet:
+                t.reopen()
+            return broadcast_received(c, call, x, root, algorithm, options)
+        if x is None:
+            return payload.copy()
+        x[...] = payload
+        return x
 
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
         if x is not None and not x.flags.writeable:
             return None  # the whole path refuses it (fresh would decline each run)
 
         def run(call: Any) -> Any:
-            result = fresh(call, x)
+            result = whole(call, x)
             if result is DECLINED:  # a plan's x, made read-only since: take part, refuse
-                fresh(call, None)
+                whole(call, None)
                 raise InvalidArgumentError(
                     "broadcast: x, the receive buffer this plan bound, was made read-only")
             return result
 
         return run
 
-    return Decision(bind, fresh, persist)
+    whole = fresh_packed if packed else fresh
+    return Decision(bind, whole, persist, quiet=quiet)
 
 
-def _packet_sender(c: CallState, packet: np.ndarray, root: int) -> Callable[[], None]:
+def _packet_sender(c: CallState, packet: np.ndarray,
+                   root: int) -> tuple[Callable[[], None], bool]:
     """``agree.broadcast(c, packet, root)``, the root's header packet as the whole path
-    sends it: one direct MPI_Bcast where that is what it calls (``native.host_direct``)."""
+    sends it: one direct MPI_Bcast where that is what it calls (``native.host_direct``),
+    and whether it is that (then it sends nothing through the transport)."""
     b = c._backend
     if b.control is b.transport and _host(c, "broadcast", "native", None, None, root) is not None:
         from ..backends.mpi_native import host_packet
 
-        return host_packet(b.transport, packet, root)
-    return lambda: agree.broadcast(c, packet, root)
+        return host_packet(b.transport, packet, root), True
+    return lambda: agree.broadcast(c, packet, root), False
 
 
 def _scatter(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
@@ -773,7 +790,8 @@ def _scatter(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
             return None
         words, dtype, shape = last
     in_packet = bool(words[3] & agree.IN_PACKET)
-    send_packet = _packet_sender(c, packet, root)
+    send_packet, by_mpi = _packet_sender(c, packet, root)
+    quiet = in_packet and by_mpi  # a fresh call sends nothing through the transport
     count = int(np.prod(shape, dtype=np.int64))
     nbytes = count * dtype.itemsize * size
     bounds = even_bounds(count, size)
@@ -849,7 +867,7 @@ def _scatter(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
 
             return run
 
-        return Decision(bind_root, fresh_root, persist)
+        return Decision(bind_root, fresh_root, persist, quiet=quiet)
 
     expected = sent
     from .run import scatter_received
@@ -857,6 +875,8 @@ def _scatter(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
     def fresh(call: Any, x: Any) -> Any:
         send_packet()
         if header.tobytes() != expected:  # the root sent another header: as the whole path
+            if quiet:
+                t.reopen()
             return scatter_received(c, call, root, algorithm, None, options)
         if in_packet:
             return my_row.copy()
@@ -882,7 +902,7 @@ def _scatter(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
 
         return receive
 
-    return Decision(bind, fresh, persist)
+    return Decision(bind, fresh, persist, quiet=quiet)
 
 
 _DECIDERS: dict[str, Callable[..., Any]] = {

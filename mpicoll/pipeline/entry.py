@@ -298,7 +298,9 @@ def prepare(c: CallState, name: str, method: Any,
     ring, length = watch.ring, watch.length
     fresh, bound, kept = decision.fresh, decision.bound, decision.kept
     work, shape, dtype, in_place = decision.direct or (None, None, None, False)
-    advance = transport.advance if work is not None else None
+    advance = transport.advance if work is not None or decision.quiet else None
+    # the fresh call's opening: the tag alone where it sends by MPI's own calls alone
+    opening = advance if decision.quiet else begin
 
     def prepared(site: Any, x: Any, out: Any, args: tuple, kwargs: dict) -> Any:
         if c._refused_alone:  # a resync owed first: the whole path
@@ -316,24 +318,26 @@ def prepare(c: CallState, name: str, method: Any,
                 seq, name, site.f_code, site.f_lasti
             rec.facts, rec.state = kept, RUNNING
             watch.started = rec.start = now()
-            if out is None and work is not None:  # MPI's own collective into a new result
+            if out is None and work is not None:  # MPI's own collective, a new result
                 advance()  # the call's tag, as begin() moves it (no message of ours goes)
                 if shape is None:  # (no result on this rank)
                     return work(x, None)
                 result = empty(shape, dtype)
                 work(x, result)
                 return result
-            if out is x and in_place and x.flags.writeable:  # and in place (MPI_IN_PLACE)
+            if out is None and fresh is not None:  # the call run at once, a new result
+                opening()  # the call's tag: every rank advances it
+                result = fresh(call, x)
+                if result is not DECLINED:
+                    return result
+                if opening is not begin:  # (declined before any message)
+                    transport.reopen()
+            elif out is x and in_place and x.flags.writeable:  # in place (MPI_IN_PLACE)
                 advance()
                 work(x, x)
                 return x
-            begin()  # the call's tag: every rank advances it
-            if out is None:
-                if fresh is not None:
-                    result = fresh(call, x)
-                    if result is not DECLINED:
-                        return result
-            if out is not None or fresh is None:
+            else:
+                begin()  # the call's tag: every rank advances it
                 run = bound(x, out)  # None: it declines these buffers, before any message
                 if run is not None:
                     result = run(call)

@@ -103,6 +103,12 @@ class MPITransport(Workspace):
         self.tag = tag if tag < self._tag_limit else 1
         self.step, self.wait_kind = 0, None
 
+    def reopen(self) -> None:
+        """After ``advance()``: the call goes on with messages of its own (a decided call
+        that found the root's header changed), so its workspace is free again, as
+        ``begin()`` leaves it (its tag has moved already)."""
+        self._tops[0] = 0
+
     # -- host buffers: straight to MPI; device buffers: _device_* below -------------------
 
     def send(self, buf: Any, dest: int) -> None:
