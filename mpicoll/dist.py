@@ -24,6 +24,9 @@ from __future__ import annotations
 import enum
 import os
 import pickle
+import sys
+import threading
+import time
 import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -33,12 +36,12 @@ import numpy as np
 from .buffers import writable
 from .buffers.arrays import as_array, cupy_module, is_cupy, module_of
 from .communicator import Communicator
-from .errors import InvalidArgumentError, MpicollError
+from .errors import CollectiveTimeoutError, InvalidArgumentError, MpicollError
 from .p2p import ANY
 from .p2p import P2POp as _P2POp
 
 __all__ = [
-    "Backend", "DeviceMesh", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "all_gather",
+    "Backend", "DeviceMesh", "Future", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "all_gather",
     "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
     "destroy_process_group", "gather", "gather_object", "get_backend", "get_global_rank",
@@ -541,18 +544,28 @@ def _tensors(tensors: Any, name: str, count: int, like: Any) -> tuple[list[Any],
 
 class _Finished:
     """torch's Work: ``wait()`` finishes the call (and copies what it received into the
-    caller's tensors) and returns True; ``is_completed()`` does so once it has ended."""
+    caller's tensors) and returns True; ``is_completed()`` does so once it has ended;
+    ``get_future()`` gives a future of the call's output tensors (``value``, a list, as
+    torch's), completed once the call has ended and its outputs hold the result."""
 
-    def __init__(self, work: Any, finish: Any) -> None:
+    def __init__(self, work: Any, finish: Any, value: Sequence[Any] = ()) -> None:
         self._work, self._finish, self._done = work, finish, False
+        self._value, self._future = list(value), None
+        self._lock = threading.Lock()  # (the future's callback finishes it in the
+        #                                 thread that ends the call)
+
+    def _settle(self, timeout: Any = None, on_gpu: bool = True) -> None:
+        with self._lock:
+            if not self._done:
+                self._finish(self._work.wait(timeout) if on_gpu else self._work.host_result())
+                self._done = True
 
     def wait(self, timeout: Any = None) -> bool:
         """``timeout``: a timedelta (or seconds), as torch's; 0, torch's default, is no
         limit there (mpicoll.Work.wait's 0 asks without waiting): None here."""
         if not self._done:
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-            self._finish(self._work.wait(None if seconds == 0 else timeout))
-            self._done = True
+            self._settle(None if seconds == 0 else timeout)
         return True
 
     def is_completed(self) -> bool:
@@ -565,26 +578,129 @@ class _Finished:
     def is_success(self) -> bool:
         return self.is_completed()
 
+    def exception(self) -> BaseException | None:
+        """The error of a call that ended in one (None: none, or not ended yet)."""
+        if not self._work.test():
+            return None
+        try:
+            self.wait()
+        except MpicollError as exc:
+            return exc
+        return None
+
+    def get_future(self) -> Any:
+        """A future (``torch.futures.Future`` for torch tensors, else ``mpicoll.dist.
+        Future``, the same methods) whose value is the call's output tensors in a list
+        (``[tensor]`` for all_reduce, ``[tensor_list]`` for all_gather), set once the
+        call has ended (on NCCL: queued on its stream, as torch's CUDA futures), or its
+        error. Its callbacks run in the thread that ends the call: keep them short."""
+        if self._future is None:
+            self._future = _future_for(self._value)
+            self._work.add_done_callback(self._complete)
+        return self._future
+
+    def _complete(self, work: Any) -> None:
+        try:
+            self._settle(on_gpu=False)
+        except BaseException as exc:  # noqa: BLE001 - the future's error
+            self._future.set_exception(exc)
+            return
+        self._future.set_result(self._value)
+
+
+class Future:
+    """``torch.futures.Future``'s methods, for calls on NumPy or CuPy arrays (a torch
+    tensor's call gives torch's own): ``wait()`` (the value, or the error raised),
+    ``value()``, ``done()``, ``then(callback)`` (a Future of ``callback(this)``),
+    ``add_done_callback(callback)``, ``set_result``, ``set_exception``."""
+
+    def __init__(self) -> None:
+        self._ended = threading.Event()
+        self._lock = threading.Lock()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Any] | None = []
+
+    def done(self) -> bool:
+        return self._ended.is_set()
+
+    def wait(self) -> Any:
+        self._ended.wait()
+        return self.value()
+
+    def value(self) -> Any:
+        if not self._ended.is_set():
+            raise InvalidArgumentError("Future.value(): not done yet (wait() for it)")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def set_result(self, result: Any) -> None:
+        self._end(result, None)
+
+    def set_exception(self, result: BaseException) -> None:
+        self._end(None, result)
+
+    def _end(self, value: Any, error: BaseException | None) -> None:
+        with self._lock:
+            if self._callbacks is None:
+                raise InvalidArgumentError("Future: its result was set already")
+            self._value, self._error = value, error
+            self._ended.set()
+            callbacks, self._callbacks = self._callbacks, None
+        for callback in callbacks:
+            callback(self)
+
+    def add_done_callback(self, callback: Any) -> None:
+        with self._lock:
+            if self._callbacks is not None:
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def then(self, callback: Any) -> Future:
+        chained = Future()
+
+        def run(done: Future) -> None:
+            try:
+                chained.set_result(callback(done))
+            except Exception as exc:  # noqa: BLE001 - the chained future's error
+                chained.set_exception(exc)
+
+        self.add_done_callback(run)
+        return chained
+
+
+def _future_for(value: list[Any]) -> Any:
+    """torch's Future where the outputs are torch tensors, else mpicoll's."""
+    torch = sys.modules.get("torch")
+    items = [v for item in value for v in (item if isinstance(item, (list, tuple)) else (item,))]
+    if torch is not None and any(isinstance(v, torch.Tensor) for v in items):
+        return torch.futures.Future()
+    return Future()
+
 
 def _nothing(result: Any) -> None:
     return None
 
 
-def _maybe(work: Any, async_op: bool) -> Any:
-    return _Finished(work, _nothing) if async_op else None
+def _maybe(work: Any, async_op: bool, value: Sequence[Any] = ()) -> Any:
+    return _Finished(work, _nothing, value) if async_op else None
 
 
-def _then(call: Any, args: tuple, finish: Any, problem: str | None, **kwargs: Any) -> Any:
+def _then(call: Any, args: tuple, finish: Any, problem: str | None,
+          value: Sequence[Any] = (), **kwargs: Any) -> Any:
     """``call(*args, **kwargs)``, then ``finish(result)`` (at ``wait()`` where kwargs hold
-    ``async_op=True``); where this rank found a ``problem`` in what it receives, it takes
-    part (the call made as the others make it, async too, and waited for), then raises."""
+    ``async_op=True``: a Work whose future gives ``value``, the output tensors); where
+    this rank found a ``problem`` in what it receives, it takes part (the call made as the
+    others make it, async too, and waited for), then raises."""
     result = call(*args, **kwargs)
     if problem is not None:
         if kwargs.get("async_op"):
             result.wait()
         raise InvalidArgumentError(problem)
     if kwargs.get("async_op"):
-        return _Finished(result, finish)
+        return _Finished(result, finish, value)
     finish(result)
     return None
 
@@ -658,7 +774,7 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
         g.comm.all_reduce(tensor, op._value_ if type(op) is ReduceOp else _op(op), out=tensor)
         return None
     return _maybe(g.comm.all_reduce(tensor, _op(op), out=tensor, **_how(algorithm, async_op)),
-                  async_op)
+                  async_op, [tensor])
 
 
 def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
@@ -673,7 +789,7 @@ def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: 
         problem = None
     except InvalidArgumentError as exc:
         problem = str(exc)
-    return _then(g.comm.broadcast, (tensor, root), _nothing, problem,
+    return _then(g.comm.broadcast, (tensor, root), _nothing, problem, [tensor],
                  **_how(algorithm, async_op))
 
 
@@ -687,7 +803,7 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: A
     root = _root_of(g, g.comm.reduce, dst, group_dst, "dst", algorithm, async_op)
     out = tensor if g.comm.rank == root else None
     return _maybe(g.comm.reduce(tensor, _op(op), root, out=out, **_how(algorithm, async_op)),
-                  async_op)
+                  async_op, [tensor])
 
 
 def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op: bool = False,
@@ -703,7 +819,7 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
         for view, row in zip(outs, rows, strict=True):
             view[...] = row.reshape(view.shape)
 
-    return _then(g.comm.all_gather, (x,), finish, problem,
+    return _then(g.comm.all_gather, (x,), finish, problem, [tensor_list],
                  **_how(algorithm, async_op))
 
 
@@ -725,7 +841,7 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
                      f"{g.comm.size} inputs of shape {shape[1:]}), got shape {tuple(out.shape)}",
                      **_how(algorithm, async_op))
     out, copy_back = _shaped(output_tensor, "output_tensor", shape)
-    return _then(g.comm.all_gather, (x,), copy_back, None, out=out,
+    return _then(g.comm.all_gather, (x,), copy_back, None, [output_tensor], out=out,
                  **_how(algorithm, async_op))
 
 
@@ -746,7 +862,7 @@ def reduce_scatter(output: Any, input_list: list[Any], op: Any = ReduceOp.SUM,
         stacked = stacked.reshape(len(rows), *out.shape)  # (any shape of that size, as torch)
     # a wrong output: the core call takes part, then refuses it
     return _maybe(g.comm.reduce_scatter(stacked, _op(op), out=output, **_how(algorithm, async_op)),
-                  async_op)
+                  async_op, [output])
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # noqa: A002
@@ -767,7 +883,7 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # no
         x = x.reshape(p, *out.shape) if _is_array(out) and out.size * p == x.size else \
             x.reshape(p, -1)
     return _maybe(g.comm.reduce_scatter(x, _op(op), out=output, **_how(algorithm, async_op)),
-                  async_op)
+                  async_op, [output])
 
 
 def _splits(sizes: Sequence[int] | None, rows: int, p: int, name: str) -> tuple[list[int], str | None]:
@@ -831,8 +947,8 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
             return _then(g.comm.all_to_all, (x.reshape(p, -1),), _nothing, problem,
                          **_how(algorithm, async_op))
         rows, copy_back = _shaped(output, "output", (p, x.size // max(p, 1)))
-        return _then(g.comm.all_to_all, (x.reshape(p, -1),), copy_back, None, out=rows,
-                     **_how(algorithm, async_op))
+        return _then(g.comm.all_to_all, (x.reshape(p, -1),), copy_back, None, [output],
+                     out=rows, **_how(algorithm, async_op))
     if problem is None and out.shape[1:] != x.shape[1:]:
         problem = (f"output: expected rows of shape {tuple(x.shape[1:])} (as the input's), "
                    f"got shape {tuple(out.shape)}")
@@ -845,7 +961,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
                 f"expected {expect} (the senders' input_split_sizes differ)")
         out[...] = rows.reshape(out.shape)
 
-    return _then(g.comm.all_to_all_v, (x, send), finish, problem,
+    return _then(g.comm.all_to_all_v, (x, send), finish, problem, [output],
                  **_how(algorithm, async_op))
 
 
@@ -879,7 +995,7 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
             start += n
 
     return _then(g.comm.all_to_all_v, (flat, [a.size for a in ins]), finish, problem,
-                 **_how(algorithm, async_op))
+                 [output_tensor_list], **_how(algorithm, async_op))
 
 
 def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None = None,
@@ -907,7 +1023,7 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
     elif _given_list(scatter_list):
         problem = "scatter_list: must not be given on a rank that is not the source (as torch)"
     try:  # a refused list travels in the root's header: every rank raises
-        return _then(g.comm.scatter, (stacked, root), _nothing, problem,
+        return _then(g.comm.scatter, (stacked, root), _nothing, problem, [tensor],
                      out=tensor, **_how(algorithm, async_op))
     except InvalidArgumentError as exc:
         if refusal is not None:
@@ -937,7 +1053,7 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
             view[...] = row.reshape(view.shape)
 
     return _then(g.comm.gather, (x, root), finish, problem,
-                 **_how(algorithm, async_op))
+                 [gather_list] if outs else [], **_how(algorithm, async_op))
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
@@ -1133,10 +1249,26 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
 
 
 class _P2PWork:
+    """torch's Work of an isend/irecv: ``wait(timeout)``, ``is_completed()``,
+    ``source()`` (an irecv's sender, in the group's ranks)."""
+
     def __init__(self, request: Any, group: ProcessGroup) -> None:
         self._request, self._group = request, group
 
     def wait(self, timeout: Any = None) -> bool:
+        """``timeout``: a timedelta (or seconds), as torch's; None or 0 (torch's default):
+        no limit of its own (the watchdog's bounds it). Not done within it: a
+        CollectiveTimeoutError, the message still pending (wait again, or let it end)."""
+        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+        if seconds:
+            deadline = time.monotonic() + float(seconds)
+            pause = 1e-5
+            while not self._request.test():
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeoutError(
+                        f"{self._request!r}: not done after {float(seconds):g} s")
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
         self._request.wait()
         return True
 

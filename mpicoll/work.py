@@ -53,11 +53,29 @@ class Work:
         self._error: BaseException | None = None
         self._event: Any = None  # NCCL: a CUDA event after the call
         self.started_at = self.finished_at = float("nan")  # time.perf_counter() on this rank
+        self._callbacks: list[Callable[[Work], None]] | None = []  # None once finished
+        self._callbacks_lock = threading.Lock()
 
     def _set(self, result: Any = None, error: BaseException | None = None) -> None:
         self._result, self._error = result, error
         self.finished_at = time.perf_counter()
         self._finished.set()
+        with self._callbacks_lock:
+            callbacks, self._callbacks = self._callbacks, None
+        for callback in callbacks or ():
+            _run_callback(callback, self)
+
+    def add_done_callback(self, callback: Callable[[Work], None]) -> None:
+        """Call ``callback(work)`` once the collective has finished on this rank (as
+        ``concurrent.futures.Future``'s): at once, in this thread, if it has; else in
+        the thread that finishes it (the progress thread, on the MPI backend). On NCCL,
+        finished means queued on its stream (``wait()`` also waits for the GPU). An
+        exception a callback raises is reported as a warning, not raised."""
+        with self._callbacks_lock:
+            if self._callbacks is not None:
+                self._callbacks.append(callback)
+                return
+        _run_callback(callback, self)
 
     @property
     def done(self) -> bool:
@@ -99,9 +117,29 @@ class Work:
                 time.sleep(0.0001)
         return self._result
 
+    def host_result(self) -> Any:
+        """The result of a call that has finished (``done`` on the MPI backend; queued on
+        its stream on NCCL, whose GPU may still be running it), or its error raised,
+        without waiting: what a done callback reads."""
+        if not self._finished.is_set():
+            raise InvalidArgumentError(f"{self.what}: not finished (wait() for it)")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
     def __repr__(self) -> str:
         state = "done" if self._finished.is_set() else "pending"
         return f"<mpicoll.Work {self.what} {state}>"
+
+
+def _run_callback(callback: Callable[[Work], None], work: Work) -> None:
+    try:
+        callback(work)
+    except Exception as exc:  # noqa: BLE001 - never into the thread that finished the call
+        import warnings
+
+        warnings.warn(f"mpicoll: a done callback of {work.what} raised "
+                      f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
 
 
 def _seconds(timeout: Any) -> float:

@@ -91,6 +91,32 @@ def test_local_errors_from_wait():
     run_local(3, _errors_from_wait, timeout=20)
 
 
+def _done_callbacks(comm):
+    import threading
+
+    ran, seen = threading.Event(), []
+    work = comm.all_reduce(np.ones(3), async_op=True)
+    work.add_done_callback(lambda w: (seen.append(w.host_result().tolist()), ran.set()))
+    assert np.array_equal(work.wait(), np.full(3, comm.size))
+    assert ran.wait(20) and seen == [[comm.size] * 3]
+    late = []  # added once it has finished: called at once, in this thread
+    work.add_done_callback(lambda w: late.append(threading.current_thread()))
+    assert late == [threading.current_thread()]
+    failed = comm.all_reduce(np.ones(3), algorithm="no_such_algorithm", async_op=True)
+    with pytest.raises(mpicoll.InvalidArgumentError):
+        failed.wait()
+    with pytest.raises(mpicoll.InvalidArgumentError, match="no_such_algorithm"):
+        failed.host_result()
+    with pytest.warns(RuntimeWarning, match="done callback of all_reduce raised ZeroDivision"):
+        failed.add_done_callback(lambda w: 1 / 0)  # (reported, never raised)
+
+
+def test_local_done_callbacks_run_once_the_call_ends():
+    """``Work.add_done_callback``: called with the Work in the thread that ends the call,
+    or at once where it has ended; a callback's error is a warning."""
+    run_local(2, _done_callbacks, timeout=20)
+
+
 def test_bucketer_local():
     def body(comm):
         rng = np.random.default_rng(7)

@@ -4,6 +4,7 @@ arrays, under mpiexec (torch's semantics: in place, global src/dst, groups, asyn
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 
 import numpy as np
@@ -489,3 +490,75 @@ def test_an_async_call_refused_for_what_it_gives(initialized):
         u = np.ones(2)
         dist.all_reduce(u)
         assert (t == size).all() and (u == size).all()
+
+
+def test_a_works_future_as_torch_comm_hooks_use_it(initialized):
+    """``get_future()``: its value is the call's outputs in a list, set once the call has
+    ended (the tensor holds the result by then); ``then`` chains a callback's value (a
+    DDP comm hook's division), a callback's error becomes the chained future's; every
+    collective's future gives its outputs."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    tensor = np.full(3, float(rank + 1))
+    fut = dist.all_reduce(tensor, async_op=True).get_future()
+    averaged = fut.then(lambda f: f.value()[0] / size)
+    assert fut.wait()[0] is tensor
+    np.testing.assert_array_equal(tensor, np.full(3, size * (size + 1) / 2))
+    np.testing.assert_array_equal(averaged.wait(), np.full(3, (size + 1) / 2))
+    assert fut.done() and averaged.done()
+    failing = fut.then(lambda f: 1 / 0)  # (already done: runs at once, here)
+    with pytest.raises(ZeroDivisionError):
+        failing.wait()
+    rows = [np.zeros(2) for _ in range(size)]
+    value = dist.all_gather(rows, np.full(2, float(rank)), async_op=True).get_future().wait()
+    assert value[0] is rows and [r[0] for r in rows] == list(range(size))
+    out = np.zeros(size)
+    value = dist.all_gather_into_tensor(out, np.full(1, float(rank)),
+                                        async_op=True).get_future().wait()
+    assert value == [out] and out.tolist() == list(range(size))
+    seen, called = [], threading.Event()
+    work = dist.broadcast(tensor, 0, async_op=True)
+    work.get_future().add_done_callback(
+        lambda f: (seen.append(f.value()[0] is tensor), called.set()))
+    work.wait()
+    assert called.wait(30) and seen == [True]  # (in the thread that ended the call)
+    assert dist.barrier(async_op=True).get_future().wait() == []
+
+
+def test_a_failed_calls_future_raises_its_error(initialized):
+    """A call that fails on this rank (a wrong output, found as the others take part):
+    its future holds the error, which wait() raises, as the Work's wait()."""
+    size = dist.get_world_size()
+    rank = dist.get_rank()
+    rows = [np.zeros(2) for _ in range(size)] if rank else [np.zeros(2)] * (size + 1)
+    if rank == 0:
+        with pytest.raises(mpicoll.InvalidArgumentError):
+            dist.all_gather(rows, np.zeros(2), async_op=True)
+    else:
+        work = dist.all_gather(rows, np.zeros(2), async_op=True)
+        assert work.get_future().wait()[0] is rows and work.exception() is None
+    tensor = np.ones(1)
+    dist.all_reduce(tensor)
+    assert tensor[0] == size
+
+
+def test_an_irecv_work_waits_within_torchs_timeout(initialized):
+    """``Work.wait(timeout)`` of an irecv whose message has not come: a
+    CollectiveTimeoutError after the timeout, the receive still pending; once the
+    sender sends, the next wait() gets it."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size < 2:
+        pytest.skip("needs two ranks")
+    tensor = np.zeros(2)
+    if rank == 1:
+        work = dist.irecv(tensor, src=0, tag=7)
+        started = time.monotonic()
+        with pytest.raises(mpicoll.CollectiveTimeoutError, match="not done after 0.2 s"):
+            work.wait(datetime.timedelta(seconds=0.2))
+        assert 0.2 <= time.monotonic() - started < 5
+        dist.barrier()
+        assert work.wait(timeout=5.0) is True and tensor.tolist() == [3.0, 3.0]
+    else:
+        dist.barrier()
+        if rank == 0:
+            dist.send(np.full(2, 3.0), dst=1, tag=7)
+    dist.barrier()

@@ -179,3 +179,21 @@ def test_dist_lists_of_bfloat16_and_parameters_as_torch_distributed():
         assert weight.requires_grad and (weight.detach() == 0).all()
     finally:
         dist.destroy_process_group()
+
+
+def test_dist_futures_of_tensors_are_torchs_as_ddp_comm_hooks_chain_them():
+    """A torch tensor's async call: ``get_future()`` is a ``torch.futures.Future`` whose
+    value is ``[tensor]``, chained as a DDP comm hook chains it (sum, then divide)."""
+    import mpicoll.dist as dist
+
+    dist.init_process_group("mpi")
+    try:
+        size = dist.get_world_size()
+        bucket = torch.full((4,), float(dist.get_rank() + 1))
+        fut = dist.all_reduce(bucket, async_op=True).get_future()
+        assert isinstance(fut, torch.futures.Future)
+        averaged = fut.then(lambda f: f.value()[0] / size).wait()
+        assert fut.value()[0] is bucket
+        torch.testing.assert_close(averaged, torch.full((4,), (size + 1) / 2))
+    finally:
+        dist.destroy_process_group()
