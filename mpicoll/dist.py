@@ -549,23 +549,27 @@ class _Finished:
     torch's), completed once the call has ended and its outputs hold the result."""
 
     def __init__(self, work: Any, finish: Any, value: Sequence[Any] = ()) -> None:
-        self._work, self._finish, self._done = work, finish, False
+        self._work, self._finish = work, finish
+        self._copied = False  # finish ran: the caller's tensors hold (or, on NCCL, are
+        #                       queued to hold) the result
+        self._done = False  # and the call has ended (on NCCL: on the GPU too)
         self._value, self._future = list(value), None
         self._lock = threading.Lock()  # (the future's callback finishes it in the
         #                                 thread that ends the call)
 
-    def _settle(self, timeout: Any = None, on_gpu: bool = True) -> None:
+    def _copy(self, result: Any) -> None:
         with self._lock:
-            if not self._done:
-                self._finish(self._work.wait(timeout) if on_gpu else self._work.host_result())
-                self._done = True
+            if not self._copied:
+                self._finish(result)
+                self._copied = True
 
     def wait(self, timeout: Any = None) -> bool:
         """``timeout``: a timedelta (or seconds), as torch's; 0, torch's default, is no
         limit there (mpicoll.Work.wait's 0 asks without waiting): None here."""
         if not self._done:
             seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-            self._settle(None if seconds == 0 else timeout)
+            self._copy(self._work.wait(None if seconds == 0 else timeout))
+            self._done = True
         return True
 
     def is_completed(self) -> bool:
@@ -594,14 +598,17 @@ class _Finished:
         (``[tensor]`` for all_reduce, ``[tensor_list]`` for all_gather), set once the
         call has ended (on NCCL: queued on its stream, as torch's CUDA futures), or its
         error. Its callbacks run in the thread that ends the call: keep them short."""
-        if self._future is None:
-            self._future = _future_for(self._value)
+        with self._lock:
+            made = self._future is None
+            if made:
+                self._future = _future_for(self._value)
+        if made:
             self._work.add_done_callback(self._complete)
         return self._future
 
     def _complete(self, work: Any) -> None:
-        try:
-            self._settle(on_gpu=False)
+        try:  # (on NCCL: the copies queued on the stream, the GPU not waited for)
+            self._copy(work.host_result())
         except BaseException as exc:  # noqa: BLE001 - the future's error
             self._future.set_exception(exc)
             return
@@ -649,33 +656,43 @@ class Future:
             self._ended.set()
             callbacks, self._callbacks = self._callbacks, None
         for callback in callbacks:
+            self._call(callback)
+
+    def _call(self, callback: Any) -> None:
+        try:  # (as torch's: a callback's error is reported, and the others still run)
             callback(self)
+        except Exception as exc:  # noqa: BLE001 - never into the thread that ended the call
+            warnings.warn(f"mpicoll.dist.Future: a callback raised {type(exc).__name__}: "
+                          f"{exc}", RuntimeWarning, stacklevel=2)
 
     def add_done_callback(self, callback: Any) -> None:
         with self._lock:
             if self._callbacks is not None:
                 self._callbacks.append(callback)
                 return
-        callback(self)
+        self._call(callback)
 
     def then(self, callback: Any) -> Future:
         chained = Future()
 
         def run(done: Future) -> None:
             try:
-                chained.set_result(callback(done))
+                value = callback(done)
             except Exception as exc:  # noqa: BLE001 - the chained future's error
                 chained.set_exception(exc)
+                return
+            chained.set_result(value)
 
         self.add_done_callback(run)
         return chained
 
 
 def _future_for(value: list[Any]) -> Any:
-    """torch's Future where the outputs are torch tensors, else mpicoll's."""
+    """torch's Future where torch is in use and the outputs are torch tensors (or none:
+    a barrier's), else mpicoll's."""
     torch = sys.modules.get("torch")
     items = [v for item in value for v in (item if isinstance(item, (list, tuple)) else (item,))]
-    if torch is not None and any(isinstance(v, torch.Tensor) for v in items):
+    if torch is not None and all(isinstance(v, torch.Tensor) for v in items):
         return torch.futures.Future()
     return Future()
 

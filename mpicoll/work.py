@@ -29,6 +29,12 @@ from typing import Any
 
 from .errors import CollectiveTimeoutError, InvalidArgumentError
 from .observe.watchdog import timeout_setting
+from .pipeline.state import (
+    _CALLBACK_THREADS,
+    CALLBACKS_RUNNING,
+    in_done_callback,
+    refused_in_callback,
+)
 
 _UNSET = object()
 
@@ -132,7 +138,16 @@ class Work:
         return f"<mpicoll.Work {self.what} {state}>"
 
 
+_LOCAL = threading.local()  # .progress: this thread is a ProgressThread's
+
+
 def _run_callback(callback: Callable[[Work], None], work: Work) -> None:
+    """``callback(work)``; on a progress thread, marked as a done callback there (a
+    collective call it makes is refused: ``pipeline.state.in_done_callback``)."""
+    on_progress = getattr(_LOCAL, "progress", False)
+    if on_progress:
+        _CALLBACK_THREADS.add(threading.get_ident())
+        CALLBACKS_RUNNING[0] += 1
     try:
         callback(work)
     except Exception as exc:  # noqa: BLE001 - never into the thread that finished the call
@@ -140,6 +155,10 @@ def _run_callback(callback: Callable[[Work], None], work: Work) -> None:
 
         warnings.warn(f"mpicoll: a done callback of {work.what} raised "
                       f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+    finally:
+        if on_progress:
+            CALLBACKS_RUNNING[0] -= 1
+            _CALLBACK_THREADS.discard(threading.get_ident())
 
 
 def _seconds(timeout: Any) -> float:
@@ -201,6 +220,7 @@ class ProgressThread:
         return work
 
     def _run(self) -> None:
+        _LOCAL.progress = True
         while True:
             item = self._calls.get()
             if item is None:
@@ -271,6 +291,8 @@ def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: 
     every rank makes it. ``refused``: the caller's own refusal of the call (the entry's
     ``_refusal=``), settled as these.
     """
+    if in_done_callback():
+        raise refused_in_callback(f"{name}(async_op=True)")
     site = Site(frame)
     if comm._backend.queues_on_stream:  # NCCL is asynchronous already: queue it
         if refused is not None:  # numbered there (refused), then raised here, as below

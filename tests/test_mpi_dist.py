@@ -562,3 +562,64 @@ def test_an_irecv_work_waits_within_torchs_timeout(initialized):
         if rank == 0:
             dist.send(np.full(2, 3.0), dst=1, tag=7)
     dist.barrier()
+
+
+def test_a_call_in_a_future_callback_is_refused_on_every_rank(initialized):
+    """A then() callback runs on the progress thread that ended the call: a collective
+    it makes (blocking, async, or a plan's) is refused before it takes a number, the same
+    on every rank, as the chained future's error; the next calls are right."""
+    size = dist.get_world_size()
+    tensor = np.ones(2)
+    inner = {
+        "blocking": lambda f: dist.all_reduce(np.ones(1)),
+        "async": lambda f: dist.all_reduce(np.ones(1), async_op=True),
+        "decided": lambda f: dist.all_reduce(tensor),  # (a call decided before)
+    }
+    dist.all_reduce(tensor)
+    for callback in inner.values():
+        chained = dist.all_reduce(np.ones(1), async_op=True).get_future().then(callback)
+        with pytest.raises(mpicoll.ConcurrentCallError, match="done callback"):
+            chained.wait()
+    after = np.ones(3)
+    dist.all_reduce(after)
+    assert after.tolist() == [size] * 3
+
+
+def test_a_futures_failing_callback_leaves_the_others_running():
+    """mpicoll.dist.Future: a callback that raises is reported as a warning; the later
+    callbacks and the chained futures still end (as torch's)."""
+    fut = dist.Future()
+    ran = []
+    fut.add_done_callback(lambda f: 1 / 0)
+    chained = fut.then(lambda f: f.value() + 1)
+    fut.add_done_callback(lambda f: ran.append(f.value()))
+    with pytest.warns(RuntimeWarning, match="ZeroDivisionError"):
+        fut.set_result(1)
+    assert ran == [1] and chained.wait() == 2 and chained.done()
+    with pytest.raises(mpicoll.InvalidArgumentError, match="set already"):
+        fut.set_result(2)
+
+
+def test_a_future_does_not_end_the_works_wait_for_the_gpu():
+    """On NCCL a call's Work has ended once queued on its stream (its future is set at
+    once, the copies into the caller's tensors queued), but ``wait()`` and
+    ``is_completed()`` still wait for the GPU's event, with get_future() called or not;
+    ``wait(timeout)`` past it raises and leaves it pending."""
+    from mpicoll.work import Work
+
+    class Event:  # a CUDA event the GPU has not reached
+        done = False
+
+    work = Work("all_reduce")
+    work._event = Event()
+    work._set(np.full(2, 5.0))
+    tensor = np.zeros(2)
+    finished = dist._Finished(work, lambda result: tensor.__setitem__(..., result), [tensor])
+    fut = finished.get_future()
+    assert fut.done() and fut.value()[0] is tensor and tensor.tolist() == [5.0, 5.0]
+    assert not finished.is_completed()
+    with pytest.raises(mpicoll.CollectiveTimeoutError):
+        finished.wait(datetime.timedelta(seconds=0.01))
+    assert not finished.is_completed()
+    Event.done = True
+    assert finished.is_completed() and finished.wait() is True

@@ -8,7 +8,10 @@ the API layer, not even for its type hints.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
+
+from ..errors import ConcurrentCallError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -100,3 +103,26 @@ class CallState:
     @property
     def size(self) -> int:
         return self._backend.transport.size
+
+
+# -- done callbacks (mpicoll.Work.add_done_callback, mpicoll.dist's futures) run on the
+# progress thread that ended the call: a call made there would interleave with the
+# calling thread's own calls in an order that differs between ranks, so it is refused
+
+CALLBACKS_RUNNING = [0]  # done callbacks running on progress threads now (every Communicator's)
+_CALLBACK_THREADS: set[int] = set()
+
+
+def in_done_callback() -> bool:
+    """Whether this thread is in a done callback on a progress thread."""
+    return bool(CALLBACKS_RUNNING[0]) and threading.get_ident() in _CALLBACK_THREADS
+
+
+def refused_in_callback(what: str) -> ConcurrentCallError:
+    """What a call made in a done callback on a progress thread raises (on every rank
+    alike: each runs the same callback), before it takes a number."""
+    return ConcurrentCallError(
+        f"{what}: made in a done callback (a future's then() or add_done_callback), which "
+        "runs on the progress thread that ended the asynchronous call; its calls would "
+        "interleave with your thread's in an order that differs between ranks. Make the "
+        "call in your own thread, after the future's wait()")

@@ -105,9 +105,12 @@ class MPITransport(Workspace):
 
     def reopen(self) -> None:
         """After ``advance()``: the call goes on with messages of its own (a decided call
-        that found the root's header changed), so its workspace is free again, as
-        ``begin()`` leaves it (its tag has moved already)."""
-        self._tops[0] = 0
+        that found the root's header changed), so the transport is left as ``begin()``
+        leaves it (workspace free, host memory, staging reset, retired requests freed),
+        its tag having moved already."""
+        tag = self.tag
+        self.tag = tag - 1 if tag > 1 else self._tag_limit - 1  # (begin() moves it back)
+        self.begin()
 
     # -- host buffers: straight to MPI; device buffers: _device_* below -------------------
 
