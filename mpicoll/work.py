@@ -30,9 +30,9 @@ from typing import Any
 from .errors import CollectiveTimeoutError, InvalidArgumentError
 from .observe.watchdog import timeout_setting
 from .pipeline.state import (
-    _CALLBACK_THREADS,
-    CALLBACKS_RUNNING,
+    entering_done_callback,
     in_done_callback,
+    leaving_done_callback,
     refused_in_callback,
 )
 
@@ -146,8 +146,7 @@ def _run_callback(callback: Callable[[Work], None], work: Work) -> None:
     collective call it makes is refused: ``pipeline.state.in_done_callback``)."""
     on_progress = getattr(_LOCAL, "progress", False)
     if on_progress:
-        _CALLBACK_THREADS.add(threading.get_ident())
-        CALLBACKS_RUNNING[0] += 1
+        entering_done_callback()
     try:
         callback(work)
     except Exception as exc:  # noqa: BLE001 - never into the thread that finished the call
@@ -157,8 +156,7 @@ def _run_callback(callback: Callable[[Work], None], work: Work) -> None:
                       f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
     finally:
         if on_progress:
-            CALLBACKS_RUNNING[0] -= 1
-            _CALLBACK_THREADS.discard(threading.get_ident())
+            leaving_done_callback()
 
 
 def _seconds(timeout: Any) -> float:

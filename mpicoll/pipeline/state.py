@@ -113,6 +113,22 @@ CALLBACKS_RUNNING = [0]  # done callbacks running on progress threads now (every
 _CALLBACK_THREADS: set[int] = set()
 
 
+_CALLBACKS_LOCK = threading.Lock()  # (progress threads of several Communicators)
+
+
+def entering_done_callback() -> None:
+    """This progress thread starts a done callback (``mpicoll.work``)."""
+    with _CALLBACKS_LOCK:
+        _CALLBACK_THREADS.add(threading.get_ident())
+        CALLBACKS_RUNNING[0] += 1
+
+
+def leaving_done_callback() -> None:
+    with _CALLBACKS_LOCK:
+        CALLBACKS_RUNNING[0] -= 1
+        _CALLBACK_THREADS.discard(threading.get_ident())
+
+
 def in_done_callback() -> bool:
     """Whether this thread is in a done callback on a progress thread."""
     return bool(CALLBACKS_RUNNING[0]) and threading.get_ident() in _CALLBACK_THREADS
