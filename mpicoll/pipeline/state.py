@@ -110,7 +110,7 @@ class CallState:
 # calling thread's own calls in an order that differs between ranks, so it is refused
 
 CALLBACKS_RUNNING = [0]  # done callbacks running on progress threads now (every Communicator's)
-_CALLBACK_THREADS: set[int] = set()
+_CALLBACK_THREADS: dict[int, int] = {}  # thread: its callbacks running (one may nest another)
 
 
 _CALLBACKS_LOCK = threading.Lock()  # (progress threads of several Communicators)
@@ -118,15 +118,20 @@ _CALLBACKS_LOCK = threading.Lock()  # (progress threads of several Communicators
 
 def entering_done_callback() -> None:
     """This progress thread starts a done callback (``mpicoll.work``)."""
+    me = threading.get_ident()
     with _CALLBACKS_LOCK:
-        _CALLBACK_THREADS.add(threading.get_ident())
+        _CALLBACK_THREADS[me] = _CALLBACK_THREADS.get(me, 0) + 1
         CALLBACKS_RUNNING[0] += 1
 
 
 def leaving_done_callback() -> None:
+    me = threading.get_ident()
     with _CALLBACKS_LOCK:
         CALLBACKS_RUNNING[0] -= 1
-        _CALLBACK_THREADS.discard(threading.get_ident())
+        if _CALLBACK_THREADS[me] > 1:
+            _CALLBACK_THREADS[me] -= 1
+        else:
+            del _CALLBACK_THREADS[me]
 
 
 def in_done_callback() -> bool:
