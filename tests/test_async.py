@@ -218,3 +218,19 @@ def test_mpi_bucketer_overlaps_and_sums():
     mean = (comm.size + 1) / 2
     for got, g in zip(buckets.wait(), grads, strict=True):
         np.testing.assert_allclose(got, np.full(g.shape, mean))
+
+
+def test_a_nested_done_callback_leaves_the_outer_one_marked():
+    """A done callback that runs another (adding one to a finished Work) is still in a
+    done callback once the inner one returns: its calls are still refused."""
+    from mpicoll.pipeline import state
+
+    assert not state.in_done_callback()
+    state.entering_done_callback()
+    state.entering_done_callback()
+    state.leaving_done_callback()
+    try:
+        assert state.in_done_callback()
+    finally:
+        state.leaving_done_callback()
+    assert not state.in_done_callback() and state.CALLBACKS_RUNNING == [0]
