@@ -119,10 +119,15 @@ def kept_view(x: Any) -> np.ndarray | None:
     """The kept view of ``x`` (see torch_numpy), where ``x`` is a small CPU tensor still
     on the memory and in the shape it was viewed in; else None."""
     kept = _VIEWS.get(id(x))
-    if kept is not None and kept[0] is x and kept[1] == x.data_ptr() and kept[2] == x.shape \
-            and kept[4] == x.stride():
+    if kept is not None and kept[0] is x and kept[1] == _DATA_PTR[0](x) and \
+            kept[2] == x.shape and kept[4] == x.stride():
         return kept[3]
     return None
+
+
+# torch's Tensor.data_ptr, unbound (half the cost of the method's lookup on each call),
+# set with the first view kept
+_DATA_PTR: list[Any] = [None]
 
 
 def torch_numpy(x: Any) -> np.ndarray | None:
@@ -137,6 +142,10 @@ def torch_numpy(x: Any) -> np.ndarray | None:
     if view is not None and view.nbytes <= _VIEW_BYTES and _small_storage(x):
         if len(_VIEWS) >= _VIEWS_KEPT:
             _VIEWS.clear()
+        if _DATA_PTR[0] is None:
+            base = sys.modules["torch"]._C
+            _DATA_PTR[0] = getattr(base, "TensorBase", None) or base._TensorBase
+            _DATA_PTR[0] = _DATA_PTR[0].data_ptr
         _VIEWS[id(x)] = (x, x.data_ptr(), x.shape, view, x.stride())
     return view
 

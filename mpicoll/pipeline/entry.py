@@ -153,6 +153,8 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                         prepared = decisions.get(key, DECLINED).call
                     if prepared is not None:
                         result = prepared(getframe(1), view, out, args, kwargs)
+                        if result is out and out is not None:  # (out=: the caller's own)
+                            return out_tensor
                         return decided.to_caller(result, (tensor, view, out_tensor, out))
                     if given:  # (as the caller gave it, for the longer way)
                         kwargs["out"] = out_tensor
