@@ -26,7 +26,6 @@ import os
 import pickle
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -36,7 +35,7 @@ import numpy as np
 from .buffers import writable
 from .buffers.arrays import as_array, cupy_module, is_cupy, module_of
 from .communicator import Communicator
-from .errors import CollectiveTimeoutError, InvalidArgumentError, MpicollError
+from .errors import InvalidArgumentError, MpicollError
 from .p2p import ANY
 from .p2p import P2POp as _P2POp
 
@@ -1276,17 +1275,7 @@ class _P2PWork:
         """``timeout``: a timedelta (or seconds), as torch's; None or 0 (torch's default):
         no limit of its own (the watchdog's bounds it). Not done within it: a
         CollectiveTimeoutError, the message still pending (wait again, or let it end)."""
-        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-        if seconds:
-            deadline = time.monotonic() + float(seconds)
-            pause = 1e-5
-            while not self._request.test():
-                if time.monotonic() > deadline:
-                    raise CollectiveTimeoutError(
-                        f"{self._request!r}: not done after {float(seconds):g} s")
-                time.sleep(pause)
-                pause = min(pause * 2, 1e-3)
-        self._request.wait()
+        self._request.wait(timeout=timeout)
         return True
 
     def is_completed(self) -> bool:

@@ -35,6 +35,7 @@ A backend's peers object says what it cannot do: ``any_source`` (default True) a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,11 +46,13 @@ from .buffers import writable
 from .buffers.arrays import as_array
 from .errors import (
     CollectiveError,
+    CollectiveTimeoutError,
     InvalidArgumentError,
     MpicollError,
 )
 from .pipeline.entry import freed, watched_step
 from .transport import Status
+from .work import as_seconds
 
 ANY = -1  # ``source=ANY``: a message from any rank
 
@@ -77,10 +80,20 @@ class Request:
     def __repr__(self) -> str:
         return f"<mpicoll.Request {self._what} peer {self._peer} tag {self._tag}>"
 
-    def wait(self, status: Status | None = None) -> int | None:
+    def wait(self, status: Status | None = None, timeout: Any = None) -> int | None:
         """Wait until it is done: a receive's source (``status``, where given, filled as
-        ``recv``'s), a send's None."""
+        ``recv``'s), a send's None. ``timeout`` (seconds or a timedelta; None or 0: none
+        of its own, the watchdog's bounds the wait): not done within it, a
+        ``CollectiveTimeoutError``, the message still pending (wait again)."""
         status = _status(status)
+        seconds = 0.0 if timeout is None else as_seconds(timeout)
+        if seconds:
+            deadline, pause = time.monotonic() + seconds, 1e-5
+            while not self.test():
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeoutError(f"{self!r}: not done after {seconds:g} s")
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
         with watched_step(self._comm, self._what, _waiting(self._what, self._peer, self._tag)):
             got = self._request.wait()
         return _filled(status, got) if self._receive else None

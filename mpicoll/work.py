@@ -109,7 +109,7 @@ class Work:
             seconds = self.timeout and self.timeout + self.GRACE
             deadline = time.monotonic() + seconds if seconds else float("inf")
         else:
-            seconds = _seconds(timeout)
+            seconds = as_seconds(timeout)
             deadline = time.monotonic() + seconds
         if not self._finished.wait(None if deadline == float("inf") else seconds):
             raise CollectiveTimeoutError(f"{self.what}: not finished after {seconds:g} s")
@@ -159,7 +159,7 @@ def _run_callback(callback: Callable[[Work], None], work: Work) -> None:
             leaving_done_callback()
 
 
-def _seconds(timeout: Any) -> float:
+def as_seconds(timeout: Any) -> float:
     """A wait's ``timeout`` in seconds (a number, or a timedelta); below 0 as 0."""
     if hasattr(timeout, "total_seconds"):
         timeout = timeout.total_seconds()

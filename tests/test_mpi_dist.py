@@ -551,6 +551,8 @@ def test_an_irecv_work_waits_within_torchs_timeout(initialized):
     tensor = np.zeros(2)
     if rank == 1:
         work = dist.irecv(tensor, src=0, tag=7)
+        with pytest.raises(mpicoll.InvalidArgumentError, match="timeout"):
+            work.wait("soon")
         started = time.monotonic()
         with pytest.raises(mpicoll.CollectiveTimeoutError, match="not done after 0.2 s"):
             work.wait(datetime.timedelta(seconds=0.2))
