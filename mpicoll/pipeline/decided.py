@@ -741,17 +741,17 @@ def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
             return None  # the whole path refuses it (fresh would decline each run)
 
         def run(call: Any) -> Any:
-            result = whole(call, x)
+            result = receive(call, x)
             if result is DECLINED:  # a plan's x, made read-only since: take part, refuse
-                whole(call, None)
+                receive(call, None)
                 raise InvalidArgumentError(
                     "broadcast: x, the receive buffer this plan bound, was made read-only")
             return result
 
         return run
 
-    whole = fresh_packed if packed else fresh
-    return Decision(bind, whole, persist, quiet=quiet)
+    receive = fresh_packed if packed else fresh  # a receiver's fresh call
+    return Decision(bind, receive, persist, quiet=quiet)
 
 
 def _packet_sender(c: CallState, packet: np.ndarray,
