@@ -370,9 +370,8 @@ class MPIPeers:
         landing = self._landing(buf)
         self.comm.Recv([landing, MPI.BYTE], _any(source, MPI.ANY_SOURCE), _any(tag, MPI.ANY_TAG),
                        status)
-        if landing is not buf:  # (a staged receive: the message's bytes, onto the GPU)
-            count = status.Get_count(MPI.BYTE)
-            buf.view(np.uint8)[:count].set(landing[:count])
+        if landing is not buf:  # (a staged receive)
+            _onto_device(buf, landing, status)
         return _status(status)
 
     def sendrecv(self, sendbuf: Any, dest: int, send_tag: int, recvbuf: Any, source: int,
@@ -383,8 +382,7 @@ class MPIPeers:
                            [landing, MPI.BYTE], _any(source, MPI.ANY_SOURCE),
                            _any(recv_tag, MPI.ANY_TAG), status)
         if landing is not recvbuf:
-            count = status.Get_count(MPI.BYTE)
-            recvbuf.view(np.uint8)[:count].set(landing[:count])
+            _onto_device(recvbuf, landing, status)
         return _status(status)
 
     def probe(self, source: int, tag: int, wait: bool) -> Status | None:
@@ -421,6 +419,13 @@ def _status(status: MPI.Status) -> Status:
     return Status(status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE))
 
 
+def _onto_device(device: Any, landing: np.ndarray, status: MPI.Status) -> None:
+    """A staged receive's message onto the GPU array it was for: its bytes only (a
+    shorter message leaves the rest of the array as it was)."""
+    count = status.Get_count(MPI.BYTE)
+    device.view(np.uint8)[:count].set(landing[:count])
+
+
 class PeerRequest:
     """An MPI request of ``MPIPeers``: ``wait()`` (a receive's Status), ``test()``."""
 
@@ -432,8 +437,7 @@ class PeerRequest:
     def _finish(self) -> None:
         self.finished = True
         if self.device is not None:  # a staged receive: now onto the GPU
-            count = self.status.Get_count(MPI.BYTE)
-            self.device.view(np.uint8)[:count].set(self.keep[:count])
+            _onto_device(self.device, self.keep, self.status)
         self.keep = self.device = None
 
     def wait(self) -> Status:
