@@ -143,9 +143,9 @@ def torch_numpy(x: Any) -> np.ndarray | None:
         if len(_VIEWS) >= _VIEWS_KEPT:
             _VIEWS.clear()
         if _DATA_PTR[0] is None:
-            base = sys.modules["torch"]._C
-            _DATA_PTR[0] = getattr(base, "TensorBase", None) or base._TensorBase
-            _DATA_PTR[0] = _DATA_PTR[0].data_ptr
+            c_api = sys.modules["torch"]._C
+            tensor_base = getattr(c_api, "TensorBase", None) or c_api._TensorBase  # (older)
+            _DATA_PTR[0] = tensor_base.data_ptr
         _VIEWS[id(x)] = (x, x.data_ptr(), x.shape, view, x.stride())
     return view
 
