@@ -233,4 +233,4 @@ def test_a_nested_done_callback_leaves_the_outer_one_marked():
         assert state.in_done_callback()
     finally:
         state.leaving_done_callback()
-    assert not state.in_done_callback() and state.CALLBACKS_RUNNING == [0]
+    assert not state.in_done_callback() and state.CALLBACK_THREADS == {}

@@ -30,7 +30,7 @@ from ..observe.watchdog import PARAMETERS
 from . import agree, decided
 from .decided import DECLINED, PLAIN
 from .describe import Call
-from .state import CALLBACKS_RUNNING, in_done_callback, refused_in_callback
+from .state import CALLBACK_THREADS, in_done_callback, refused_in_callback
 from .validate import Verdict
 
 if TYPE_CHECKING:
@@ -216,7 +216,7 @@ def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, meth
     leaves it."""
     if c._freed:  # (free() is collective: every rank refuses, before any message)
         raise freed(name)
-    if CALLBACKS_RUNNING[0] and in_done_callback():
+    if CALLBACK_THREADS and in_done_callback():
         raise refused_in_callback(name)
     if not c._entry.acquire(False):
         raise ConcurrentCallError(busy(c, name))
@@ -304,12 +304,12 @@ def prepare(c: CallState, name: str, method: Any,
     fresh, bound, kept = decision.fresh, decision.bound, decision.kept
     work, shape, dtype, in_place = decision.direct or (None, None, None, False)
     advance = transport.advance if work is not None or decision.quiet else None
-    running = CALLBACKS_RUNNING
+    in_callbacks = CALLBACK_THREADS  # (empty: no thread is in a done callback)
     # the fresh call's opening: the tag alone where it sends by MPI's own calls alone
     opening = advance if decision.quiet else begin
 
     def prepared(site: Any, x: Any, out: Any, args: tuple, kwargs: dict) -> Any:
-        if c._refused_alone or running[0]:  # a resync owed first, or a call in a done
+        if c._refused_alone or in_callbacks:  # a resync owed first, or a call in a done
             # callback: the whole path (which refuses the latter)
             return numbered(c, name, site, args, as_given(kwargs, out), method)
         try:
@@ -384,7 +384,7 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
     advance = transport.advance if mpi_start is not None else None
 
     def start() -> Any:
-        if CALLBACKS_RUNNING[0] and in_done_callback():
+        if CALLBACK_THREADS and in_done_callback():
             raise refused_in_callback(f"{name} plan()")
         try:
             take()  # (the Communicator's turn, or IndexError: another thread has it)
@@ -471,7 +471,7 @@ def watched_step(c: CallState, what: str, note: str, site: Any = None) -> Iterat
     ``what`` (``note``: what it waits for), nothing but mpicoll's errors leaving it."""
     if c._freed:
         raise freed(what)
-    if CALLBACKS_RUNNING[0] and in_done_callback():
+    if CALLBACK_THREADS and in_done_callback():
         raise refused_in_callback(what)
     if not c._entry.acquire(False):
         raise ConcurrentCallError(busy(c, what))

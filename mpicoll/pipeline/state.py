@@ -109,34 +109,31 @@ class CallState:
 # progress thread that ended the call: a call made there would interleave with the
 # calling thread's own calls in an order that differs between ranks, so it is refused
 
-CALLBACKS_RUNNING = [0]  # done callbacks running on progress threads now (every Communicator's)
-_CALLBACK_THREADS: dict[int, int] = {}  # thread: its callbacks running (one may nest another)
-
-
-_CALLBACKS_LOCK = threading.Lock()  # (progress threads of several Communicators)
+# the threads in done callbacks now (every Communicator's progress threads), each with how
+# many it is in (one may run another); empty on the hot path, so a call reads it and goes on
+CALLBACK_THREADS: dict[int, int] = {}
+_CALLBACKS_LOCK = threading.Lock()
 
 
 def entering_done_callback() -> None:
     """This progress thread starts a done callback (``mpicoll.work``)."""
     me = threading.get_ident()
     with _CALLBACKS_LOCK:
-        _CALLBACK_THREADS[me] = _CALLBACK_THREADS.get(me, 0) + 1
-        CALLBACKS_RUNNING[0] += 1
+        CALLBACK_THREADS[me] = CALLBACK_THREADS.get(me, 0) + 1
 
 
 def leaving_done_callback() -> None:
     me = threading.get_ident()
     with _CALLBACKS_LOCK:
-        CALLBACKS_RUNNING[0] -= 1
-        if _CALLBACK_THREADS[me] > 1:
-            _CALLBACK_THREADS[me] -= 1
+        if CALLBACK_THREADS[me] > 1:
+            CALLBACK_THREADS[me] -= 1
         else:
-            del _CALLBACK_THREADS[me]
+            del CALLBACK_THREADS[me]
 
 
 def in_done_callback() -> bool:
     """Whether this thread is in a done callback on a progress thread."""
-    return bool(CALLBACKS_RUNNING[0]) and threading.get_ident() in _CALLBACK_THREADS
+    return threading.get_ident() in CALLBACK_THREADS
 
 
 def refused_in_callback(what: str) -> ConcurrentCallError:
