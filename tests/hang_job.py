@@ -110,7 +110,14 @@ def main(scenario: str) -> None:
         return
     elif scenario == "user_op":
         op = mpicoll.Op(failing_op if culprit else np.add, commutative=True, name="failing_op")
-        comm.all_reduce(x, op, algorithm="ring")
+        try:
+            comm.all_reduce(x, op, algorithm="ring")
+        except mpicoll.errors.OpError as exc:
+            # every rank writes its line (one write: atomic on the shared pipe) before any
+            # leaves, as mpiexec kills the others when one exits 1
+            os.write(2, f"mpicoll.errors.OpError: {exc}\n".encode())
+            comm.barrier()  # call #4: the call after a failed op matches on every rank
+            sys.exit(1)
     else:
         comm.all_reduce(x, algorithm="ring")  # call #3 of the others
     comm.all_reduce(x, algorithm="ring")  # call #4: the culprit never gets here in time
