@@ -1,7 +1,7 @@
 """The benchmark CLI, the cost model and tuning: run in-process on every rank under mpiexec.
 
 ``mpicoll.bench.main`` runs on COMM_WORLD like ``python -m mpicoll.bench``; the suite runs
-this module at 1 rank and under mpiexec at 2, 3, 4, 5 and 8.
+this module at 1 rank and under mpiexec at 2, 3, 4 and 5.
 """
 
 from __future__ import annotations
