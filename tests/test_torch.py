@@ -132,6 +132,22 @@ def test_a_kept_view_follows_a_tensor_transposed_in_place(world):
     np.testing.assert_array_equal(world.all_reduce(x).numpy(), x.numpy() * p)
 
 
+def test_a_kept_view_follows_a_tensor_given_another_dtype_in_place(world):
+    """``t.data = t.data.view(torch.int32)``: the same memory, shape and strides in another
+    dtype; the call reduces (and gives back) int32, never the float32 it viewed before."""
+    p = world.size
+    x = torch.full((3,), 2.0)
+    for _ in range(2):
+        np.testing.assert_array_equal(world.all_reduce(x).numpy(), np.full(3, 2.0 * p))
+    x.data = x.data.view(torch.int32)
+    x.fill_(3)  # (float32's 3 is other bits)
+    got = world.all_reduce(x)
+    assert got.dtype == torch.int32
+    np.testing.assert_array_equal(got.numpy(), np.full(3, 3 * p, np.int32))
+    assert world.all_reduce(x, out=x) is x and x.dtype == torch.int32
+    np.testing.assert_array_equal(x.numpy(), np.full(3, 3 * p, np.int32))
+
+
 def test_out_tensors_and_arrays_mixed_with_tensors_across_repeated_calls(world):
     """out= another tensor, an array for a tensor's x and a tensor for an array's x: each
     form repeated (its decision kept, then found at once), the result in out= and out=

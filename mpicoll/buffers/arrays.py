@@ -108,8 +108,9 @@ _TORCH_AS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "floa
 
 
 # small tensors' views, kept: id -> (the tensor, its data_ptr and shape then, the view,
-# its strides then). Tensor.numpy() costs more than a small collective's own overhead; a
-# view is given again while the tensor still has that memory, shape and strides. Each view holds its tensor: at most
+# its strides and dtype then). Tensor.numpy() costs more than a small collective's own
+# overhead; a view is given again while the tensor still has that memory, shape, strides
+# and dtype (``t.data = t.data.view(torch.int32)`` keeps the rest). Each view holds its tensor: at most
 # _VIEWS_KEPT tensors of at most _VIEW_BYTES are kept alive by it (then it starts over).
 _VIEWS: dict[int, tuple] = {}
 _VIEW_BYTES, _VIEWS_KEPT = 1 << 16, 256
@@ -120,7 +121,7 @@ def kept_view(x: Any) -> np.ndarray | None:
     on the memory and in the shape it was viewed in; else None."""
     kept = _VIEWS.get(id(x))
     if kept is not None and kept[0] is x and kept[1] == _DATA_PTR[0](x) and \
-            kept[2] == x.shape and kept[4] == x.stride():
+            kept[2] == x.shape and kept[4] == x.stride() and kept[5] is x.dtype:
         return kept[3]
     return None
 
@@ -146,7 +147,7 @@ def torch_numpy(x: Any) -> np.ndarray | None:
             c_api = sys.modules["torch"]._C
             tensor_base = getattr(c_api, "TensorBase", None) or c_api._TensorBase  # (older)
             _DATA_PTR[0] = tensor_base.data_ptr
-        _VIEWS[id(x)] = (x, x.data_ptr(), x.shape, view, x.stride())
+        _VIEWS[id(x)] = (x, x.data_ptr(), x.shape, view, x.stride(), x.dtype)
     return view
 
 
