@@ -118,7 +118,8 @@ _VIEW_BYTES, _VIEWS_KEPT = 1 << 16, 256
 
 def kept_view(x: Any) -> np.ndarray | None:
     """The kept view of ``x`` (see torch_numpy), where ``x`` is a small CPU tensor still
-    on the memory and in the shape it was viewed in; else None."""
+    on the memory and in the shape it was viewed in; else None. A kept view is
+    C-contiguous."""
     kept = _VIEWS.get(id(x))
     if kept is not None and kept[0] is x and kept[1] == _DATA_PTR[0](x) and \
             kept[2] == x.shape and kept[4] == x.stride() and kept[5] is x.dtype:
@@ -140,7 +141,8 @@ def torch_numpy(x: Any) -> np.ndarray | None:
     if view is not None:
         return view
     view = _torch_numpy(x)
-    if view is not None and view.nbytes <= _VIEW_BYTES and _small_storage(x):
+    if view is not None and view.nbytes <= _VIEW_BYTES and view.flags.c_contiguous and \
+            _small_storage(x):  # (only contiguous ones: a kept view's caller need not ask)
         if len(_VIEWS) >= _VIEWS_KEPT:
             _VIEWS.clear()
         if _DATA_PTR[0] is None:

@@ -130,15 +130,16 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                 # earlier call), the result given back as torch's (decided.to_caller)
                 tensor, decisions = x, self._decisions
                 if n == 1 and not kwargs and decisions is not None:  # comm.all_reduce(t)
+                    # (a kept view is contiguous)
                     prepared = decisions.get((name, view.shape, view.dtype), DECLINED).call
-                    if prepared is not None and view.flags.c_contiguous:
+                    if prepared is not None:
                         args = (view,)
                         result = prepared(getframe(1), view, None, args, kwargs)
                         # a result that is the view itself (a broadcast's buffer): the
                         # caller's own tensor; a new array: a tensor over it
                         return tensor if result is view else to_torch(result)
                 args = (view, *args[1:])
-                if plain and decisions is not None and view.flags.c_contiguous:
+                if plain and decisions is not None:
                     given = takes_out and "out" in kwargs
                     out = out_tensor = prepared = None
                     if given:  # out= a tensor: its view (the key leaves it out)
