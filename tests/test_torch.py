@@ -148,6 +148,28 @@ def test_a_kept_view_follows_a_tensor_given_another_dtype_in_place(world):
     np.testing.assert_array_equal(x.numpy(), np.full(3, 3 * p, np.int32))
 
 
+def test_tensors_with_a_lazy_conjugate_or_negation_are_refused_on_every_rank(world):
+    """torch's lazy bits: the memory holds other values than the tensor shows (DLPack
+    exports the negative bit's memory as it is): refused before any message, and the next
+    call goes on; a kept complex view given the bit later too. (One rank's alone, in MPI's
+    own all_reduce: the others wait in it, as for any input one rank refuses there.)"""
+    p = world.size
+    plain = torch.full((2,), 2.0)
+    lazy = {"neg": torch.conj(torch.tensor([1 + 2j, 3 + 4j])).imag,
+            "conj": torch.conj(torch.tensor([1 + 2j, 3 + 4j]))}
+    for bit, x in lazy.items():
+        for algorithm in ("native", "ring"):
+            with pytest.raises(mpicoll.InvalidArgumentError, match=f"resolve_{bit}"):
+                world.all_reduce(x, algorithm=algorithm)
+            np.testing.assert_array_equal(world.all_reduce(plain).numpy(), np.full(2, 2.0 * p))
+    z = torch.tensor([1 + 2j, 3 + 4j], dtype=torch.complex64)
+    for _ in range(2):
+        np.testing.assert_array_equal(world.all_reduce(z).numpy(), z.numpy() * p)
+    z.data = z.data.conj()  # the same memory, shape, strides and dtype
+    with pytest.raises(mpicoll.InvalidArgumentError, match="resolve_conj"):
+        world.all_reduce(z)
+
+
 def test_out_tensors_and_arrays_mixed_with_tensors_across_repeated_calls(world):
     """out= another tensor, an array for a tensor's x and a tensor for an array's x: each
     form repeated (its decision kept, then found at once), the result in out= and out=

@@ -141,8 +141,11 @@ def torch_numpy(x: Any) -> np.ndarray | None:
     if view is not None:
         return view
     view = _torch_numpy(x)
+    # kept: contiguous ones (a kept view's caller need not ask), never complex ones (the
+    # same memory can be given torch's lazy conjugate bit: t.data = t.data.conj(); a real
+    # tensor's lazy negation, torch.conj(c).imag, is never contiguous)
     if view is not None and view.nbytes <= _VIEW_BYTES and view.flags.c_contiguous and \
-            _small_storage(x):  # (only contiguous ones: a kept view's caller need not ask)
+            view.dtype.kind != "c" and _small_storage(x):
         if len(_VIEWS) >= _VIEWS_KEPT:
             _VIEWS.clear()
         if _DATA_PTR[0] is None:
@@ -236,6 +239,15 @@ def _back_to(x: Any) -> Callable[[Any], Any]:
     return same
 
 
+def _lazy_bit(x: Any) -> str | None:
+    """"conj" or "neg" where the torch tensor ``x`` has that lazy bit set; else None."""
+    for bit in ("conj", "neg"):
+        method = getattr(x, f"is_{bit}", None)
+        if method is not None and type(x).__module__.startswith("torch") and method():
+            return bit
+    return None
+
+
 def _from_dlpack(x: Any, name: str) -> Any:
     """A NumPy (host) or CuPy (CUDA) array over a ``__dlpack__`` tensor's memory.
 
@@ -244,6 +256,12 @@ def _from_dlpack(x: Any, name: str) -> Any:
     """
     if getattr(x, "requires_grad", False):  # a torch tensor that needs grad: its memory
         x = x.detach()
+    lazy = _lazy_bit(x)
+    if lazy:  # (torch's DLPack export leaves the negative bit out: the raw memory)
+        raise InvalidArgumentError(
+            f"{name}: this tensor has torch's lazy {lazy} bit set (as torch.conj(c) or "
+            f"torch.conj(c).imag give): its memory does not hold the values it shows; "
+            f"resolve it first (tensor.resolve_{lazy}())")
     try:
         device_type = int(x.__dlpack_device__()[0])
     except Exception as exc:  # noqa: BLE001 - a producer's own failure
