@@ -90,6 +90,11 @@ class Plan:
         self._wait_request: Any = None  # and wait()'s MPI_Wait
         self._in_flight: tuple | None = None  # a start whose request runs (its seq, entry)
         self._kept: tuple = ()  # its flight-recorder entry (Watch.kept)
+        # once settled: (the NumPy array its starts write into, a writeable view of it made
+        # then), to take part in a start after the caller made it read-only and then raise
+        self._guard: tuple | None = None
+        self._guard_name = "out"  # (broadcast's: "x")
+        self._restore: tuple | None = None  # a start()'s, made on such an array: see wait
         # whether the second plan() votes on a persistent request: values every rank
         # holds alike (the backend, check mode and traces are agreed when comm is made)
         self._votes = collective in _PERSISTS and comm._backend.native_is_mpi \
@@ -120,12 +125,16 @@ class Plan:
             if comm._refused_alone:  # a resync owed first: the start at once, numbered
                 self._work = _Ended(self())
                 return
+            guard = self._guard
+            restore = (guard[1], guard[1].copy()) \
+                if guard is not None and not guard[0].flags.writeable else None
             self.starts += 1
             try:
                 self._in_flight = self._start_request()
             except ConcurrentCallError:  # (a start refused as busy was not made)
                 self.starts -= 1
                 raise
+            self._restore = restore  # (wait() puts it back and raises)
             return
         self.starts += 1
         self._work = submit(comm, self.collective, self._args, self._kwargs,
@@ -135,7 +144,55 @@ class Plan:
         """The started request ended (``test()`` saw it): its entry done, the result."""
         started, self._in_flight = self._in_flight, None
         self._wait_request(started)  # (MPI's wait on an ended request returns at once)
+        self._restored()
         return self._bound.persistent[2]
+
+    def _restored(self) -> None:
+        """After a start made on a result array the caller had made read-only: the
+        array as it was, and this rank raises (it took part: the others have theirs)."""
+        restore, self._restore = self._restore, None
+        if restore is not None:
+            writer, before = restore
+            writer[...] = before
+            raise InvalidArgumentError(self._read_only())
+
+    def _read_only(self) -> str:
+        return (f"{self.collective} plan: the array its starts write into ({self._guard_name}, "
+                "bound when the plan was made) was made read-only since; this rank took part "
+                "in the start, left the array as it was and raises")
+
+    def _start_read_only(self, lean: Any) -> Any:
+        """plan() on a result array made read-only: the start (the others wait for this
+        rank's part), the array put back as it was, then the refusal."""
+        array, writer = self._guard
+        before = writer.copy()
+        try:  # for the start alone: mpicoll's algorithms write through the bound array
+            array.flags.writeable = True
+        except ValueError:  # its base made read-only too: MPI's own request writes as ever
+            pass
+        try:
+            lean()
+        finally:
+            writer[...] = before
+            array.flags.writeable = False
+        raise InvalidArgumentError(self._read_only())
+
+    def _guard_result(self, result: Any) -> None:
+        """Once settled: the NumPy array this rank's starts write into (the bound result:
+        out=, a broadcast receiver's x), with a writeable view of it made now; none where
+        they write nothing (a broadcast's root, a reduce's or gather's other ranks,
+        exscan's rank 0) or not into NumPy's (a tensor's memory is torch's)."""
+        if type(result) is not np.ndarray or not result.flags.writeable:
+            return
+        spec, rank = SPECS[self.collective], self.comm.rank
+        root = (_arguments(self.collective, self._args, self._kwargs) or {}).get("root") \
+            if spec.rooted else None
+        if self.collective == "broadcast" and root == rank or \
+                spec.result_at_root_only and root != rank or \
+                self.collective == "exscan" and rank == 0:
+            return
+        self._guard_name = "x" if self.collective == "broadcast" else "out"
+        self._guard = (result, result.view())
 
     def wait(self, timeout: float | None = None) -> Any:
         """The result of the last start (what the blocking call returns), once finished."""
@@ -148,6 +205,7 @@ class Plan:
             except ConcurrentCallError:  # (another thread's call: still started)
                 self._in_flight = started
                 raise
+            self._restored()
             return self._bound.persistent[2]
         if self._work is None:
             raise InvalidArgumentError(f"plan.wait(): this {self.collective} plan is not started")
@@ -178,7 +236,10 @@ class Plan:
                 # what the first start decided (or the persistent request the second
                 # made), on the bound buffers: entry.prepare's steps, its values fixed
                 self.starts += 1
+                guard = self._guard
                 try:
+                    if guard is not None and not guard[0].flags.writeable:
+                        return self._start_read_only(lean)
                     return lean()
                 except ConcurrentCallError:  # (a start refused as busy was not made)
                     self.starts -= 1
@@ -205,6 +266,8 @@ class Plan:
         if self.starts == 1 and self._stream is None:  # decided and agreed: keep it
             self._bind_result(result)
             self._bound = self._decided()
+            if self._bound is not None:
+                self._guard_result(result)
         return result
 
     def _settle(self, decision: Decision, run: Any, request: Any, facts: tuple) -> None:
@@ -213,6 +276,8 @@ class Plan:
         self._decision, self._bound, self._kept = decision, run, facts
         self._votes = False  # (agreed already)
         self._keep(request)
+        self._guard_result(self._args[0] if self.collective == "broadcast" and self._args
+                           else self._kwargs.get("out"))
         if getattr(run, "persistent", None):
             self._start_request = prepare_start(self.comm, self.collective, self._site,
                                                 facts, run, (request.Start, None, None))
@@ -232,6 +297,9 @@ class Plan:
     def _settled(self, comm: Communicator, call: Any, *args: Any, **kwargs: Any) -> Any:
         """A start as the other ranks run it, as the whole path's method of ``numbered``."""
         comm._watch.rewrite(self._kept)  # the entry as the first start wrote it
+        guard = self._guard
+        if guard is not None and not guard[0].flags.writeable:
+            return self._start_read_only(lambda: self._bound(call))
         return self._bound(call)
 
     def _decided(self) -> Any:

@@ -567,6 +567,61 @@ def test_a_receive_buffer_made_read_only_under_a_plan_is_refused_after_taking_pa
         np.testing.assert_array_equal(plan(), np.full(4, 8.0))
 
 
+READ_ONLY_CASES = [(c, a) for c in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                     "scan", "reduce", "gather", "scatter", "broadcast")
+                   for a in ("auto", "native", next(iter(REGISTRY[c])))]
+
+
+@pytest.mark.parametrize("form", ["call", "start"])
+@pytest.mark.parametrize(("collective", "algorithm"), READ_ONLY_CASES)
+def test_a_result_array_made_read_only_under_a_settled_plan_is_refused_after_taking_part(
+        world, collective, algorithm, form):
+    """The last rank makes the array its plan's starts write into (out=, bound at init or
+    at the first start; a broadcast receiver's x) read-only after three starts: its next
+    start takes part (the others get their results), leaves the array as it was and
+    raises there, as a call would refuse it; writeable again, the plan goes on. Whether
+    the plan is MPI's persistent request (auto, native) or mpicoll's algorithm."""
+    p, r = world.size, world.rank
+    spec = mpicoll.spec.SPECS[collective]
+    shape = (p, 3) if spec.input_rows else (5,)
+    x = np.zeros(shape)
+    args = (x, 0) if collective in ("broadcast", "scatter", "gather") else \
+        (x, "sum", 0) if collective == "reduce" else (x, "sum") if spec.reduces else (x,)
+    writes = r != 0 if collective == "broadcast" else r == 0 if spec.result_at_root_only \
+        else collective != "exscan"
+
+    def start():
+        if form == "call":
+            return plan()
+        plan.start()
+        return plan.wait()
+
+    with getattr(world, f"{collective}_init")(*args, algorithm=algorithm) as plan:
+        for step in range(3):
+            _fill(x, r, step)
+            got = start()
+        result = x if collective == "broadcast" else got
+        # (a scatter receiver's start() makes its result each time: nothing bound)
+        culprit = r == p - 1 and writes and p > 1 and not (
+            collective == "scatter" and form == "start")
+        _fill(x, r, 3)
+        if culprit:
+            before = result.copy()
+            result.flags.writeable = False
+            with pytest.raises(mpicoll.InvalidArgumentError, match="read-only since|writeable"):
+                start()
+            np.testing.assert_array_equal(result, before)
+            result.flags.writeable = True
+        else:
+            got = start()
+            if writes:
+                np.testing.assert_array_equal(got, _expected(collective, p, r, 3, shape))
+        _fill(x, r, 4)
+        got = start()
+        if writes:
+            np.testing.assert_array_equal(got, _expected(collective, p, r, 4, shape))
+
+
 def test_a_receiver_with_a_strided_out_keeps_a_scatter_plan_off_the_persistent_request(world):
     p, r = world.size, world.rank
     x = np.zeros((p, 3))
