@@ -311,19 +311,24 @@ class PointToPoint:
                 raise InvalidArgumentError(f"ops[{i}].op: expected 'isend' or 'irecv', got {p.op!r}")
             kinds.append(name)
         peers = _peers(self)
-        if not hasattr(peers, "batch"):
-            return [self.isend(p.tensor, p.peer, p.tag) if kind == "isend"
-                    else self.irecv(p.tensor, p.peer, p.tag)
-                    for kind, p in zip(kinds, ops, strict=True)]
+        batched = hasattr(peers, "batch")  # (NCCL's group; MPI's: each its own request)
         checked = []  # (is_send, buffer, peer, tag), every one before any message
         for i, (kind, p) in enumerate(zip(kinds, ops, strict=True)):
-            tag = _tag(peers, p.tag)
             if kind == "isend":
                 checked.append((True, _outgoing(self, peers, p.tensor, f"ops[{i}].tensor"),
-                                _rank(self, p.peer, f"ops[{i}].peer"), tag))
+                                _rank(self, p.peer, f"ops[{i}].peer"), _tag(peers, p.tag)))
             else:
                 checked.append((False, _incoming(self, peers, p.tensor, f"ops[{i}].tensor"),
-                                _source(self, peers, p.peer, f"ops[{i}].peer"), tag))
+                                _source(self, peers, p.peer, f"ops[{i}].peer"),
+                                _tag(peers, p.tag, not batched)))
+        if not batched:
+            requests = []
+            for kind, (is_send, buf, peer, tag) in zip(kinds, checked, strict=True):
+                start = peers.isend if is_send else peers.irecv
+                with watched_step(self, kind, _waiting("send" if is_send else "recv", peer, tag)):
+                    requests.append(Request(self, kind, peer, tag, start(buf, peer, tag),
+                                            not is_send))
+            return requests
         note = (f"starting {len(checked)} point-to-point messages with rank(s) "
                 f"{', '.join(str(r) for r in sorted({peer for _, _, peer, _ in checked}))}")
         with watched_step(self, "batch_isend_irecv", note):
