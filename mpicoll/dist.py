@@ -36,7 +36,7 @@ from .buffers import writable
 from .buffers.arrays import as_array, cupy_module, is_cupy, module_of
 from .communicator import Communicator
 from .errors import InvalidArgumentError, MpicollError
-from .p2p import ANY
+from .p2p import ANY, Status
 from .p2p import P2POp as _P2POp
 
 __all__ = [
@@ -1261,28 +1261,51 @@ def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     if g is None:
         return -1
     source = ANY if src is None and group_src is None else _root(g, src, group_src, "src")
-    return g.ranks[g.comm.recv(tensor, source, tag)]
+    status = Status()
+    sender = g.comm.recv(tensor, source, tag, status)
+    _received_whole(tensor, status, g, "recv")
+    return g.ranks[sender]
+
+
+def _received_whole(tensor: Any, status: Status, g: ProcessGroup, what: str) -> None:
+    """torch's receives fill the tensor whole: a shorter message (which MPI takes into
+    the tensor's first bytes) raises, rather than leave the rest as it was."""
+    nbytes = getattr(tensor, "nbytes", None)
+    if nbytes is not None and status.nbytes != nbytes:
+        raise InvalidArgumentError(
+            f"{what}: the message from rank {g.ranks[status.source]} (tag {status.tag}) had "
+            f"{status.nbytes} bytes, the tensor {nbytes}: it holds them in its first bytes; "
+            "torch.distributed's receives fill the whole tensor")
 
 
 class _P2PWork:
     """torch's Work of an isend/irecv: ``wait(timeout)``, ``is_completed()``,
     ``source()`` (an irecv's sender, in the group's ranks)."""
 
-    def __init__(self, request: Any, group: ProcessGroup) -> None:
+    def __init__(self, request: Any, group: ProcessGroup, received: Any = None) -> None:
         self._request, self._group = request, group
+        self._received = received  # an irecv's tensor, checked as received whole
 
     def wait(self, timeout: Any = None) -> bool:
         """``timeout``: a timedelta (or seconds), as torch's; None or 0 (torch's default):
         no limit of its own (the watchdog's bounds it). Not done within it: a
         CollectiveTimeoutError, the message still pending (wait again, or let it end)."""
-        self._request.wait(timeout=timeout)
+        if self._received is None:
+            self._request.wait(timeout=timeout)
+            return True
+        status = Status()
+        self._request.wait(status, timeout=timeout)
+        _received_whole(self._received, status, self._group, "irecv")
         return True
 
     def is_completed(self) -> bool:
         return self._request.test()
 
     def source(self) -> int:
-        return self._group.ranks[self._request.wait()]
+        if self._received is None:
+            raise InvalidArgumentError("source(): a send's Work has no source (an irecv's has)")
+        sender = self._request.wait()
+        return self._group.ranks[sender]
 
 
 def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
@@ -1299,7 +1322,7 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
     if g is None:
         return None
     source = ANY if src is None and group_src is None else _root(g, src, group_src, "src")
-    return _P2PWork(g.comm.irecv(tensor, source, tag), g)
+    return _P2PWork(g.comm.irecv(tensor, source, tag), g, tensor)
 
 
 class P2POp:
@@ -1323,4 +1346,5 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[_P2PWork]:
         return []
     ops = [_P2POp(getattr(p.op, "__name__", p.op), p.tensor,
                   _root(g, p.peer, p.group_peer, "peer"), p.tag) for p in p2p_op_list]
-    return [_P2PWork(r, g) for r in g.comm.batch_isend_irecv(ops)]
+    return [_P2PWork(r, g, op.tensor if op.op == "irecv" else None)
+            for r, op in zip(g.comm.batch_isend_irecv(ops), ops, strict=True)]

@@ -566,6 +566,37 @@ def test_an_irecv_work_waits_within_torchs_timeout(initialized):
     dist.barrier()
 
 
+def test_a_receive_shorter_than_its_tensor_raises_and_the_next_call_is_right(initialized):
+    """torch's receives fill the whole tensor: a 4-element message into an 8-element
+    tensor raises (recv, irecv's wait, a batch's irecv) rather than leave half of it as
+    it was; a send's Work has no source()."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size < 2:
+        pytest.skip("needs two ranks")
+    if rank == 0:
+        for tag in (1, 2, 3):
+            dist.send(np.arange(4.0), dst=1, tag=tag)
+        work = dist.isend(np.ones(2), dst=1, tag=4)
+        with pytest.raises(mpicoll.InvalidArgumentError, match="no source"):
+            work.source()
+        work.wait()
+    elif rank == 1:
+        tensor = np.full(8, -1.0)
+        with pytest.raises(mpicoll.InvalidArgumentError, match="had 32 bytes, the tensor 64"):
+            dist.recv(tensor, src=0, tag=1)
+        with pytest.raises(mpicoll.InvalidArgumentError, match="had 32 bytes"):
+            dist.irecv(tensor, src=0, tag=2).wait()
+        (work,) = dist.batch_isend_irecv([dist.P2POp(dist.irecv, tensor, 0, tag=3)])
+        with pytest.raises(mpicoll.InvalidArgumentError, match="had 32 bytes"):
+            work.wait()
+        whole = np.zeros(2)
+        work = dist.irecv(whole, src=0, tag=4)
+        assert work.wait() and work.source() == 0 and whole.tolist() == [1.0, 1.0]
+    tensor = np.ones(1)
+    dist.all_reduce(tensor)
+    assert tensor[0] == size
+
+
 def test_a_call_in_a_future_callback_is_refused_on_every_rank(initialized):
     """A then() callback runs on the progress thread that ended the call: a collective
     it makes (blocking, async, or a plan's) is refused before it takes a number, the same
