@@ -38,6 +38,7 @@ from .communicator import Communicator
 from .errors import InvalidArgumentError, MpicollError
 from .p2p import ANY, Status
 from .p2p import P2POp as _P2POp
+from .pipeline.describe import Call
 
 __all__ = [
     "Backend", "DeviceMesh", "Future", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "all_gather",
@@ -248,15 +249,18 @@ def new_group(ranks: Sequence[int] | None = None, timeout: Any = None, backend: 
     the others get ``GroupMember.NON_GROUP_MEMBER``. ``use_local_synchronization=True``
     (only the members call it) is refused: it does not work with MPI, as torch says."""
     world = _group(None)
+    problem = ""  # (refused on every rank: the others agree on the backend with this one)
     if use_local_synchronization:
-        raise InvalidArgumentError(
-            "new_group: use_local_synchronization=True is not supported (as torch's, it does "
-            "not work with MPI): every rank of the job calls new_group")
-    members = list(world.ranks) if ranks is None else list(ranks)
+        problem = ("use_local_synchronization=True is not supported (as torch's, it does not "
+                   "work with MPI): every rank of the job calls new_group")
+    try:
+        members = list(world.ranks) if ranks is None else list(ranks)
+    except TypeError:
+        members, problem = [], f"ranks: expected a list of ranks, got {type(ranks).__name__}"
     if sort_ranks and all(isinstance(r, (int, np.integer)) and not isinstance(r, bool)
                           for r in members):
         members = sorted(int(r) for r in members)  # as torch's; else refused on every rank
-    comm = _world_on(backend).new_group(members)
+    comm = _world_on(backend, problem).new_group(members)
     if comm is None:
         return GroupMember.NON_GROUP_MEMBER
     made = ProcessGroup(comm, [int(r) for r in members])
@@ -276,24 +280,29 @@ def _backend_name(backend: Any) -> str:
 _BACKEND_CODES = {"mpi": 1, "nccl": 2}
 
 
-def _world_on(backend: Any) -> Communicator:
+def _world_on(backend: Any, problem: str = "", what: str = "new_group") -> Communicator:
     """The job's Communicator on ``backend`` (None: the default group's), agreed by every
-    rank (a bad or different name on any rank raises on every rank, naming them): a CPU
-    group of an NCCL job (``new_group(backend="gloo")``) is made over an MPI Communicator
-    of every rank, made once (every rank makes it, at its first such new_group)."""
+    rank (a bad or different name on any rank, or its ``problem`` with the call, raises on
+    every rank, naming them), watched as every call is: a CPU group of an NCCL job
+    (``new_group(backend="gloo")``) is made over an MPI Communicator of every rank, made
+    once (every rank makes it, at its first such new_group)."""
     world = _group(None)
     try:
-        name, problem = _STATE["backend"] if backend is None else _backend_name(backend), ""
+        name = _STATE["backend"] if backend is None else _backend_name(backend)
     except InvalidArgumentError as exc:
-        name, problem = "", str(exc)
+        name, problem = "", problem or str(exc)
     codes = np.zeros(world.comm.size, np.int64)
-    control = world.comm.control_comm
-    control.Allgather(np.array([_BACKEND_CODES.get(name, 0)], np.int64), codes)
+    comm = world.comm
+    call = Call(comm._seq, what)
+    call.at(sys._getframe(2))
+    with comm._watch.aside(call):  # (a rank that never comes: the watchdog's report)
+        comm.control_comm.Allgather(
+            np.array([0 if problem else _BACKEND_CODES.get(name, 0)], np.int64), codes)
     if not codes.all() or (codes != codes[0]).any():
         odd = [r for r in range(len(codes)) if codes[r] != codes[0] or not codes[r]]
         raise InvalidArgumentError(
-            f"new_group: backend {backend!r} here{': ' + problem if problem else ''}; every "
-            f"rank must give the same backend, and rank(s) {odd} give another or a bad one")
+            f"{what}: refused on rank(s) {odd}{' (here: ' + problem + ')' if problem else ''}"
+            f"; every rank gives the same backend (here {backend!r}) and valid arguments")
     if name == _STATE["backend"]:
         return world.comm
     made = _STATE.setdefault("others", {})
@@ -349,19 +358,20 @@ def new_subgroups(group_size: int | None = None, group: Any = None, timeout: Any
     ``GroupMember.NON_GROUP_MEMBER`` for those this rank is not in). Every rank calls it."""
     world = _group(None)
     size = world.comm.size
+    problem = ""  # (refused on every rank: agreed with the backend, below)
     if group is not None:
-        raise InvalidArgumentError("new_subgroups: group= is not supported; subgroups are of "
-                                   "the default group")
-    if group_size is None:
+        problem = "group= is not supported; subgroups are of the default group"
+    elif group_size is None:
         sizes = {len(node) for node in world.comm.nodes}
         if len(sizes) != 1:
-            raise InvalidArgumentError("new_subgroups: the nodes have different numbers of "
-                                       "ranks; give group_size")
-        group_size = sizes.pop()
-    if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) \
-            or group_size <= 0 or size % group_size:
-        raise InvalidArgumentError(f"new_subgroups: group_size must divide the world size "
-                                   f"{size}, got {group_size!r}")
+            problem = "the nodes have different numbers of ranks; give group_size"
+        else:
+            group_size = sizes.pop()
+    if not problem and (isinstance(group_size, bool) or not isinstance(
+            group_size, (int, np.integer)) or group_size <= 0 or size % group_size):
+        problem = f"group_size must divide the world size {size}, got {group_size!r}"
+    _world_on(backend, problem, "new_subgroups")
+    assert isinstance(group_size, (int, np.integer))  # (refused above otherwise)
     subgroups = [new_group(list(range(first, first + group_size)), backend=backend)
                  for first in range(0, size, group_size)]
     return subgroups[world.comm.rank // group_size], subgroups

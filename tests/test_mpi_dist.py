@@ -338,6 +338,25 @@ def test_group_ranks_translate_both_ways_and_group_src_dst(initialized):
         dist.new_group([0], use_local_synchronization=True)
 
 
+def test_new_group_refused_on_one_rank_raises_on_every_rank(initialized):
+    """new_group / new_subgroups with arguments one rank alone gets wrong (not a list, a
+    flag torch's MPI refuses, a size that does not divide): every rank raises, naming
+    it, before any group is made; the next calls are right."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    last = rank == size - 1
+    tries = [lambda: dist.new_group(5 if last else [0]),
+             lambda: dist.new_group([0], use_local_synchronization=last),
+             lambda: dist.new_subgroups(size + 1 if last else 1)]
+    for make in tries:
+        with pytest.raises(mpicoll.InvalidArgumentError,
+                           match=rf"refused on rank\(s\) \[{size - 1}\]"):
+            make()
+    group = dist.new_group([0])
+    t = np.ones(1)
+    dist.all_reduce(t)
+    assert t[0] == size and (group is dist.GroupMember.NON_GROUP_MEMBER) == (rank != 0)
+
+
 def test_an_async_work_as_torch(initialized):
     """wait() returns True; once is_completed() says so, the list holds the result."""
     rank, size = dist.get_rank(), dist.get_world_size()
