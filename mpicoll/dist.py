@@ -714,6 +714,13 @@ def _maybe(work: Any, async_op: bool, value: Sequence[Any] = ()) -> Any:
     return _Finished(work, _nothing, value) if async_op else None
 
 
+def _no_output(output: Any, name: str) -> str | None:
+    """What is wrong with an output given as None (torch writes the result into it: the
+    call would make one and drop it); None where one is given (the core call checks it)."""
+    return f"{name}: expected the tensor to receive the result, got None" \
+        if output is None else None
+
+
 def _then(call: Any, args: tuple, finish: Any, problem: str | None,
           value: Sequence[Any] = (), **kwargs: Any) -> Any:
     """``call(*args, **kwargs)``, then ``finish(result)`` (at ``wait()`` where kwargs hold
@@ -886,9 +893,9 @@ def reduce_scatter(output: Any, input_list: list[Any], op: Any = ReduceOp.SUM,
     out = _given(output, "output")
     if _is_array(out) and out.size == rows[0].size:
         stacked = stacked.reshape(len(rows), *out.shape)  # (any shape of that size, as torch)
-    # a wrong output: the core call takes part, then refuses it
-    return _maybe(g.comm.reduce_scatter(stacked, _op(op), out=output, **_how(algorithm, async_op)),
-                  async_op, [output])
+    # a wrong output: the core call takes part, then refuses it (None: this function)
+    return _then(g.comm.reduce_scatter, (stacked, _op(op)), _nothing, _no_output(output, "output"),
+                 [output], out=output, **_how(algorithm, async_op))
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # noqa: A002
@@ -908,8 +915,8 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # no
         # read: a copy is fine; a wrong output: the core call takes part, then refuses it
         x = x.reshape(p, *out.shape) if _is_array(out) and out.size * p == x.size else \
             x.reshape(p, -1)
-    return _maybe(g.comm.reduce_scatter(x, _op(op), out=output, **_how(algorithm, async_op)),
-                  async_op, [output])
+    return _then(g.comm.reduce_scatter, (x, _op(op)), _nothing, _no_output(output, "output"),
+                 [output], out=output, **_how(algorithm, async_op))
 
 
 def _splits(sizes: Sequence[int] | None, rows: int, p: int, name: str) -> tuple[list[int], str | None]:
@@ -1048,6 +1055,7 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
                 stacked = module_of(rows[0]).stack([r.reshape(shape) for r in rows])
     elif _given_list(scatter_list):
         problem = "scatter_list: must not be given on a rank that is not the source (as torch)"
+    problem = problem or _no_output(tensor, "tensor")
     try:  # a refused list travels in the root's header: every rank raises
         return _then(g.comm.scatter, (stacked, root), _nothing, problem, [tensor],
                      out=tensor, **_how(algorithm, async_op))

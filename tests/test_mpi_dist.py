@@ -338,6 +338,36 @@ def test_group_ranks_translate_both_ways_and_group_src_dst(initialized):
         dist.new_group([0], use_local_synchronization=True)
 
 
+@pytest.mark.parametrize("async_op", [False, True])
+def test_an_output_of_none_on_one_rank_is_refused_after_taking_part(initialized, async_op):
+    """torch writes scatter's and reduce_scatter's result into the output: None on the
+    last rank raises there (the call made, the others get theirs), async too."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    calls = {
+        "scatter": lambda out: dist.scatter(out, [np.ones(2)] * size if rank == 0 else None,
+                                            src=0, async_op=async_op),
+        "reduce_scatter": lambda out: dist.reduce_scatter(out, [np.ones(2)] * size,
+                                                          async_op=async_op),
+        "reduce_scatter_tensor": lambda out: dist.reduce_scatter_tensor(
+            out, np.ones(2 * size), async_op=async_op),
+    }
+    for name, call in calls.items():
+        if rank == size - 1:
+            with pytest.raises(mpicoll.InvalidArgumentError, match="got None"):
+                work = call(None)
+                if async_op:
+                    work.wait()
+        else:
+            out = np.zeros(2)
+            work = call(out)
+            if async_op:
+                work.wait()
+            np.testing.assert_array_equal(out, np.full(2, 1.0 if name == "scatter" else size))
+        t = np.ones(1)
+        dist.all_reduce(t)
+        assert t[0] == size
+
+
 def test_new_group_refused_on_one_rank_raises_on_every_rank(initialized):
     """new_group / new_subgroups with arguments one rank alone gets wrong (not a list, a
     flag torch's MPI refuses, a size that does not divide): every rank raises, naming
