@@ -1211,8 +1211,12 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
     root = _root_of(g, g.comm.broadcast, 0 if src is None and group_src is None else src,
                     group_src, "src", "auto", False)
     mine = g.comm.rank == root
-    sent = _packed(list(object_list) if _a_list(object_list, None) else object_list,
-                   "object_list", get_rank()) if mine else None
+    sent = None
+    if mine:  # (not a list: why, in the packet, so every rank raises)
+        sent = _packed(list(object_list), "object_list", get_rank()) \
+            if _a_list(object_list, None) else np.frombuffer(bytes([_FAILED]) + (
+                f"object_list on rank {get_rank()} (the source): expected a list, got "
+                f"{type(object_list).__name__}").encode(), np.uint8)
     received = _got(g.comm.broadcast(_sent(g, sent), root))  # (its size: in the header)
     if mine:  # the source keeps its own objects (it raises where they failed to pickle)
         if sent[0] == _FAILED:  # type: ignore[index]

@@ -235,6 +235,8 @@ def test_object_collectives_as_torch(initialized):
         dist.all_gather_object(everyone, _Unpicklable() if rank == last else rank)
     with pytest.raises(mpicoll.InvalidArgumentError, match="object_list on rank 0 cannot be"):
         dist.broadcast_object_list([_Unpicklable()] if rank == 0 else [None], src=0)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="the source.: expected a list, got int"):
+        dist.broadcast_object_list(5 if rank == 0 else [None], src=0)  # every rank raises
     with pytest.raises(mpicoll.InvalidArgumentError, match="expected a list of"):
         dist.scatter_object_list(out, [1] * (size + 1) if rank == 0 else None, src=0)
     with pytest.raises(mpicoll.InvalidArgumentError, match="on rank 0 cannot be pickled"):
