@@ -745,6 +745,19 @@ def _refused(call: Any, problem: str, algorithm: str, async_op: bool) -> NoRetur
     raise InvalidArgumentError(problem)  # (not reached: the refused call raises it)
 
 
+def _refused_by(call: Any, args: tuple, problem: str, algorithm: str, async_op: bool) -> NoReturn:
+    """``call(*args)`` (as the others make it, async too), whose own exchange refuses what
+    is wrong here on every rank (a v-variant's counts), then this rank raises ``problem``
+    (also where the call took it: torch's rule is the stricter)."""
+    try:
+        work = call(*args, **_how(algorithm, async_op))
+        if async_op:
+            work.wait()
+    except MpicollError as exc:
+        raise InvalidArgumentError(problem) from exc
+    raise InvalidArgumentError(problem)
+
+
 def _shaped(tensor: Any, name: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
     """(``tensor``'s memory in ``shape``, what copies a result into it afterwards): a view
     where the reshape is one, else a new array copied into the tensor at the end."""
@@ -961,6 +974,8 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
         return _refused(made, "input: needs at least one dimension (dim 0 is split)",
                         algorithm, async_op)
     send, problem = _splits(input_split_sizes, x.shape[0], p, "input")
+    if problem is not None and not even:  # the counts' own exchange refuses them everywhere
+        _refused_by(g.comm.all_to_all_v, (x, input_split_sizes), problem, algorithm, async_op)
     if problem is not None:
         return _refused(made, problem, algorithm, async_op)
     out, expect, problem = None, [], None

@@ -370,6 +370,28 @@ def test_an_output_of_none_on_one_rank_is_refused_after_taking_part(initialized,
         assert t[0] == size
 
 
+@pytest.mark.parametrize("async_op", [False, True])
+@pytest.mark.parametrize("bad", [[1, 2], [3], "ab", [-1, 3]], ids=str)
+def test_bad_split_sizes_on_one_rank_raise_on_every_rank(initialized, bad, async_op):
+    """all_to_all_single's input_split_sizes wrong on the last rank alone (their sum, their
+    number, not ints, negative): the counts' own exchange refuses them on every rank (no
+    rank waits for the others' messages), and the next call is right."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size < 2:
+        pytest.skip("needs two ranks")
+    x, out = np.arange(2.0 * size), np.zeros(2 * size)
+    sizes = ([2] * (size - 2) + bad if isinstance(bad, list) else bad) \
+        if rank == size - 1 else [2] * size
+    with pytest.raises(mpicoll.MpicollError, match="input_split_sizes" if rank == size - 1
+                       else f"rank\\(s\\) {size - 1} refused"):
+        work = dist.all_to_all_single(out, x, [2] * size, sizes, async_op=async_op)
+        if async_op:
+            work.wait()
+    t = np.ones(1)
+    dist.all_reduce(t)
+    assert t[0] == size
+
+
 def test_new_group_refused_on_one_rank_raises_on_every_rank(initialized):
     """new_group / new_subgroups with arguments one rank alone gets wrong (not a list, a
     flag torch's MPI refuses, a size that does not divide): every rank raises, naming
