@@ -967,12 +967,13 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     even = input_split_sizes is None and output_split_sizes is None
     made = g.comm.all_to_all if even else g.comm.all_to_all_v
     x = _given(input, "input")
-    if not hasattr(x, "shape"):
-        return _refused(made, f"input: expected a tensor, got "
-                        f"{type(input).__name__}", algorithm, async_op)
-    if x.ndim == 0:
-        return _refused(made, "input: needs at least one dimension (dim 0 is split)",
-                        algorithm, async_op)
+    problem = f"input: expected a tensor, got {type(input).__name__}" \
+        if not hasattr(x, "shape") else \
+        "input: needs at least one dimension (dim 0 is split)" if x.ndim == 0 else None
+    if problem is not None and not even:  # the counts' exchange refuses it everywhere
+        _refused_by(made, (None, None), problem, algorithm, async_op)
+    if problem is not None:
+        return _refused(made, problem, algorithm, async_op)
     send, problem = _splits(input_split_sizes, x.shape[0], p, "input")
     if problem is not None and not even:  # the counts' own exchange refuses them everywhere
         _refused_by(g.comm.all_to_all_v, (x, input_split_sizes), problem, algorithm, async_op)
@@ -1023,8 +1024,8 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
     ins, problem = _tensors(input_tensor_list, "input_tensor_list", p, None)
     if problem is None and len({a.dtype for a in ins}) > 1:
         problem = f"input_tensor_list: tensors of one dtype, got {sorted({str(a.dtype) for a in ins})}"
-    if problem is not None:
-        return _refused(g.comm.all_to_all_v, problem, algorithm, async_op)
+    if problem is not None:  # (all_to_all_v's counts exchange refuses it on every rank)
+        _refused_by(g.comm.all_to_all_v, (None, None), problem, algorithm, async_op)
     flat = module_of(ins[0]).concatenate([a.reshape(-1) for a in ins]) if ins else None
     outs, problem = _tensors(output_tensor_list, "output_tensor_list", p, None)
     if problem is None and any(o.dtype != flat.dtype for o in outs):

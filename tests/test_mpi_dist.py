@@ -392,6 +392,31 @@ def test_bad_split_sizes_on_one_rank_raise_on_every_rank(initialized, bad, async
     assert t[0] == size
 
 
+@pytest.mark.parametrize("async_op", [False, True])
+def test_all_to_all_lists_wrong_on_one_rank_raise_on_every_rank(initialized, async_op):
+    """dist.all_to_all with the last rank's input list one short, or its input not a
+    tensor in all_to_all_single with split sizes: all_to_all_v's counts exchange refuses
+    it on every rank; the next call is right."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size < 2:
+        pytest.skip("needs two ranks")
+    last = rank == size - 1
+    outs = [np.zeros(2) for _ in range(size)]
+    calls = [lambda: dist.all_to_all(outs, [np.ones(2)] * (size - 1 if last else size),
+                                     async_op=async_op),
+             lambda: dist.all_to_all_single(np.zeros(size), "x" if last else np.ones(size),
+                                            [1] * size, [1] * size, async_op=async_op)]
+    for call in calls:
+        with pytest.raises(mpicoll.MpicollError, match="input" if last
+                           else f"rank\\(s\\) {size - 1} refused"):
+            work = call()
+            if async_op:
+                work.wait()
+        t = np.ones(1)
+        dist.all_reduce(t)
+        assert t[0] == size
+
+
 def test_new_group_refused_on_one_rank_raises_on_every_rank(initialized):
     """new_group / new_subgroups with arguments one rank alone gets wrong (not a list, a
     flag torch's MPI refuses, a size that does not divide): every rank raises, naming
