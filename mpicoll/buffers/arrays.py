@@ -110,8 +110,9 @@ _TORCH_AS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "floa
 # small tensors' views, kept: id -> (the tensor, its data_ptr and shape then, the view,
 # its strides and dtype then). Tensor.numpy() costs more than a small collective's own
 # overhead; a view is given again while the tensor still has that memory, shape, strides
-# and dtype (``t.data = t.data.view(torch.int32)`` keeps the rest). Each view holds its tensor: at most
-# _VIEWS_KEPT tensors of at most _VIEW_BYTES are kept alive by it (then it starts over).
+# and dtype (``t.data = t.data.view(torch.int32)`` keeps the rest). Each view holds its
+# tensor: at most _VIEWS_KEPT tensors of at most _VIEW_BYTES are kept alive by it (then it
+# starts over).
 _VIEWS: dict[int, tuple] = {}
 _VIEW_BYTES, _VIEWS_KEPT = 1 << 16, 256
 
