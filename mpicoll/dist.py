@@ -249,10 +249,11 @@ def new_group(ranks: Sequence[int] | None = None, timeout: Any = None, backend: 
     the others get ``GroupMember.NON_GROUP_MEMBER``. ``use_local_synchronization=True``
     (only the members call it) is refused: it does not work with MPI, as torch says."""
     world = _group(None)
+    if use_local_synchronization:  # (at once: torch's callers of it are the members alone)
+        raise InvalidArgumentError(
+            "new_group: use_local_synchronization=True is not supported (as torch's, it does "
+            "not work with MPI): every rank of the job calls new_group")
     problem = ""  # (refused on every rank: the others agree on the backend with this one)
-    if use_local_synchronization:
-        problem = ("use_local_synchronization=True is not supported (as torch's, it does not "
-                   "work with MPI): every rank of the job calls new_group")
     try:
         members = list(world.ranks) if ranks is None else list(ranks)
     except TypeError:
@@ -298,8 +299,10 @@ def _world_on(backend: Any, problem: str = "", what: str = "new_group") -> Commu
     with comm._watch.aside(call):  # (a rank that never comes: the watchdog's report)
         comm.control_comm.Allgather(
             np.array([0 if problem else _BACKEND_CODES.get(name, 0)], np.int64), codes)
-    if not codes.all() or (codes != codes[0]).any():
-        odd = [r for r in range(len(codes)) if codes[r] != codes[0] or not codes[r]]
+    given = codes[codes != 0]  # (0: a rank's refusal; the others: the backend most give)
+    most = int(np.bincount(given).argmax()) if given.size else 0
+    if not codes.all() or (codes != most).any():
+        odd = [r for r in range(len(codes)) if codes[r] != most or not codes[r]]
         raise InvalidArgumentError(
             f"{what}: refused on rank(s) {odd}{' (here: ' + problem + ')' if problem else ''}"
             f"; every rank gives the same backend (here {backend!r}) and valid arguments")

@@ -166,15 +166,24 @@ class Plan:
         rank's part), the array put back as it was, then the refusal."""
         array, writer = self._guard
         before = writer.copy()
-        try:  # for the start alone: mpicoll's algorithms write through the bound array
-            array.flags.writeable = True
-        except ValueError:  # its base made read-only too: MPI's own request writes as ever
-            pass
+        # for the start alone, writeable again: mpicoll's algorithms write through the
+        # bound array (its bases first, where the caller made them read-only too)
+        chain = [array]
+        while isinstance(chain[-1].base, np.ndarray) and not chain[-1].base.flags.writeable:
+            chain.append(chain[-1].base)
+        made = []
         try:
+            try:
+                for a in reversed(chain):
+                    a.flags.writeable = True
+                    made.append(a)
+            except ValueError:  # memory no array may write: MPI's own request writes as ever
+                pass
             lean()
         finally:
             writer[...] = before
-            array.flags.writeable = False
+            for a in reversed(made):
+                a.flags.writeable = False
         raise InvalidArgumentError(self._read_only())
 
     def _guard_result(self, result: Any) -> None:
@@ -222,7 +231,10 @@ class Plan:
         if self._in_flight is not None:
             if not self._request.Test():
                 return False
-            self._work = _Ended(self._finished())
+            try:
+                self._work = _Ended(self._finished())
+            except InvalidArgumentError as exc:  # (made on an array made read-only:
+                self._work = _Ended(None, exc)  # wait() raises it)
             return True
         return self._work is None or self._work.test()
 
@@ -367,7 +379,11 @@ class Plan:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.free()
+        try:
+            self.free()
+        except MpicollError:
+            if exc[0] is None:  # (leaving on an exception of its own: that one goes on)
+                raise
 
 
 class _Ended:
@@ -375,10 +391,12 @@ class _Ended:
 
     done = True
 
-    def __init__(self, result: Any) -> None:
-        self.result = result
+    def __init__(self, result: Any, error: Exception | None = None) -> None:
+        self.result, self.error = result, error
 
     def wait(self, timeout: float | None = None) -> Any:
+        if self.error is not None:
+            raise self.error
         return self.result
 
     def test(self) -> bool:

@@ -419,17 +419,17 @@ def test_all_to_all_lists_wrong_on_one_rank_raise_on_every_rank(initialized, asy
 
 def test_new_group_refused_on_one_rank_raises_on_every_rank(initialized):
     """new_group / new_subgroups with arguments one rank alone gets wrong (not a list, a
-    flag torch's MPI refuses, a size that does not divide): every rank raises, naming
-    it, before any group is made; the next calls are right."""
+    size that does not divide): every rank raises, naming it, before any group is made;
+    the next calls are right."""
     rank, size = dist.get_rank(), dist.get_world_size()
-    last = rank == size - 1
-    tries = [lambda: dist.new_group(5 if last else [0]),
-             lambda: dist.new_group([0], use_local_synchronization=last),
-             lambda: dist.new_subgroups(size + 1 if last else 1)]
-    for make in tries:
-        with pytest.raises(mpicoll.InvalidArgumentError,
-                           match=rf"refused on rank\(s\) \[{size - 1}\]"):
-            make()
+    for culprit in sorted({size - 1, 0}):  # (the first rank too: it alone named)
+        wrong = rank == culprit
+        tries = [lambda wrong=wrong: dist.new_group(5 if wrong else [0]),
+                 lambda wrong=wrong: dist.new_subgroups(size + 1 if wrong else 1)]
+        for make in tries:
+            with pytest.raises(mpicoll.InvalidArgumentError,
+                               match=rf"refused on rank\(s\) \[{culprit}\]"):
+                make()
     group = dist.new_group([0])
     t = np.ones(1)
     dist.all_reduce(t)
