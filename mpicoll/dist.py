@@ -973,14 +973,12 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     problem = f"input: expected a tensor, got {type(input).__name__}" \
         if not hasattr(x, "shape") else \
         "input: needs at least one dimension (dim 0 is split)" if x.ndim == 0 else None
-    if problem is not None and not even:  # the counts' exchange refuses it everywhere
-        _refused_by(made, (None, None), problem, algorithm, async_op)
+    send: list[int] = []
+    if problem is None:
+        send, problem = _splits(input_split_sizes, x.shape[0], p, "input")
     if problem is not None:
-        return _refused(made, problem, algorithm, async_op)
-    send, problem = _splits(input_split_sizes, x.shape[0], p, "input")
-    if problem is not None and not even:  # the counts' own exchange refuses them everywhere
-        _refused_by(g.comm.all_to_all_v, (x, input_split_sizes), problem, algorithm, async_op)
-    if problem is not None:
+        if not even:  # all_to_all_v's counts exchange refuses it on every rank
+            _refused_by(made, (None, None), problem, algorithm, async_op)
         return _refused(made, problem, algorithm, async_op)
     out, expect, problem = None, [], None
     try:
@@ -1139,11 +1137,16 @@ _PICKLED, _FAILED = 0, 1
 def _packed(obj: Any, name: str, rank: int) -> np.ndarray:
     """``obj``'s pickle after the status byte (or, where it has none, why)."""
     try:
-        status, body = _PICKLED, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # noqa: BLE001 - any object's own error, named
-        status, body = _FAILED, (f"{name} on rank {rank} cannot be pickled "
-                                 f"({type(exc).__name__}: {exc})").encode()
-    return np.frombuffer(bytes([status]) + body, np.uint8)
+        return _failed(f"{name} on rank {rank} cannot be pickled "
+                       f"({type(exc).__name__}: {exc})")
+    return np.frombuffer(bytes([_PICKLED]) + body, np.uint8)
+
+
+def _failed(why: str) -> np.ndarray:
+    """A piece that says why its object is not there (``_unpacked`` raises it)."""
+    return np.frombuffer(bytes([_FAILED]) + why.encode(), np.uint8)
 
 
 def _unpacked(pieces: Sequence[np.ndarray], name: str) -> list[Any]:
@@ -1233,9 +1236,9 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
     sent = None
     if mine:  # (not a list: why, in the packet, so every rank raises)
         sent = _packed(list(object_list), "object_list", get_rank()) \
-            if _a_list(object_list, None) else np.frombuffer(bytes([_FAILED]) + (
+            if _a_list(object_list, None) else _failed(
                 f"object_list on rank {get_rank()} (the source): expected a list, got "
-                f"{type(object_list).__name__}").encode(), np.uint8)
+                f"{type(object_list).__name__}")
     received = _got(g.comm.broadcast(_sent(g, sent), root))  # (its size: in the header)
     if mine:  # the source keeps its own objects (it raises where they failed to pickle)
         if sent[0] == _FAILED:  # type: ignore[index]
@@ -1270,9 +1273,8 @@ def scatter_object_list(scatter_object_output_list: list[Any],
             failed = [piece for piece in pieces if piece[0] == _FAILED]
             problem = failed[0] if failed else None
         else:
-            problem = np.frombuffer(bytes([_FAILED]) + (
-                f"scatter_object_input_list on rank {get_rank()}: expected a list of {size} "
-                "objects on the source rank").encode(), np.uint8)
+            problem = _failed(f"scatter_object_input_list on rank {get_rank()}: expected a "
+                              f"list of {size} objects on the source rank")
         if problem is not None:  # every rank is told (the source too), each the reason
             pieces = [problem] * size
         data, counts = np.concatenate(pieces), [piece.size for piece in pieces]
@@ -1331,12 +1333,10 @@ class _P2PWork:
         """``timeout``: a timedelta (or seconds), as torch's; None or 0 (torch's default):
         no limit of its own (the watchdog's bounds it). Not done within it: a
         CollectiveTimeoutError, the message still pending (wait again, or let it end)."""
-        if self._received is None:
-            self._request.wait(timeout=timeout)
-            return True
         status = Status()
         self._request.wait(status, timeout=timeout)
-        _received_whole(self._received, status, self._group, "irecv")
+        if self._received is not None:
+            _received_whole(self._received, status, self._group, "irecv")
         return True
 
     def is_completed(self) -> bool:

@@ -93,8 +93,7 @@ class Plan:
         # once settled: (the NumPy array its starts write into, a writeable view of it made
         # then), to take part in a start after the caller made it read-only and then raise
         self._guard: tuple | None = None
-        self._guard_name = "out"  # (broadcast's: "x")
-        self._restore: tuple | None = None  # a start()'s, made on such an array: see wait
+        self._restore: Any = None  # a start()'s copy of such an array: wait() puts it back
         # whether the second plan() votes on a persistent request: values every rank
         # holds alike (the backend, check mode and traces are agreed when comm is made)
         self._votes = collective in _PERSISTS and comm._backend.native_is_mpi \
@@ -126,7 +125,7 @@ class Plan:
                 self._work = _Ended(self())
                 return
             guard = self._guard
-            restore = (guard[1], guard[1].copy()) \
+            restore = guard[1].copy() \
                 if guard is not None and not guard[0].flags.writeable else None
             self.starts += 1
             try:
@@ -150,14 +149,14 @@ class Plan:
     def _restored(self) -> None:
         """After a start made on a result array the caller had made read-only: the
         array as it was, and this rank raises (it took part: the others have theirs)."""
-        restore, self._restore = self._restore, None
-        if restore is not None:
-            writer, before = restore
-            writer[...] = before
+        before, self._restore = self._restore, None
+        if before is not None:
+            self._guard[1][...] = before  # type: ignore[index]
             raise InvalidArgumentError(self._read_only())
 
     def _read_only(self) -> str:
-        return (f"{self.collective} plan: the array its starts write into ({self._guard_name}, "
+        name = "x" if self.collective == "broadcast" else "out"
+        return (f"{self.collective} plan: the array its starts write into ({name}, "
                 "bound when the plan was made) was made read-only since; this rank took part "
                 "in the start, left the array as it was and raises")
 
@@ -200,7 +199,6 @@ class Plan:
                 spec.result_at_root_only and root != rank or \
                 self.collective == "exscan" and rank == 0:
             return
-        self._guard_name = "x" if self.collective == "broadcast" else "out"
         self._guard = (result, result.view())
 
     def wait(self, timeout: float | None = None) -> Any:
