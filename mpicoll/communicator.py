@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .algorithms import COLLECTIVES
-from .backends import BACKENDS, Backend, make_backend
+from .backends import BACKENDS, Backend, make_backend, watched_making
 from .errors import ConcurrentCallError, InvalidArgumentError
 from .groups import Groups
 from .observe.recorder import Watch
@@ -30,6 +30,7 @@ from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
 from .pipeline.entry import busy, entry, freed
 from .pipeline.state import CallState
+from .pipeline.validate import dtype_given
 from .plan import init_method
 from .work import ProgressThread, Work, start_progress, submit
 
@@ -80,12 +81,18 @@ class Communicator(CallState, PointToPoint, Groups):
     def __init__(self, comm: Any = None, backend: str | Backend = "mpi", *,
                  check: bool | None = None, trace: bool | str | None = None,
                  timeout: float | None = None) -> None:
-        # the calls' shared state (pipeline.state.CallState: what each field is)
-        super().__init__(backend if isinstance(backend, Backend) else
-                         make_backend(backend, comm))
         self._progress: ProgressThread | None = None  # runs the async_op=True calls
-        try:  # the settings as this rank reads them, nothing raised before they are agreed
-            mine = agree.read_settings(self._backend, check, trace, timeout)
+        with watched_making(backend, comm, timeout, sys._getframe(1)):  # collective steps
+            # the calls' shared state (pipeline.state.CallState: what each field is)
+            super().__init__(backend if isinstance(backend, Backend) else
+                             make_backend(backend, comm))
+            try:  # the settings as this rank reads them, nothing raised before they are agreed
+                mine = agree.read_settings(self._backend, check, trace, timeout)
+            except BaseException:
+                with contextlib.suppress(Exception):  # its own error matters more
+                    self._backend.free()
+                raise
+        try:
             self.timeout, self.check = mine.timeout, mine.check
             local = self._backend.ranks_are_threads  # a stall raises; it does not end the job
             if local:
@@ -151,7 +158,7 @@ class Communicator(CallState, PointToPoint, Groups):
 
     def native_serves(self, op: Any, dtype: Any) -> bool:
         """Whether ``algorithm="native"`` can run a call with this op and dtype."""
-        dtype = None if dtype is None else np.dtype(dtype)
+        dtype = dtype_given(dtype, "native_serves")
         opd = op if op is None or isinstance(op, Op) else resolve_op(op, dtype)
         return self._chooser.native_serves(opd, dtype)
 
@@ -161,7 +168,12 @@ class Communicator(CallState, PointToPoint, Groups):
         ``nbytes`` (the benchmark's size: the whole buffer for reductions and broadcast,
         the whole result for gathers, the whole input for scatter and all_to_all)."""
         check_collective(collective)
-        dtype = None if dtype is None else np.dtype(dtype)
+        if isinstance(nbytes, (bool, np.bool_)) or not isinstance(nbytes, (int, np.integer)) \
+                or nbytes < 0:
+            raise InvalidArgumentError(
+                f"auto_algorithm: nbytes: expected a number of bytes >= 0, got {nbytes!r}")
+        nbytes = int(nbytes)
+        dtype = dtype_given(dtype, "auto_algorithm")
         opd = None if op is None else resolve_op(op, dtype if dtype is not None else np.dtype("f8"))
         return self._chooser.auto(collective, nbytes, opd, dtype, uneven)
 
@@ -170,6 +182,8 @@ class Communicator(CallState, PointToPoint, Groups):
     def dup(self) -> Communicator:
         """A Communicator of the same ranks and backend whose messages never match this
         one's: give each thread its own (collective: every rank calls it alike)."""
+        if self._freed:
+            raise freed("dup")
         if not self._entry.acquire(False):  # it sends on this one's communicator too
             raise ConcurrentCallError(busy(self, "dup"))
         try:

@@ -14,6 +14,7 @@ rank order follows ``key`` (ties by the parent's rank), as MPI_Comm_split's.
 
 from __future__ import annotations
 
+import math
 import sys
 import zlib
 from collections.abc import Iterable
@@ -23,6 +24,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError, MismatchError
 from .pipeline.describe import Call
+from .pipeline.entry import freed
 
 _BAD_COLOR, _BAD_KEY, _BAD_RANKS, _BAD_MESH = 1, 2, 4, 8
 _REASONS = {_BAD_COLOR: "color: expected an int in 0..2**31-1 or None",
@@ -60,6 +62,7 @@ class Groups:
     def split(self, color: int | None, key: int = 0) -> Any:
         """The Communicator of the ranks that give the same ``color`` (None: this rank
         joins none and gets None), ordered by ``key`` then by rank (MPI_Comm_split)."""
+        _live(self, "split")
         faults = 0 if color is None or (_int(color) and 0 <= color < 1 << 31) else _BAD_COLOR
         faults |= 0 if _int(key) and -(1 << 31) <= key < 1 << 31 else _BAD_KEY
         return _split(self, color, key, faults, 0, sys._getframe(1))
@@ -67,6 +70,7 @@ class Groups:
     def new_group(self, ranks: Iterable[int]) -> Any:
         """The Communicator of ``ranks`` (of this one), in their given order; None on the
         ranks not in it. Every rank passes the same ranks."""
+        _live(self, "new_group")
         try:
             members = [int(r) if _int(r) else -1 for r in ranks]
         except TypeError:
@@ -82,7 +86,14 @@ class Groups:
         """An n-dimensional grid of these ranks, row-major (``shape=(2, 4), names=("dp",
         "tp")``: ranks 0-3 and 4-7 are the two ``tp`` groups, so with ranks placed by node
         ``tp`` stays inside a node), with this rank's group along each dimension."""
+        _live(self, "mesh")
         return make_mesh(self, shape, names)
+
+
+def _live(comm: Any, what: str) -> None:
+    """Refuse ``what`` on a freed Communicator (as its collectives are refused)."""
+    if comm._freed:
+        raise freed(what)
 
 
 def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int,
@@ -141,7 +152,7 @@ class Mesh:
         self._groups = groups
 
     def __getitem__(self, name: str) -> Any:
-        if name not in self._groups:
+        if not isinstance(name, str) or name not in self._groups:
             raise InvalidArgumentError(f"mesh: no dimension {name!r}; it has {self.names}")
         return self._groups[name]
 
@@ -168,7 +179,7 @@ def make_mesh(comm: Any, shape: Any, names: Any = None) -> Mesh:
         names = tuple(f"dim{d}" for d in range(len(shape))) if names is None else tuple(names)
     except TypeError:
         names = ()
-    good = bool(shape) and all(s >= 1 for s in shape) and int(np.prod(shape)) == comm.size \
+    good = bool(shape) and all(s >= 1 for s in shape) and math.prod(shape) == comm.size \
         and len(names) == len(shape) and all(isinstance(n, str) for n in names) \
         and len(set(names)) == len(names)
     fingerprint = zlib.crc32(repr((shape, names)).encode())

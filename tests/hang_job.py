@@ -70,6 +70,12 @@ def main(scenario: str) -> None:
         sys.exit(0)
     elif culprit and scenario == "sleep":
         time.sleep(3 * timeout)
+    elif scenario == "late_communicator":
+        # making a Communicator is collective (MPI_Comm_dup, the exchange of nodes) before
+        # the new one has a watch of its own: rank 1 comes too late to it
+        if culprit:
+            time.sleep(3 * timeout)
+        mpicoll.Communicator()
     elif culprit and scenario == "mismatch":
         comm.all_gather(x, algorithm="ring")
     elif scenario == "refuse_native":

@@ -433,3 +433,20 @@ def test_check_mode_a_bad_stream_on_one_rank_raises_everywhere():
         return True
 
     assert run_local(3, body, timeout=10, check=True) == [True] * 3
+
+
+@pytest.mark.parametrize("call", [
+    lambda comm: comm.auto_algorithm("all_reduce", "8"),
+    lambda comm: comm.auto_algorithm("all_reduce", -1),
+    lambda comm: comm.auto_algorithm("all_reduce", 8.0),
+    lambda comm: comm.auto_algorithm("all_reduce", True),
+    lambda comm: comm.auto_algorithm("all_reduce", 8, "sum", "not a dtype"),
+    lambda comm: comm.native_serves("sum", "zz"),
+])
+def test_the_tools_questions_refuse_what_is_not_a_size_or_a_dtype(call):
+    def body(comm):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="nbytes|dtype"):
+            call(comm)
+        return comm.auto_algorithm("all_reduce", np.int64(8), "sum", "f4")
+
+    assert run_local(1, body) == ["recursive_doubling"]

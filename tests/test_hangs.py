@@ -85,6 +85,19 @@ def test_a_user_op_failing_on_one_rank_raises_on_every_rank_without_a_hang(tmp_p
 
 
 @needs_mpiexec
+def test_a_rank_late_to_make_a_communicator_ends_the_job_with_a_report(tmp_path):
+    """Rank 1 comes late to making a second Communicator: the others, waiting in its
+    MPI_Comm_dup before it has a watch of its own, report that and abort the job."""
+    done, elapsed = job("late_communicator", str(tmp_path))
+    assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
+    assert elapsed < TIMEOUT + 10
+    found = reports(done.stderr)
+    assert found and all("making a Communicator (" in r and "hang_job.py" in r
+                         and "to make the Communicator" in r for r in found), found
+    assert not any(r.startswith("mpicoll: timeout: rank 1 ") for r in found), found
+
+
+@needs_mpiexec
 def test_a_killed_rank_ends_the_job(tmp_path):
     done, elapsed = job("kill", str(tmp_path))
     assert done.returncode != 0 and done.returncode != 124

@@ -313,6 +313,23 @@ def test_hierarchical_phase_options_are_checked():
     assert run_local(3, body, timeout=10) == [3.0] * 3
 
 
+@pytest.mark.parametrize("value", [np.array(["ring"]), np.array(["binomial", "ring"]),
+                                   ["ring"], b"ring", 1])
+def test_a_phase_given_as_anything_but_a_name_is_refused_on_every_rank(monkeypatch, value):
+    # on two nodes, where only the nodes' leaders run the inter phase: an array of one
+    # name compares equal to the name, and reached the registry on the leaders alone
+    monkeypatch.setenv("MPICOLL_RANKS_PER_NODE", "2")
+
+    def body(comm):
+        x = np.full(3, comm.rank + 1.0)
+        for phase in ("intra", "inter"):
+            with pytest.raises(mpicoll.InvalidArgumentError, match=f"{phase}: expected one of"):
+                comm.all_reduce(x, algorithm="hierarchical", **{phase: value})
+        return comm.all_reduce(x, algorithm="hierarchical", inter="ring")[0]  # the next call
+
+    assert run_local(4, body, timeout=10) == [10.0] * 4
+
+
 def test_ranks_per_node_malformed_or_on_some_ranks_only_raises_everywhere(monkeypatch):
     monkeypatch.setenv("MPICOLL_RANKS_PER_NODE", "zero")
     with pytest.raises(mpicoll.ConfigError, match="MPICOLL_RANKS_PER_NODE"):

@@ -269,6 +269,12 @@ def test_a_mesh_gives_each_dimension_its_group(world):
         assert ranks == [first + k * stride for k in range(shape[d])]
     with pytest.raises(mpicoll.InvalidArgumentError, match="mesh: refused .*shape"):
         world.mesh((world.size + 1,))
+    # a product past int64, (2**64 + 1) * size, which NumPy's wraps round to the ranks
+    with pytest.raises(mpicoll.InvalidArgumentError, match="mesh: refused .*shape"):
+        world.mesh((274177, 67280421310721, world.size))
+    for name in (["dp"], np.array(["dp"]), {"dp"}, 0, None):  # a dimension is named by a str
+        with pytest.raises(mpicoll.InvalidArgumentError, match="mesh: no dimension"):
+            mesh[name]
     mesh.free()
     _next_call_is_right(world)
 

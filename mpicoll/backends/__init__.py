@@ -17,9 +17,11 @@ collectives (``mpi_native.py``, ``nccl_native.py``); ``base.py`` is what they sh
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, MpicollError
+from ..observe.watchdog import DEFAULT_TIMEOUT, making, timeout_setting
 from .base import CAPABILITIES, PACKED_BYTES, Backend
 from .local import LocalBackend
 from .mpi import MPIBackend, mpi_comm
@@ -27,7 +29,7 @@ from .nccl import NCCLBackend
 
 BACKENDS = ("mpi", "nccl", "local")
 __all__ = ["BACKENDS", "CAPABILITIES", "PACKED_BYTES", "Backend", "LocalBackend",
-           "MPIBackend", "NCCLBackend", "make_backend", "mpi_comm"]
+           "MPIBackend", "NCCLBackend", "make_backend", "mpi_comm", "watched_making"]
 
 _CLASSES: dict[str, type[Backend]] = {"mpi": MPIBackend, "nccl": NCCLBackend,
                                       "local": LocalBackend}
@@ -38,3 +40,18 @@ def make_backend(name: Any, comm: Any) -> Backend:
         return _CLASSES[name](comm)
     raise InvalidArgumentError(
         f"backend: unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
+
+
+def watched_making(backend: Any, comm: Any, timeout: Any, site: Any) -> Any:
+    """Making a Communicator over MPI (``backend`` "mpi" or "nccl", by name) before it has
+    a watch of its own, watched under this rank's timeout (``observe.watchdog.making``): a
+    rank that never comes ends the job with a report. A Backend object is a duplicate's,
+    made in its parent's watched ``dup()``; the local backend's ranks are threads."""
+    if not (isinstance(backend, str) and backend in ("mpi", "nccl")):
+        return contextlib.nullcontext()
+    comm = mpi_comm(comm)  # (its refusal, as the backend's would be)
+    try:
+        seconds = timeout_setting(timeout)
+    except MpicollError:  # (refused on every rank once the settings are agreed)
+        seconds = DEFAULT_TIMEOUT
+    return making(comm.Get_rank(), comm.Get_size(), backend, seconds, site)

@@ -227,7 +227,8 @@ class Watch:
         rec, call = self.current, self.current.call
         what = f"call #{call.seq} {call.collective}"
         if rec.note:
-            return (f"{call.collective} after call #{call.seq} ({call.site}) has run "
+            after = f" after call #{call.seq}" if call.seq else ""  # (0: before any call)
+            return (f"{call.collective}{after} ({call.site}) has run "
                     f"{now - self.started:.1f} s (timeout {self.timeout:g} s); {rec.note}")
         details = [f"algorithm {rec.algorithm}"]
         if rec.nbytes >= 0:

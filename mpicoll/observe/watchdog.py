@@ -18,15 +18,19 @@ receive raises ``CollectiveTimeoutError`` in the waiting thread instead.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 from ..errors import ConfigError
+from ..pipeline.describe import Call
 from .recorder import Watch
 
 DEFAULT_TIMEOUT = 1800.0  # seconds: torch's default for NCCL
@@ -69,14 +73,16 @@ class Watchdog:
         self.born = time.time()
         self.registered = 0
 
-    def register(self, watch: Watch) -> None:
+    def register(self, watch: Watch, numbered: bool = True) -> None:
+        """Watch ``watch``; ``numbered``: it is a Communicator's, which takes the next
+        index (a Communicator being made is watched under the index it will have)."""
         if not self.registered and dump_dir():
             import atexit
 
             atexit.register(self._exiting)
         with self.lock:
             watch.index = self.registered
-            self.registered += 1
+            self.registered += numbered
             self.watches.append(watch)
             if self.thread is None and watch.timeout and watch.aborts:
                 self.thread = threading.Thread(target=self._run, name="mpicoll-watchdog",
@@ -144,6 +150,33 @@ class Watchdog:
 
 
 _WATCHDOG = Watchdog()
+
+
+@contextlib.contextmanager
+def making(rank: int, size: int, backend: str, timeout: float, site: Any) -> Iterator[None]:
+    """Making a Communicator (rank ``rank`` of ``size`` on ``backend``, made at ``site``)
+    before it has a watch of its own: its collective steps there (MPI_Comm_dup of the
+    communicator its messages go on, the exchange that finds each rank's node) watched as
+    one step, so that a rank that never makes it ends the job with a report naming the
+    rank and the step, as any call does, not a silent wait. ``timeout``: this rank's
+    (0: unwatched)."""
+    if not timeout:
+        yield
+        return
+    stand_in = SimpleNamespace(  # what the watchdog reads of a Communicator: no transport yet
+        rank=rank, size=size, _backend=SimpleNamespace(name=backend, transport=None, control=None))
+    watch = Watch(stand_in, timeout, True, 1)
+    dog = watchdog()
+    dog.register(watch, numbered=False)
+    call = Call(0, "making a Communicator")
+    call.at(site)
+    try:
+        with watch.aside(call, f"waiting for every one of the {size} ranks to make the "
+                         "Communicator (collective: its communicator's MPI_Comm_dup and the "
+                         "exchange of nodes)"):
+            yield
+    finally:
+        dog.unregister(watch)
 
 
 def abort_nccl() -> None:

@@ -168,7 +168,9 @@ class Chooser:
                 # of phases itself would find one node there)
                 able = [a for a in REGISTRY[phases[name][0]] if all(
                     a in REGISTRY[c] and not REGISTRY[c][a].steps for c in phases[name])]
-                if value not in able:
+                # (a name only: an array of one name compares equal to it, and would
+                # reach the registry's lookup on the ranks that run the phase alone)
+                if not isinstance(value, str) or value not in able:
                     raise InvalidArgumentError(
                         f"{name}: expected one of {', '.join(able)} (the algorithm of "
                         f"{algorithm}'s {' and '.join(phases[name])} phase), got {value!r}")

@@ -48,6 +48,16 @@ class Verdict:
         return self.refused
 
 
+def dtype_given(dtype: Any, what: str) -> np.dtype | None:
+    """``dtype`` as NumPy's (None: none given), or ``what``'s clear refusal."""
+    if dtype is None:
+        return None
+    try:
+        return np.dtype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"{what}: dtype: {exc}") from None
+
+
 def _mpicoll_error(exc: BaseException, name: str) -> MpicollError:
     if isinstance(exc, MpicollError):
         return exc
