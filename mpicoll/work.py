@@ -100,7 +100,8 @@ class Work:
 
         ``timeout``: seconds (or a ``datetime.timedelta``); 0 asks whether it has
         finished without waiting (``mpicoll.dist``'s Work takes torch's 0, no limit).
-        Default: the Communicator's timeout, plus ``GRACE`` (its timeout 0: no limit).
+        Default: the Communicator's timeout, plus ``GRACE`` (its timeout 0: no limit),
+        counted from the moment the call begins (the calls queued before it run first).
 
         Raises:
             CollectiveTimeoutError (a TimeoutError): not finished within ``timeout``.
@@ -108,11 +109,14 @@ class Work:
         if timeout is None:
             seconds = self.timeout and self.timeout + self.GRACE
             deadline = time.monotonic() + seconds if seconds else float("inf")
+            if seconds:
+                self._running_past(seconds)  # (a call queued behind others is not late)
         else:
             seconds = as_seconds(timeout)
             deadline = time.monotonic() + seconds
-        if not self._finished.wait(None if deadline == float("inf") else seconds):
-            raise CollectiveTimeoutError(f"{self.what}: not finished after {seconds:g} s")
+            if not self._finished.wait(_bounded(seconds)):
+                raise CollectiveTimeoutError(f"{self.what}: not finished after {seconds:g} s")
+        self._finished.wait()  # (set: at once; unbounded: the watchdog bounds the call)
         if self._error is not None:
             raise self._error
         if self._event is not None:  # NCCL: the call is queued on a stream
@@ -122,6 +126,16 @@ class Work:
                         f"{self.what}: the GPU has not finished it after {seconds:g} s")
                 time.sleep(0.0001)
         return self._result
+
+    def _running_past(self, seconds: float) -> None:
+        """``wait()``'s default bound, counted from the moment the call began on the
+        progress thread, not from the wait (calls queued before it run first, each
+        watched): return once it has finished, or raise once it has run ``seconds``."""
+        while not self._finished.wait(min(seconds, 1.0)):
+            started = self.started_at  # (NaN while it waits its turn in the queue)
+            if started == started and time.perf_counter() - started > seconds:
+                raise CollectiveTimeoutError(f"{self.what}: not finished after {seconds:g} s "
+                                             "of running")
 
     def host_result(self) -> Any:
         """The result of a call that has finished (``done`` on the MPI backend; queued on
@@ -149,7 +163,9 @@ def _run_callback(callback: Callable[[Work], None], work: Work) -> None:
         entering_done_callback()
     try:
         callback(work)
-    except Exception as exc:  # noqa: BLE001 - never into the thread that finished the call
+    except BaseException as exc:  # noqa: BLE001 - never into the thread that finished the call
+        if not on_progress and not isinstance(exc, Exception):
+            raise  # (SystemExit, KeyboardInterrupt: the caller's own thread's to handle)
         import warnings
 
         warnings.warn(f"mpicoll: a done callback of {work.what} raised "
@@ -157,6 +173,12 @@ def _run_callback(callback: Callable[[Work], None], work: Work) -> None:
     finally:
         if on_progress:
             leaving_done_callback()
+
+
+def _bounded(seconds: float) -> float | None:
+    """A wait of ``seconds`` as threading's waits take it: None (no limit) past the
+    longest they can wait (``threading.TIMEOUT_MAX``, some 292 years)."""
+    return None if seconds >= threading.TIMEOUT_MAX else seconds
 
 
 def as_seconds(timeout: Any) -> float:
@@ -227,9 +249,11 @@ class ProgressThread:
             item = None
             work.started_at = time.perf_counter()
             try:
-                work._set(call(self.comm))
+                result = call(self.comm)
             except BaseException as exc:  # noqa: BLE001 - handed to wait() on this rank
                 work._set(error=exc)
+            else:  # (its done callbacks' errors are theirs: never the call's)
+                work._set(result)
             work = call = None  # nothing of the call (its op, its input) outlives it here
             with self.lock:
                 self.pending -= 1
@@ -240,7 +264,7 @@ class ProgressThread:
         """Finish what was submitted (within ``timeout`` seconds; None: no bound), then
         stop the thread and free the duplicate; whether it finished."""
         self._calls.put(None)
-        self._thread.join(timeout)
+        self._thread.join(None if timeout is None else _bounded(timeout))
         if self._thread.is_alive():
             return False
         _RUNNING.discard(self)

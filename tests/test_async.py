@@ -117,6 +117,50 @@ def test_local_done_callbacks_run_once_the_call_ends():
     run_local(2, _done_callbacks, timeout=20)
 
 
+def test_a_done_callback_raising_systemexit_never_replaces_the_result():
+    def body(comm):
+        if comm.rank == 1:
+            time.sleep(0.3)  # (rank 0's call is pending while it adds its callbacks)
+        work = comm.all_reduce(np.ones(2), async_op=True)
+        seen = []
+        if comm.rank == 0:  # run by the progress thread, which ends the call: a warning
+            work.add_done_callback(lambda w: (_ for _ in ()).throw(SystemExit("in a callback")))
+            work.add_done_callback(lambda w: seen.append("ran"))
+        got = work.wait()[0]
+        time.sleep(0.1)  # (the callbacks run once the call has ended)
+        return got, seen, comm.all_reduce(np.ones(2), async_op=True).wait()[0]
+
+    assert run_local(2, body, timeout=20) == [(2.0, ["ran"], 2.0), (2.0, [], 2.0)]
+
+
+def test_the_default_wait_counts_from_the_calls_start_not_from_the_wait(monkeypatch):
+    """Four barriers queued at once, rank 1 late to each by 0.6 s (under the timeout of
+    1 s): rank 0's wait for the last, made at once, must not count the time the three
+    before it ran as the last one's."""
+    monkeypatch.setattr(mpicoll.Work, "GRACE", 0.0)
+
+    def body(comm):
+        works = []
+        for _ in range(4):
+            if comm.rank == 1:
+                time.sleep(0.6)
+            works.append(comm.barrier(async_op=True))
+        works[-1].wait()
+        return comm.all_reduce(np.ones(2))[0]
+
+    assert run_local(2, body, timeout=1) == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("timeout", [1e10, float("inf"), __import__("datetime").timedelta.max])
+def test_a_wait_longer_than_threading_can_wait_means_no_limit(timeout):
+    def body(comm):
+        if comm.rank == 1:
+            time.sleep(0.2)  # (so rank 0's wait finds the call pending)
+        return comm.all_reduce(np.ones(2), async_op=True).wait(timeout)[0]
+
+    assert run_local(2, body, timeout=20) == [2.0, 2.0]
+
+
 def test_bucketer_local():
     def body(comm):
         rng = np.random.default_rng(7)

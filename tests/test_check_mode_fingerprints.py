@@ -3,6 +3,8 @@ every rank (nothing else), and the same call agreeing runs; on host and device a
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from fake_cupy import installed
@@ -68,3 +70,43 @@ def test_a_disagreeing_call_raises_mismatch_on_every_rank(collective, device):
         outcomes = run_local(P, body, np, check=True)
     assert all(isinstance(o, mpicoll.MismatchError) for o in outcomes), outcomes
     assert all(f"rank {LAST}" in str(o) for o in outcomes), outcomes
+
+
+def _sum(a, b, out):
+    np.add(a, b, out=out)
+
+
+@pytest.mark.parametrize("case", ["fields", "field_types", "user_op_named_as_builtin",
+                                  "commutativity", "v_fields"])
+def test_what_differs_beyond_a_name_or_a_size_is_a_mismatch(case):
+    """Structured dtypes of one size with other fields (NumPy's str and name are '|V8' and
+    'void64' for all), a user's Op named as a built-in, or one that differs only in its
+    commutativity (native and auto take other paths for them): a MismatchError on every
+    rank, then the agreeing call runs."""
+    def body(comm):
+        odd = comm.rank == LAST
+        pair = np.dtype([("b", "<i8")] if odd else [("a", "<f8")])
+        if case == "v_fields":  # the v-variants' own exchange compares the rows' dtype too
+            pair = np.dtype([("b", "<i4"), ("c", "<f4")] if odd else [("a", "<f8")])
+        x = np.zeros(2, pair if case in ("fields", "v_fields") else np.float64)
+        if case == "field_types":
+            x = np.zeros(2, [("a", "<i8")] if odd else [("a", "<f8")])
+        try:
+            if case == "user_op_named_as_builtin":
+                comm.all_reduce(x, mpicoll.Op(_sum, name="sum") if odd else "sum")
+            elif case == "commutativity":
+                comm.reduce(x, mpicoll.Op(_sum, commutative=not odd, name="add"), 0)
+            elif case == "v_fields":
+                comm.all_gather_v(x)
+            else:
+                comm.all_gather(x)
+        except mpicoll.MismatchError as exc:
+            outcome = str(exc)
+        else:
+            outcome = None
+        return outcome, comm.all_reduce(np.ones(2))[0]
+
+    for check in (True, False) if case == "v_fields" else (True,):
+        outcomes = run_local(P, body, check=check)
+        assert all(o is not None and re.search(rf"rank(\(s\))? {LAST}\b", o) and n == P
+                   for o, n in outcomes), outcomes

@@ -66,7 +66,10 @@ def crc(text: str) -> int:
 
 
 def dtype_crc(dtype: np.dtype) -> int:
-    return crc(dtype.str + dtype.name)  # the name tells bfloat16 from other 2-byte voids
+    # the name tells bfloat16 from other 2-byte voids; a structured dtype's fields (names,
+    # formats, offsets) tell it from others of its size, all '|V8void64' by str and name
+    fields = "" if dtype.fields is None else repr(dtype.descr)
+    return crc(dtype.str + dtype.name + fields)
 
 
 def signature(dtype: np.dtype, rest: tuple[int, ...]) -> int:
@@ -165,13 +168,22 @@ def _option_defaults(collective: str, name: Any) -> dict[str, Any]:
     return {} if registered is None else registered.option_defaults
 
 
+def _op_text(op: Any) -> str:
+    """An op as check mode compares it: a built-in by its name (given as a name or an
+    Op), a user's Op by its name and commutativity, never equal to a built-in's (the
+    native collective and "auto" take other paths for it)."""
+    if isinstance(op, Op) and not op.builtin:
+        return f"user op {op.name} (commutative: {bool(op.commutative)})"
+    return op_name(op)
+
+
 def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: Any, root: Any,
                 dtype: Any, shape: Any, counts: Any = None) -> None:
     """Check mode: compare the call across ranks; raise on every rank on any refusal or
     disagreement."""
     mine = np.zeros(_ROW, np.int64)
     try:
-        op_field = ANY if op is None else crc(op.name if isinstance(op, Op) else op_name(op))
+        op_field = ANY if op is None else crc(_op_text(op))
     except MpicollError:
         op_field = crc(repr(op))
     mine[:len(_FIELDS) + 1] = (
