@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import math
 import sys
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .buffers.arrays import as_array, copy_into, empty
-from .errors import CollectiveTimeoutError, InvalidArgumentError, MpicollError
+from .errors import CollectiveTimeoutError, InvalidArgumentError, MismatchError, MpicollError
 from .work import start_progress
 
 DEFAULT_CAP_BYTES = 25 * 1024 * 1024  # DDP's bucket_cap_mb default
@@ -43,11 +44,29 @@ DEFAULT_CAP_BYTES = 25 * 1024 * 1024  # DDP's bucket_cap_mb default
 class Bucketer:
     def __init__(self, comm: Any, arrays: Sequence[Any], *, cap_bytes: int = DEFAULT_CAP_BYTES,
                  op: Any = "sum", algorithm: str = "auto") -> None:
-        if cap_bytes <= 0:
-            raise InvalidArgumentError(f"cap_bytes: must be positive, got {cap_bytes}")
         self.op, self.algorithm = op, algorithm
-        arrays = [as_array(a, f"arrays[{i}]")[0] for i, a in enumerate(arrays)]
-        self.comm = comm.dup()  # its own: see above, with its progress thread made now
+        # a refusal is raised on every rank once the duplicate (collective) is made, and
+        # the buckets' layout is agreed there: one rank's other arrays or cap_bytes would
+        # pair its buckets' messages with the others' other buckets
+        refusal = None
+        if isinstance(cap_bytes, (bool, np.bool_)) or not isinstance(cap_bytes, (int, np.integer)) \
+                or cap_bytes <= 0:
+            refusal = InvalidArgumentError(f"cap_bytes: expected a positive int, got {cap_bytes!r}")
+        try:
+            arrays = [as_array(a, f"arrays[{i}]")[0] for i, a in enumerate(arrays)]
+        except MpicollError as exc:
+            refusal, arrays = refusal or exc, []
+        except TypeError:
+            refusal, arrays = refusal or InvalidArgumentError(
+                f"arrays: expected a sequence of arrays, got {type(arrays).__name__}"), []
+        self.comm = comm.dup()  # its own: see above
+        layout = (None if refusal else int(cap_bytes), [tuple(a.shape) for a in arrays],
+                  [repr(np.dtype(a.dtype)) for a in arrays], [type(a) is np.ndarray for a in arrays])
+        try:
+            _agree(self.comm, refusal, zlib.crc32(repr(layout).encode()))
+        except MpicollError:
+            self.comm.free()
+            raise
         start_progress(self.comm, sys._getframe(1))  # (not at a first add: see work.py)
         self.shapes = [tuple(a.shape) for a in arrays]
         dtypes = [np.dtype(a.dtype) for a in arrays]
@@ -85,8 +104,10 @@ class Bucketer:
     def add(self, i: int, array: Any) -> None:
         """Array ``i`` is ready: copy it into its bucket; start every bucket now complete
         (in bucket order)."""
-        if not 0 <= i < len(self.shapes):
-            raise InvalidArgumentError(f"index: {i} is not one of the {len(self.shapes)} arrays")
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or \
+                not 0 <= i < len(self.shapes):
+            raise InvalidArgumentError(f"index: expected an int in 0..{len(self.shapes) - 1} "
+                                       f"(one of the arrays'), got {i!r}")
         if self._filled[i]:
             raise InvalidArgumentError(f"array {i} was already added this round")
         array, _ = as_array(array, f"array {i}")
@@ -109,13 +130,14 @@ class Bucketer:
         missing = [i for i, filled in enumerate(self._filled) if not filled]
         if missing:
             raise InvalidArgumentError(f"wait: arrays {missing} were never added this round")
-        if self._next < len(self.members):  # its all_reduce was refused at add
-            raise InvalidArgumentError(f"wait: bucket {self._next} was never started this "
-                                       "round (add raised when it was full)")
         failure = None
-        for work in self.works:  # every one, even after one failed: the buckets are free
-            try:               # for the next round only once no call still uses them
-                work.wait()
+        if self._next < len(self.members):  # its all_reduce was refused at add: the round
+            # ends here, once the buckets started before it are done, failed
+            failure = InvalidArgumentError(f"wait: bucket {self._next} was never started this "
+                                           "round (add raised when it was full)")
+        for work in self.works[:self._next]:  # every one, even after one failed: the buckets
+            try:                              # are free for the next round only once no
+                work.wait()                   # call still uses them
             except CollectiveTimeoutError:
                 raise  # (the job is ending: the watchdog's report says why)
             except MpicollError as exc:
@@ -131,3 +153,24 @@ class Bucketer:
     def free(self) -> None:
         """Collective: release the Bucketer's communicator (after its last ``wait``)."""
         self.comm.free()
+
+
+def _agree(comm: Any, refusal: MpicollError | None, layout: int) -> None:
+    """Raise on every rank where any rank refused its arguments (``refusal``) or holds
+    another layout of the buckets (``layout``, a number for it) than rank 0."""
+    table = comm.all_gather(np.array([refusal is not None, layout], np.int64))
+    refused = np.flatnonzero(table[:, 0]).tolist()
+    if refused:
+        if refusal is not None:
+            raise refusal
+        raise InvalidArgumentError(f"Bucketer: refused on rank(s) {_ranks(refused)} (their "
+                                   "arrays or cap_bytes); every rank gives the same")
+    differ = np.flatnonzero(table[:, 1] != table[0, 1]).tolist()
+    if differ:
+        raise MismatchError(f"Bucketer: rank(s) {_ranks(differ)} give other arrays (shapes, "
+                            "dtypes, host or device) or cap_bytes than rank 0; every rank "
+                            "gives the same")
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))

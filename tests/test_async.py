@@ -161,6 +161,58 @@ def test_a_wait_longer_than_threading_can_wait_means_no_limit(timeout):
     assert run_local(2, body, timeout=20) == [2.0, 2.0]
 
 
+@pytest.mark.parametrize("wrong", ["array", "cap_bytes", "layout", "dtype_fields"])
+def test_a_bucketer_one_rank_makes_wrong_raises_on_every_rank_and_the_next_call_runs(wrong):
+    """Making a Bucketer is collective: one rank's refused arguments, or its other layout
+    of the buckets (which would pair its buckets' messages with the others' other
+    buckets), raise on every rank once the duplicate is made; the next call runs."""
+    def body(comm):
+        odd = comm.rank == comm.size - 1
+        arrays, cap = [np.ones(3), np.ones(5)], 64
+        if odd and wrong == "array":
+            arrays[1] = "not an array"
+        elif odd and wrong == "cap_bytes":
+            cap = "64"
+        elif odd and wrong == "layout":
+            cap = 16  # one array per bucket, where the others hold both in one
+        elif wrong == "dtype_fields":
+            arrays = [np.zeros(2, [("b", "<i8")] if odd else [("a", "<f8")])]
+        error = mpicoll.MismatchError if wrong in ("layout", "dtype_fields") else \
+            mpicoll.InvalidArgumentError
+        with pytest.raises(error, match="arrays|cap_bytes"):
+            mpicoll.Bucketer(comm, arrays, cap_bytes=cap)
+        return comm.all_reduce(np.ones(2))[0]
+
+    assert run_local(3, body, timeout=20) == [3.0] * 3
+
+
+def test_a_bucketer_refuses_indices_that_are_not_ints_and_ends_a_round_whose_bucket_was_refused():
+    def body(comm):
+        buckets = mpicoll.Bucketer(comm, [np.ones(2), np.ones(3)], cap_bytes=16)
+        for index in (1.0, "0", True, None, 2, -1):
+            with pytest.raises(mpicoll.InvalidArgumentError, match="index: expected an int"):
+                buckets.add(index, np.ones(2))
+        calls = buckets.comm.all_reduce
+
+        def refused(*args, **kwargs):  # as a submission refused on every rank
+            raise mpicoll.ConcurrentCallError("refused at submission")
+
+        buckets.comm.all_reduce = refused
+        buckets.add(1, np.ones(3))  # (bucket 1 is full: it starts after bucket 0)
+        with pytest.raises(mpicoll.ConcurrentCallError):
+            buckets.add(0, np.full(2, comm.rank + 1.0))
+        with pytest.raises(mpicoll.InvalidArgumentError, match="bucket 0 was never started"):
+            buckets.wait()  # the round ends: the next may begin
+        buckets.comm.all_reduce = calls
+        buckets.add(np.int64(1), np.ones(3))
+        buckets.add(0, np.full(2, comm.rank + 1.0))
+        got = buckets.wait()
+        buckets.free()
+        return got[0].tolist(), got[1].tolist()
+
+    assert run_local(2, body, timeout=20) == [([3.0, 3.0], [2.0, 2.0, 2.0])] * 2
+
+
 def test_bucketer_local():
     def body(comm):
         rng = np.random.default_rng(7)
