@@ -14,10 +14,12 @@ caller goes on computing the next gradients. Buckets start strictly in bucket or
 every rank starts them in the same order whatever order ``add`` is called in. ``wait``
 returns views of the buckets shaped as the inputs: valid until the next round of ``add``.
 
-Making a Bucketer is collective (every rank of ``comm``, with the same arrays): it works on
-a duplicate of ``comm`` (``free()`` releases it), so its buckets' calls never pair with
-the caller's own asynchronous calls on ``comm``, which ranks may make between their
-``add`` calls at different points.
+Making a Bucketer is collective (every rank of ``comm``, with the same arrays, cap_bytes,
+op and algorithm: agreed there, a rank that differs or refuses raises on every rank): it
+works on a duplicate of ``comm`` (``free()`` releases it), so its buckets' calls never
+pair with the caller's own asynchronous calls on ``comm``, which ranks may make between
+their ``add`` calls at different points. Its calls are decided by what was agreed, so
+check mode does not fingerprint them (each start would be a step every rank makes at once).
 
 Buckets live where the arrays do: CuPy gradients fill device buckets (copied by a kernel
 on the current stream), NumPy ones host buckets; a bucket's arrays are all on the GPU or
@@ -36,6 +38,7 @@ import numpy as np
 
 from .buffers.arrays import as_array, copy_into, empty
 from .errors import CollectiveTimeoutError, InvalidArgumentError, MismatchError, MpicollError
+from .pipeline.agree import op_text
 from .work import start_progress
 
 DEFAULT_CAP_BYTES = 25 * 1024 * 1024  # DDP's bucket_cap_mb default
@@ -59,9 +62,18 @@ class Bucketer:
         except TypeError:
             refusal, arrays = refusal or InvalidArgumentError(
                 f"arrays: expected a sequence of arrays, got {type(arrays).__name__}"), []
-        self.comm = comm.dup()  # its own: see above
+        try:
+            op_given = op_text(op)
+        except MpicollError as exc:
+            refusal, op_given = refusal or exc, None
+        # its own (see above), where check mode is off: every call on it is decided by
+        # what is agreed here, bucket by bucket in bucket order, so a check at each start
+        # (a step every rank makes at once) could only make ranks that add in different
+        # orders around other calls wait for each other
+        self.comm = comm.dup(check=False)
         layout = (None if refusal else int(cap_bytes), [tuple(a.shape) for a in arrays],
-                  [repr(np.dtype(a.dtype)) for a in arrays], [type(a) is np.ndarray for a in arrays])
+                  [repr(np.dtype(a.dtype)) for a in arrays], [type(a) is np.ndarray for a in arrays],
+                  op_given, algorithm if isinstance(algorithm, str) else type(algorithm).__name__)
         try:
             _agree(self.comm, refusal, zlib.crc32(repr(layout).encode()))
         except MpicollError:
@@ -164,12 +176,12 @@ def _agree(comm: Any, refusal: MpicollError | None, layout: int) -> None:
         if refusal is not None:
             raise refusal
         raise InvalidArgumentError(f"Bucketer: refused on rank(s) {_ranks(refused)} (their "
-                                   "arrays or cap_bytes); every rank gives the same")
+                                   "arrays, cap_bytes or op); every rank gives the same")
     differ = np.flatnonzero(table[:, 1] != table[0, 1]).tolist()
     if differ:
         raise MismatchError(f"Bucketer: rank(s) {_ranks(differ)} give other arrays (shapes, "
-                            "dtypes, host or device) or cap_bytes than rank 0; every rank "
-                            "gives the same")
+                            "dtypes, host or device), cap_bytes, op or algorithm than rank 0; "
+                            "every rank gives the same")
 
 
 def _ranks(ranks: list[int]) -> str:

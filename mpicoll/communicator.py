@@ -179,24 +179,26 @@ class Communicator(CallState, PointToPoint, Groups):
 
     # -- duplicates, async calls, traces, freeing ------------------------------------------
 
-    def dup(self) -> Communicator:
+    def dup(self, check: bool | None = None) -> Communicator:
         """A Communicator of the same ranks and backend whose messages never match this
-        one's: give each thread its own (collective: every rank calls it alike)."""
+        one's: give each thread its own (collective: every rank calls it alike).
+        ``check``: its check mode (default: this one's; every rank alike)."""
         if self._freed:
             raise freed("dup")
         if not self._entry.acquire(False):  # it sends on this one's communicator too
             raise ConcurrentCallError(busy(self, "dup"))
         try:
-            return self._duplicate(sys._getframe(1))
+            return self._duplicate(sys._getframe(1), check)
         finally:
             self._entry.release()
 
-    def _duplicate(self, site: Any) -> Communicator:
+    def _duplicate(self, site: Any, check: bool | None = None) -> Communicator:
         """``dup()`` for a caller that holds this Communicator's entry (made at ``site``)."""
         call = Call(self._seq, "dup")
         call.at(site)
         with self._watch.aside(call):  # collective: it may wait
-            return Communicator(backend=self._backend.duplicate(), check=self.check,
+            return Communicator(backend=self._backend.duplicate(),
+                                check=self.check if check is None else check,
                                 trace=False, timeout=self.timeout)
 
     def _submit(self, name: str, args: tuple, kwargs: dict, stream: Any, frame: Any,

@@ -161,7 +161,8 @@ def test_a_wait_longer_than_threading_can_wait_means_no_limit(timeout):
     assert run_local(2, body, timeout=20) == [2.0, 2.0]
 
 
-@pytest.mark.parametrize("wrong", ["array", "cap_bytes", "layout", "dtype_fields"])
+@pytest.mark.parametrize("wrong", ["array", "cap_bytes", "layout", "dtype_fields", "op",
+                                   "bad_op"])
 def test_a_bucketer_one_rank_makes_wrong_raises_on_every_rank_and_the_next_call_runs(wrong):
     """Making a Bucketer is collective: one rank's refused arguments, or its other layout
     of the buckets (which would pair its buckets' messages with the others' other
@@ -177,13 +178,31 @@ def test_a_bucketer_one_rank_makes_wrong_raises_on_every_rank_and_the_next_call_
             cap = 16  # one array per bucket, where the others hold both in one
         elif wrong == "dtype_fields":
             arrays = [np.zeros(2, [("b", "<i8")] if odd else [("a", "<f8")])]
-        error = mpicoll.MismatchError if wrong in ("layout", "dtype_fields") else \
+        op = ("max" if wrong == "op" else "no such op" if wrong == "bad_op" else "sum") \
+            if odd else "sum"
+        error = mpicoll.MismatchError if wrong in ("layout", "dtype_fields", "op") else \
             mpicoll.InvalidArgumentError
-        with pytest.raises(error, match="arrays|cap_bytes"):
-            mpicoll.Bucketer(comm, arrays, cap_bytes=cap)
+        with pytest.raises(error, match="arrays|cap_bytes|op"):
+            mpicoll.Bucketer(comm, arrays, cap_bytes=cap, op=op)
         return comm.all_reduce(np.ones(2))[0]
 
     assert run_local(3, body, timeout=20) == [3.0] * 3
+
+
+def test_a_bucketer_in_check_mode_lets_ranks_add_in_any_order_around_other_calls():
+    """Rank 0 fills bucket 0 first and starts it; rank 1 fills bucket 1 first (which
+    waits for bucket 0), then both meet in a barrier on another Communicator: the
+    start of bucket 0 must not wait for rank 1 (a check-mode step would)."""
+    def body(comm):
+        other = comm.dup()
+        buckets = mpicoll.Bucketer(comm, [np.ones(2), np.ones(2)], cap_bytes=16)
+        order = [0, 1] if comm.rank == 0 else [1, 0]
+        buckets.add(order[0], np.full(2, comm.rank + 1.0))
+        other.barrier()
+        buckets.add(order[1], np.full(2, comm.rank + 1.0))
+        return [a.tolist() for a in buckets.wait()]
+
+    assert run_local(2, body, timeout=10, check=True) == [[[3.0, 3.0], [3.0, 3.0]]] * 2
 
 
 def test_a_bucketer_refuses_indices_that_are_not_ints_and_ends_a_round_whose_bucket_was_refused():

@@ -168,7 +168,7 @@ def _option_defaults(collective: str, name: Any) -> dict[str, Any]:
     return {} if registered is None else registered.option_defaults
 
 
-def _op_text(op: Any) -> str:
+def op_text(op: Any) -> str:
     """An op as check mode compares it: a built-in by its name (given as a name or an
     Op), a user's Op by its name and commutativity, never equal to a built-in's (the
     native collective and "auto" take other paths for it)."""
@@ -183,7 +183,7 @@ def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: 
     disagreement."""
     mine = np.zeros(_ROW, np.int64)
     try:
-        op_field = ANY if op is None else crc(_op_text(op))
+        op_field = ANY if op is None else crc(op_text(op))
     except MpicollError:
         op_field = crc(repr(op))
     mine[:len(_FIELDS) + 1] = (
