@@ -394,10 +394,13 @@ def start_progress(comm: Any, frame: Any) -> None:
     ``async_op=True`` call makes it otherwise: where ranks make their first async calls on
     two communicators in different orders, those duplicates would wait for each other).
     The Bucketer's constructor calls it for its communicator."""
+    from .errors import ConcurrentCallError
+    from .pipeline.entry import busy, freed
+
+    if comm._freed:
+        raise freed("start_progress")
     if comm._backend.queues_on_stream or comm._progress is not None:
         return
-    from .errors import ConcurrentCallError
-    from .pipeline.entry import busy
 
     if not comm._entry.acquire(False):
         raise ConcurrentCallError(busy(comm, "start_progress"))

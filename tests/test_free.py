@@ -51,6 +51,7 @@ def test_every_call_on_a_freed_communicator_refuses_on_every_rank():
              lambda: comm.all_gather(np.ones(3)), lambda: comm.barrier(),
              lambda: comm.all_reduce(x, async_op=True), lambda: comm.split(0),
              comm.dup, lambda: comm.new_group([0]), lambda: comm.mesh((comm.size,)),
+             comm.start_progress,
              lambda: comm.send(x, comm.rank), plan, lambda: comm.all_reduce_init(x),
              lambda: comm.broadcast_init(x, 0)]
     for call in calls:
