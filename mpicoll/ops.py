@@ -139,21 +139,32 @@ class Op:
             object.__setattr__(self, "name", getattr(self.fn, "__name__", "user_op"))
 
     def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-        if isinstance(self.fn, np.ufunc):  # ufuncs take out by keyword (np.maximum insists)
-            self.fn(a, b, out=out)
-            return
         try:
-            self.fn(a, b, out)
-        except Exception as exc:  # noqa: BLE001 - a user's op: named, with its cause
-            error = OpError(f"op {self.name!r} raised {type(exc).__name__}: {exc}")
-            error.__cause__ = exc
-            failures = getattr(_GUARDED, "failures", None)
-            if failures is None:
-                raise error from exc
-            # inside a guarded call: note it and go on, so this rank still sends its part
-            # of the messages (with what it has) and the call agrees the failure at its end
-            if not failures:
-                failures.append(error)
+            if isinstance(self.fn, np.ufunc):  # ufuncs take out by keyword (np.maximum insists)
+                self.fn(a, b, out=out)
+            else:
+                self.fn(a, b, out)
+        except FloatingPointError as exc:
+            if not self.builtin:
+                _failed(self, exc)
+            # a built-in op under np.seterr(...="raise"): NumPy raises once the op has
+            # written its IEEE result (inf, nan), as MPI's own op would: the call goes on
+            # (a rank leaving it mid-way would leave the others waiting)
+        except Exception as exc:  # noqa: BLE001 - a user's op (a ufunc too): named, with its cause
+            _failed(self, exc)
+
+
+def _failed(op: Op, exc: Exception) -> None:
+    """``op`` raised ``exc``: an OpError naming it, raised, or inside a guarded call noted
+    (the rank goes on with what it has, so it still sends its part of the messages, and
+    the call agrees the failure at its end)."""
+    error = OpError(f"op {op.name!r} raised {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    failures = getattr(_GUARDED, "failures", None)
+    if failures is None:
+        raise error from exc
+    if not failures:
+        failures.append(error)
 
 
 _GUARDED = threading.local()  # this thread's guarded call: the failures of user ops in it
@@ -248,7 +259,7 @@ def resolve_op(op: object, dtype: np.dtype) -> Op:
     """``_resolve_op`` with a cache, as it runs on every reducing call (a user's Op is
     returned as it is and never cached: the cache must not keep it alive)."""
     if isinstance(op, Op):
-        return op
+        return _resolve_op(op, dtype) if op.average else op
     try:
         return _RESOLVED[op, dtype]
     except (KeyError, TypeError):  # TypeError: an unhashable op, refused below
@@ -272,6 +283,10 @@ def _resolve_op(op: object, dtype: np.dtype) -> Op:
             minloc/maxloc on one that is not a (value, index) structured dtype).
     """
     if isinstance(op, Op):
+        if op.average and not op.builtin and dtype_kind(dtype) not in _KINDS[ReduceOp.AVG]:
+            raise UnsupportedDtypeError(  # (the result is divided by the ranks, in place)
+                f"op {op.name!r} averages (average=True): it cannot reduce dtype {dtype}; "
+                f"it takes {', '.join(_KIND_NAMES[k] for k in _KINDS[ReduceOp.AVG])} dtypes")
         return op
     member = ReduceOp(op_name(op))
     if member in LOC_OPS:

@@ -450,3 +450,25 @@ def test_the_tools_questions_refuse_what_is_not_a_size_or_a_dtype(call):
         return comm.auto_algorithm("all_reduce", np.int64(8), "sum", "f4")
 
     assert run_local(1, body) == ["recursive_doubling"]
+
+
+@pytest.mark.parametrize("op", ["min", "max"])
+def test_auto_never_lets_the_size_decide_whether_a_nan_survives_min_or_max(op):
+    """MPI's MPI_MIN/MPI_MAX keep or drop a NaN by the order of their operands; NumPy's
+    keep it. "auto" leaves floating min and max to mpicoll's algorithms, so the result
+    of a NaN is the same at every size; native stays for other ops and dtypes."""
+    from mpicoll.ops import resolve_op
+    from mpicoll.pipeline.choose import _drops_nan
+
+    assert _drops_nan(resolve_op(op, np.dtype("f8")), np.dtype("f8"))
+    assert not _drops_nan(resolve_op(op, np.dtype("i8")), np.dtype("i8"))
+    assert not _drops_nan(resolve_op("sum", np.dtype("f8")), np.dtype("f8"))
+
+    def body(comm):
+        x = np.array([np.nan if comm.rank == 0 else 1.0, 2.0])
+        small = comm.all_reduce(x, op)
+        large = comm.all_reduce(np.resize(x, 1 << 18), op)[:2]
+        return small.tolist(), large.tolist()
+
+    for small, large in run_local(3, body):
+        assert np.isnan(small[0]) and np.isnan(large[0]) and small[1] == large[1] == 2.0

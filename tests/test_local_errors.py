@@ -162,3 +162,43 @@ def test_a_user_op_raising_on_one_thread_rank_raises_on_every_rank(algorithm):
         return comm.all_reduce(np.full(2, 1.0), algorithm=algorithm).tolist()
 
     assert run_local(3, body, timeout=10) == [[3.0, 3.0]] * 3
+
+
+@pytest.mark.parametrize(("collective", "algorithm"), [
+    ("all_reduce", "ring"), ("reduce", "binomial"), ("scan", "linear"), ("exscan", "linear")])
+def test_a_ufunc_op_that_raises_raises_op_error_on_every_rank(collective, algorithm):
+    """A user's Op made of a NumPy ufunc (as its docstring invites) that cannot combine
+    these arrays (np.gcd on floats) is guarded as any user's op: OpError everywhere."""
+    def body(comm):
+        x = np.full(5, comm.rank + 1.0)
+        args = (x, mpicoll.Op(np.gcd), 0) if collective == "reduce" else (x, mpicoll.Op(np.gcd))
+        with pytest.raises(mpicoll.OpError, match="op 'gcd' raised on rank"):
+            getattr(comm, collective)(*args, algorithm=algorithm)
+        return comm.all_reduce(np.ones(2))[0]
+
+    assert run_local(3, body, timeout=10) == [3.0] * 3
+
+
+@pytest.mark.parametrize("algorithm", ["binomial", "linear"])
+def test_a_builtin_op_under_numpy_seterr_raise_gives_ieee_results_on_every_rank(algorithm):
+    """np.seterr(all="raise") is the caller's setting for its own arithmetic: a built-in
+    sum that overflows where partial sums meet gives inf on every rank, as MPI's own
+    would, and never leaves one rank out of the call's messages."""
+    def body(comm):
+        with np.errstate(all="raise"):  # (NumPy's error state is each thread's own)
+            got = comm.reduce(np.full(3, 2e38, np.float32), "sum", 0, algorithm=algorithm)
+        return None if got is None else got.tolist(), comm.all_reduce(np.ones(2))[0]
+
+    results = run_local(3, body, timeout=10)
+    assert results[0] == ([np.inf] * 3, 3.0)
+    assert results[1:] == [(None, 3.0)] * 2
+
+
+def test_a_user_op_that_averages_refuses_integers_before_any_message():
+    def body(comm):
+        averaging = mpicoll.Op(np.add, average=True, name="mean")
+        with pytest.raises(mpicoll.UnsupportedDtypeError, match="'mean' averages"):
+            comm.all_reduce(np.arange(3), averaging)
+        return comm.all_reduce(np.arange(3.0), averaging).tolist()
+
+    assert run_local(3, body, timeout=10) == [[0.0, 1.0, 2.0]] * 3

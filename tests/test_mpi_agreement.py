@@ -275,3 +275,18 @@ def test_check_mode_an_option_as_a_numpy_int_is_the_same_option():
             comm.all_reduce(x, algorithm="ring_pipelined",
                             segment_bytes=2048 if comm.rank == 1 else 1024)
     comm.free()
+
+
+@pytest.mark.parametrize("op", ["min", "max"])
+def test_a_nan_survives_min_and_max_at_every_size_and_in_every_form(world, op):
+    """MPI's own MPI_MIN/MPI_MAX keep or drop a NaN by the order of their operands;
+    "auto" (the default call, its kept decision and a plan) leaves floating min and max to
+    mpicoll's algorithms, so a NaN on one rank is NaN in every result, at every size."""
+    x = np.array([np.nan if world.rank == 0 else 1.0, 2.0, -1.0])
+    for n in (3, 1 << 17):
+        y = np.resize(x, n)
+        for got in (world.all_reduce(y, op), world.all_reduce(y, op),  # kept the second time
+                    world.all_reduce_init(y, op)(), world.scan(y, op),
+                    world.reduce(y, op, world.size - 1)):
+            if got is not None:
+                assert np.isnan(got[0]) and got[1] == 2.0 and got[2] == -1.0, (n, got[:3])

@@ -31,6 +31,16 @@ def algorithms(collective: str, backend: str) -> list[str]:
     return names + ["native"] if backend in SPECS[collective].native_on else names
 
 
+def _drops_nan(op: Op | None, dtype: np.dtype | None) -> bool:
+    """Whether the library's own op may give another result than the array library's
+    where a value is NaN: min and max on floating dtypes (MPI's MPI_MIN is a < b ? a : b,
+    which keeps or drops a NaN by the order of its operands; NumPy's keeps it). "auto"
+    leaves those calls to mpicoll's algorithms, so a call's result never depends on the
+    size that chose the algorithm; ``algorithm="native"`` still gives the library's."""
+    return (op is not None and dtype is not None and op.builtin and op.name in ("min", "max")
+            and dtype.kind == "f")
+
+
 class Chooser:
     """Resolves ``algorithm=`` for one Communicator (its backend, size and tables)."""
 
@@ -132,7 +142,7 @@ class Chooser:
              uneven: bool, library: bool = True) -> str:
         """What "auto" runs: cached by the values that decide it."""
         native_ok = library and collective in self.backend.native and \
-            self.native_serves(op, dtype)
+            self.native_serves(op, dtype) and not _drops_nan(op, dtype)
         key = (collective, nbytes, op is None or op.commutative, native_ok, uneven)
         picked = self._auto.get(key)
         if picked is None:
