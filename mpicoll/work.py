@@ -327,6 +327,7 @@ def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: 
         return work
     from .errors import ConcurrentCallError, InvalidArgumentError
     from .pipeline.entry import announce, busy
+    from .pipeline.validate import stream_refusal
 
     if not comm._entry.acquire(False):
         refusal = ConcurrentCallError(busy(comm, f"{name}(async_op=True)"))
@@ -342,10 +343,8 @@ def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: 
                 "pending on this Communicator; the ranks could queue the two threads' calls "
                 "in different orders. One Communicator serves one thread at a time: give "
                 "each thread its own with comm.dup(), made before the threads start")
-        elif refusal is None and stream is not None and (
-                not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
-            refusal = InvalidArgumentError(
-                f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
+        elif refusal is None and stream is not None:
+            refusal = stream_refusal(stream)
         if comm.check:  # agree the call (and any refusal) on comm first: every rank raises
             announce(comm, f"{name} async", site, refusal)
         if progress is None:

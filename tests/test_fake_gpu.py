@@ -680,3 +680,67 @@ def test_object_collectives_on_an_nccl_job(fake_cupy):
         assert out == [10 + rank]
     finally:
         dist.destroy_process_group()
+
+
+def test_a_stream_of_another_gpu_on_one_rank_is_refused_on_every_rank_in_check_mode(fake_cupy):
+    """stream= made on GPU 1 while GPU 0 is current, on one rank: a refusal of the call's
+    parameters (in check mode every rank raises), not CuPy's error mid-call; the next
+    call runs."""
+    cp = fake_cupy
+
+    def body(comm):
+        x = cp.asarray(np.arange(4.0) + comm.rank)
+        if comm.rank == 1:
+            with cp.cuda.Device(1):
+                stream = cp.cuda.Stream()
+        else:
+            stream = cp.cuda.Stream()
+        with pytest.raises(mpicoll.MpicollError, match="stream: cannot be made current"):
+            comm.all_reduce(x, stream=stream)
+        return cp.asnumpy(comm.all_reduce(x)).tolist()
+
+    assert run_local(2, body, timeout=10, check=True) == [[1.0, 3.0, 5.0, 7.0]] * 2
+
+
+def test_an_array_on_another_gpu_is_refused_before_any_message(fake_cupy):
+    cp = fake_cupy
+
+    def body(comm):
+        with cp.cuda.Device(1):
+            elsewhere = cp.ones(3)
+        x = elsewhere if comm.rank == 0 else cp.ones(3)
+        with pytest.raises(mpicoll.MpicollError, match="on GPU 1, not the current GPU 0"):
+            comm.all_reduce(x, algorithm="recursive_doubling")
+        with pytest.raises(mpicoll.MpicollError, match="out: on GPU 1"):
+            comm.all_reduce(cp.ones(3), out=elsewhere if comm.rank == 1 else cp.ones(3))
+        return cp.asnumpy(comm.all_reduce(cp.ones(3))).tolist()
+
+    assert run_local(2, body, timeout=10, check=True) == [[2.0] * 3] * 2
+
+
+def test_the_workspace_follows_the_current_gpu(fake_cupy):
+    """A rank that makes another GPU current between calls gets its workspace there (an
+    arena on the first GPU would meet the new GPU's arrays in one kernel)."""
+    cp = fake_cupy
+
+    def body(comm):
+        got = []
+        for device in (0, 1):
+            with cp.cuda.Device(device):
+                x = cp.asarray(np.arange(8.0) + comm.rank)
+                got.append(cp.asnumpy(comm.all_reduce(x, algorithm="recursive_doubling")))
+        return [g.tolist() for g in got]
+
+    expected = (2 * np.arange(8.0) + 1).tolist()
+    assert run_local(2, body, timeout=10) == [[expected, expected]] * 2
+
+
+def test_a_scatter_receiver_may_give_a_cuda_dlpack_tensor_as_out(fake_cupy):
+    def body(comm):
+        rows = fake_cupy.asarray(np.arange(2 * comm.size, dtype=np.float32).reshape(comm.size, 2))
+        out = Tensor(np.zeros(2, np.float32), KDL_CUDA)
+        got = comm.scatter(rows if comm.rank == 0 else None, 0, out=out,
+                           algorithm="linear")
+        return got is out
+
+    assert run_local(2, body, timeout=10) == [True, True]

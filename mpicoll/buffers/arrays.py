@@ -73,6 +73,19 @@ def cuda_problem(cupy: ModuleType) -> str:
     return "" if count > 0 else "no CUDA device is visible"
 
 
+def off_current_gpu(x: Any) -> str:
+    """Why the CuPy array ``x`` cannot be used here ("": it can): it lives on another
+    GPU than the current one, which the call's kernels, workspace and stream are on."""
+    device = getattr(getattr(x, "device", None), "id", None)
+    if device is None or not is_cupy(x):
+        return ""
+    current = cupy_module().cuda.runtime.getDevice()
+    if device == current:
+        return ""
+    return (f"on GPU {device}, not the current GPU {current}: make its GPU current "
+            f"(with cupy.cuda.Device({device}): ...) or move it there")
+
+
 def module_of(x: Any) -> ModuleType:
     """The array library of ``x``: numpy or cupy."""
     return np if type(x) is np.ndarray or not is_cupy(x) else cupy_module()

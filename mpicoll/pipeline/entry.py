@@ -31,7 +31,7 @@ from . import agree, decided
 from .decided import DECLINED, PLAIN
 from .describe import Call
 from .state import CALLBACK_THREADS, in_done_callback, refused_in_callback
-from .validate import Verdict
+from .validate import Verdict, stream_refusal
 
 if TYPE_CHECKING:
     from .state import CallState
@@ -233,10 +233,8 @@ def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, meth
             tracer.begin_call(name)
         if c._refused_alone:
             agree.resync(c, call)
-        if refusal is None and stream is not None and (
-                not hasattr(stream, "ptr") or not hasattr(stream, "__enter__")):
-            refusal = InvalidArgumentError(
-                f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
+        if refusal is None and stream is not None:
+            refusal = stream_refusal(stream)
         if refusal is not None:
             # a refusal of the call's parameters, as every stage's: in check mode every
             # rank raises it; otherwise this rank at once, and its next call resyncs

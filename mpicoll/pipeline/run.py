@@ -287,7 +287,7 @@ def scatter_received(c: CallState, call: Call, root: int, algorithm: Any, out: A
     in_packet = bool(header[3] & agree.IN_PACKET)
     fn = None if in_packet else c._chooser.function(
         "scatter", algorithm, count * dtype.itemsize * t.size, options=options)
-    like = b.like if out is None else out
+    like = b.like if out is None else None  # (out= given: checked as its own kind)
     if out is None and device and like is None:
         try:
             like = device_like()

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..buffers import result_buffer
-from ..buffers.arrays import as_array, empty, same
+from ..buffers.arrays import as_array, empty, off_current_gpu, same
 from ..errors import InvalidArgumentError, MpicollError, UnsupportedDtypeError
 
 MAX_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32  # NumPy's limit on dimensions
@@ -46,6 +46,22 @@ class Verdict:
 
     def __bool__(self) -> bool:
         return self.refused
+
+
+def stream_refusal(stream: Any) -> InvalidArgumentError | None:
+    """Why ``stream=`` cannot serve the call on this rank (None: it can): not a CUDA
+    stream, or one that cannot be made current here (made on another GPU than the
+    current one). Found before any message, so the call refuses it as any parameter."""
+    if not hasattr(stream, "ptr") or not hasattr(stream, "__enter__"):
+        return InvalidArgumentError(
+            f"stream: expected a cupy.cuda.Stream, got {type(stream).__name__}")
+    try:
+        with stream:  # (made current and back: what the call will do)
+            pass
+    except Exception as exc:  # noqa: BLE001 - CuPy's reason, as the refusal's
+        return InvalidArgumentError(
+            f"stream: cannot be made current on this rank: {type(exc).__name__}: {exc}")
+    return None
 
 
 def dtype_given(dtype: Any, what: str) -> np.dtype | None:
@@ -81,6 +97,10 @@ def array(verdict: Verdict, x: Any, where: str = "input", name: str = "x",
         verdict.refuse(where, InvalidArgumentError(
             f"{name}: backend 'nccl' moves GPU arrays (CuPy, or a CUDA __dlpack__ tensor); "
             "got a host array: use backend 'mpi' for host memory"))
+        return None, same
+    elsewhere = "" if type(x) is np.ndarray else off_current_gpu(x)
+    if elsewhere:
+        verdict.refuse(where, InvalidArgumentError(f"{name}: {elsewhere}"))
         return None, same
     return x, back
 
@@ -129,6 +149,9 @@ def out(verdict: Verdict, out: Any, shape: tuple[int, ...], dtype: np.dtype, lik
         return np.empty(shape, dtype)  # the common case, without a call
     try:
         result = result_buffer(out, shape, dtype, like=like)
+        elsewhere = "" if type(result) is np.ndarray else off_current_gpu(result)
+        if elsewhere:
+            raise InvalidArgumentError(f"out: {elsewhere}")
     except Exception as exc:  # noqa: BLE001 - the rank takes part, then raises this
         verdict.refuse("receive", _mpicoll_error(exc, "out"))
         return None

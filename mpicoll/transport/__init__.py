@@ -120,6 +120,11 @@ class Workspace:
         start = self._tops[device]
         end = start + nbytes
         raw = self._arenas.get(device)
+        if device and raw is not None and raw.device.id != cupy_module().cuda.runtime.getDevice():
+            # the arena of another GPU (the caller changed the current device): one here,
+            # as the caller's arrays and kernels are (a fresh arena: scopes start over)
+            raw, start, end = None, 0, nbytes
+            self._tops[device] = 0
         if raw is None or raw.nbytes < end:
             # a bigger arena; views already taken keep the old one alive until they go
             size = max(end, 0 if raw is None else 2 * raw.nbytes, 4096)
