@@ -13,7 +13,6 @@ from test_mpi_decided import recorded
 import mpicoll
 from mpicoll.algorithms import REGISTRY
 
-pytestmark = pytest.mark.mpi
 
 UNIT = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}  # the wire format's unit roundoff
 
@@ -26,6 +25,7 @@ def _x(world, dtype, step=0):
 @pytest.mark.parametrize("compress", ["bf16", "fp16"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("algorithm", [*REGISTRY["all_reduce"], "auto"])
+@pytest.mark.mpi
 def test_every_algorithm_compresses_within_the_wire_rounding(world, algorithm, dtype, compress):
     p = world.size
     for step in range(3):  # the whole path, then the kept decision
@@ -36,6 +36,10 @@ def test_every_algorithm_compresses_within_the_wire_rounding(world, algorithm, d
         with recorded(world) as log:
             got = world.all_reduce(x, compress=compress, algorithm=algorithm)
         assert got.dtype == dtype and got.shape == x.shape
+        assert np.array_equal(x, _x(world, dtype, step))  # the input is left as it was
+        if not (algorithm in ("swing_latency", "bine_latency") and p >= 8):  # (README)
+            rows = world.all_gather(got, algorithm="ring")
+            assert (rows == rows[0]).all(), "every rank holds the same bits"
         error = np.max(np.abs(got - exact) / exact)
         # each value is rounded once per hop it travels: at most 2p hops in any algorithm
         assert error <= 2 * p * UNIT[compress], error
@@ -49,6 +53,7 @@ def test_every_algorithm_compresses_within_the_wire_rounding(world, algorithm, d
             assert sent * np.dtype(dtype).itemsize == plain_sent * 2
 
 
+@pytest.mark.mpi
 def test_compressed_in_place_and_avg(world):
     x = _x(world, np.float32)
     want = world.all_reduce(x.astype(np.float64), "avg")
@@ -57,6 +62,7 @@ def test_compressed_in_place_and_avg(world):
     np.testing.assert_allclose(x, want, rtol=2 * world.size * UNIT["fp16"])
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize(("x", "kwargs", "text"), [
     (np.ones(4, np.int32), {"compress": "bf16"}, "float32 or float64"),
     (np.ones(4, np.float32), {"compress": "int8"}, "expected one of"),
@@ -68,6 +74,7 @@ def test_refusals_on_every_rank_then_the_next_call(world, x, kwargs, text):
     np.testing.assert_array_equal(world.all_reduce(np.ones(3)), np.full(3, world.size))
 
 
+@pytest.mark.mpi
 def test_a_plan_compresses_every_start(world):
     x = np.zeros(100, np.float32)
     with world.all_reduce_init(x, compress="bf16", algorithm="recursive_doubling") as plan:
@@ -78,6 +85,7 @@ def test_a_plan_compresses_every_start(world):
             assert np.max(np.abs(got - exact) / exact) <= 2 * world.size * UNIT["bf16"]
 
 
+@pytest.mark.mpi
 def test_check_mode_catches_one_rank_compressing(world):
     if world.size < 2:
         pytest.skip("needs two ranks")
@@ -90,3 +98,27 @@ def test_check_mode_catches_one_rank_compressing(world):
                                       np.full(8, world.size))
     finally:
         checked.free()
+
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min", "prod"])
+@pytest.mark.parametrize("size", [2, 3, 5, 6])
+def test_every_rank_holds_the_same_bits_local(op, size):
+    """A sender keeps what it sent (rounded as the wire carries it), so no rank ends
+    with a block at full precision that the others hold rounded: one result, on every
+    rank, every algorithm, for any number of ranks."""
+    from mpicoll.local import run_local
+
+    for algorithm in [*REGISTRY["all_reduce"], "auto"]:
+        if algorithm in ("swing_latency", "bine_latency") and size >= 8:
+            continue
+
+        def body(comm):
+            x = np.linspace(0.1, 1.0, 37) * (1.001 + comm.rank / 7)
+            before = x.copy()
+            got = comm.all_reduce(x, op, algorithm=algorithm, compress="bf16")
+            assert np.array_equal(x, before)
+            return got
+
+        rows = run_local(size, body, timeout=20)
+        assert all(np.array_equal(r, rows[0]) for r in rows), (algorithm, rows)

@@ -9,6 +9,14 @@ compression hooks and Horovod's fp16 compression do): only what travels is round
 per hop. Half the bytes move; the price is the wire format's rounding (a relative error
 of about 2^-8 per hop for bfloat16, 2^-11 for float16).
 
+Every rank ends with the same bits: a sender keeps what it sent (the buffer it sends is
+rounded in place to the wire's values too, so two ranks that combine the same operands
+compute the same value), and the result is rounded to the wire's values at the end
+(``round_result``: a rank that sent its value and one that computed the same value and
+kept it now hold the same; an owner that kept its block at full precision while the
+others got it rounded would otherwise end with another result than theirs). The caller
+runs the algorithms on buffers of the call (the result, workspace), never on its input.
+
 Scratch is kept between calls: one pair of buffers for the blocking messages (free
 again when each returns), and a pool for the nonblocking ones, free again once
 ``waitall`` has completed every request in flight.
@@ -83,9 +91,18 @@ class Compressing:
         self._outstanding += 1
         return pool[start:start + nbytes].view(self._wire)
 
+    def round_result(self, buf: Any) -> None:
+        """The call's result rounded to the wire's values, in place (see the module)."""
+        for lo in range(0, buf.size, 1 << 20):  # (through the send scratch, a slice at a time)
+            part = buf[lo:lo + (1 << 20)]
+            wire = self._scratch(0, part)
+            wire[...] = part
+            part[...] = wire
+
     def send(self, buf: Any, dest: int) -> None:
         wire = self._scratch(0, buf)
         wire[...] = buf
+        buf[...] = wire  # (the sender keeps what it sent: see the module)
         self._inner.send(wire, dest)
 
     def recv(self, buf: Any, source: int) -> None:
@@ -96,12 +113,14 @@ class Compressing:
     def sendrecv(self, sendbuf: Any, dest: int, recvbuf: Any, source: int) -> None:
         out, into = self._scratch(0, sendbuf), self._scratch(1, recvbuf)
         out[...] = sendbuf
+        sendbuf[...] = out
         self._inner.sendrecv(out, dest, into, source)
         recvbuf[...] = into
 
     def isend(self, buf: Any, dest: int) -> Any:
         wire = self._posted(buf)
         wire[...] = buf
+        buf[...] = wire
         return self._inner.isend(wire, dest)
 
     def irecv(self, buf: Any, source: int) -> _Received:
