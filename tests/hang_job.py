@@ -70,6 +70,10 @@ def main(scenario: str) -> None:
         sys.exit(0)
     elif culprit and scenario == "sleep":
         time.sleep(3 * timeout)
+    elif scenario == "monitored_long":  # rank 2 is 4 s late to a 10 s monitored barrier
+        if comm.rank == 2:
+            time.sleep(4)
+        comm.monitored_barrier(timeout=10)
     elif scenario == "late_communicator":
         # making a Communicator is collective (MPI_Comm_dup, the exchange of nodes) before
         # the new one has a watch of its own: rank 1 comes too late to it

@@ -13,7 +13,6 @@ from test_mpi_decided import recorded
 import mpicoll
 from mpicoll.algorithms import REGISTRY
 
-
 UNIT = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}  # the wire format's unit roundoff
 
 
@@ -113,7 +112,7 @@ def test_every_rank_holds_the_same_bits_local(op, size):
         if algorithm in ("swing_latency", "bine_latency") and size >= 8:
             continue
 
-        def body(comm):
+        def body(comm, algorithm=algorithm):
             x = np.linspace(0.1, 1.0, 37) * (1.001 + comm.rank / 7)
             before = x.copy()
             got = comm.all_reduce(x, op, algorithm=algorithm, compress="bf16")

@@ -238,6 +238,28 @@ def test_communicator_timeout_governs_the_local_receives():
     assert isinstance(errors[0], TimeoutError) and isinstance(errors[0], mpicoll.AbortedError)
 
 
+def test_local_monitored_barrier_late_at_rank_0_raises_on_every_rank():
+    """Rank 0 is the late one: the others give up waiting for its answer and say so, so
+    rank 0 raises too, and the next call runs."""
+    def body(comm):
+        if comm.rank == 0:
+            time.sleep(2.0)  # past the others' wait for the answer: 2 * 0.4 + 1 s
+        with pytest.raises(CollectiveTimeoutError, match="rank 0"):
+            comm.monitored_barrier(timeout=0.4)
+        return comm.all_reduce(np.ones(2))[0]
+
+    assert run_local(3, body, timeout=10) == [3.0] * 3
+
+
+@needs_mpiexec
+def test_a_monitored_barrier_may_wait_longer_than_the_communicators_timeout(tmp_path):
+    """monitored_barrier(timeout=T) past the Communicator's timeout: a rank 4 s late
+    with T = 10 and MPICOLL_TIMEOUT=3 is in time; the watchdog does not end the job."""
+    done, _ = job("monitored_long", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not reports(done.stderr)
+
+
 def test_local_monitored_barrier_names_every_late_rank():
     def body(comm):
         if comm.rank in (1, 3):
