@@ -65,6 +65,7 @@ def test_compressed_in_place_and_avg(world):
 @pytest.mark.parametrize(("x", "kwargs", "text"), [
     (np.ones(4, np.int32), {"compress": "bf16"}, "float32 or float64"),
     (np.ones(4, np.float32), {"compress": "int8"}, "expected one of"),
+    (np.ones(4, np.float32), {"compress": ["bf16"]}, "expected one of"),  # (unhashable)
     (np.ones(4, np.float32), {"compress": "bf16", "algorithm": "native"}, "native"),
 ])
 def test_refusals_on_every_rank_then_the_next_call(world, x, kwargs, text):
@@ -121,3 +122,13 @@ def test_every_rank_holds_the_same_bits_local(op, size):
 
         rows = run_local(size, body, timeout=20)
         assert all(np.array_equal(r, rows[0]) for r in rows), (algorithm, rows)
+
+
+def test_check_mode_takes_a_numpy_str_as_the_name_it_is():
+    from mpicoll.local import run_local
+
+    def body(comm):
+        name = np.str_("bf16") if comm.rank == 0 else "bf16"
+        return comm.all_reduce(np.ones(2), compress=name).tolist()
+
+    assert run_local(3, body, check=True) == [[3.0, 3.0]] * 3

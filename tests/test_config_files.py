@@ -43,6 +43,17 @@ def test_a_malformed_range_is_refused_when_the_file_is_read(tmp_path, monkeypatc
         run_local(2, lambda comm: comm.auto_algorithm("all_reduce", 8))
 
 
+@pytest.mark.parametrize("ranks", ["02", "\u00b2", "\u0662", "-2", "2.0", ""])
+def test_a_number_of_ranks_not_written_as_the_tables_name_it_is_refused(tmp_path, monkeypatch,
+                                                                      ranks):
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"mpicoll_tuning": 1, "tables": {
+        ranks: {"all_reduce": [{"below": None, "algorithm": "ring"}]}}}))
+    monkeypatch.setenv("MPICOLL_TUNING", str(path))
+    with pytest.raises(mpicoll.ConfigError, match="expected a number of ranks"):
+        run_local(2, lambda comm: comm.auto_algorithm("all_reduce", 8))
+
+
 def test_well_formed_ranges_are_read_and_picked(tmp_path, monkeypatch):
     path = tmp_path / "tuning.json"
     path.write_text(_file([{"below": 64, "algorithm": "recursive_doubling"},

@@ -147,7 +147,9 @@ def _option_value(value: Any) -> Any:
     array's data is not compared: the call refuses it on every rank)."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         return int(value)
-    if isinstance(value, (str, float, bool)) or value is None:
+    if isinstance(value, str):  # (np.str_("bf16") is "bf16", as the call takes it)
+        return str(value)
+    if isinstance(value, (float, bool)) or value is None:
         return value
     return f"<{type(value).__name__}>"
 

@@ -505,7 +505,7 @@ def all_reduce(c: CallState, call: Call, x: Any, op: Any, algorithm: Any, out: A
 
 def _wire(v: Verdict, compress: Any, x: Any, algorithm: Any) -> np.dtype | None:
     """The wire dtype of ``compress=`` (None, with the refusal kept in ``v``)."""
-    if compress not in WIRE:
+    if not isinstance(compress, str) or compress not in WIRE:  # (a list is unhashable)
         v.refuse("params", InvalidArgumentError(
             f"compress: expected one of {sorted(WIRE)} or None, got {compress!r}"))
     elif x is not None and x.dtype not in (np.float32, np.float64):

@@ -79,7 +79,9 @@ def parse_tuning(text: str, path: str) -> tuning.TuningTable:
         data = json.loads(text)
         table = tuning.TuningTable(data)
         for ranks, collectives in table.tables.items():
-            if not str(ranks).isdigit() or not isinstance(collectives, dict):
+            # a number as the tables name it: ASCII digits, no leading zero ("02", "²": no)
+            if not (str(ranks).isascii() and str(ranks).isdigit()
+                    and str(int(ranks)) == str(ranks)) or not isinstance(collectives, dict):
                 raise ValueError(f"tables[{ranks!r}]: expected a number of ranks and collectives")
             for collective, ranges in collectives.items():
                 if collective not in REGISTRY:
