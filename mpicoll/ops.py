@@ -211,12 +211,19 @@ def _logical(ufunc: np.ufunc) -> Callable[[Any, Any, Any], None]:
 def _loc(better: np.ufunc) -> Callable[[Any, Any, Any], None]:
     """MPI's MINLOC (``better`` = np.less) or MAXLOC (np.greater) on (value, index)
     elements: b's element where its value is better than a's, or equal with a lower
-    index; else a's. Commutative and associative, as MPI requires."""
+    index; else a's. A NaN value is better than any other (as NumPy's minimum and
+    maximum let a NaN win), the lower index among NaNs: commutative and associative, as
+    MPI requires, NaN or not (a comparison with NaN alone is always false, which would
+    make the result depend on the operands' order)."""
 
     def loc(a: Any, b: Any, out: Any) -> None:
         a_value, b_value = a["value"], b["value"]
+        lower = b["index"] < a["index"]
         take_b = better(b_value, a_value)
-        take_b |= (b_value == a_value) & (b["index"] < a["index"])
+        take_b |= (b_value == a_value) & lower
+        if a_value.dtype.kind == "f":
+            a_nan, b_nan = np.isnan(a_value), np.isnan(b_value)
+            take_b = np.where(a_nan | b_nan, b_nan & (~a_nan | lower), take_b)
         out[...] = np.where(take_b, b, a)  # a temporary: out may be a or b
 
     return loc

@@ -167,6 +167,26 @@ def test_loc_ops_keep_the_extreme_value_and_on_a_tie_the_lower_index(op, better)
             assert np.array_equal(got, expected), (op, got)
 
 
+@pytest.mark.parametrize("op", ["minloc", "maxloc"])
+def test_loc_ops_let_a_nan_win_whatever_the_order_of_the_operands(op):
+    """A NaN value beats any other (as NumPy's minimum and maximum), the lower index among
+    NaNs: commutative and associative with NaNs too."""
+    dt = mpicoll.loc_dtype("f8")
+    rows = [np.array([(np.nan, 3), (1.0, 5), (np.nan, 7), (2.0, 1)], dt),
+            np.array([(1.0, 2), (np.nan, 6), (np.nan, 4), (2.0, 0)], dt),
+            np.array([(0.5, 1), (0.5, 0), (np.nan, 9), (np.nan, 8)], dt)]
+    fn = resolve_op(op, dt)
+    results = []
+    for order in ((0, 1, 2), (2, 1, 0), (1, 2, 0), (0, 2, 1)):
+        acc = rows[order[0]].copy()
+        for i in order[1:]:
+            fn(acc, rows[i], acc)
+        results.append(acc)
+    assert all(np.array_equal(r["index"], results[0]["index"]) for r in results)
+    assert np.isnan(results[0]["value"]).all()
+    assert results[0]["index"].tolist() == [3, 6, 4, 8]
+
+
 def test_reduce_local_is_b_equals_a_op_b_in_place():
     a = np.arange(6.0).reshape(2, 3)
     b = np.full((2, 3), 10.0)

@@ -32,13 +32,17 @@ def algorithms(collective: str, backend: str) -> list[str]:
 
 
 def _drops_nan(op: Op | None, dtype: np.dtype | None) -> bool:
-    """Whether the library's own op may give another result than the array library's
-    where a value is NaN: min and max on floating dtypes (MPI's MPI_MIN is a < b ? a : b,
-    which keeps or drops a NaN by the order of its operands; NumPy's keeps it). "auto"
-    leaves those calls to mpicoll's algorithms, so a call's result never depends on the
-    size that chose the algorithm; ``algorithm="native"`` still gives the library's."""
-    return (op is not None and dtype is not None and op.builtin and op.name in ("min", "max")
-            and dtype.kind == "f")
+    """Whether the library's own op may give another result than mpicoll's where a
+    value is NaN: min and max (and minloc, maxloc) on floating values (MPI's MPI_MIN is
+    a < b ? a : b, which keeps or drops a NaN by the order of its operands; NumPy's, and
+    mpicoll's loc ops, let it win). "auto" leaves those calls to mpicoll's algorithms, so
+    a call's result never depends on the size that chose the algorithm;
+    ``algorithm="native"`` still gives the library's."""
+    if op is None or dtype is None or not op.builtin:
+        return False
+    if op.name in ("minloc", "maxloc") and dtype.fields and "value" in dtype.fields:
+        return dtype.fields["value"][0].kind == "f"  # (mpicoll's: the NaN wins there too)
+    return op.name in ("min", "max") and dtype.kind == "f"
 
 
 class Chooser:
