@@ -31,6 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     hang = sub.add_parser("hang", help="read MPICOLL_DUMP_DIR's flight recorders: what hung")
     hang.add_argument("path", help="the job's MPICOLL_DUMP_DIR")
     args = parser.parse_args(argv)
+    try:
+        return _command(parser, args)
+    except (KeyError, IndexError, TypeError, ValueError, OSError) as exc:  # (JSON's too)
+        print(f"{parser.prog}: {args.path}: not a trace (or hang dumps) as mpicoll writes "
+              f"them: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "hang":
         from mpicoll.observe.hang import explain, load_dumps
 
@@ -54,10 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         draw(events, args.output)
         print(f"wrote {args.output}")
         return 0
+    rows = summarize(events)  # (before any line: a file it cannot read prints none)
     print(f"{'call':>5} {'collective':>14} {'algorithm':>20} {'ranks':>5} {'steps':>5} "
           f"{'bytes sent':>12} {'critical(us)':>13} {'messages(us)':>13} {'reduce(us)':>11} "
           f"{'model(us)':>10}")
-    for row in summarize(events):
+    for row in rows:
         print(f"{row['call']:>5} {row['collective']:>14} {row['algorithm']:>20} "
               f"{row['ranks']:>5} {row['steps']:>5} {row['bytes_sent']:>12} "
               f"{row['critical_us']:>13.1f} {row['messages_us']:>13.1f} "

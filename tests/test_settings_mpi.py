@@ -49,7 +49,8 @@ def shared_dir(tmp_path_factory):
 @pytest.mark.mpi
 @pytest.mark.parametrize("variable, value", [
     ("MPICOLL_TIMEOUT", "soon"), ("MPICOLL_TIMEOUT", "-1"), ("MPICOLL_FLIGHT_RECORDER", "0"),
-    ("MPICOLL_FLIGHT_RECORDER", "many"), ("MPICOLL_CHECK", "maybe"),
+    ("MPICOLL_FLIGHT_RECORDER", "many"), ("MPICOLL_FLIGHT_RECORDER", "99999999999999999999"),
+    ("MPICOLL_FLIGHT_RECORDER", "\u00b2"), ("MPICOLL_CHECK", "maybe"),
     ("MPICOLL_CUDA_AWARE", "maybe"), ("MPICOLL_DUMP_DIR", "{file}/dumps"),
 ])
 def test_a_malformed_setting_on_one_rank_raises_on_every_rank(monkeypatch, shared_dir,

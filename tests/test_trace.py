@@ -265,8 +265,19 @@ def test_reading_a_missing_or_foreign_file_is_one_line(tmp_path, capsys):
 
     foreign = tmp_path / "tuning.json"
     foreign.write_text('{"mpicoll_tuning": 1}')
-    for path in (str(tmp_path / "none.json"), str(foreign)):
+    odd = []  # JSON lists of events that no trace of mpicoll's holds
+    for i, text in enumerate(('[{"kind": "call"}]', '[{"call": 1, "kind": "send"}]',
+                              '[{"call": 1, "kind": "call", "rank": 0, "start": null, '
+                              '"end": null}]')):
+        odd.append(tmp_path / f"odd{i}.json")
+        odd[-1].write_text(text)
+    for path in (str(tmp_path / "none.json"), str(foreign), *map(str, odd)):
         for command in (["summary", path], ["draw", path, "-o", str(tmp_path / "t.png")]):
             assert main(command) == 2
-            err = capsys.readouterr().err
-            assert err.count("\n") == 1 and path in err
+            captured = capsys.readouterr()
+            assert captured.err.count("\n") == 1 and path in captured.err and not captured.out
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    (dumps / "rank-0.json").write_text("{,")
+    assert main(["hang", str(dumps)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

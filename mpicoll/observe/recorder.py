@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..pipeline.describe import Call
 
 DEFAULT_RECORDER = 64  # calls kept per Communicator
+MAX_RECORDER = 1 << 16  # (each entry is made when the Communicator is: some 300 bytes)
 
 RUNNING, DONE = "running", "done"
 _NO_FACTS = (None, None, (), None, None, None, -1)  # shape ... nbytes: no call yet
@@ -32,8 +33,9 @@ def recorder_length() -> int:
     text = os.environ.get("MPICOLL_FLIGHT_RECORDER", "").strip()
     if not text:
         return DEFAULT_RECORDER
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"MPICOLL_FLIGHT_RECORDER: expected a number of calls >= 1, got {text!r}")
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_RECORDER:
+        raise ConfigError(f"MPICOLL_FLIGHT_RECORDER: expected a number of calls in "
+                          f"1..{MAX_RECORDER}, got {text!r}")
     return int(text)
 
 
