@@ -60,6 +60,7 @@ class Work:
         self._event: Any = None  # NCCL: a CUDA event after the call
         self.started_at = self.finished_at = float("nan")  # time.perf_counter() on this rank
         self._callbacks: list[Callable[[Work], None]] | None = []  # None once finished
+        self._queue: Any = None  # the progress thread that runs it, if one does
         self._callbacks_lock = threading.Lock()
 
     def _set(self, result: Any = None, error: BaseException | None = None) -> None:
@@ -128,14 +129,18 @@ class Work:
         return self._result
 
     def _running_past(self, seconds: float) -> None:
-        """``wait()``'s default bound, counted from the moment the call began on the
-        progress thread, not from the wait (calls queued before it run first, each
-        watched): return once it has finished, or raise once it has run ``seconds``."""
+        """``wait()``'s default bound: return once the call has finished, or raise once
+        it has run ``seconds`` since it began on the progress thread, or waited that long
+        to begin while no earlier call ran there (an earlier call running, which the
+        watchdog times, does not count against this one)."""
+        waiting = time.perf_counter()
         while not self._finished.wait(min(seconds, 1.0)):
-            started = self.started_at  # (NaN while it waits its turn in the queue)
-            if started == started and time.perf_counter() - started > seconds:
-                raise CollectiveTimeoutError(f"{self.what}: not finished after {seconds:g} s "
-                                             "of running")
+            now, started = time.perf_counter(), self.started_at  # (NaN: not begun yet)
+            queue = self._queue
+            if started != started and queue is not None and queue.running is not None:
+                waiting = now  # an earlier call runs: this one is not late
+            elif now - (started if started == started else waiting) > seconds:
+                raise CollectiveTimeoutError(f"{self.what}: not finished after {seconds:g} s")
 
     def host_result(self) -> Any:
         """The result of a call that has finished (``done`` on the MPI backend; queued on
@@ -217,6 +222,7 @@ class ProgressThread:
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self.lock = threading.Lock()
         self.pending = 0  # submitted and not finished
+        self.running: Work | None = None  # the call it runs now
         self.owner: int | None = None  # the thread whose calls are pending
         self._thread = threading.Thread(target=self._run, name="mpicoll-progress", daemon=True)
         self._thread.start()
@@ -232,6 +238,7 @@ class ProgressThread:
         """Queue ``call``; ``claim``: the submitting thread owns the pending calls (not a
         refused submission, which only takes its number)."""
         work = Work(name, self.comm.timeout)
+        work._queue = self
         with self.lock:
             self.pending += 1
             if claim:
@@ -248,13 +255,14 @@ class ProgressThread:
             work, call = item
             item = None
             work.started_at = time.perf_counter()
+            self.running = work
             try:
                 result = call(self.comm)
             except BaseException as exc:  # noqa: BLE001 - handed to wait() on this rank
                 work._set(error=exc)
             else:  # (its done callbacks' errors are theirs: never the call's)
                 work._set(result)
-            work = call = None  # nothing of the call (its op, its input) outlives it here
+            self.running = work = call = None  # nothing of the call outlives it here
             with self.lock:
                 self.pending -= 1
                 if not self.pending:
