@@ -251,6 +251,19 @@ def test_local_monitored_barrier_late_at_rank_0_raises_on_every_rank():
     assert run_local(3, body, timeout=10) == [3.0] * 3
 
 
+def test_local_monitored_barrier_first_missing_only_names_that_rank_on_rank_0_too():
+    """wait_all_ranks=False: rank 0 stops at the first missing rank; the ranks after it,
+    whose arrival it never read, are not taken for ranks that gave up on it."""
+    def body(comm):
+        if comm.rank == 1:
+            time.sleep(0.8)
+        with pytest.raises(CollectiveTimeoutError, match="rank 1 did not arrive"):
+            comm.monitored_barrier(timeout=0.3)
+        return True
+
+    assert run_local(4, body, timeout=10) == [True] * 4
+
+
 @needs_mpiexec
 def test_a_monitored_barrier_may_wait_longer_than_the_communicators_timeout(tmp_path):
     """monitored_barrier(timeout=T) past the Communicator's timeout: a rank 4 s late

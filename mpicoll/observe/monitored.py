@@ -23,6 +23,7 @@ from ..pipeline import agree
 from ..pipeline.validate import Verdict
 
 GRACE = 5.0  # seconds past a monitored barrier's own bound before the watchdog ends it
+GAVE_UP = 2  # a rank's second note to rank 0: it stopped waiting for rank 0's answer
 
 
 def monitored_barrier(c: Any, call: Any, timeout: float | None, wait_all_ranks: bool) -> None:
@@ -44,9 +45,11 @@ def monitored_barrier(c: Any, call: Any, timeout: float | None, wait_all_ranks: 
         if t.rank == 0:
             deadline = time.monotonic() + timeout
             arrived = np.zeros(1, np.int64)
-            late = []
+            late, came = [], []
             for r in range(1, t.size):
-                if not t.try_recv(arrived, r, deadline - time.monotonic()):
+                if t.try_recv(arrived, r, deadline - time.monotonic()):
+                    came.append(r)
+                else:
                     late.append(r)
                     if not wait_all_ranks:
                         break
@@ -55,8 +58,7 @@ def monitored_barrier(c: Any, call: Any, timeout: float | None, wait_all_ranks: 
                 t.post(missing, r)
             # ranks that gave up waiting for the answer said so: rank 0 itself came late
             # (a note sent after their arrival, on this call's tag)
-            gave_up = [r for r in range(1, t.size) if r not in late
-                       and t.try_recv(arrived, r, 0.0)]
+            gave_up = [r for r in came if t.try_recv(arrived, r, 0.0) and arrived[0] == GAVE_UP]
             if gave_up:
                 raise CollectiveTimeoutError(
                     f"{call.name()}: rank 0 (this rank) came too late: rank(s) "
@@ -64,7 +66,7 @@ def monitored_barrier(c: Any, call: Any, timeout: float | None, wait_all_ranks: 
         else:
             t.post(np.ones(1, np.int64), 0)
             if not t.try_recv(missing, 0, 2 * timeout + 1):  # rank 0 waits up to timeout
-                t.post(np.ones(1, np.int64), 0)  # (rank 0, late, learns it was)
+                t.post(np.full(1, GAVE_UP, np.int64), 0)  # (rank 0, late, learns it was)
                 raise CollectiveTimeoutError(
                     f"{call.name()}: rank 0 did not arrive within {2 * timeout + 1:g} s "
                     f"(rank {t.rank} waited for its answer)")
