@@ -28,7 +28,7 @@ from .pipeline import agree, run
 from .pipeline.choose import Chooser, check_collective
 from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
-from .pipeline.entry import busy, entry, freed
+from .pipeline.entry import announce, busy, entry, freed
 from .pipeline.state import CallState
 from .pipeline.validate import dtype_given
 from .plan import init_method
@@ -83,9 +83,8 @@ class Communicator(CallState, PointToPoint, Groups):
                  timeout: float | None = None) -> None:
         self._progress: ProgressThread | None = None  # runs the async_op=True calls
         with watched_making(backend, comm, timeout, sys._getframe(1)):  # collective steps
-            # the calls' shared state (pipeline.state.CallState: what each field is)
-            super().__init__(backend if isinstance(backend, Backend) else
-                             make_backend(backend, comm))
+            super().__init__(backend if isinstance(backend, Backend) else  # the calls' state
+                             make_backend(backend, comm))  # (pipeline.state.CallState)
             try:  # the settings as this rank reads them, nothing raised before they are agreed
                 mine = agree.read_settings(self._backend, check, trace, timeout)
             except BaseException:
@@ -181,8 +180,7 @@ class Communicator(CallState, PointToPoint, Groups):
 
     def dup(self, check: bool | None = None) -> Communicator:
         """A Communicator of the same ranks and backend whose messages never match this
-        one's: give each thread its own (collective: every rank calls it alike).
-        ``check``: its check mode (default: this one's; every rank alike)."""
+        one's, for another thread (collective); ``check``: its check mode (default: this one's)."""
         if self._freed:
             raise freed("dup")
         if not self._entry.acquire(False):  # it sends on this one's communicator too
@@ -194,6 +192,8 @@ class Communicator(CallState, PointToPoint, Groups):
 
     def _duplicate(self, site: Any, check: bool | None = None) -> Communicator:
         """``dup()`` for a caller that holds this Communicator's entry (made at ``site``)."""
+        if self.check:  # a step every rank makes here: a dup against another call raises
+            announce(self, "dup", site, None, algorithm="dup")
         call = Call(self._seq, "dup")
         call.at(site)
         with self._watch.aside(call):  # collective: it may wait

@@ -110,3 +110,19 @@ def test_what_differs_beyond_a_name_or_a_size_is_a_mismatch(case):
         outcomes = run_local(P, body, check=check)
         assert all(o is not None and re.search(rf"rank(\(s\))? {LAST}\b", o) and n == P
                    for o, n in outcomes), outcomes
+
+
+def test_a_dup_against_another_ranks_call_is_a_mismatch_on_every_rank():
+    """dup() is collective (MPI_Comm_dup): in check mode it is a step every rank makes at
+    that point, so one rank's dup against another's all_reduce raises on both (before
+    any MPI_Comm_dup), and the next dup and call run."""
+    def body(comm):
+        with pytest.raises(mpicoll.MismatchError, match="rank 1 differs in collective"):
+            if comm.rank == 0:
+                comm.dup()
+            else:
+                comm.all_reduce(np.ones(2))
+        other = comm.dup()
+        return comm.all_reduce(np.ones(2))[0], other.all_reduce(np.ones(2))[0]
+
+    assert run_local(2, body, timeout=10, check=True) == [(2.0, 2.0)] * 2
