@@ -251,6 +251,20 @@ def test_local_monitored_barrier_late_at_rank_0_raises_on_every_rank():
     assert run_local(3, body, timeout=10) == [3.0] * 3
 
 
+def test_local_monitored_barrier_in_check_mode_names_the_late_rank_on_every_rank():
+    """In check mode every rank waits for the last in the fingerprint exchange; the
+    waits tell who came late, by more than the timeout: named on every rank."""
+    def body(comm):
+        if comm.rank == 2:
+            time.sleep(1.2)
+        with pytest.raises(CollectiveTimeoutError, match="rank 2 did not arrive within 0.5 s"):
+            comm.monitored_barrier(timeout=0.5, wait_all_ranks=True)
+        comm.monitored_barrier(timeout=5)  # all in time
+        return comm.all_reduce(np.ones(2))[0]
+
+    assert run_local(3, body, timeout=10, check=True) == [3.0] * 3
+
+
 def test_local_monitored_barrier_first_missing_only_names_that_rank_on_rank_0_too():
     """wait_all_ranks=False: rank 0 stops at the first missing rank; the ranks after it,
     whose arrival it never read, are not taken for ranks that gave up on it."""

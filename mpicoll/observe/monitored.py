@@ -7,7 +7,9 @@ gets the answer raises ``CollectiveTimeoutError`` naming them. A rank that arriv
 gets the same answer (it names that rank) and raises too; where rank 0 is the late one,
 the ranks that gave up waiting for its answer tell it so, and it raises too. The call's
 ``timeout`` governs it even past the Communicator's (the watchdog then allows it that
-long). Messages are one int64 per rank on the control transport, with the call's own
+long). In check mode every rank first waits for the last in the call's fingerprint
+exchange; each then tells how long it waited there, and a rank that came later than the
+others by more than rank 0's timeout is named on every rank. Messages are one int64 per rank on the control transport, with the call's own
 tag, which no later call uses.
 """
 
@@ -34,15 +36,26 @@ def monitored_barrier(c: Any, call: Any, timeout: float | None, wait_all_ranks: 
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         verdict.refuse("params", InvalidArgumentError(
             f"timeout: expected seconds > 0, got {timeout!r}"))
-    # check mode compares the call first; otherwise a bad timeout raises before any message
-    agree.settle(c, call, verdict, ("monitored", {"wait_all_ranks": bool(wait_all_ranks)}))
     t, watch = c._backend.control, c._watch
     missing = np.full(t.size, -1, np.int64)  # the ranks that did not arrive, then -1s
     saved = watch.timeout  # the call's own timeout governs it, past the Communicator's
-    if saved and timeout != float("inf"):  # (the watchdog ends it only if that fails)
-        watch.timeout = max(saved, 2 * timeout + 1 + GRACE)
+    if saved and verdict.first is None and timeout != float("inf"):  # (the watchdog ends
+        watch.timeout = max(saved, 2 * timeout + 1 + GRACE)           # it if that fails)
     try:
-        if t.rank == 0:
+        # check mode compares the call first (every rank waits for the last there: each
+        # tells how long it waited, and a rank that came later than the others by more
+        # than the timeout is named on every rank); otherwise a bad timeout raises here
+        arrived_at = time.monotonic()
+        agree.settle(c, call, verdict, ("monitored", {"wait_all_ranks": bool(wait_all_ranks)}))
+        if c.check:  # (each rank's wait and timeout; rank 0's timeout decides, as below)
+            table = np.zeros((t.size, 2), np.float64)
+            table[t.rank] = time.monotonic() - arrived_at, timeout
+            agree.all_gather(c, table.reshape(-1), 2)
+            waited, timeout = table[:, 0], float(table[0, 1])
+            late = [r for r in range(t.size) if waited.max() - waited[r] > timeout]
+            late = late if wait_all_ranks else late[:1]
+            missing[:len(late)] = late
+        elif t.rank == 0:
             deadline = time.monotonic() + timeout
             arrived = np.zeros(1, np.int64)
             late, came = [], []
