@@ -425,6 +425,25 @@ def test_a_receiver_giving_none_finds_its_decision_from_its_second_call(world, f
         assert keyed == [collective], f"call {step}: keyed the longer way {len(keyed)} times"
 
 
+def test_barrier_and_x_by_name_find_their_way(world, monkeypatch):
+    """``comm.barrier()`` (no x at all) is keyed by the entry's first branch from its
+    second call on; x given by name (``all_reduce(x=x)``) takes the whole path each time
+    with the same result; x given twice is a TypeError of the call, raised as mpicoll's
+    error on every rank, and the next call goes on."""
+    whole, keyed = _counted(monkeypatch)
+    world._decisions.clear()
+    for step in range(3):
+        assert world.barrier() is None
+        assert whole == ["barrier"] and keyed == ["barrier"], step
+    x = np.full(3, 2.0)
+    for _ in range(2):
+        np.testing.assert_array_equal(world.all_reduce(x=x), np.full(3, 2.0 * world.size))
+    assert whole.count("all_reduce") == 2
+    with pytest.raises(mpicoll.MpicollError, match="multiple values for argument 'x'"):
+        world.all_reduce(x, x=x)
+    np.testing.assert_array_equal(world.all_reduce(x), np.full(3, 2.0 * world.size))
+
+
 def test_an_entry_keyword_is_never_part_of_a_key(world):
     """stream=None and async_op=False are plain values, but the entry's own keywords:
     the first branch keys them as given and finds nothing (decided.key is taken without

@@ -55,6 +55,8 @@ def freed(what: str) -> InvalidArgumentError:
 
 
 _ENTRY_KEYWORDS = frozenset(("stream", "async_op", "_site", "_refusal"))
+NOTHING: Any = type("Nothing", (), {"__repr__": lambda self: "NOTHING", "__slots__": ()})()
+# (a collective's x where the call gave none: barrier())
 
 
 def entry(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -77,35 +79,43 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         decided.TAKES_OUT.add(name)
     public = public_signature(signature)
 
+    bare_key, none_key = (name,), (name, None)  # barrier(); a receiver's broadcast(None)
+
     @functools.wraps(method)
-    def collective(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if keeps and args:
-            # the most frequent calls first: comm.all_reduce(x), comm.reduce(x, "max", 0),
-            # each also with out=, algorithm= and its options, on a contiguous NumPy x
-            x, n = args[0], len(args)
-            if type(x) is ndarray:
+    def collective(self: Any, x: Any = NOTHING, /, *args: Any, **kwargs: Any) -> Any:
+        # (x positional-only: x= given by name stays in kwargs, for the whole path to read)
+        if keeps:
+            if not args and not kwargs:  # the most frequent calls of all: comm.all_reduce(x),
+                # comm.scatter(None), comm.barrier(), on a contiguous NumPy x
                 decisions = self._decisions
-                contiguous = decisions is not None and x.flags.c_contiguous
-                if contiguous and n == 1 and not kwargs:  # comm.all_reduce(x): the most
-                    # frequent call of all
-                    prepared = decisions.get((name, x.shape, x.dtype), DECLINED).call
+                if decisions is not None:
+                    if type(x) is ndarray:
+                        prepared = decisions.get((name, x.shape, x.dtype), DECLINED).call \
+                            if x.flags.c_contiguous else None
+                    elif x is NOTHING or x is None:
+                        prepared = decisions.get(bare_key if x is NOTHING else none_key,
+                                                 DECLINED).call
+                    else:
+                        prepared = None
                     if prepared is not None:
                         return prepared(getframe(1), x, None, args, kwargs)
-                elif contiguous and (n == 1 or type(args[1]) in PLAIN and (
-                        n == 2 or n == 3 and type(args[2]) in PLAIN)):  # (op, root: as keys)
+            elif type(x) is ndarray:  # with op and root, out= and options: each a key's part
+                decisions = self._decisions
+                if decisions is not None and x.flags.c_contiguous and (
+                        not args or type(args[0]) in PLAIN and (
+                            len(args) == 1 or len(args) == 2 and type(args[1]) in PLAIN)):
                     out = key = None  # (the keys decided.key gives these calls)
                     given = False
                     if not kwargs:
-                        key = (name, x.shape, x.dtype) if n == 1 else \
-                            (name, x.shape, x.dtype, args[1:])
+                        key = (name, x.shape, x.dtype, args)
                     else:
                         given = takes_out and "out" in kwargs
                         if given:  # (prepared takes it apart from kwargs; put back below)
                             out = kwargs.pop("out")
                         if out is None or type(out) is ndarray:
                             rest = tuple(kwargs.items()) if kwargs else ()
-                            key = (name, x.shape, x.dtype, args[1:], *rest) if rest else \
-                                (name, x.shape, x.dtype, args[1:])
+                            key = (name, x.shape, x.dtype, args, *rest) if rest else \
+                                (name, x.shape, x.dtype, args)
                             for item in rest:
                                 if type(item[1]) not in PLAIN:
                                     key = None
@@ -117,13 +127,16 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                         kwargs["out"] = out
             elif x is None:  # a receiver's broadcast or scatter: comm.scatter(None, root)
                 decisions = self._decisions
-                if decisions is not None and not kwargs and (n == 1 or n == 2 and type(
-                        args[1]) in PLAIN):
-                    prepared = decisions.get((name, None) if n == 1 else (name, None, args[1:]),
-                                             DECLINED).call
+                if decisions is not None and not kwargs and len(args) == 1 and type(
+                        args[0]) in PLAIN:
+                    prepared = decisions.get((name, None, args), DECLINED).call
                     if prepared is not None:
                         return prepared(getframe(1), x, None, args, kwargs)
-            elif (view := kept_view(x)) is not None:
+        if x is not NOTHING:
+            args = (x, *args)
+        if keeps and args:
+            n = len(args)
+            if type(x) is not ndarray and x is not None and (view := kept_view(x)) is not None:
                 plain = n == 1 or type(args[1]) in PLAIN and (n == 2 or n == 3 and type(
                     args[2]) in PLAIN)
                 # a small torch CPU tensor: the same, on its NumPy view (kept since an
@@ -133,8 +146,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                     # (a kept view is contiguous)
                     prepared = decisions.get((name, view.shape, view.dtype), DECLINED).call
                     if prepared is not None:
-                        args = (view,)
-                        result = prepared(getframe(1), view, None, args, kwargs)
+                        result = prepared(getframe(1), view, None, (), kwargs)
                         # a result that is the view itself (a broadcast's buffer): the
                         # caller's own tensor; a new array: a tensor over it
                         return tensor if result is view else to_torch(result)
@@ -153,7 +165,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                             not rest else (name, view.shape, view.dtype, args[1:], *rest)
                         prepared = decisions.get(key, DECLINED).call
                     if prepared is not None:
-                        result = prepared(getframe(1), view, out, args, kwargs)
+                        result = prepared(getframe(1), view, out, args[1:], kwargs)
                         if result is out and out is not None:  # (out=: the caller's own)
                             return out_tensor
                         return decided.to_caller(result, (tensor, view, out_tensor, out))
@@ -185,7 +197,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                                   keep=None if decision is DECLINED else key)
             else:
                 out = kwargs.pop("out", None) if kwargs else None
-                result = decision.call(site, x, out, args, kwargs)
+                result = decision.call(site, x if args else NOTHING, out, args[1:], kwargs)
             return result if tensors is None else decided.to_caller(result, tensors)
         return numbered(self, name, site, args, kwargs, method, stream, refusal)
 
@@ -295,8 +307,9 @@ def prepare(c: CallState, name: str, method: Any,
     a call whose facts are kept (``Watch.kept``) and ``Watch.leave``'s (a method call
     costs about what its stores do, and this is the path of every repeated call).
 
-    ``prepared(site, x, out, args, kwargs)``: ``out`` is the call's out= (None: none),
-    taken out of ``kwargs``."""
+    ``prepared(site, x, out, rest, kwargs)``: ``out`` is the call's out= (None: none),
+    taken out of ``kwargs``; ``rest``: the positional arguments after x (``NOTHING``
+    where the call gave none: barrier())."""
     watch, transport = c._watch, c._backend.transport
     take, give, begin = c._entry.take, c._entry.give, transport.begin
     ring, length = watch.ring, watch.length
@@ -307,10 +320,11 @@ def prepare(c: CallState, name: str, method: Any,
     # the fresh call's opening: the tag alone where it sends by MPI's own calls alone
     opening = advance if decision.quiet else begin
 
-    def prepared(site: Any, x: Any, out: Any, args: tuple, kwargs: dict) -> Any:
+    def prepared(site: Any, x: Any, out: Any, rest: tuple, kwargs: dict) -> Any:
         if c._refused_alone or in_callbacks:  # a resync owed first, or a call in a done
             # callback: the whole path (which refuses the latter)
-            return numbered(c, name, site, args, as_given(kwargs, out), method)
+            return numbered(c, name, site, rest if x is NOTHING else (x, *rest),
+                            as_given(kwargs, out), method)
         try:
             take()  # (the Communicator's turn, or IndexError: another thread has it)
         except IndexError:
@@ -350,6 +364,7 @@ def prepare(c: CallState, name: str, method: Any,
                     if result is not DECLINED:
                         return result
             # not a buffer it serves: the whole path, its own entry
+            args = rest if x is NOTHING else (x, *rest)
             watch.enter(seq, name, site, args, as_given(kwargs, out))
             return method(c, call, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - only mpicoll's errors leave
