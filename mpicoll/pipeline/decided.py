@@ -245,12 +245,12 @@ def _fits(out: Any, shape: tuple[int, ...], dtype: np.dtype) -> bool:
             and out.flags.c_contiguous and out.flags.writeable)
 
 
-def _reader(t: Any, x: np.ndarray, dst: Any, copy: bool = False) -> Callable[[], Any]:
+def _reader(t: Any, x: np.ndarray, dst: Any) -> Callable[[], Any]:
     """How each run reads x, flat: ``run._input``'s rule, decided once (a copy in the
     call's workspace where x overlaps the result ``dst`` or cannot be written; some
-    algorithms stage blocks in their input), or always a copy (``copy``)."""
+    algorithms stage blocks in their input)."""
     src = x.reshape(-1)
-    if not copy and x.flags.writeable and (dst is None or not np.may_share_memory(src, dst)):
+    if x.flags.writeable and (dst is None or not np.may_share_memory(src, dst)):
         return lambda: src
 
     def copied() -> Any:
@@ -405,7 +405,7 @@ def _all_reduce(c: CallState, a: dict, x: np.ndarray) -> Callable[..., Any]:
         fn, name = c._chooser._resolve("all_reduce", a["algorithm"], x.size * wire.itemsize,
                                        opd, a["options"] or None, dtype, False, False)
         t = Compressing(t, wire)
-    compressed = t is not c._backend.transport  # (a sender rounds what it sends: never x)
+        fn = t.rounding(fn)  # (on a copy of x, its result rounded: transport.compress)
     size, averages_itself, average_it = c.size, c._backend.averages_itself, opd.average
     reduce = _reduce_with(c, opd, fn)
     native_mpi = name == "native" and c._backend.native_is_mpi and opd.builtin
@@ -420,13 +420,7 @@ def _all_reduce(c: CallState, a: dict, x: np.ndarray) -> Callable[..., Any]:
         if native_mpi:  # MPI reads x as it is (contiguous: the key's)
             allreduce(x, result)
         else:
-            src = x.reshape(-1)
-            if compressed or not x.flags.writeable:  # some algorithms stage blocks in their
-                src = t.take(src.size, dtype)        # input; compressed, a sender rounds
-                src[...] = x.reshape(-1)             # what it sends (run.all_reduce)
-            reduce(call, t, src, result.reshape(-1), opd)
-            if compressed:
-                t.round_result(result.reshape(-1))
+            reduce(call, t, _flat(t, x), result.reshape(-1), opd)
         if average_it:
             average(result, opd, fn, size, averages_itself)
         return result
@@ -441,7 +435,7 @@ def _all_reduce(c: CallState, a: dict, x: np.ndarray) -> Callable[..., Any]:
             read = lambda: dst  # noqa: E731 - every all_reduce algorithm allows src is dst
         elif _fits(out, shape, dtype) and not np.may_share_memory(out, x):
             dst = out.reshape(-1)
-            read = _reader(t, x, dst, copy=compressed)
+            read = _reader(t, x, dst)
         else:
             return None
 
@@ -450,8 +444,6 @@ def _all_reduce(c: CallState, a: dict, x: np.ndarray) -> Callable[..., Any]:
                 allreduce(read(), dst)
             else:
                 reduce(call, t, read(), dst, opd)
-                if compressed:
-                    t.round_result(dst)
             if average_it:
                 average(out, opd, fn, size, averages_itself)
             return out

@@ -465,6 +465,8 @@ def all_reduce(c: CallState, call: Call, x: Any, op: Any, algorithm: Any, out: A
             v.refuse("params", exc)
         if wire is not None:
             t = Compressing(t, wire)
+            if fn is not None:
+                fn = t.rounding(fn)
         if c._tracer is not None:
             opd = _traced(c, opd)
         if fn is not None:
@@ -479,9 +481,6 @@ def all_reduce(c: CallState, call: Call, x: Any, op: Any, algorithm: Any, out: A
     dst = result.reshape(-1)
     if result is x:
         src = dst  # in place: every all_reduce algorithm allows src is dst
-    elif wire is not None:  # compressed: a sender rounds what it sends in place, so never x
-        src = t.take(x.size, x.dtype, like=x)
-        src[...] = flat(x)
     elif out is None and x.flags.c_contiguous and (type(x) is not np.ndarray or x.flags.writeable):
         src = x.reshape(-1)
     else:
@@ -492,8 +491,6 @@ def all_reduce(c: CallState, call: Call, x: Any, op: Any, algorithm: Any, out: A
         fn(t, src, dst, opd)
     else:
         _reducing(c, call, opd, fn, t, src, dst, opd)
-    if wire is not None:  # the same bits on every rank (transport.compress)
-        t.round_result(dst)
     if opd.average:
         average(result, opd, fn, t.size, c._backend.averages_itself)
     if v.receive is not None:

@@ -14,8 +14,9 @@ rounded in place to the wire's values too, so two ranks that combine the same op
 compute the same value), and the result is rounded to the wire's values at the end
 (``round_result``: a rank that sent its value and one that computed the same value and
 kept it now hold the same; an owner that kept its block at full precision while the
-others got it rounded would otherwise end with another result than theirs). The caller
-runs the algorithms on buffers of the call (the result, workspace), never on its input.
+others got it rounded would otherwise end with another result than theirs). Both rules
+are one wrapper of the algorithm (``rounding``), which runs it on buffers of the call (the
+result, workspace), never on the caller's input.
 
 Scratch is kept between calls: one pair of buffers for the blocking messages (free
 again when each returns), and a pool for the nonblocking ones, free again once
@@ -24,7 +25,7 @@ again when each returns), and a pool for the nonblocking ones, free again once
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -90,6 +91,21 @@ class Compressing:
         self._top = start + -(-nbytes // 64) * 64
         self._outstanding += 1
         return pool[start:start + nbytes].view(self._wire)
+
+    def rounding(self, fn: Callable[..., None]) -> Callable[..., None]:
+        """``fn``, an all_reduce algorithm ``fn(t, src, dst, *args)``, as a compressed call
+        runs it: on a copy of its input in the call's workspace where that is not its result
+        (a sender rounds what it sends in place, so never the caller's x), then the result
+        rounded to the wire's values (every rank the same bits)."""
+        def rounded(t: Any, src: Any, dst: Any, *args: Any) -> None:
+            if src is not dst:
+                copy = self.take(src.size, src.dtype, like=src)
+                copy[...] = src
+                src = copy
+            fn(t, src, dst, *args)
+            self.round_result(dst)
+
+        return rounded
 
     def round_result(self, buf: Any) -> None:
         """The call's result rounded to the wire's values, in place (see the module)."""
