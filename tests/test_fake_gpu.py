@@ -735,6 +735,35 @@ def test_the_workspace_follows_the_current_gpu(fake_cupy):
     assert run_local(2, body, timeout=10) == [[expected, expected]] * 2
 
 
+def test_the_workspace_asks_for_the_current_gpu_once_per_call(fake_cupy, monkeypatch):
+    """The current GPU is asked when a call starts on device arrays (``use``), not at
+    every ``take``; a device take before ``use`` asks for itself; a host take in a
+    device call is host memory; and after the caller changes GPU the arena follows."""
+    from mpicoll.transport.local import LocalTransport
+
+    cp = fake_cupy
+    asked = []
+    original = cp.cuda.runtime.getDevice
+    monkeypatch.setattr(cp.cuda.runtime, "getDevice", lambda: (asked.append(1), original())[1])
+    t = LocalTransport.__new__(LocalTransport)
+    mpicoll.transport.Workspace.__init__(t)
+    x = cp.zeros(4)
+    for call in range(3):  # (the first makes the arena: nothing to ask about)
+        t._start_call(None)
+        t.use(x)
+        pieces = [t.take(16, np.float64) for _ in range(10)]
+        assert len(asked) == call and all(type(p) is type(x) for p in pieces)
+        assert type(t.take(4, np.float64, like=np.zeros(1))) is np.ndarray  # host memory
+        assert len(asked) == call
+    t._start_call(None)  # the next call: host until it uses a device array
+    assert type(t.take(4, np.float64, like=x)) is type(x) and len(asked) == 3
+    with cp.cuda.Device(1):
+        t._start_call(None)
+        t.use(cp.zeros(4))
+        moved = t.take(4, np.float64)
+    assert moved.device.id == 1 and len(asked) == 4
+
+
 def test_a_scatter_receiver_may_give_a_cuda_dlpack_tensor_as_out(fake_cupy):
     def body(comm):
         rows = fake_cupy.asarray(np.arange(2 * comm.size, dtype=np.float32).reshape(comm.size, 2))

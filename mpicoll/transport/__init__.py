@@ -79,8 +79,21 @@ class Workspace:
         self._device = False
 
     def use(self, like: Any) -> None:
-        """Take workspace from ``like``'s array library from now on."""
-        self._device = like is not None and type(like) is not np.ndarray and is_cupy(like)
+        """Take workspace from ``like``'s array library from now on (on a GPU: the
+        current one, asked once here, not at every ``take``)."""
+        device = self._device = like is not None and type(like) is not np.ndarray and \
+            is_cupy(like)
+        if device:
+            self._follow_current_gpu()
+
+    def _follow_current_gpu(self) -> None:
+        """Drop the device arena where it lies on another GPU than the current one (the
+        caller changed the current device): the next ``take`` makes one here, as the
+        caller's arrays and kernels are (views taken keep the old one alive until they go)."""
+        raw = self._arenas.get(True)
+        if raw is not None and raw.device.id != cupy_module().cuda.runtime.getDevice():
+            del self._arenas[True]
+            self._tops[1] = 0
 
     def _start_call(self, like: Any) -> None:
         """What every transport's ``begin`` does besides its tag: no blocking call yet
@@ -115,16 +128,16 @@ class Workspace:
         """``count`` elements of ``dtype`` of workspace (in ``like``'s library if given)."""
         if not isinstance(dtype, np.dtype):
             dtype = np.dtype(dtype)
-        device = self._device if like is None else (type(like) is not np.ndarray and is_cupy(like))
+        device = self._device
+        if like is not None:
+            on_device = type(like) is not np.ndarray and is_cupy(like)
+            if on_device and not device:  # (before the call's use(): its GPU asked here)
+                self._follow_current_gpu()
+            device = on_device
         nbytes = count * dtype.itemsize
         start = self._tops[device]
         end = start + nbytes
         raw = self._arenas.get(device)
-        if device and raw is not None and raw.device.id != cupy_module().cuda.runtime.getDevice():
-            # the arena of another GPU (the caller changed the current device): one here,
-            # as the caller's arrays and kernels are (a fresh arena: scopes start over)
-            raw, start, end = None, 0, nbytes
-            self._tops[device] = 0
         if raw is None or raw.nbytes < end:
             # a bigger arena; views already taken keep the old one alive until they go
             size = max(end, 0 if raw is None else 2 * raw.nbytes, 4096)
