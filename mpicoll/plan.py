@@ -139,13 +139,6 @@ class Plan:
         self._work = submit(comm, self.collective, self._args, self._kwargs,
                             self._stream, self._site)
 
-    def _finished(self) -> Any:
-        """The started request ended (``test()`` saw it): its entry done, the result."""
-        started, self._in_flight = self._in_flight, None
-        self._wait_request(started)  # (MPI's wait on an ended request returns at once)
-        self._restored()
-        return self._bound.persistent[2]
-
     def _restored(self) -> None:
         """After a start made on a result array the caller had made read-only: the
         array as it was, and this rank raises (it took part: the others have theirs)."""
@@ -226,11 +219,13 @@ class Plan:
 
     def test(self) -> bool:
         """Whether a wait() would not block (True when no start is active)."""
+        if self._freed:
+            raise InvalidArgumentError(f"plan.test(): this {self.collective} plan was freed")
         if self._in_flight is not None:
             if not self._request.Test():
                 return False
-            try:
-                self._work = _Ended(self._finished())
+            try:  # (MPI's wait on an ended request returns at once: its entry done)
+                self._work = _Ended(self.wait())
             except InvalidArgumentError as exc:  # (made on an array made read-only:
                 self._work = _Ended(None, exc)  # wait() raises it)
             return True
@@ -421,7 +416,16 @@ def _bound_result(comm: Communicator, collective: str, args: tuple, kwargs: dict
     if spec.input_at_root_only and rank != root:
         return None  # (a scatter receiver: its shape comes with the root's header)
     counts = kwargs.get("counts")  # reduce_scatter's v-form: block [rank], flat
-    shape = spec.result_shape(x.shape, size) if counts is None else (int(list(counts)[rank]),)
+    if counts is None:
+        shape = spec.result_shape(x.shape, size)
+    else:  # counts that fit no rank are the first start's to refuse, on every rank alike
+        try:
+            counts = [int(n) for n in counts]
+        except (TypeError, ValueError):
+            return None
+        if len(counts) != size or min(counts) < 0:
+            return None
+        shape = (counts[rank],)
     return back(empty(shape, x.dtype, like=x))  # the caller's kind: a tensor for a tensor
 
 
@@ -478,9 +482,12 @@ def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, fr
     if comm.freed:  # (free() is collective: every rank refuses, before any message)
         raise InvalidArgumentError(f"{collective}_init: this Communicator was freed "
                                    "(comm.free()); make plans on a live one")
-    if kwargs.pop("async_op", False):
-        raise InvalidArgumentError(f"{collective}_init: a plan takes no async_op (use start())")
     refusal: MpicollError | None = None
+    if kwargs.pop("async_op", False):  # (refused after taking part, as every refusal)
+        refusal = InvalidArgumentError(f"{collective}_init: a plan takes no async_op "
+                                       "(use start())")
+    if not args and "x" in kwargs and "x" in decided.SIGNATURES[collective].parameters:
+        args = (kwargs.pop("x"),)  # x by name: where every step of the plan reads it
     arguments = _arguments(collective, args, kwargs)
     try:
         algorithm = kwargs.get("algorithm", "auto")
@@ -492,9 +499,10 @@ def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, fr
         if result is not None:
             kwargs["out"] = result
     except MpicollError as exc:
-        refusal = exc
+        refusal = refusal or exc
     except Exception as exc:  # noqa: BLE001 - a bad argument, named
-        refusal = InvalidArgumentError(f"{collective}_init: {type(exc).__name__}: {exc}")
+        refusal = refusal or InvalidArgumentError(
+            f"{collective}_init: {type(exc).__name__}: {exc}")
     if comm.check:  # making a plan is agreed: every rank raises a refusal or a mismatch
         from .pipeline.entry import announce
 

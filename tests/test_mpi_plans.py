@@ -703,3 +703,148 @@ def test_a_persistent_start_returns_while_the_request_runs(world):
             np.testing.assert_array_equal(plan.wait(), np.full(3, float(world.size)))
             assert entry.state == "done" and entry.algorithm == "native"
             world.barrier()
+
+
+def _persistent(world) -> bool:
+    """Whether this library makes MPI-4's persistent collectives (every rank alike)."""
+    from mpi4py import MPI
+
+    return MPI.Get_version() >= (4, 0)
+
+
+def test_a_persistent_plan_dropped_while_its_start_runs_is_waited_for_then_freed(world):
+    """MPI forbids freeing an active collective request: a plan dropped after start()
+    without wait() leaves its request to the next call's begin, which waits for it (every
+    rank started it) before freeing it, and the calls after it run right."""
+    import gc
+
+    comm = world.dup()
+    t = comm._backend.transport
+    x = np.full(1 << 12, comm.rank + 1.0)
+    plan = comm.all_reduce_init(x, algorithm="native")
+    persistent = plan._request is not None
+    assert persistent == _persistent(world)
+    plan.start()
+    del plan
+    gc.collect()
+    for _ in range(3):
+        np.testing.assert_array_equal(comm.all_reduce(np.ones(3), algorithm="ring"),
+                                      np.full(3, float(comm.size)))
+    assert not t._retired and not t._persistent
+    comm.free()
+
+
+def test_a_communicator_freed_under_a_running_start_lets_it_end_right(world):
+    """free() waits for a plan's running start before freeing its request: the plan's
+    wait() then gives the start's result, never the input it was started on."""
+    comm = world.dup()
+    x = np.full(3, comm.rank + 1.0)
+    plan = comm.all_reduce_init(x, algorithm="native")
+    plan.start()
+    comm.free()
+    want = np.full(3, comm.size * (comm.size + 1) / 2)
+    np.testing.assert_array_equal(plan.wait(), want)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="Communicator of this all_reduce"):
+        plan.start()
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "scan", "broadcast", "all_gather"])
+@pytest.mark.parametrize("form", ["call", "start"])
+def test_x_given_by_name_is_the_plans_input(world, collective, form):
+    """``all_reduce_init(x=a, out=b)``: x by name is bound as x by position is (never
+    read as MPI_IN_PLACE, never None in the packet), start after start on refilled input."""
+    p, r = world.size, world.rank
+    a = np.zeros(4)
+    b = np.empty((p, 4)) if collective == "all_gather" else np.empty(4)
+    kwargs = {} if collective == "broadcast" else {"out": b}
+    plan = getattr(world, f"{collective}_init")(x=a, **kwargs)
+    for step in range(4):
+        a[...] = r + 1.0 + step
+        if form == "call":
+            got = plan()
+        else:
+            plan.start()
+            got = plan.wait()
+        if collective == "all_reduce":
+            want = np.full(4, sum(q + 1.0 + step for q in range(p)))
+        elif collective == "scan":
+            want = np.full(4, sum(q + 1.0 + step for q in range(r + 1)))
+        elif collective == "broadcast":
+            want = np.full(4, 1.0 + step)
+        else:
+            want = np.repeat(np.arange(1.0, p + 1) + step, 4).reshape(p, 4)
+        np.testing.assert_array_equal(got, want, err_msg=f"start {step}")
+    plan.free()
+
+
+@pytest.mark.parametrize("counts", ["short", "negative", "text"])
+def test_counts_that_fit_no_rank_are_refused_alike_on_every_rank(world, counts):
+    """A reduce_scatter plan's counts that fit no rank (too few, a negative one, not
+    numbers): never refused at init on some ranks and at the first start on others, which
+    left the ranks a call apart; every rank is refused alike, and the next call runs."""
+    p = world.size
+    given = {"short": [3] * (p - 1) if p > 1 else [], "negative": [-1] + [3] * (p - 1),
+             "text": ["a"] * p}[counts]
+    x = np.ones(3 * p)
+    try:
+        plan = world.reduce_scatter_init(x, counts=given)
+        plan()
+    except mpicoll.MpicollError:
+        pass
+    else:
+        pytest.fail("counts that fit no rank were not refused")
+    np.testing.assert_array_equal(world.all_reduce(np.ones(2), algorithm="ring"),
+                                  np.full(2, float(p)))
+
+
+def test_async_op_at_init_on_one_rank_takes_part_and_raises(world):
+    """``async_op=True`` at init is refused on the rank that gives it after taking part in
+    what every rank does at init (the progress duplicate, the vote), so the others make
+    their plan and go on; they then free theirs unstarted."""
+    r = world.rank
+    x = np.ones(2)
+    if r == world.size - 1:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="takes no async_op"):
+            world.all_reduce_init(x, async_op=True)
+    else:
+        world.all_reduce_init(x).free()
+    np.testing.assert_array_equal(world.all_reduce(x, algorithm="ring"),
+                                  np.full(2, float(world.size)))
+
+
+@pytest.mark.parametrize("root", [-1, 99])
+def test_a_bad_root_never_reaches_the_librarys_init(world, root):
+    """A root that is no rank is the first start's to refuse (on every rank), never
+    MPI_Reduce_init's: MPI's failure there would keep every later plan of the
+    Communicator off the persistent requests."""
+    comm = world.dup()
+    x = np.ones(2)
+    plan = comm.reduce_init(x, "sum", root, algorithm="native")
+    with pytest.raises(mpicoll.MpicollError, match="root"):
+        plan()
+    assert comm._backend.transport.persists
+    later = comm.all_reduce_init(x, algorithm="native")
+    assert (later._request is not None) == _persistent(world)
+    np.testing.assert_array_equal(later(), np.full(2, float(comm.size)))
+    later.free()
+    comm.free()
+
+
+def test_a_test_refused_as_busy_keeps_the_start(world):
+    """plan.test() refused because another thread is in a call of the Communicator (a
+    ConcurrentCallError) forgets nothing: the start stays, and wait() gives its result."""
+    x = np.full(4, 1.0)
+    plan = world.all_reduce_init(x, algorithm="native")
+    plan.start()
+    if plan._in_flight is not None:
+        turn = world._entry
+        turn.acquire()  # (as another thread's call holds it)
+        try:
+            with pytest.raises(mpicoll.ConcurrentCallError):
+                while not plan.test():
+                    pass
+        finally:
+            turn.release()
+    np.testing.assert_array_equal(plan.wait(), np.full(4, float(world.size)))
+    with pytest.raises(mpicoll.InvalidArgumentError, match="freed"):
+        plan.free() or plan.test()

@@ -373,6 +373,8 @@ def _averaged(out: Any, opd: Any, fn: Callable[..., Any], ranks: int,
 def _separate_or_in_place(x: np.ndarray, out: Any, shape: tuple, dtype: Any) -> bool:
     """Whether a plan's ``out`` is a result MPI can take beside ``x``: ``x`` itself
     (writeable: in place) or a fitting array apart from it."""
+    if x is None:
+        return False
     if out is x:
         return bool(x.flags.writeable)
     return _fits(out, shape, dtype) and not np.may_share_memory(out, x)
@@ -471,8 +473,8 @@ def _from_spec(c: CallState, a: dict, x: np.ndarray, name: str) -> Decision | No
     spec = SPECS[name]
     p, rank = c.size, c.rank
     root = a["root"] if spec.rooted else 0
-    if type(root) is not int or (spec.input_rows and (x.ndim == 0 or x.shape[0] != p)) \
-            or x.ndim > 31:
+    if type(root) is not int or not 0 <= root < p or (spec.input_rows and (
+            x.ndim == 0 or x.shape[0] != p)) or x.ndim > 31:
         return None
     counts = a.get("counts")  # reduce_scatter's v-form: blocks cut flat, of these sizes
     if counts is None:

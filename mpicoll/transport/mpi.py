@@ -73,6 +73,7 @@ class MPITransport(Workspace):
         self._notes: list[tuple[MPI.Request, np.ndarray]] = []  # post()'s sends in flight
         self._persistent: list[MPI.Prequest] = []  # persistent requests of plans
         self._retired: list[MPI.Prequest] = []  # theirs whose plans were dropped
+        self._buffers: dict[int, tuple] = {}  # each persistent request's buffer specs
         self.persists = True  # plans may make persistent requests here (agreed: see Plan)
 
     def begin(self, like: Any = None) -> None:
@@ -227,14 +228,22 @@ class MPITransport(Workspace):
         self._free_retired()
         request = getattr(self.comm, f"{collective}_init")(*args)
         self._persistent.append(request)
+        # its buffers live as long as it does: a plan dropped while its start runs must
+        # not take with it the memory MPI still writes into
+        self._buffers[id(request)] = args
         return request
 
     def release(self, request: MPI.Prequest) -> None:
-        """Free a persistent request of ``persistent`` (not active: its last start waited)."""
+        """Free a persistent request of ``persistent``; a start of it still running (its
+        plan dropped, or the Communicator freed, before a wait) is waited for first: every
+        rank started it, so it ends, and MPI forbids freeing an active collective request."""
         if any(r is request for r in self._persistent):
             self._persistent = [r for r in self._persistent if r is not request]
             if not MPI.Is_finalized():
+                if not request.Test():
+                    request.Wait()
                 request.Free()
+            self._buffers.pop(id(request), None)
 
     def retire(self, request: MPI.Prequest) -> None:
         """A request whose plan was dropped (the garbage collector may run anywhere, even
