@@ -31,7 +31,7 @@ from .pipeline.describe import Call
 from .pipeline.entry import announce, busy, entry, freed
 from .pipeline.state import CallState
 from .pipeline.validate import dtype_given
-from .plan import init_method
+from .plan import end_running_starts, init_method
 from .work import ProgressThread, Work, start_progress, submit
 
 __all__ = ["BACKENDS", "Communicator", "algorithms"]
@@ -238,9 +238,8 @@ class Communicator(CallState, PointToPoint, Groups):
     def start_progress(self) -> None:
         """Collective: make now the progress thread that runs this Communicator's
         ``async_op=True`` calls (its duplicate communicator: a collective of this one).
-        The first async call makes it otherwise; call this where every rank is when ranks
-        may make their first async calls on two Communicators in different orders (a
-        plan makes it when it is made)."""
+        The first async call (or plan) makes it otherwise; call this where every rank is
+        when ranks may make their first async calls on two Communicators in other orders."""
         start_progress(self, sys._getframe(1))
 
     @property
@@ -251,6 +250,7 @@ class Communicator(CallState, PointToPoint, Groups):
     def free(self) -> None:
         """Collective: finish pending async calls, write the trace file (``MPICOLL_TRACE``,
         ``trace=path``), release the private communicators (also at MPI finalization)."""
+        end_running_starts(self)  # (a watched wait, before its calls refuse)
         self._freed = True  # its calls and plans refuse from now on
         self._decisions = None  # (no kept decision runs on the released communicators)
         if self._progress is not None:

@@ -611,6 +611,19 @@ def _vote_and_make(comm: Communicator, persist: Any, fingerprint: int, what: str
     return None
 
 
+def end_running_starts(comm: Communicator) -> None:
+    """Before ``comm.free()`` frees its plans' persistent requests: their running starts
+    end first (every rank started them, so they end; MPI forbids freeing an active
+    collective request), in a wait the watchdog bounds as any other."""
+    if comm._freed or not comm._backend.native_is_mpi:
+        return
+    t = comm._backend.transport
+    if t.started_persistent():
+        with watched_step(comm, "free()", "waiting for every rank to end the running starts "
+                          "of this Communicator's plans", sys._getframe(2)):
+            t.end_persistent()
+
+
 def init_method(collective: str) -> Any:
     """The Communicator's ``<collective>_init``: the blocking call's parameters."""
 

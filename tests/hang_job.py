@@ -103,6 +103,17 @@ def main(scenario: str) -> None:
         plan.start()
         plan.wait()
         return
+    elif scenario == "plan_freed":
+        # a native plan started (MPI_Start) by every rank but 1, then the Communicator
+        # freed without a wait: free() waits for the start to end (MPI forbids freeing
+        # an active request), a wait the watchdog bounds
+        plan = comm.all_reduce_init(x, algorithm="native")
+        if culprit:
+            time.sleep(3 * timeout)
+        else:
+            plan.start()
+        comm.free()
+        return
     elif scenario in ("plan_vote", "plan_persistent"):
         # a native all_reduce plan: making it votes on MPI's persistent request
         # (plan_vote: rank 1 never comes to it) and makes it; its first start is call #3,

@@ -98,6 +98,22 @@ def test_a_rank_late_to_make_a_communicator_ends_the_job_with_a_report(tmp_path)
 
 
 @needs_mpiexec
+def test_a_communicator_freed_under_a_start_one_rank_never_made_ends_with_a_report(tmp_path):
+    """Every rank but 1 starts a persistent plan and frees the Communicator: free() waits
+    for the start to end before freeing its request, watched: the job ends with reports
+    naming free() and what it waits for."""
+    from mpi4py import MPI
+
+    if MPI.Get_version() < (4, 0):
+        pytest.skip("the MPI library has no persistent collectives")
+    done, elapsed = job("plan_freed", str(tmp_path))
+    assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
+    assert elapsed < TIMEOUT + 10
+    found = reports(done.stderr)
+    assert found and any("free()" in r and "running starts" in r for r in found), found
+
+
+@needs_mpiexec
 def test_a_killed_rank_ends_the_job(tmp_path):
     done, elapsed = job("kill", str(tmp_path))
     assert done.returncode != 0 and done.returncode != 124

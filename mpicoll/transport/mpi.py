@@ -245,6 +245,15 @@ class MPITransport(Workspace):
                 request.Free()
             self._buffers.pop(id(request), None)
 
+    def started_persistent(self) -> bool:
+        """Whether a start of a persistent request is still running here."""
+        return not MPI.Is_finalized() and not all(r.Test() for r in self._persistent)
+
+    def end_persistent(self) -> None:
+        """Wait for every running start of a persistent request (``started_persistent``)."""
+        for request in self._persistent:
+            request.Wait()
+
     def retire(self, request: MPI.Prequest) -> None:
         """A request whose plan was dropped (the garbage collector may run anywhere, even
         inside an MPI call): freed at the next call's ``begin`` or with the transport."""
