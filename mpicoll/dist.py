@@ -530,9 +530,18 @@ def _is_array(a: Any) -> bool:
     return type(a) is np.ndarray or is_cupy(a)
 
 
-def _tensors(tensors: Any, name: str, count: int, like: Any) -> tuple[list[Any], str | None]:
+def _read_only(view: Any, name: str) -> str | None:
+    """What is wrong with ``view`` as memory a call writes its result into, if anything."""
+    if type(view) is np.ndarray and not view.flags.writeable:
+        return f"{name}: must be a writeable array (it is read-only)"
+    return None
+
+
+def _tensors(tensors: Any, name: str, count: int, like: Any, written: bool = False,
+             any_size: bool = False) -> tuple[list[Any], str | None]:
     """Views of a list of ``count`` tensors of ``like``'s size and dtype (torch's rule for a
-    collective's list), or what is wrong with it."""
+    collective's list; ``any_size``: its dtype alone), or what is wrong with it;
+    ``written``: the call writes into them (so none may be read-only)."""
     if not isinstance(tensors, (list, tuple)):
         return [], f"{name}: expected a list of {count} tensors, got {type(tensors).__name__}"
     if len(tensors) != count:
@@ -547,9 +556,16 @@ def _tensors(tensors: Any, name: str, count: int, like: Any) -> tuple[list[Any],
         if module_of(view) is not module_of(first):
             return [], (f"{name}[{i}]: a {module_of(view).__name__} array among "
                         f"{module_of(first).__name__} ones")
-        if _is_array(like) and (view.size != like.size or view.dtype != like.dtype):
+        if _is_array(like) and any_size and view.dtype != like.dtype:
+            return [], (f"{name}[{i}]: expected {like.dtype} (as the tensor), got "
+                        f"{view.dtype}")
+        if _is_array(like) and not any_size and (view.size != like.size or
+                                                  view.dtype != like.dtype):
             return [], (f"{name}[{i}]: expected {like.size} elements of {like.dtype} (as the "
                         f"tensor), got shape {tuple(view.shape)} of {view.dtype}")
+        wrong = _read_only(view, f"{name}[{i}]") if written else None
+        if wrong is not None:
+            return [], wrong
         views.append(view)
     return views, None
 
@@ -862,14 +878,26 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
     if g is None:
         return None
     x = _given(tensor, "tensor")
-    outs, problem = _tensors(tensor_list, "tensor_list", g.comm.size, x)
+    # every rank's tensor may have a size of its own (torch: "uneven sized tensors are
+    # supported"): all_gather_v of them flat, whose counts exchange agrees the sizes
+    outs, problem = _tensors(tensor_list, "tensor_list", g.comm.size, x, written=True,
+                             any_size=True)
 
-    def finish(rows: Any) -> None:
-        for view, row in zip(outs, rows, strict=True):
-            view[...] = row.reshape(view.shape)
+    def finish(result: Any) -> None:
+        flat, sizes = result
+        wrong = [i for i, (view, n) in enumerate(zip(outs, sizes, strict=True))
+                 if view.size != n]
+        if wrong:
+            raise InvalidArgumentError(
+                f"tensor_list[{wrong[0]}]: rank {wrong[0]} of the group sent "
+                f"{sizes[wrong[0]]} elements, but this entry holds {outs[wrong[0]].size}")
+        lo = 0
+        for view, n in zip(outs, sizes, strict=True):
+            view[...] = flat[lo:lo + n].reshape(view.shape)
+            lo += n
 
-    return _then(g.comm.all_gather, (x,), finish, problem, [tensor_list],
-                 **_how(algorithm, async_op))
+    return _then(g.comm.all_gather_v, (x.reshape(-1) if _is_array(x) else x,), finish,
+                 problem, [tensor_list], **_how(algorithm, async_op))
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
@@ -959,16 +987,14 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
                       input_split_sizes: Sequence[int] | None = None, group: Any = None,
                       async_op: bool = False, algorithm: str = "auto") -> Any:
     """Block j of ``input`` (along the first dimension) to rank j; block i of ``output``
-    from rank i (even blocks, or the split sizes). Every rank gives split sizes or none
-    does: even blocks are one collective (all_to_all), split sizes another (all_to_all_v)."""
+    from rank i (even blocks, or the split sizes). One collective whether split sizes are
+    given or not (all_to_all_v: its counts exchange agrees what every rank sends), so a
+    rank that gives even sizes meets one that gives None, as in torch."""
     g = _member(group, "all_to_all_single")
     if g is None:
         return None
     p = g.comm.size
-    # even blocks both ways are one collective, split sizes another: chosen from whether
-    # they were given (as every rank gives them), never from this rank's buffers
-    even = input_split_sizes is None and output_split_sizes is None
-    made = g.comm.all_to_all if even else g.comm.all_to_all_v
+    made = g.comm.all_to_all_v
     x = _given(input, "input")
     problem = f"input: expected a tensor, got {type(input).__name__}" \
         if not hasattr(x, "shape") else \
@@ -976,32 +1002,28 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     send: list[int] = []
     if problem is None:
         send, problem = _splits(input_split_sizes, x.shape[0], p, "input")
-    if problem is not None:
-        if not even:  # all_to_all_v's counts exchange refuses it on every rank
-            _refused_by(made, (None, None), problem, algorithm, async_op)
-        return _refused(made, problem, algorithm, async_op)
+    if problem is not None:  # all_to_all_v's counts exchange refuses it on every rank
+        _refused_by(made, (None, None), problem, algorithm, async_op)
     out, expect, problem = None, [], None
     try:
         out = _view(output, "output")
+        writable(output, "output")
+        problem = _read_only(out, "output")
     except MpicollError as exc:
         problem = str(exc)
     if problem is None and (out.ndim == 0 or out.dtype != x.dtype):
         problem = (f"output: expected a tensor of {x.dtype} (as the input) with a dim 0, got "
                    f"shape {tuple(out.shape)} of {out.dtype}")
-    if problem is None:
-        expect, problem = _splits(output_split_sizes, out.shape[0], p, "output")
-    if even:  # (torch: an output of any shape of the input's size)
-        if problem is None and out.size != x.size:
+    if problem is None and output_split_sizes is None and input_split_sizes is None:
+        # torch: without split sizes, an output of any shape of the input's size
+        if out.size != x.size:
             problem = f"output: expected {x.size} elements (as the input), got shape {tuple(out.shape)}"
-        if problem is not None:
-            return _then(g.comm.all_to_all, (x.reshape(p, -1),), _nothing, problem,
-                         **_how(algorithm, async_op))
-        rows, copy_back = _shaped(output, "output", (p, x.size // max(p, 1)))
-        return _then(g.comm.all_to_all, (x.reshape(p, -1),), copy_back, None, [output],
-                     out=rows, **_how(algorithm, async_op))
-    if problem is None and out.shape[1:] != x.shape[1:]:
-        problem = (f"output: expected rows of shape {tuple(x.shape[1:])} (as the input's), "
-                   f"got shape {tuple(out.shape)}")
+        expect = [x.shape[0] // max(p, 1)] * p
+    elif problem is None:
+        expect, problem = _splits(output_split_sizes, out.shape[0], p, "output")
+        if problem is None and out.shape[1:] != x.shape[1:]:
+            problem = (f"output: expected rows of shape {tuple(x.shape[1:])} (as the input's), "
+                       f"got shape {tuple(out.shape)}")
 
     def finish(result: Any) -> None:
         rows, received = result
@@ -1009,10 +1031,9 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
             raise InvalidArgumentError(
                 f"output_split_sizes: this rank received {list(received)} rows from the ranks, "
                 f"expected {expect} (the senders' input_split_sizes differ)")
-        out[...] = rows.reshape(out.shape)
+        out[...] = rows.reshape(out.shape)  # (rows in rank order: any shape of their size)
 
-    return _then(g.comm.all_to_all_v, (x, send), finish, problem, [output],
-                 **_how(algorithm, async_op))
+    return _then(made, (x, send), finish, problem, [output], **_how(algorithm, async_op))
 
 
 def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], group: Any = None,
@@ -1028,7 +1049,7 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
     if problem is not None:  # (all_to_all_v's counts exchange refuses it on every rank)
         _refused_by(g.comm.all_to_all_v, (None, None), problem, algorithm, async_op)
     flat = module_of(ins[0]).concatenate([a.reshape(-1) for a in ins]) if ins else None
-    outs, problem = _tensors(output_tensor_list, "output_tensor_list", p, None)
+    outs, problem = _tensors(output_tensor_list, "output_tensor_list", p, None, written=True)
     if problem is None and any(o.dtype != flat.dtype for o in outs):
         problem = f"output_tensor_list: tensors of the inputs' dtype {flat.dtype}"
 
@@ -1093,7 +1114,8 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
                     group_dst, "dst", algorithm, async_op)
     x = _given(tensor, "tensor")
     if g.comm.rank == root:
-        outs, problem = _tensors(gather_list, "gather_list", g.comm.size, x) \
+        outs, problem = _tensors(gather_list, "gather_list", g.comm.size, x,
+                                 written=True) \
             if _given_list(gather_list) else ([], "gather_list: must be given on the destination rank")
     else:
         outs, problem = [], ("gather_list: must not be given on a rank that is not the "

@@ -754,3 +754,77 @@ def test_a_future_does_not_end_the_works_wait_for_the_gpu():
     assert not finished.is_completed()
     Event.done = True
     assert finished.is_completed() and finished.wait() is True
+
+
+def test_all_to_all_single_with_even_sizes_given_on_one_rank_meets_none_on_the_others(
+        initialized):
+    """torch: split sizes of None are even blocks, so a rank that gives even sizes makes
+    the same call as those that give none; one collective serves both (its counts exchange
+    agrees them), and the next call runs."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    out = np.zeros(2 * size)
+    x = np.arange(2 * size, dtype=float) + 100 * rank
+    sizes = [2] * size if rank == 0 else None
+    dist.all_to_all_single(out, x, sizes, sizes)
+    want = np.concatenate([np.arange(2 * rank, 2 * rank + 2) + 100 * r for r in range(size)])
+    np.testing.assert_array_equal(out, want)
+    y = np.ones(3)
+    dist.all_reduce(y)
+    np.testing.assert_array_equal(y, np.full(3, float(size)))
+
+
+def test_all_gather_of_uneven_tensors_as_torch_documents(initialized):
+    """torch's all_gather supports tensors of another size on each rank (tensor_list[i]
+    has rank i's size): every rank gets every tensor; a list entry of the wrong size on
+    one rank is refused there after taking part, and the next call runs."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    tensor = np.full((rank + 1, 2), float(rank))
+    outs = [np.zeros((r + 1, 2)) for r in range(size)]
+    dist.all_gather(outs, tensor)
+    for r in range(size):
+        np.testing.assert_array_equal(outs[r], np.full((r + 1, 2), float(r)))
+    wrong = [np.zeros((r + 1, 2)) for r in range(size)]
+    if rank == size - 1:
+        wrong[0] = np.zeros((5, 2))
+        with pytest.raises(mpicoll.InvalidArgumentError, match=r"tensor_list\[0\]"):
+            dist.all_gather(wrong, tensor)
+    else:
+        dist.all_gather(wrong, tensor)
+    y = np.ones(3)
+    dist.all_reduce(y)
+    np.testing.assert_array_equal(y, np.full(3, float(size)))
+
+
+@pytest.mark.parametrize("call", ["all_gather", "gather", "all_to_all", "all_to_all_single"])
+def test_a_read_only_output_is_refused_after_taking_part(initialized, call):
+    """An output tensor the call cannot write (a read-only array) on one rank: that rank
+    raises mpicoll's error after taking part, writing none of its outputs; the others get
+    their results and the next call runs."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    last = rank == size - 1
+    x = np.full(2, float(rank))
+    outs = [np.full(2, -1.0) for _ in range(size)]
+    single = np.full(2 * size, -1.0)
+    if last:
+        for o in (*outs, single):
+            o.flags.writeable = False
+
+    def run():
+        if call == "all_gather":
+            dist.all_gather(outs, x)
+        elif call == "gather":
+            dist.gather(x, outs if last else None, dst=size - 1)
+        elif call == "all_to_all":
+            dist.all_to_all(outs, [x.copy() for _ in range(size)])
+        else:
+            dist.all_to_all_single(single, np.repeat(x, size), [2] * size, [2] * size)
+
+    if last:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="writeable"):
+            run()
+        assert all((o == -1.0).all() for o in (*outs, single))
+    else:
+        run()
+    y = np.ones(3)
+    dist.all_reduce(y)
+    np.testing.assert_array_equal(y, np.full(3, float(size)))
