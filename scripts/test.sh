@@ -50,7 +50,7 @@ timeout -k 10 "$TIMEOUT" $PY -m mpi4py -m pytest --with-mpi -q -rfEs -p no:cache
 # at those rank counts the plain run leaves these files to the run with nodes
 LAYOUTS="4:2 5:3"
 NODE_FILES="tests/test_mpi.py tests/test_mpi_groups_p2p.py tests/test_mpi_dist.py
-            tests/test_mpi_agreement.py tests/test_mpi_plans.py"
+            tests/test_mpi_agreement.py tests/test_mpi_plans.py tests/test_model_fit.py"
 # above 5 ranks (8: three levels of every tree, 4x oversubscribed on two cores) the
 # conformance files alone: every algorithm, dtype, op, shape and root against NumPy and
 # MPI's own, and the agreement scenarios; what the other files test does not change
