@@ -42,7 +42,8 @@ from mpicoll.spec import SPECS
 _ITEMS = np.dtype(np.float32)  # the traced call's data
 
 
-def _run(comm: Any, collective: str, algorithm: str, per_chunk: int) -> list[dict[str, Any]]:
+def _run(comm: Any, collective: str, algorithm: str,
+         per_chunk: int) -> tuple[int, list[dict[str, Any]]]:
     p, r = comm.size, comm.rank
     rows = np.arange(p * per_chunk, dtype=_ITEMS).reshape(p, per_chunk) + 100 * r
     flat = rows.reshape(-1)
@@ -56,7 +57,7 @@ def _run(comm: Any, collective: str, algorithm: str, per_chunk: int) -> list[dic
         comm.barrier(**given)
     else:
         getattr(comm, collective)(x, **given)
-    return list(comm.trace_events())
+    return comm.node, list(comm.trace_events())  # (its node as the run agreed it)
 
 
 def rounds(per_rank: list[list[dict[str, Any]]]) -> dict[int, int]:
@@ -110,6 +111,7 @@ class Flow:
     steps: Steps  # steps[k] = [(sender, receiver, chunk, bytes)], sorted
     reduces: list[bool]  # steps[k]: some receiver reduces what it got in this round
     holds: dict[int, int | None]  # rank -> the chunk of its last reduced receive
+    nodes: tuple[int, ...] = ()  # rank -> its node, as the traced run's Communicators saw it
 
     def phases(self, collective: str, algorithm: str) -> list[tuple[str, int, int]]:
         """(name, first step, last step), steps from 1, of a two-phase algorithm: the
@@ -143,11 +145,6 @@ def _ranks_per_node(k: int | None) -> Any:
             os.environ.pop("MPICOLL_RANKS_PER_NODE", None)
         else:
             os.environ["MPICOLL_RANKS_PER_NODE"] = before
-
-
-def node_of(ranks: int, ranks_per_node: int | None) -> tuple[int, ...]:
-    """Each rank's node: consecutive blocks of ``ranks_per_node`` (one node when None)."""
-    return tuple(0 if ranks_per_node is None else r // ranks_per_node for r in range(ranks))
 
 
 def _follow_workspace(per_rank: list[list[dict[str, Any]]], chunk_bytes: int) -> None:
@@ -220,8 +217,8 @@ def trace_flow(collective: str, algorithm: str, ranks: int, per_chunk: int = 4,
             f"algorithm: {collective} has no algorithm {algorithm!r} to draw; choose from "
             f"{', '.join(mpicoll.algorithms(collective, 'local'))}")
     with _ranks_per_node(ranks_per_node):
-        traced = run_local(ranks, _run, collective, algorithm, per_chunk, timeout=30,
-                           trace=True)
+        ran = run_local(ranks, _run, collective, algorithm, per_chunk, timeout=30, trace=True)
+    nodes, traced = tuple(node for node, _ in ran), [events for _, events in ran]
     _follow_workspace([[e for e in events if e["kind"] in ("send", "recv", "reduce")]
                        for events in traced], per_chunk * _ITEMS.itemsize)
     # a receive is reduced when the rank's next event after it is a reduction
@@ -256,7 +253,7 @@ def trace_flow(collective: str, algorithm: str, ranks: int, per_chunk: int = 4,
             matches = received.get(pair, [])
             if index < len(matches) and id(matches[index]) in reduced:
                 reduces[k] = True
-    return Flow([sorted(messages) for messages in steps], reduces, holds)
+    return Flow([sorted(messages) for messages in steps], reduces, holds, nodes)
 
 
 def flow(collective: str, algorithm: str, ranks: int, per_chunk: int = 4) -> Steps:
@@ -396,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     except mpicoll.InvalidArgumentError as exc:
         parser.error(str(exc))
     steps, phases = traced.steps, traced.phases(args.collective, args.algorithm)
-    note, nodes = traced.owner_note(), node_of(args.ranks, args.ranks_per_node)
+    note, nodes = traced.owner_note(), traced.nodes  # (--ranks-per-node, else the
+    #                                                    environment's MPICOLL_RANKS_PER_NODE)
     if args.ascii:
         print(ascii_diagram(args.collective, args.algorithm, args.ranks, steps, phases, note,
                             nodes))

@@ -102,6 +102,9 @@ def test_float_means_float32_in_the_output(world, shared_dir):
     (["-d", "int32", "--compress", "bf16"], "--compress bf16: compresses all_reduce"),
     (["--json", "/proc/no/such/x.json"], "--json /proc/no/such/x.json: cannot make the folder"),
     (["-c", "2"], "argument -c/--check"),
+    (["-d", "U3"], "-d U3: a number type"),
+    (["-d", "O"], "-d O: a number type"),
+    (["--model", "/no/such/model.json"], "--model /no/such/model.json: no such file"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(world, capsys, flags, message):
     with pytest.raises(SystemExit) as stop:
@@ -309,3 +312,30 @@ def test_overhead_and_tune_on_a_dtype_the_library_cannot_reduce(world, shared_di
                  "--collectives", "all_reduce", "--output", path]) == 0
     if world.rank == 0:
         assert "the MPI library cannot take it" in capsys.readouterr().out
+
+
+def test_model_and_tuning_files_that_are_not_theirs_are_refused(world, shared_dir, capsys):
+    """--model with a file auto's reader refuses (a negative alpha) and tune --output
+    naming a file that is no tuning file (a model file): one line, exit 2, before any
+    run; the file is left as it was. A beta or gamma of 0 (no limit) prints as such."""
+    import json
+
+    bad, model_file = f"{shared_dir}/bad-model.json", f"{shared_dir}/model.json"
+    if world.rank == 0:
+        with open(bad, "w") as f:
+            json.dump({"alpha": -1e-6, "beta": 1e-10, "gamma": 1e-10}, f)
+        with open(model_file, "w") as f:
+            json.dump({"alpha": 1e-6, "beta": 0, "gamma": 0}, f)
+    world.barrier()
+    kept = open(model_file).read()
+    for argv, message in ((["all_reduce", "--model", bad], "'alpha' must be a non-negative"),
+                          (["tune", "-b", "8", "-e", "8", "--output", model_file],
+                           "tune adds its table to a tuning file")):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert world.rank != 0 or (message in err and "Traceback" not in err), err
+    assert open(model_file).read() == kept
+    assert main(["all_reduce", *SMALL, "--algo", "ring", "--model", model_file]) == 0
+    assert world.rank != 0 or "beta unlimited, gamma unlimited" in capsys.readouterr().out

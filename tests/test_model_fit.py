@@ -69,3 +69,25 @@ def test_the_table_names_the_links_it_uses_and_spreads_ranks_over_nodes(capsys):
                                          if line.split()[1:2] == [name]))
     assert flat(four, "dissemination") > flat(one, "dissemination")  # the slower link
     assert flat(four, "hierarchical") < flat(four, "dissemination")
+
+
+def test_the_table_reads_model_files_as_auto_does(tmp_path, capsys):
+    """``model table --params``: a beta or gamma of 0 (no limit) prints as such, never a
+    ZeroDivisionError; a file auto's reader refuses (a negative alpha, a string) is a
+    one-line error, never a table of negative times or a raw TypeError."""
+    import json
+
+    from mpicoll.model.__main__ import main
+
+    free = tmp_path / "free.json"
+    free.write_text(json.dumps({"alpha": 1e-6, "beta": 0, "gamma": 0}))
+    assert main(["table", "--params", str(free), "-p", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "beta unlimited" in out and "gamma unlimited" in out
+    for alpha in (-1e-6, "x"):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({"alpha": alpha, "beta": 1e-10, "gamma": 1e-10}))
+        with pytest.raises(SystemExit) as stop:
+            main(["table", "--params", str(bad)])
+        assert stop.value.code == 2
+        assert "'alpha' must be a non-negative number" in capsys.readouterr().err

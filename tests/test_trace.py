@@ -252,9 +252,22 @@ def test_viz_draws_node_boundaries_and_the_messages_that_cross_them(capsys, tmp_
     # is drawn as crossing
     assert crossing and all(m.strip().split("=>")[0] in ("0", "3") for m in crossing)
     assert os.environ.get("MPICOLL_RANKS_PER_NODE") == before  # put back
-    flat = viz.trace_flow("all_reduce", "ring", 4, ranks_per_node=2).steps
-    nodes = viz.node_of(4, 2)
+    traced = viz.trace_flow("all_reduce", "ring", 4, ranks_per_node=2)
+    flat, nodes = traced.steps, traced.nodes
+    assert nodes == (0, 0, 1, 1)
     assert any(nodes[s] != nodes[d] for step in flat for s, d, _, _ in step)
+    # the environment's MPICOLL_RANKS_PER_NODE, where --ranks-per-node is not given: the
+    # traced run's nodes are what the diagram draws
+    os.environ["MPICOLL_RANKS_PER_NODE"] = "2"
+    try:
+        assert viz.trace_flow("all_reduce", "hierarchical", 4).nodes == (0, 0, 1, 1)
+        assert viz.main(["all_reduce", "--algorithm", "hierarchical", "-n", "4", "--ascii"]) == 0
+    finally:
+        if before is None:
+            os.environ.pop("MPICOLL_RANKS_PER_NODE", None)
+        else:
+            os.environ["MPICOLL_RANKS_PER_NODE"] = before
+    assert "nodes: node 0: ranks 0-1 | node 1: ranks 2-3" in capsys.readouterr().out
     assert viz.main(["all_reduce", "--algorithm", "ring", "-n", "4", "--ranks-per-node", "2",
                      "-o", str(tmp_path / "ring.png")]) == 0
     assert (tmp_path / "ring.png").read_bytes().startswith(b"\x89PNG")

@@ -759,6 +759,10 @@ def _check_arguments(parser: _Parser, args: argparse.Namespace) -> None:
         args.dtype = parse_dtype(args.datatype)
     except ValueError as exc:
         parser.error(f"-d: {exc}")
+    if not (args.dtype.kind in "biufc" or args.dtype.names is None and  # (ml_dtypes':
+            args.dtype.type.__module__.startswith("ml_dtypes")):        # kind "V")
+        parser.error(f"-d {args.datatype}: a number type (int, float, complex, bool, "
+                     f"bfloat16...), not {args.dtype}")
     args.datatype = args.dtype.name
     args.size_list = checked_sizes(parser, args.minbytes, args.maxbytes, args.stepfactor)
     if args.compress and (args.dtype not in (np.float32, np.float64)
@@ -796,6 +800,13 @@ def _unwritable_output(args: argparse.Namespace) -> str | None:
         problem = report.unwritable(path) if path else None
         if problem:
             return f"--{flag} {path}: {problem}"
+    if args.collective == "tune":  # (it adds to a tuning file, never writes over another)
+        from mpicoll.selection import tuning
+
+        try:
+            tuning.TuningTable.load(args.output)
+        except mpicoll.ConfigError as exc:
+            return f"--output: {exc}; tune adds its table to a tuning file, or makes one"
     return None
 
 
@@ -826,7 +837,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.root >= comm.size:
         parser.error(f"-r {args.root}: there are {comm.size} ranks (0..{comm.size - 1})")
     say = print if comm.rank == 0 else (lambda *a, **k: None)
-    params = model.load_params(args.model) or model.Params()
+    try:  # (--model named: a file it can read; else the default file, where there is one)
+        params = model.load_params(args.model)
+    except mpicoll.ConfigError as exc:
+        parser.error(f"--model: {exc}")
+    if params is None and args.model:
+        parser.error(f"--model {args.model}: no such file")
+    params = params or model.Params()
     header = report.header(comm, args, args.dtype, params)
     for line in report.header_lines(header):
         say(line)

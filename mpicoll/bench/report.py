@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+from mpicoll import model
 from mpicoll.selection.tuning import ranges_from_winners
 
 TABLE_HEADER = (f"# {'size(B)':>12} {'count':>12} {'type':>8} {'redop':>6} {'root':>4} "
@@ -119,7 +120,7 @@ def header_lines(h: dict[str, Any]) -> list[str]:
         f"# {h['iterations']} iterations after {h['warmup']} warm-up; time: per iteration the "
         f"slowest rank's, then the median; {timing}",
         f"# model: alpha {h['model']['alpha'] * 1e6:.2f} us, beta "
-        f"{1 / h['model']['beta'] / 1e9:.2f} GB/s, gamma {1 / h['model']['gamma'] / 1e9:.2f} GB/s "
+        f"{model.rate(h['model']['beta'])}, gamma {model.rate(h['model']['gamma'])} "
         f"({h['model']['source']}); native and auto are modelled by the algorithm they run",
         f"# vs_native: the time of the {'NCCL' if library == NCCL_LIBRARY else 'MPI'} library's"
         f" collective called directly ({library}) / this row's time (>1: faster than the"

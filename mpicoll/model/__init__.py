@@ -36,6 +36,7 @@ import numpy as np
 
 from ..algorithms import COLLECTIVES, REGISTRY
 from ..config import config_file
+from ..errors import ConfigError
 from ..selection.mpich_rules import RULED, mpich_native
 
 
@@ -59,16 +60,54 @@ def default_path() -> Path:
     return config_file("MPICOLL_MODEL", "model.json")
 
 
+def parse_params(text: str, path: str) -> Params:
+    """Model parameters from a file's text, or a ConfigError naming the file and the fault."""
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("expected a JSON object")
+        fields = {}
+        for key in ("alpha", "beta", "gamma"):
+            value = data.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{key!r} must be a non-negative number, got {value!r}")
+            fields[key] = float(value)
+        for key in ("alpha_intra", "beta_intra"):  # inside a node: optional (fit measures
+            value = data.get(key)                   # them where there are several nodes)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{key!r} must be a non-negative number or null, got {value!r}")
+            fields[key] = float(value)
+        if "ranks" in data:
+            ranks = data["ranks"]
+            if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 0:
+                raise ValueError(f"'ranks' must be a number of ranks >= 0, got {ranks!r}")
+            fields["ranks"] = ranks
+        return Params(**fields, source=str(path))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"model file {path}: {exc}") from None
+
+
 def load_params(path: str | Path | None = None) -> Params | None:
-    """Fitted parameters from ``path`` (default: ``default_path()``), or None."""
+    """Fitted parameters from ``path`` (default: ``default_path()``), read as ``auto``
+    reads them (``parse_params``); None where there is no such file, a ConfigError
+    where it cannot be read or holds no parameters."""
     path = Path(path) if path else default_path()
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        text = path.read_text()
+    except FileNotFoundError:
         return None
-    fields = {k: data[k] for k in ("alpha", "beta", "gamma", "ranks", "alpha_intra",
-                                   "beta_intra") if k in data}
-    return Params(**fields, source=str(path))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"model file {path}: {exc}") from None
+    return parse_params(text, str(path))
+
+
+def rate(seconds_per_byte: float) -> str:
+    """A beta or gamma as GB/s (0 s/B: no limit)."""
+    return "unlimited" if not seconds_per_byte else f"{1 / seconds_per_byte / 1e9:.2f} GB/s"
 
 
 def save_params(params: Params, path: str | Path | None = None) -> Path:
@@ -230,12 +269,12 @@ def table(params: Params, p: int, sizes: tuple[int, ...] = (8, 1 << 12, 1 << 16,
     ``nodes`` nodes, as text; its header names the link parameters the rows use."""
     alpha_in = params.alpha if params.alpha_intra is None else params.alpha_intra
     beta_in = params.beta if params.beta_intra is None else params.beta_intra
-    inside = f"alpha {alpha_in * 1e6:.2f} us, beta {1 / beta_in / 1e9:.2f} GB/s"
+    inside = f"alpha {alpha_in * 1e6:.2f} us, beta {rate(beta_in)}"
     links = f"inside a node {inside}" if nodes == 1 else (
         f"between nodes alpha {params.alpha * 1e6:.2f} us, beta "
-        f"{1 / params.beta / 1e9:.2f} GB/s; inside a node {inside}")
+        f"{rate(params.beta)}; inside a node {inside}")
     lines = [f"# predicted time (us) at {p} ranks on {nodes} node(s): {links}; gamma "
-             f"{1 / params.gamma / 1e9:.2f} GB/s ({params.source})",
+             f"{rate(params.gamma)} ({params.source})",
              f"# {'collective':<15} {'algorithm':<20}" + "".join(f"{_size(s):>11}" for s in sizes)]
     for collective in collectives:
         for name in [*REGISTRY[collective], "native"]:

@@ -19,6 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..errors import ConfigError
 from . import Params, default_path, load_params, save_params, table
 
 
@@ -69,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.ranks is not None and args.ranks < 1:
         parser.error("-p: at least 1 rank")
     path = Path(args.params) if args.params else default_path()
-    params = load_params(path)
+    try:
+        params = load_params(path)
+    except ConfigError as exc:
+        parser.error(f"--params: {exc}" if args.params else str(exc))
     if params is None:
         if args.params:
             parser.error(f"--params {path}: not a readable model file")
@@ -128,4 +132,5 @@ def _topology_table(parser: argparse.ArgumentParser, args: argparse.Namespace,
     return 0
 
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

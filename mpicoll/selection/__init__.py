@@ -13,13 +13,13 @@ uneven blocks, a dtype the MPI library cannot reduce):
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from .. import model
 from ..algorithms import REGISTRY
 from ..errors import ConfigError
+from ..model import parse_params  # (auto's reader of the model file: model's own)
 from ..ops import Op
 from . import tuning
 from .mpich_rules import RULED, mpich_default
@@ -90,37 +90,6 @@ def parse_tuning(text: str, path: str) -> tuning.TuningTable:
     except (ValueError, TypeError, AttributeError) as exc:
         raise ConfigError(f"tuning file {path}: {exc}") from None
     return table
-
-
-def parse_params(text: str, path: str) -> model.Params:
-    """Model parameters from a file's text, or a ConfigError naming the file and the fault."""
-    try:
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise ValueError("expected a JSON object")
-        fields = {}
-        for key in ("alpha", "beta", "gamma"):
-            value = data.get(key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{key!r} must be a non-negative number, got {value!r}")
-            fields[key] = float(value)
-        for key in ("alpha_intra", "beta_intra"):  # inside a node: optional (fit measures
-            value = data.get(key)                   # them where there are several nodes)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{key!r} must be a non-negative number or null, got {value!r}")
-            fields[key] = float(value)
-        if "ranks" in data:
-            ranks = data["ranks"]
-            if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 0:
-                raise ValueError(f"'ranks' must be a number of ranks >= 0, got {ranks!r}")
-            fields["ranks"] = ranks
-        return model.Params(**fields, source=str(path))
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"model file {path}: {exc}") from None
 
 
 def read_texts() -> dict[str, list[str | None]]:

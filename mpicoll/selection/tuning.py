@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import config_file
+from ..errors import ConfigError
 
 VERSION = 1
 
@@ -66,11 +67,20 @@ class TuningTable:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> TuningTable | None:
+        """The table in ``path`` (default: ``default_path()``); None where there is no
+        such file, a ConfigError where it cannot be read or is no tuning file (so ``tune``
+        never writes its table over another file)."""
         path = Path(path) if path else default_path()
         try:
-            return cls(json.loads(path.read_text()))
-        except (OSError, ValueError):
+            text = path.read_text()
+        except FileNotFoundError:
             return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"tuning file {path}: {exc}") from None
+        try:
+            return cls(json.loads(text))
+        except ValueError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
 
     def save(self, path: str | Path | None = None) -> Path:
         path = Path(path) if path else default_path()
