@@ -83,6 +83,9 @@ class ProcessGroup:
     def local(self, global_rank: int, name: str) -> int:
         """A global rank as this group's rank (torch's src/dst/peer are global)."""
         try:
+            if isinstance(global_rank, (bool, np.bool_)) or not isinstance(
+                    global_rank, (int, np.integer)):  # (1.0 and True hash as 1)
+                raise TypeError
             return self._local[global_rank]
         except (KeyError, TypeError):
             raise InvalidArgumentError(
@@ -601,14 +604,19 @@ class _Finished:
         return True
 
     def is_completed(self) -> bool:
+        """Whether the call has ended, in success or in an error (torch's: it never
+        raises; ``wait()`` and ``exception()`` give the error)."""
         if not self._done and self._work.test():
-            self.wait()  # ended: its tensors hold the result from now on, as torch's
+            try:
+                self.wait()  # ended: its tensors hold the result from now on, as torch's
+            except MpicollError:
+                return True
         return self._done
 
     test = is_completed
 
     def is_success(self) -> bool:
-        return self.is_completed()
+        return self.is_completed() and self.exception() is None
 
     def exception(self) -> BaseException | None:
         """The error of a call that ended in one (None: none, or not ended yet)."""

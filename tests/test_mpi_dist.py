@@ -564,6 +564,9 @@ def test_lists_and_roots_that_are_not_what_torch_takes(initialized):
         dist.gather(np.ones(2), np.zeros((size, 2)), dst=0)  # an array, not a list
     with pytest.raises(mpicoll.InvalidArgumentError, match="src"):
         dist.broadcast(np.ones(1), src=size)  # on every rank: refused as a call
+    for src in (True, 0.0):  # (they hash as ranks 1 and 0: torch takes ints alone)
+        with pytest.raises(mpicoll.InvalidArgumentError, match="src"):
+            dist.broadcast(np.ones(1), src=src)
     with pytest.raises(mpicoll.InvalidArgumentError, match="split_sizes"):
         dist.all_to_all_single(np.zeros(size), np.zeros(size), input_split_sizes=[True] * size)
     t = np.ones(1)
@@ -828,3 +831,26 @@ def test_a_read_only_output_is_refused_after_taking_part(initialized, call):
     y = np.ones(3)
     dist.all_reduce(y)
     np.testing.assert_array_equal(y, np.full(3, float(size)))
+
+
+def test_a_failed_works_is_completed_does_not_raise(initialized):
+    """torch's Work: is_completed() says whether the call ended, failed or not, without
+    raising; is_success() is False and exception() gives the error; wait() raises it."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    out = np.zeros(size)
+    expect = [1] * size if rank != size - 1 else [2] + [1] * (size - 2) + [0]
+    if size == 1:
+        expect = [2]
+    work = dist.all_to_all_single(out, np.ones(size), expect if size > 1 else None,
+                                  [1] * size, async_op=True)
+    failed = rank == size - 1 and size > 1
+    deadline = time.monotonic() + 30
+    while not work.is_completed():
+        assert time.monotonic() < deadline
+    assert work.is_success() is not failed
+    assert (work.exception() is not None) == failed
+    if failed:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="output_split_sizes"):
+            work.wait()
+    else:
+        assert work.wait()
