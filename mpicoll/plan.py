@@ -31,6 +31,7 @@ rank refusing its arguments, raises on every rank).
 from __future__ import annotations
 
 import sys
+import time
 import weakref
 import zlib
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,12 @@ import numpy as np
 
 from .buffers.arrays import as_array, empty
 from .buffers.arrays import same as _same
-from .errors import ConcurrentCallError, InvalidArgumentError, MpicollError
+from .errors import (
+    CollectiveTimeoutError,
+    ConcurrentCallError,
+    InvalidArgumentError,
+    MpicollError,
+)
 from .pipeline import agree, decided
 from .pipeline.decided import Decision, decide
 from .pipeline.entry import (
@@ -50,7 +56,7 @@ from .pipeline.entry import (
     watched_step,
 )
 from .spec import SPECS
-from .work import Site, Work, start_progress, submit
+from .work import Site, Work, as_seconds, start_progress, submit
 
 if TYPE_CHECKING:
     from .communicator import Communicator
@@ -199,6 +205,14 @@ class Plan:
         if self._freed:
             raise InvalidArgumentError(f"plan.wait(): this {self.collective} plan was freed")
         if self._in_flight is not None:  # MPI's wait, bounded by the watchdog
+            if timeout is not None:  # (Work.wait's: not ended by then, it stays started)
+                seconds = as_seconds(timeout)
+                deadline = time.monotonic() + seconds
+                while not self._request.Test():
+                    if time.monotonic() >= deadline:
+                        raise CollectiveTimeoutError(
+                            f"{self.collective} plan.wait(): not finished after {seconds:g} s")
+                    time.sleep(0.0001)
             started, self._in_flight = self._in_flight, None
             try:
                 self._wait_request(started)

@@ -5,6 +5,8 @@ misuse raises; in check mode a plan is agreed across ranks."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -848,3 +850,20 @@ def test_a_test_refused_as_busy_keeps_the_start(world):
     np.testing.assert_array_equal(plan.wait(), np.full(4, float(world.size)))
     with pytest.raises(mpicoll.InvalidArgumentError, match="freed"):
         plan.free() or plan.test()
+
+
+def test_wait_with_a_timeout_on_a_persistent_start(world):
+    """plan.wait(timeout) on MPI's persistent request, as Work.wait(timeout): a start
+    not ended by then raises CollectiveTimeoutError and stays started; the next wait
+    gives the result."""
+    x = np.full(2, 1.0)
+    plan = world.all_reduce_init(x, algorithm="native")
+    last = world.rank == world.size - 1
+    if last and world.size > 1:
+        time.sleep(0.5)  # the others' starts cannot end before this rank's
+    plan.start()
+    if not last and plan._in_flight is not None:
+        with pytest.raises(mpicoll.CollectiveTimeoutError):
+            plan.wait(timeout=0.01)
+    np.testing.assert_array_equal(plan.wait(timeout=30), np.full(2, float(world.size)))
+    plan.free()
