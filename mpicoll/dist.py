@@ -748,6 +748,19 @@ def _no_output(output: Any, name: str) -> str | None:
         if output is None else None
 
 
+def _unpack(outs: list[Any], flat: Any, received: Sequence[int], name: str) -> None:
+    """A v-call's result (``flat``: every rank's elements in rank order, ``received`` of
+    each) into the list's tensors ``outs``, where each holds what its rank sent."""
+    sizes = [o.size for o in outs]
+    if list(received) != sizes:
+        raise InvalidArgumentError(f"{name}: this rank received {list(received)} elements "
+                                   f"from the ranks, its tensors hold {sizes}")
+    start = 0
+    for view, n in zip(outs, sizes, strict=True):
+        view[...] = flat[start:start + n].reshape(view.shape)
+        start += n
+
+
 def _then(call: Any, args: tuple, finish: Any, problem: str | None,
           value: Sequence[Any] = (), **kwargs: Any) -> Any:
     """``call(*args, **kwargs)``, then ``finish(result)`` (at ``wait()`` where kwargs hold
@@ -892,17 +905,7 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
                              any_size=True)
 
     def finish(result: Any) -> None:
-        flat, sizes = result
-        wrong = [i for i, (view, n) in enumerate(zip(outs, sizes, strict=True))
-                 if view.size != n]
-        if wrong:
-            raise InvalidArgumentError(
-                f"tensor_list[{wrong[0]}]: rank {wrong[0]} of the group sent "
-                f"{sizes[wrong[0]]} elements, but this entry holds {outs[wrong[0]].size}")
-        lo = 0
-        for view, n in zip(outs, sizes, strict=True):
-            view[...] = flat[lo:lo + n].reshape(view.shape)
-            lo += n
+        _unpack(outs, *result, "tensor_list")
 
     return _then(g.comm.all_gather_v, (x.reshape(-1) if _is_array(x) else x,), finish,
                  problem, [tensor_list], **_how(algorithm, async_op))
@@ -1062,16 +1065,7 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
         problem = f"output_tensor_list: tensors of the inputs' dtype {flat.dtype}"
 
     def finish(result: Any) -> None:
-        rows, received = result
-        sizes = [o.size for o in outs]
-        if list(received) != sizes:
-            raise InvalidArgumentError(
-                f"output_tensor_list: this rank received {list(received)} elements from the "
-                f"ranks, its tensors hold {sizes}")
-        start = 0
-        for view, n in zip(outs, sizes, strict=True):
-            view[...] = rows[start:start + n].reshape(view.shape)
-            start += n
+        _unpack(outs, *result, "output_tensor_list")
 
     return _then(g.comm.all_to_all_v, (flat, [a.size for a in ins]), finish, problem,
                  [output_tensor_list], **_how(algorithm, async_op))

@@ -461,8 +461,10 @@ def test_the_same_mistake_on_every_rank_raises_mpicoll_errors(initialized):
     cases = [
         (lambda: dist.all_gather_into_tensor(np.zeros(3 * size - 1), x), "output_tensor"),
         (lambda: dist.all_gather_into_tensor(np.zeros(3 * size + 3), x), "output_tensor"),
-        (lambda: dist.all_gather([np.zeros(4) for _ in range(size)], x), r"tensor_list\[0\]"),
-        (lambda: dist.all_gather([np.zeros((2, 3)) for _ in range(size)], x), "3 elements"),
+        (lambda: dist.all_gather([np.zeros(4) for _ in range(size)], x),
+         "tensor_list: this rank received"),
+        (lambda: dist.all_gather([np.zeros((2, 3)) for _ in range(size)], x),
+         r"its tensors hold \[6"),
         (lambda: dist.all_gather([np.zeros(3, int) for _ in range(size)], x), "float64"),
         (lambda: dist.all_gather([np.zeros(3)] * (size + 1), x), "tensor_list"),
         (lambda: dist.reduce_scatter_tensor(np.zeros(3), np.zeros(3 * size + 1)),
@@ -789,7 +791,7 @@ def test_all_gather_of_uneven_tensors_as_torch_documents(initialized):
     wrong = [np.zeros((r + 1, 2)) for r in range(size)]
     if rank == size - 1:
         wrong[0] = np.zeros((5, 2))
-        with pytest.raises(mpicoll.InvalidArgumentError, match=r"tensor_list\[0\]"):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="tensor_list: this rank"):
             dist.all_gather(wrong, tensor)
     else:
         dist.all_gather(wrong, tensor)
