@@ -15,6 +15,10 @@
 #                     pmix (srun --mpi=pmix, for an MPI built with PMIx), or mpiexec
 #                     (the MPI library's own launcher, for a site MPI that wants it)
 #   MPICOLL_RESULTS   where results/<jobname>-<jobid>/ is made (default: $MPICOLL_ROOT/results)
+#   MPICOLL_TIMEOUT   mpicoll's watchdog, per call (default here 300 s, not the library's
+#                     1800: a hung call ends with mpicoll's report inside the job's limit)
+#   MPICOLL_STEP_TIMEOUT  each launch's own bound, in seconds (default 1500: under every
+#                     job's --time; the watchdog ends a hang first, this whatever else)
 #
 # After sourcing: $PYTHON, $MPICOLL_ROOT, $RESULTS (this job's results folder, created),
 # and `launch [srun options --] command...`, which starts one rank per task.
@@ -107,7 +111,7 @@ launch() {
         shift
     fi
     case "$MPICOLL_LAUNCHER" in
-        pmi2 | pmix) srun --mpi="$MPICOLL_LAUNCHER" "${options[@]}" "$@" ;;
+        pmi2 | pmix) timeout -k 10 "$MPICOLL_STEP_TIMEOUT" srun --mpi="$MPICOLL_LAUNCHER" "${options[@]}" "$@" ;;
         mpiexec)
             local n=${SLURM_NTASKS:-1} i
             for ((i = 0; i < ${#options[@]}; i++)); do  # mpiexec takes only the rank count
@@ -115,11 +119,14 @@ launch() {
             done
             local mpiexec
             mpiexec=$(command -v mpiexec || echo "$(dirname "$PYTHON")/mpiexec")
-            "$mpiexec" -n "$n" "$@"
+            timeout -k 10 "$MPICOLL_STEP_TIMEOUT" "$mpiexec" -n "$n" "$@"
             ;;
     esac
 }
 
+export MPICOLL_TIMEOUT=${MPICOLL_TIMEOUT:-300}
+MPICOLL_STEP_TIMEOUT=${MPICOLL_STEP_TIMEOUT:-1500}
+[[ "$MPICOLL_STEP_TIMEOUT" =~ ^[1-9][0-9]*$ ]] || mpicoll_fail "MPICOLL_STEP_TIMEOUT=$MPICOLL_STEP_TIMEOUT: expected whole seconds above 0"
 RESULTS=${MPICOLL_RESULTS:-$MPICOLL_ROOT/results}/${SLURM_JOB_NAME:-job}-$SLURM_JOB_ID
 mkdir -p "$RESULTS" || mpicoll_fail "cannot create $RESULTS"
 export PYTHON MPICOLL_ROOT RESULTS MPICOLL_LAUNCHER

@@ -21,8 +21,10 @@ fi
 # a job's output starts with its own lines; a failed install says where its log is (the
 # import check below decides whether the environment still serves, e.g. offline)
 log=.venv/setup.log
+: >"$log"  # (each step appends: a failed step's output stays for the one after it)
 quiet_pip() {
-    .venv/bin/python -m pip install -q --disable-pip-version-check "$@" >"$log" 2>&1 \
+    echo "== pip install $*" >>"$log"
+    .venv/bin/python -m pip install -q --disable-pip-version-check "$@" >>"$log" 2>&1 \
         || echo "setup: pip install $* failed; its output: $log" >&2
 }
 quiet_pip --upgrade pip

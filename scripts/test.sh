@@ -76,6 +76,7 @@ for n in $RANKS; do
 done
 for layout in $LAYOUTS; do
     n=${layout%%:*} k=${layout##*:}
+    case " $RANKS " in *" $n "*) ;; *) continue ;; esac  # (only rank counts asked for)
     echo "== pytest under mpiexec -n $n with MPICOLL_RANKS_PER_NODE=$k"
     # shellcheck disable=SC2086
     MPICOLL_RANKS_PER_NODE=$k timeout -k 10 "$TIMEOUT" $MPIEXEC -n "$n" $PY -m mpi4py \

@@ -339,3 +339,18 @@ def test_model_and_tuning_files_that_are_not_theirs_are_refused(world, shared_di
     assert open(model_file).read() == kept
     assert main(["all_reduce", *SMALL, "--algo", "ring", "--model", model_file]) == 0
     assert world.rank != 0 or "beta unlimited, gamma unlimited" in capsys.readouterr().out
+
+
+def test_the_auto_line_is_there_when_auto_wins_and_ignores_compressed_rows():
+    """The summary says how close auto came even where it was the fastest everywhere;
+    compressed and plan rows (other values, or another call form) are never its yardstick,
+    nor "the fastest algorithm"."""
+    from types import SimpleNamespace as Row
+
+    from mpicoll.bench.report import auto_lines, fastest_lines
+
+    rows = [Row(collective="all_reduce", algorithm=a, size=s, time_us=t)
+            for s in (8, 64) for a, t in (("auto", 1.0), ("ring", 2.0), ("ring+bf16", 0.5),
+                                          ("ring+plan", 0.4))]
+    assert auto_lines(rows) == ["# auto, all_reduce: the fastest at every size"]
+    assert "ring" in fastest_lines(rows)[0] and "+" not in fastest_lines(rows)[0]

@@ -754,7 +754,7 @@ def _check_arguments(parser: _Parser, args: argparse.Namespace) -> None:
     if unknown:
         parser.error(f"{'--collectives: ' if tuning else ''}unknown collective "
                      f"{', '.join(unknown)}; choose from {', '.join(RECORDS)}, all"
-                     + ("" if tuning else ", tune"))
+                     + ("" if tuning else ", tune, overhead"))
     try:
         args.dtype = parse_dtype(args.datatype)
     except ValueError as exc:
@@ -845,7 +845,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--model {args.model}: no such file")
     params = params or model.Params()
     header = report.header(comm, args, args.dtype, params)
-    for line in report.header_lines(header):
+    for line in report.header_lines(header, sweep=args.collective != "overhead"):
         say(line)
     if args.collective == "tune":
         from .tune import tune

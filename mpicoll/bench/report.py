@@ -99,7 +99,9 @@ def _gpu_versions(args: Any) -> dict[str, Any]:
     return versions
 
 
-def header_lines(h: dict[str, Any]) -> list[str]:
+def header_lines(h: dict[str, Any], sweep: bool = True) -> list[str]:
+    """The run's header: versions, ranks and buffers, and (``sweep``: a sweep's, not the
+    overhead table's, which says how it times in its own header) timing, model, columns."""
     timing = ("a barrier before each iteration, the algorithms taking turns in a shuffled order"
               if h["timing"] == "barrier" else "back-to-back iterations")
     slurm = (f" | SLURM job {h['slurm_job_id']} on nodes {','.join(h['slurm_nodes'])}"
@@ -110,13 +112,18 @@ def header_lines(h: dict[str, Any]) -> list[str]:
         gpu = [f"# GPU {h['gpu']} | CuPy {h['cupy']} | CUDA runtime {h['cuda_runtime']}"
                + (f" | NCCL {h['nccl']}" if "nccl" in h else "")]
     library = library_row(h["backend"])
-    return [
+    run = [
         f"# mpicoll {h['mpicoll']} | {h['mpi_library']} | mpi4py {h['mpi4py']} | numpy {h['numpy']}",
         *gpu,
         f"# {h['ranks']} ranks on {h['hosts']} host(s){slurm} | {len(h['nodes'])} node(s) of "
         f"{'+'.join(map(str, h['nodes']))} ranks | backend {h['backend']} "
         f"({h['buffer']} buffers) | dtype {h['dtype']} | op {h['op']} | root {h['root']}"
         f"{' | in place' if h['inplace'] else ''}",
+    ]
+    if not sweep:
+        return run
+    return [
+        *run,
         f"# {h['iterations']} iterations after {h['warmup']} warm-up; time: per iteration the "
         f"slowest rank's, then the median; {timing}",
         f"# model: alpha {h['model']['alpha'] * 1e6:.2f} us, beta "
@@ -164,8 +171,9 @@ def fastest_lines(rows: list[Any]) -> list[str]:
     and ``native`` (the library's collective through mpicoll, marked with a *)."""
     lines = []
     for collective in dict.fromkeys(r.collective for r in rows):
-        mine = [r for r in rows if r.collective == collective  # per call: plans apart
-                and r.algorithm not in (*LIBRARY_ROWS, "auto") and not r.algorithm.endswith("+plan")]
+        mine = [r for r in rows if r.collective == collective  # per call, exact: plans and
+                and r.algorithm not in (*LIBRARY_ROWS, "auto") and "+" not in r.algorithm]
+        #                                                        compressed rows apart
         winners = []
         for size in sorted({r.size for r in mine}):
             at = [r for r in mine if r.size == size]
@@ -261,13 +269,17 @@ def auto_lines(rows: list[Any]) -> list[str]:
     """Per collective, how far ``auto`` is from the fastest row (and from ``native``)."""
     lines = []
     for collective in dict.fromkeys(r.collective for r in rows):
+        # (auto against the other per-call rows of the same values: not a plan's rows,
+        # nor compressed ones, whose results differ)
         mine = [r for r in rows if r.collective == collective and r.algorithm not in LIBRARY_ROWS
-                and not r.algorithm.endswith("+plan")]
+                and "+" not in r.algorithm]
         worst_best = worst_native = (1.0, 0)
+        compared = False
         for size in sorted({r.size for r in mine}):
             at = {r.algorithm: r.time_us for r in mine if r.size == size}
             if "auto" not in at or len(at) < 2:
                 continue
+            compared = True
             fastest = min(t for name, t in at.items() if name != "auto")
             worst_best = max(worst_best, (at["auto"] / fastest, size))
             if "native" in at:
@@ -276,6 +288,8 @@ def auto_lines(rows: list[Any]) -> list[str]:
             lines.append(f"# auto, {collective}: at most {worst_best[0]:.2f}x the fastest "
                          f"(at {human(worst_best[1])}), {worst_native[0]:.2f}x native "
                          f"(at {human(worst_native[1])})")
+        elif compared:
+            lines.append(f"# auto, {collective}: the fastest at every size")
     return lines
 
 
