@@ -290,3 +290,40 @@ def test_a_nan_survives_min_and_max_at_every_size_and_in_every_form(world, op):
                     world.reduce(y, op, world.size - 1)):
             if got is not None:
                 assert np.isnan(got[0]) and got[1] == 2.0 and got[2] == -1.0, (n, got[:3])
+
+
+@pytest.mark.parametrize("wrong", ["read-only", "a list"])
+@pytest.mark.parametrize("form", ["call", "async", "plan"])
+def test_check_mode_a_scatter_receivers_out_that_cannot_be_written_raises_everywhere(wrong,
+                                                                                    form):
+    """Check mode: a receiver's out= that is no array it can write (read-only, a list) is
+    refused before the call's exchange, so every rank raises (the others RemoteError),
+    blocking, async or as a plan; the next call is right."""
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_size() == 1:
+        pytest.skip("needs two ranks")
+    comm = mpicoll.Communicator(check=True)
+    p, r = comm.size, comm.rank
+    last = r == p - 1
+    out = np.zeros(2)
+    if last:
+        if wrong == "read-only":
+            out.flags.writeable = False
+        else:
+            out = [0.0, 0.0]
+    x = np.arange(2.0 * p).reshape(p, 2) if r == 0 else None
+    try:
+        with pytest.raises(mpicoll.MpicollError) as raised:
+            if form == "call":
+                comm.scatter(x, 0, out=out)
+            elif form == "async":
+                comm.scatter(x, 0, out=out, async_op=True).wait()
+            else:
+                comm.scatter_init(x, 0, out=out)()
+        assert isinstance(raised.value, mpicoll.InvalidArgumentError if last
+                          else mpicoll.RemoteError), raised.value
+        np.testing.assert_array_equal(comm.all_reduce(np.ones(2), algorithm="ring"),
+                                      np.full(2, float(p)))
+    finally:
+        comm.free()

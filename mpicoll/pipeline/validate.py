@@ -182,7 +182,8 @@ def counts(verdict: Verdict, counts: Any, size: int, name: str,
     return [int(c) for c in values]
 
 
-def writeable_receive(verdict: Verdict, x: Any) -> None:
+def writeable_receive(verdict: Verdict, x: Any, name: str = "x") -> None:
     """Refuse a receive buffer that cannot be written (read-only NumPy memory)."""
     if x is not None and type(x) is np.ndarray and not x.flags.writeable:
-        verdict.refuse("receive", InvalidArgumentError("x: the receive buffer must be writeable"))
+        verdict.refuse("receive", InvalidArgumentError(
+            f"{name}: the receive buffer must be writeable"))
