@@ -211,3 +211,40 @@ def test_tuning_options(collective, algorithm, options):
         return True
 
     assert all(run_local(7, body, timeout=10))
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "scatter", "gather", "all_gather",
+                                        "all_to_all", "all_gather_v", "scatter_v"])
+def test_a_dtype_of_no_bytes_moves_through_every_algorithm(collective):
+    """An empty structured dtype (itemsize 0): nothing to move, and every algorithm moves
+    it (the workspace hands out views of it too), each call a few times in a row."""
+    empty = np.dtype([])
+    v = collective.endswith("_v")
+    name = collective[:-2] if v else collective
+
+    def body(comm, algorithm):
+        p, root = comm.size, 0
+        for _ in range(3):
+            rows = np.zeros((p, 2), empty)
+            if collective == "broadcast":
+                got = comm.broadcast(np.zeros(2, empty), root, algorithm=algorithm)
+            elif collective == "scatter":
+                got = comm.scatter(rows if comm.rank == root else None, root, algorithm=algorithm)
+            elif collective == "scatter_v":
+                got = comm.scatter_v(rows if comm.rank == root else None,
+                                     [1] * p if comm.rank == root else None, root,
+                                     algorithm=algorithm)
+            elif collective == "gather":
+                got = comm.gather(np.zeros(2, empty), root, algorithm=algorithm)
+            elif collective == "all_gather_v":
+                got, _ = comm.all_gather_v(np.zeros((1, 2), empty), algorithm=algorithm)
+            else:
+                got = getattr(comm, collective)(rows if collective == "all_to_all"
+                                                else np.zeros(2, empty), algorithm=algorithm)
+            got = got[0] if type(got) is tuple else got
+        return None if got is None else (got.shape, got.dtype == empty)
+
+    names = ["auto"] if v else [*REGISTRY[name], "auto"]  # (local: no library's own)
+    for algorithm in names:
+        for result in run_local(3, body, algorithm, timeout=10):
+            assert result is None or result[1], (algorithm, result)

@@ -144,6 +144,6 @@ class Workspace:
             raw = self._arenas[device] = (cupy_module().empty(size, np.uint8) if device
                                           else np.empty(size, np.uint8))
         self._tops[device] = -(-end // self._ALIGN) * self._ALIGN
-        if device or dtype.hasobject or not dtype.itemsize:
+        if device or dtype.hasobject:
             return raw[start:end].view(dtype)  # (NumPy refuses a view of bytes as objects)
         return np.ndarray((count,), dtype, raw, start)  # the same view, made a third as dear
