@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..errors import CollectiveError
 from . import Status, Workspace
 
 # Tags of this process's transports so far: a new transport starts above all of them, so
@@ -386,8 +387,11 @@ class MPIPeers:
     def recv(self, buf: Any, source: int, tag: int) -> Status:
         status = MPI.Status()
         landing = self._landing(buf)
-        self.comm.Recv([landing, MPI.BYTE], _any(source, MPI.ANY_SOURCE), _any(tag, MPI.ANY_TAG),
-                       status)
+        try:
+            self.comm.Recv([landing, MPI.BYTE], _any(source, MPI.ANY_SOURCE),
+                           _any(tag, MPI.ANY_TAG), status)
+        except MPI.Exception as exc:
+            raise _cut_short(exc, buf, status) from exc
         if landing is not buf:  # (a staged receive)
             _onto_device(buf, landing, status)
         return _status(status)
@@ -396,9 +400,12 @@ class MPIPeers:
                  recv_tag: int) -> Status:
         status = MPI.Status()
         landing = self._landing(recvbuf)
-        self.comm.Sendrecv([self._outgoing(sendbuf), MPI.BYTE], dest, send_tag,
-                           [landing, MPI.BYTE], _any(source, MPI.ANY_SOURCE),
-                           _any(recv_tag, MPI.ANY_TAG), status)
+        try:
+            self.comm.Sendrecv([self._outgoing(sendbuf), MPI.BYTE], dest, send_tag,
+                               [landing, MPI.BYTE], _any(source, MPI.ANY_SOURCE),
+                               _any(recv_tag, MPI.ANY_TAG), status)
+        except MPI.Exception as exc:
+            raise _cut_short(exc, recvbuf, status) from exc
         if landing is not recvbuf:
             _onto_device(recvbuf, landing, status)
         return _status(status)
@@ -431,6 +438,19 @@ class MPIPeers:
 
 def _any(value: int, wildcard: int) -> int:
     return wildcard if value < 0 else value  # mpicoll.ANY is -1
+
+
+def _cut_short(exc: MPI.Exception, buf: Any, status: MPI.Status) -> Exception:
+    """A receive's MPI error as mpicoll's: a message longer than the buffer (MPI cuts it
+    short, MPI_ERR_TRUNCATE) said so; any other as it is (the caller's step names it)."""
+    if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+        return exc
+    source = status.Get_source()
+    sender = f"rank {source}" if source >= 0 else "the sender"
+    return CollectiveError(
+        f"the message from {sender} (tag {status.Get_tag()}) is longer than the "
+        f"{buf.nbytes} bytes of the buffer it was received into, which holds its first "
+        "bytes only; probe() tells a message's size before its receive")
 
 
 def _status(status: MPI.Status) -> Status:
