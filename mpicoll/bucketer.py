@@ -20,6 +20,10 @@ works on a duplicate of ``comm`` (``free()`` releases it), so its buckets' calls
 pair with the caller's own asynchronous calls on ``comm``, which ranks may make between
 their ``add`` calls at different points. Its calls are decided by what was agreed, so
 check mode does not fingerprint them (each start would be a step every rank makes at once).
+An ``add`` that refuses its array (another shape, no array) raises on its rank at once,
+but its slot goes as zeros, so every bucket still starts; ``wait`` ends each round with one
+small exchange, where every rank learns of such a refusal and raises (the others a
+RemoteError: their sums lack that rank's part), in check mode or not.
 
 Buckets live where the arrays do: CuPy gradients fill device buckets (copied by a kernel
 on the current stream), NumPy ones host buckets; a bucket's arrays are all on the GPU or
@@ -37,7 +41,13 @@ from typing import Any
 import numpy as np
 
 from .buffers.arrays import as_array, copy_into, empty
-from .errors import CollectiveTimeoutError, InvalidArgumentError, MismatchError, MpicollError
+from .errors import (
+    CollectiveTimeoutError,
+    InvalidArgumentError,
+    MismatchError,
+    MpicollError,
+    RemoteError,
+)
 from .pipeline.agree import op_text
 from .work import start_progress
 
@@ -104,6 +114,7 @@ class Bucketer:
         self._missing = [len(m) for m in self.members]
         self._filled = [False] * len(arrays)
         self._next = 0  # the next bucket to start
+        self._refused: MpicollError | None = None  # this round's first refused add, if any
 
     @property
     def bucket_bytes(self) -> list[int]:
@@ -122,11 +133,16 @@ class Bucketer:
                                        f"(one of the arrays'), got {i!r}")
         if self._filled[i]:
             raise InvalidArgumentError(f"array {i} was already added this round")
-        array, _ = as_array(array, f"array {i}")
-        if array.shape != self.shapes[i]:
-            raise InvalidArgumentError(
-                f"array {i}: shape {array.shape}, expected {self.shapes[i]}")
-        copy_into(self._slot(i).reshape(self.shapes[i]), array)
+        refusal = None
+        try:
+            array, _ = as_array(array, f"array {i}")
+            if array.shape != self.shapes[i]:
+                raise InvalidArgumentError(
+                    f"array {i}: shape {array.shape}, expected {self.shapes[i]}")
+            copy_into(self._slot(i).reshape(self.shapes[i]), array)
+        except MpicollError as exc:  # this rank takes part on zeros, then raises; wait()
+            refusal = self._refused = self._refused or exc  # tells every rank
+            self._slot(i)[...] = 0
         self._filled[i] = True
         self._missing[self.bucket_of[i]] -= 1
         while self._next < len(self.members) and self._missing[self._next] == 0:
@@ -135,6 +151,8 @@ class Bucketer:
                 flat, self.op, algorithm=self.algorithm, out=flat, async_op=True,
                 _site=sys._getframe(1))  # (a hang report names the caller's add)
             self._next += 1
+        if refusal is not None:
+            raise refusal
 
     def wait(self) -> list[Any]:
         """Every array reduced (views of the buckets, in the order given); then a new
@@ -154,6 +172,14 @@ class Bucketer:
                 raise  # (the job is ending: the watchdog's report says why)
             except MpicollError as exc:
                 failure = failure or exc
+        # an array one rank's add refused went as zeros: every rank learns it here (one
+        # small exchange a round), so no rank takes such a round's sums for right
+        refused, self._refused = self._refused, None
+        ranks = np.flatnonzero(self.comm.all_gather(np.array([refused is not None]))).tolist()
+        if ranks and failure is None:
+            failure = refused or RemoteError(
+                f"Bucketer.wait: add refused an array on rank(s) {_ranks(ranks)}, which took "
+                "part with zeros in its place: this round's results are not the sums")
         # the round ends, failed or not (an OpError on every rank): a new one may begin
         self._missing = [len(m) for m in self.members]
         self._filled = [False] * len(self.shapes)

@@ -232,6 +232,36 @@ def test_a_bucketer_refuses_indices_that_are_not_ints_and_ends_a_round_whose_buc
     assert run_local(2, body, timeout=20) == [([3.0, 3.0], [2.0, 2.0, 2.0])] * 2
 
 
+@pytest.mark.parametrize("check", [False, True])
+def test_a_bucketer_add_refused_on_one_rank_raises_at_every_ranks_wait(check):
+    """One rank's add gets an array of the wrong shape (or no array): it raises there at
+    once, but its slot goes as zeros so every bucket still starts; wait() then raises on
+    every rank (that rank its own error, the others RemoteError: their sums lack its part),
+    in check mode too, and the next round is right."""
+    def body(comm):
+        buckets = mpicoll.Bucketer(comm, [np.ones(2), np.ones(3), np.ones(4)], cap_bytes=40)
+        last = comm.rank == comm.size - 1
+        for bad in (np.ones(5), "not an array"):
+            for i, n in enumerate((2, 3, 4)):
+                if last and i == 1:
+                    with pytest.raises(mpicoll.InvalidArgumentError, match="array 1"):
+                        buckets.add(i, bad)
+                else:
+                    buckets.add(i, np.full(n, comm.rank + 1.0))
+            with pytest.raises(mpicoll.InvalidArgumentError if last else mpicoll.RemoteError,
+                               match="array 1" if last else "add refused an array on rank"):
+                buckets.wait()
+        for i, n in enumerate((2, 3, 4)):
+            buckets.add(i, np.full(n, comm.rank + 1.0))
+        got = [a.tolist() for a in buckets.wait()]
+        buckets.free()
+        return got
+
+    total = 6.0  # ranks 1 + 2 + 3
+    assert run_local(3, body, timeout=20, check=check) == \
+        [[[total] * 2, [total] * 3, [total] * 4]] * 3
+
+
 def test_bucketer_local():
     def body(comm):
         rng = np.random.default_rng(7)
