@@ -427,18 +427,22 @@ def test_a_receiver_giving_none_finds_its_decision_from_its_second_call(world, f
 
 def test_barrier_and_x_by_name_find_their_way(world, monkeypatch):
     """``comm.barrier()`` (no x at all) is keyed by the entry's first branch from its
-    second call on; x given by name (``all_reduce(x=x)``) takes the whole path each time
-    with the same result; x given twice is a TypeError of the call, raised as mpicoll's
-    error on every rank, and the next call goes on."""
+    second call on; x given by name is x by position (``all_reduce(x=x)``, a receiver's
+    ``broadcast(x=None, root=0)``), again and again; x given twice is a TypeError of the
+    call, raised as mpicoll's error on every rank, and the next call goes on."""
     whole, keyed = _counted(monkeypatch)
     world._decisions.clear()
     for step in range(3):
         assert world.barrier() is None
         assert whole == ["barrier"] and keyed == ["barrier"], step
     x = np.full(3, 2.0)
-    for _ in range(2):
+    for _ in range(3):
         np.testing.assert_array_equal(world.all_reduce(x=x), np.full(3, 2.0 * world.size))
-    assert whole.count("all_reduce") == 2
+    assert whole.count("all_reduce") == 1  # (kept as all_reduce(x) is)
+    for step in range(4):
+        data = np.full(3, step + 1.0)
+        got = world.broadcast(x=data if world.rank == 0 else None, root=0)
+        np.testing.assert_array_equal(got, data)
     with pytest.raises(mpicoll.MpicollError, match="multiple values for argument 'x'"):
         world.all_reduce(x, x=x)
     np.testing.assert_array_equal(world.all_reduce(x), np.full(3, 2.0 * world.size))

@@ -313,7 +313,7 @@ def test_nodes_are_agreed_and_follow_ranks_per_node(world):
 
 
 def test_a_message_longer_than_the_receive_buffer_is_said_so(world):
-    """A receive (by rank or from ANY, recv or sendrecv) whose message is longer than its
+    """A receive (by rank or from ANY, recv, sendrecv, irecv) whose message is longer than its
     buffer: MPI cuts it short; mpicoll's error says so (who sent, its tag, the buffer's
     bytes), not MPI's error text; the next calls are right."""
     if world.size < 2:
@@ -322,6 +322,8 @@ def test_a_message_longer_than_the_receive_buffer_is_said_so(world):
         world.send(np.ones(4), 1, tag=3)
         world.send(np.ones(4), 1, tag=4)
         world.sendrecv(np.ones(4), 1, np.zeros(4), 1, send_tag=5, recv_tag=5)
+        world.send(np.ones(4), 1, tag=6)
+        world.send(np.ones(4), 1, tag=7)
     elif world.rank == 1:
         for source, tag in ((0, 3), (mpicoll.ANY, 4)):
             with pytest.raises(mpicoll.CollectiveError,
@@ -329,4 +331,12 @@ def test_a_message_longer_than_the_receive_buffer_is_said_so(world):
                 world.recv(np.zeros(2), source, tag=tag)
         with pytest.raises(mpicoll.CollectiveError, match="is longer than the 16 bytes"):
             world.sendrecv(np.ones(4), 0, np.zeros(2), 0, send_tag=5, recv_tag=5)
+        for tag in (6, 7):  # (an irecv's wait and its test tell it too)
+            request = world.irecv(np.zeros(2), 0, tag=tag)
+            with pytest.raises(mpicoll.CollectiveError, match="is longer than the 16 bytes"):
+                if tag == 6:
+                    request.wait()
+                else:
+                    while not request.test():
+                        pass
     np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, float(world.size)))

@@ -75,6 +75,7 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         if p.kind is p.POSITIONAL_OR_KEYWORD)
     keeps = name in decided.DECIDED  # whether a default call's decision is kept
     takes_out = "out" in signature.parameters  # (broadcast's out= is one of its **options)
+    takes_x = "x" in signature.parameters
     if takes_out:
         decided.TAKES_OUT.add(name)
     public = public_signature(signature)
@@ -83,7 +84,10 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def collective(self: Any, x: Any = NOTHING, /, *args: Any, **kwargs: Any) -> Any:
-        # (x positional-only: x= given by name stays in kwargs, for the whole path to read)
+        # (x positional-only, so that x given twice is the call's TypeError, numbered as
+        # every call's; x given by name is x: keyed and run as x by position)
+        if x is NOTHING and kwargs and takes_x and "x" in kwargs:
+            x = kwargs.pop("x")
         if keeps:
             if not args and not kwargs:  # the most frequent calls of all: comm.all_reduce(x),
                 # comm.scatter(None), comm.barrier(), on a contiguous NumPy x
@@ -308,8 +312,8 @@ def prepare(c: CallState, name: str, method: Any,
     costs about what its stores do, and this is the path of every repeated call).
 
     ``prepared(site, x, out, rest, kwargs)``: ``out`` is the call's out= (None: none),
-    taken out of ``kwargs``; ``rest``: the positional arguments after x (``NOTHING``
-    where the call gave none: barrier())."""
+    taken out of ``kwargs``; ``x``: ``NOTHING`` where the call gave none (barrier());
+    ``rest``: the positional arguments after x."""
     watch, transport = c._watch, c._backend.transport
     take, give, begin = c._entry.take, c._entry.give, transport.begin
     ring, length = watch.ring, watch.length

@@ -480,11 +480,24 @@ class PeerRequest:
 
     def wait(self) -> Status:
         if not self.finished:
-            self.request.Wait(self.status)
+            try:
+                self.request.Wait(self.status)
+            except MPI.Exception as exc:
+                raise self._cut_short(exc) from exc
             self._finish()
         return _status(self.status)
 
     def test(self) -> bool:
-        if not self.finished and self.request.Test(self.status):
-            self._finish()
+        try:
+            if not self.finished and self.request.Test(self.status):
+                self._finish()
+        except MPI.Exception as exc:
+            raise self._cut_short(exc) from exc
         return self.finished
+
+    def _cut_short(self, exc: MPI.Exception) -> Exception:
+        """A receive's error (``_cut_short``), the request ended: its buffers let go."""
+        buf = self.keep if self.device is None else self.device
+        error = _cut_short(exc, buf, self.status)
+        self.finished, self.keep, self.device = True, None, None
+        return error
