@@ -367,20 +367,29 @@ class Plan:
         self._retire = weakref.finalize(self, self.comm._backend.transport.retire, request)
 
     def free(self) -> None:
-        """Let go of the plan (an active start is waited for first)."""
+        """Let go of the plan (an active start is waited for first; where another thread
+        is in a call of the Communicator, ConcurrentCallError and nothing is freed)."""
         if self._freed:
             return
         try:
             if self._work is not None or self._in_flight is not None:
                 self.wait()
-        finally:
-            self._freed = True
-            self._args, self._kwargs, self._bound = (), {}, None
-            self._decision = self._lean = self._start_request = self._wait_request = None
-            if self._request is not None:
-                self._retire.detach()
-                self.comm._backend.transport.release(self._request)
-                self._request = None
+        except ConcurrentCallError:
+            raise  # (the start runs on: free() may be called again)
+        except BaseException:
+            self._let_go()
+            raise
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """free()'s end: the plan's buffers and its persistent request let go."""
+        self._freed = True
+        self._args, self._kwargs, self._bound = (), {}, None
+        self._decision = self._lean = self._start_request = self._wait_request = None
+        if self._request is not None:
+            self._retire.detach()
+            self.comm._backend.transport.release(self._request)
+            self._request = None
 
     def __enter__(self) -> Plan:
         return self

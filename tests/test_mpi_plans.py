@@ -833,8 +833,9 @@ def test_a_bad_root_never_reaches_the_librarys_init(world, root):
 
 
 def test_a_test_refused_as_busy_keeps_the_start(world):
-    """plan.test() refused because another thread is in a call of the Communicator (a
-    ConcurrentCallError) forgets nothing: the start stays, and wait() gives its result."""
+    """plan.test() and plan.free() refused because another thread is in a call of the
+    Communicator (a ConcurrentCallError) forget nothing: the start stays (nothing freed),
+    and wait() gives its result."""
     x = np.full(4, 1.0)
     plan = world.all_reduce_init(x, algorithm="native")
     plan.start()
@@ -847,6 +848,15 @@ def test_a_test_refused_as_busy_keeps_the_start(world):
                     pass
         finally:
             turn.release()
+    if plan._in_flight is not None:  # free() refused as busy frees nothing: the start runs on
+        turn = world._entry
+        turn.acquire()
+        try:
+            with pytest.raises(mpicoll.ConcurrentCallError):
+                plan.free()
+        finally:
+            turn.release()
+        assert plan._request is not None and plan._in_flight is not None
     np.testing.assert_array_equal(plan.wait(), np.full(4, float(world.size)))
     with pytest.raises(mpicoll.InvalidArgumentError, match="freed"):
         plan.free() or plan.test()
