@@ -63,10 +63,18 @@ def _command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         draw(events, args.output)
         print(f"wrote {args.output}")
         return 0
-    rows = summarize(events)  # (before any line: a file it cannot read prints none)
+    from mpicoll import model  # the fitted parameters, as auto reads them, else defaults
+    from mpicoll.errors import ConfigError
+
+    try:
+        params = model.load_params() or model.Params()
+    except ConfigError as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return 2
+    rows = summarize(events, params)  # (before any line: a file it cannot read prints none)
     print(f"{'call':>5} {'collective':>14} {'algorithm':>20} {'ranks':>5} {'steps':>5} "
           f"{'bytes sent':>12} {'critical(us)':>13} {'messages(us)':>13} {'reduce(us)':>11} "
-          f"{'model(us)':>10}")
+          f"{'model(us)':>10}  (model: {params.source})")
     for row in rows:
         print(f"{row['call']:>5} {row['collective']:>14} {row['algorithm']:>20} "
               f"{row['ranks']:>5} {row['steps']:>5} {row['bytes_sent']:>12} "

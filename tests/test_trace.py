@@ -208,6 +208,18 @@ def test_mpi_trace_written_merged_and_read(tmp_path_factory):
         done = subprocess.run([sys.executable, "-m", "mpicoll.trace", "summary", path],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "all_reduce" in done.stdout and "ring" in done.stdout
+        # the model column from the fitted file auto reads (MPICOLL_MODEL), named
+        fitted = os.path.join(os.path.dirname(path), "model.json")
+        for text, status in (('{"alpha": 1e-3, "beta": 1e-9, "gamma": 1e-9}', 0),
+                             ('{"alpha": -1}', 2)):
+            with open(fitted, "w") as f:
+                f.write(text)
+            done = subprocess.run([sys.executable, "-m", "mpicoll.trace", "summary", path],
+                                  capture_output=True, text=True, timeout=120,
+                                  env={**os.environ, "MPICOLL_MODEL": fitted})
+            assert done.returncode == status, done.stderr
+            assert (f"(model: {fitted})" in done.stdout) if status == 0 else \
+                ("'alpha' must be a non-negative number" in done.stderr)
     comm.free()
 
 

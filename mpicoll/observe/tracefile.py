@@ -55,10 +55,12 @@ def _covered(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def summarize(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize(events: list[dict[str, Any]],
+              params: model.Params | None = None) -> list[dict[str, Any]]:
     """Per collective call: ranks, most messages sent by one rank, bytes sent in all,
     the critical path (first start to last end over the ranks), and on the slowest rank
-    the time in messages and in reductions; with the cost model's prediction."""
+    the time in messages and in reductions; with the cost model's prediction (``params``:
+    the fitted parameters, else the defaults; one node)."""
 
     calls: dict[int, list[dict]] = defaultdict(list)
     for e in events:
@@ -79,7 +81,7 @@ def summarize(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         p = len(ranks)
         try:
             predicted = model.predict(slowest["collective"], slowest["algorithm"],
-                                      int(slowest.get("nbytes", 0)), p) * 1e6
+                                      int(slowest.get("nbytes", 0)), p, params) * 1e6
         except Exception:  # noqa: BLE001 - an algorithm the model has no line for
             predicted = float("nan")
         rows.append({
