@@ -1039,8 +1039,10 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int]
     def finish(result: Any) -> None:
         rows, received = result
         if list(received) != expect:
+            given = "output_split_sizes" if output_split_sizes is not None else \
+                "output_split_sizes (None: even blocks)"
             raise InvalidArgumentError(
-                f"output_split_sizes: this rank received {list(received)} rows from the ranks, "
+                f"{given}: this rank received {list(received)} rows from the ranks, "
                 f"expected {expect} (the senders' input_split_sizes differ)")
         out[...] = rows.reshape(out.shape)  # (rows in rank order: any shape of their size)
 
