@@ -38,6 +38,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from sys import _getframe as getframe
 from typing import Any
 
 import numpy as np
@@ -220,7 +221,7 @@ class PointToPoint:
         if dest == self.rank:
             raise InvalidArgumentError("dest: a blocking send to this rank itself would wait "
                                        "forever; use isend and irecv")
-        with watched_step(self, "send", _waiting("send", dest, tag)):
+        with watched_step(self, "send", _waiting("send", dest, tag), getframe(1)):
             peers.send(buf, dest, tag)
 
     def recv(self, out: Any, source: int = ANY, tag: int = 0,
@@ -235,7 +236,7 @@ class PointToPoint:
         if source == self.rank:
             raise InvalidArgumentError("source: a blocking receive from this rank itself "
                                        "would wait forever; use isend and irecv")
-        with watched_step(self, "recv", _waiting("recv", source, tag)):
+        with watched_step(self, "recv", _waiting("recv", source, tag), getframe(1)):
             got = peers.recv(buf, source, tag)
         return _filled(status, got)
 
@@ -248,7 +249,7 @@ class PointToPoint:
         if source == self.rank:
             raise InvalidArgumentError("source: a blocking probe of this rank itself would "
                                        "wait forever")
-        with watched_step(self, "probe", _waiting("recv", source, tag)):
+        with watched_step(self, "probe", _waiting("recv", source, tag), getframe(1)):
             return peers.probe(source, tag, True)
 
     def iprobe(self, source: int = ANY, tag: int = ANY) -> Status | None:
@@ -256,7 +257,7 @@ class PointToPoint:
         None."""
         peers = self._prober("iprobe")
         source, tag = _source(self, peers, source), _tag(peers, tag, True)
-        with watched_step(self, "iprobe", _waiting("recv", source, tag)):
+        with watched_step(self, "iprobe", _waiting("recv", source, tag), getframe(1)):
             return peers.probe(source, tag, False)
 
     def _prober(self, what: str) -> Any:
@@ -276,7 +277,7 @@ class PointToPoint:
         send_tag, recv_tag = _tag(peers, send_tag), _tag(peers, recv_tag, True)
         sendbuf, recvbuf = _outgoing(self, peers, x), _incoming(self, peers, out)
         status = _status(status)
-        with watched_step(self, "sendrecv", _waiting("recv", source, recv_tag)):
+        with watched_step(self, "sendrecv", _waiting("recv", source, recv_tag), getframe(1)):
             got = peers.sendrecv(sendbuf, dest, send_tag, recvbuf, source, recv_tag)
         return _filled(status, got)
 
@@ -285,7 +286,7 @@ class PointToPoint:
         ``wait()``."""
         peers = _peers(self)
         dest, tag, buf = _rank(self, dest, "dest"), _tag(peers, tag), _outgoing(self, peers, x)
-        with watched_step(self, "isend", _waiting("send", dest, tag)):
+        with watched_step(self, "isend", _waiting("send", dest, tag), getframe(1)):
             return Request(self, "isend", dest, tag, peers.isend(buf, dest, tag), False)
 
     def irecv(self, out: Any, source: int = ANY, tag: int = 0) -> Request:
@@ -294,7 +295,7 @@ class PointToPoint:
         peers = _peers(self)
         source, tag = _source(self, peers, source), _tag(peers, tag, True)
         buf = _incoming(self, peers, out)
-        with watched_step(self, "irecv", _waiting("recv", source, tag)):
+        with watched_step(self, "irecv", _waiting("recv", source, tag), getframe(1)):
             return Request(self, "irecv", source, tag, peers.irecv(buf, source, tag), True)
 
     def batch_isend_irecv(self, ops: Sequence[P2POp]) -> list[Request]:
@@ -331,7 +332,7 @@ class PointToPoint:
             return requests
         note = (f"starting {len(checked)} point-to-point messages with rank(s) "
                 f"{', '.join(str(r) for r in sorted({peer for _, _, peer, _ in checked}))}")
-        with watched_step(self, "batch_isend_irecv", note):
+        with watched_step(self, "batch_isend_irecv", note, getframe(1)):
             started = peers.batch(checked)
         return [Request(self, kind, peer, tag, request, not is_send)
                 for kind, (is_send, _, peer, tag), request in zip(kinds, checked, started,

@@ -215,6 +215,40 @@ def hang_summary(directory) -> str:
     return done.stdout
 
 
+def _dump(rank: int, in_call: dict | None, calls: list) -> dict:
+    comm = {"index": 0, "rank": rank, "size": 3, "backend": "mpi", "timeout": 3.0,
+            "calls": calls}
+    if in_call is not None:
+        comm["in_call"] = in_call
+    return {"rank": rank, "pid": 1, "host": "h", "reason": "timeout", "time": 0.0,
+            "overdue": 0 if in_call else None, "communicators": [comm]}
+
+
+def test_trace_hang_names_a_step_that_is_no_numbered_call():
+    """A rank stuck in a point-to-point receive after call #1, or in making a
+    Communicator before any call: `trace hang` names that step, its site and what it
+    waits for (never the finished call #1 and its last peer), and does not fail on a
+    Communicator with no call yet."""
+    from mpicoll.observe.hang import explain
+
+    done = {"seq": 1, "collective": "all_reduce", "site": "/x/job.py:5", "algorithm": "ring",
+            "nbytes": 32, "shape": [4], "dtype": "float64", "op": None, "root": None,
+            "start": 0.0, "end": 0.1, "state": "done"}
+    recv = {"seq": 1, "running_s": 3.3, "step": -1, "kind": None, "peer": -1, "aside": True,
+            "waiting": "waiting to receive from rank 1 (point-to-point, tag 7)",
+            "collective": "recv", "site": "/x/job.py:8"}
+    text = "\n".join(explain({0: _dump(0, recv, [done]), 1: _dump(1, None, [done]),
+                              2: _dump(2, None, [done])}))
+    assert "rank 0: in recv after call #1 (job.py:8)" in text, text
+    assert "what went wrong: rank 0 waits in recv: waiting to receive from rank 1" in text
+    assert "waits for rank 2" not in text and "in call #1 all_reduce" not in text
+    making = {**recv, "seq": 0, "collective": "making a Communicator",
+              "waiting": "waiting for every one of the 3 ranks to make the Communicator"}
+    text = "\n".join(explain({0: _dump(0, making, []), 2: _dump(2, making, [])}))
+    assert "ranks 0, 2: in making a Communicator (job.py:8)" in text, text
+    assert "rank 1 left no dump" in text and "never reached" not in text
+
+
 # ---- the local backend: a timeout raises in the waiting thread ----------------------------
 
 def test_local_timeout_raises_in_the_waiting_rank():

@@ -81,9 +81,15 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
         last = calls[-1] if calls else None
         if "in_call" in comm:
             now = comm["in_call"]
-            record = at(rank, now["seq"]) or last
-            key = (f"in {_call(record)}, algorithm {record.get('algorithm')}, stuck "
-                   f"{now['running_s']:.1f} s")
+            record = None if now.get("aside") else at(rank, now["seq"]) or last
+            if record is None:  # a step that is not a numbered call (point-to-point, making
+                # a Communicator), or a call the recorder has no entry of
+                after = f" after call #{now['seq']}" if now["seq"] else ""
+                key = (f"in {now.get('collective', 'a step')}{after} "
+                       f"({_short(now.get('site', '?:0'))}), stuck {now['running_s']:.1f} s")
+            else:
+                key = (f"in {_call(record)}, algorithm {record.get('algorithm')}, stuck "
+                       f"{now['running_s']:.1f} s")
             peer = (f"rank {rank} step {now['step']} waits for rank {now['peer']} ({now['kind']})"
                     if now.get("peer", -1) >= 0 else f"rank {rank}: {now['waiting']}")
             waits.setdefault(key, []).append(peer)
@@ -112,9 +118,12 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
     if len({k.split(" (")[0] for k in kinds}) > 1:
         verdict.append(f"mismatch at call #{target}: " + "; ".join(
             f"{_ranks(r)} called {k.split(' ', 2)[2]}" for k, r in kinds.items()))
+    asides = {r: c["in_call"] for r, c in waiting.items() if c["in_call"].get("aside")}
     behind: dict[str, list[int]] = {}
     for rank in sorted(states):
         record = at(rank, target)
+        if record is None and rank in asides:  # (in a step of its own: said below)
+            continue
         if record is None:
             last = states[rank]["calls"][-1] if states[rank]["calls"] else None
             behind.setdefault(f"last call {_call(last)}" if last else "no call", []).append(rank)
@@ -123,6 +132,8 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
     verdict += [f"{_ranks(r)} never reached call #{target} ({b})" for b, r in behind.items()]
     if missing:
         verdict.append(f"{_ranks(missing)} left no dump: look there first")
+    for rank, now in asides.items():  # a point-to-point message, making a Communicator
+        verdict.append(f"rank {rank} waits in {now.get('collective')}: {now['waiting']}")
     if not verdict and waiting:
         peers = sorted({c["in_call"]["peer"] for c in waiting.values()
                         if c["in_call"].get("peer", -1) >= 0})

@@ -263,10 +263,16 @@ def snapshot(dog: Watchdog, reason: str, overdue: Watch | None = None) -> dict[s
             "index": w.index, "rank": w.rank, "size": w.size, "backend": w.backend.name,
             "timeout": w.timeout, "calls": w.records(PARAMETERS, clock)}
         if w.started:
-            kind, peer = w.peer()
-            entry["in_call"] = {"seq": w.current.call.seq, "running_s": round(now - w.started, 3),
-                                "step": w.step(), "waiting": w.waiting(), "kind": kind,
-                                "peer": peer}
+            current = w.current
+            # a step that is not a numbered call (point-to-point, making a Communicator,
+            # a plan's vote): its own name and note; the transports' slots are a call's
+            aside = bool(current.note)
+            kind, peer = (None, -1) if aside else w.peer()
+            entry["in_call"] = {"seq": current.call.seq, "running_s": round(now - w.started, 3),
+                                "step": -1 if aside else w.step(), "waiting": w.waiting(),
+                                "kind": kind, "peer": peer, "aside": aside,
+                                "collective": current.call.collective,
+                                "site": str(current.call.site)}
         communicators.append(entry)
     return {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
             "reason": reason, "time": round(time.time(), 6),
