@@ -249,6 +249,37 @@ def test_trace_hang_names_a_step_that_is_no_numbered_call():
     assert "rank 1 left no dump" in text and "never reached" not in text
 
 
+def test_trace_hang_reads_a_split_communicator_by_its_members_world_ranks():
+    """World ranks 0 and 2 split off (world rank 1 alone, its communicator of the same
+    index in its process); world rank 2 never comes to call #1: `trace hang` picks the
+    communicator by its members, leaves rank 1 out and names its peer by world rank."""
+    from mpicoll.observe.hang import explain
+
+    def dump(rank, members, in_call, calls):
+        made = _dump(rank, in_call, calls)
+        comm = made["communicators"][0]
+        comm["index"], comm["members"], comm["size"] = 1, members, len(members)
+        comm["rank"] = members.index(rank)
+        made["overdue"] = 1 if in_call else None
+        return made
+
+    first = {"seq": 0, "collective": "Communicator", "site": "/x/groups.py:140",
+             "algorithm": None, "nbytes": -1, "shape": None, "dtype": None, "op": None,
+             "root": None, "start": 0.0, "end": 0.1, "state": "done"}
+    ring = {"seq": 1, "running_s": 3.3, "step": 1, "kind": "sendrecv", "peer": 1,
+            "aside": False, "waiting": "waiting to receive from rank 1", "collective":
+            "all_reduce", "site": "/x/job.py:11"}
+    ran = {**first, "seq": 1, "collective": "all_reduce", "site": "/x/job.py:11",
+           "algorithm": "ring", "state": "running"}
+    text = "\n".join(explain({0: dump(0, [0, 2], ring, [first, ran]),
+                              1: dump(1, [1], None, [first]),
+                              2: dump(2, [0, 2], None, [first])}))
+    assert "communicator 1 (of world ranks 0, 2)" in text, text
+    assert "rank 0 step 1 waits for rank 2 (sendrecv)" in text
+    assert "what went wrong: rank 2 never reached call #1" in text
+    assert "rank 1" not in text.replace("rank 1 (", "")
+
+
 # ---- the local backend: a timeout raises in the waiting thread ----------------------------
 
 def test_local_timeout_raises_in_the_waiting_rank():

@@ -34,6 +34,15 @@ def _communicator(dump: dict[str, Any], index: int) -> dict[str, Any] | None:
     return next((c for c in dump["communicators"] if c["index"] == index), None)
 
 
+def _key(dump: dict[str, Any], comm: dict[str, Any] | None) -> Any:
+    """What tells a communicator apart across the dumps: its members' world ranks, or
+    (dumps without them, the local backend) its index."""
+    if comm is None:
+        return None
+    members = comm.get("members")
+    return tuple(members) if members else comm["index"]
+
+
 def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, sorted(ranks)))
 
@@ -51,18 +60,28 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
     """What went wrong, as lines of text (one screen)."""
     if not dumps:
         return ["no dumps (rank-<r>.json) found: was MPICOLL_DUMP_DIR set on every rank?"]
-    # the communicator the job hangs in: the one most ranks' overdue calls are on
-    stuck_on = [d["overdue"] for d in dumps.values() if d.get("overdue") is not None]
-    index = Counter(stuck_on).most_common(1)[0][0] if stuck_on else 0
+    # the communicator the job hangs in: the one most ranks' overdue calls are on, known
+    # by its members' world ranks (a process's index of it may differ from another's:
+    # split, dup on some ranks), else by that index
+    stuck_on = [_key(d, _communicator(d, d["overdue"])) for d in dumps.values()
+                if d.get("overdue") is not None]
+    if not stuck_on:  # (no rank overdue: dumps written at exit) the first communicator
+        stuck_on = [_key(d, _communicator(d, 0)) for d in dumps.values()]
+    key = Counter(stuck_on).most_common(1)[0][0]
     states: dict[int, dict[str, Any]] = {}
     size = 0
     for rank, dump in dumps.items():
-        comm = _communicator(dump, index)
+        comm = next((c for c in dump["communicators"] if _key(dump, c) == key), None)
         if comm is None:
             continue
         size = max(size, comm["size"])
         states[rank] = comm
-    lines = [f"{len(dumps)} dump(s) of {size} rank(s); communicator {index}"]
+    members = list(key) if type(key) is tuple else list(range(size))
+    world = members.__getitem__  # a rank of this communicator as MPI_COMM_WORLD's
+    index = next((c["index"] for c in states.values()), 0)
+    lines = [f"{len(dumps)} dump(s) of {size} rank(s); communicator {index}"
+             + (f" (of world ranks {', '.join(map(str, members))})"
+                if members != list(range(len(members))) else "")]
 
     # the call number the stuck ranks wait in
     waiting = {r: c for r, c in states.items() if "in_call" in c}
@@ -90,8 +109,9 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
             else:
                 key = (f"in {_call(record)}, algorithm {record.get('algorithm')}, stuck "
                        f"{now['running_s']:.1f} s")
-            peer = (f"rank {rank} step {now['step']} waits for rank {now['peer']} ({now['kind']})"
-                    if now.get("peer", -1) >= 0 else f"rank {rank}: {now['waiting']}")
+            peer = (f"rank {rank} step {now['step']} waits for rank {world(now['peer'])} "
+                    f"({now['kind']})" if 0 <= now.get("peer", -1) < len(members)
+                    else f"rank {rank}: {now['waiting']}")
             waits.setdefault(key, []).append(peer)
         elif last is None:
             key = "made no call"
@@ -103,7 +123,7 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
     for key, ranks in groups.items():
         lines.append(f"{_ranks(ranks)}: {key}")
         lines += [f"    {w}" for w in waits.get(key, [])]
-    missing = [r for r in range(size) if r not in dumps]
+    missing = [r for r in members if r not in dumps]
     if missing:
         lines.append(f"{_ranks(missing)}: no dump (killed, or gone before the others timed out)")
 
@@ -135,8 +155,8 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
     for rank, now in asides.items():  # a point-to-point message, making a Communicator
         verdict.append(f"rank {rank} waits in {now.get('collective')}: {now['waiting']}")
     if not verdict and waiting:
-        peers = sorted({c["in_call"]["peer"] for c in waiting.values()
-                        if c["in_call"].get("peer", -1) >= 0})
+        peers = sorted({world(c["in_call"]["peer"]) for c in waiting.values()
+                        if 0 <= c["in_call"].get("peer", -1) < len(members)})
         verdict.append(f"every rank with a dump is in call #{target}; they wait for "
                        + (_ranks(peers) if peers else "the library's own collective"))
     lines += ["what went wrong: " + v for v in verdict] or ["what went wrong: nothing found"]

@@ -12,6 +12,7 @@ them when a call is overdue, and the dumps and reports print them.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -26,6 +27,22 @@ MAX_RECORDER = 1 << 16  # (each entry is made when the Communicator is: some 300
 RUNNING, DONE = "running", "done"
 _NO_FACTS = (None, None, (), None, None, None, -1)  # shape ... nbytes: no call yet
 now = time.monotonic  # the clock of every entry's start and end
+
+
+def world_ranks(transport: Any) -> list[int] | None:
+    """The MPI_COMM_WORLD ranks of ``transport``'s communicator's ranks, in its rank
+    order, or None where it has no MPI communicator (the local backend)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    comm = getattr(transport, "comm", None)
+    if mpi is None or not isinstance(comm, mpi.Comm) or comm == mpi.COMM_NULL:
+        return None
+    group, world = comm.Get_group(), mpi.COMM_WORLD.Get_group()
+    try:
+        return [int(r) for r in mpi.Group.Translate_ranks(group, list(range(group.Get_size())),
+                                                          world)]
+    finally:
+        group.Free()
+        world.Free()
 
 
 def recorder_length() -> int:
@@ -103,7 +120,7 @@ class Watch:
     """
 
     __slots__ = ("rank", "size", "backend", "timeout", "aborts", "started", "length", "ring",
-                 "current", "index")
+                 "current", "index", "members")
 
     def __init__(self, communicator: Any, timeout: float, aborts: bool,
                  length: int | None = None) -> None:
@@ -115,6 +132,9 @@ class Watch:
         self.ring = [Record() for _ in range(self.length)]
         self.current = self.ring[0]
         self.index = -1  # this Communicator's place among the process's, set by register
+        # its ranks' ranks in MPI_COMM_WORLD (a split's are not 0..size-1): what the dumps
+        # of different processes are matched and named by (None: no MPI communicator)
+        self.members = world_ranks(getattr(self.backend, "control", None))
 
     def enter(self, seq: int, collective: str, frame: Any, args: tuple, kwargs: dict) -> Any:
         """Call ``seq`` of ``collective`` began (made in ``frame``): fill its flight-recorder

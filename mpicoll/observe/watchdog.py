@@ -260,7 +260,8 @@ def snapshot(dog: Watchdog, reason: str, overdue: Watch | None = None) -> dict[s
     communicators = []
     for w in watches:
         entry: dict[str, Any] = {
-            "index": w.index, "rank": w.rank, "size": w.size, "backend": w.backend.name,
+            "index": w.index, "rank": w.rank, "size": w.size, "members": w.members,
+            "backend": w.backend.name,
             "timeout": w.timeout, "calls": w.records(PARAMETERS, clock)}
         if w.started:
             current = w.current
