@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .errors import ConfigError
+
 
 def config_file(variable: str, name: str) -> Path:
     """The path in environment ``variable``, else ``$XDG_CONFIG_HOME/mpicoll/<name>``
@@ -13,3 +15,14 @@ def config_file(variable: str, name: str) -> Path:
         return Path(os.environ[variable])
     base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
     return Path(base) / "mpicoll" / name
+
+
+def read_config(path: Path) -> str | None:
+    """The text of a tuning or model file; None where there is no such file, a
+    ConfigError naming it where it cannot be read."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..algorithms import COLLECTIVES, REGISTRY
-from ..config import config_file
+from ..config import config_file, read_config
 from ..errors import ConfigError
 from ..selection.mpich_rules import RULED, mpich_native
 
@@ -96,13 +96,8 @@ def load_params(path: str | Path | None = None) -> Params | None:
     reads them (``parse_params``); None where there is no such file, a ConfigError
     where it cannot be read or holds no parameters."""
     path = Path(path) if path else default_path()
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"model file {path}: {exc}") from None
-    return parse_params(text, str(path))
+    text = read_config(path)
+    return None if text is None else parse_params(text, str(path))
 
 
 def rate(seconds_per_byte: float) -> str:

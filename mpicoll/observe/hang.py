@@ -34,7 +34,7 @@ def _communicator(dump: dict[str, Any], index: int) -> dict[str, Any] | None:
     return next((c for c in dump["communicators"] if c["index"] == index), None)
 
 
-def _key(dump: dict[str, Any], comm: dict[str, Any] | None) -> Any:
+def _key(comm: dict[str, Any] | None) -> Any:
     """What tells a communicator apart across the dumps: its members' world ranks, or
     (dumps without them, the local backend) its index."""
     if comm is None:
@@ -63,15 +63,15 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
     # the communicator the job hangs in: the one most ranks' overdue calls are on, known
     # by its members' world ranks (a process's index of it may differ from another's:
     # split, dup on some ranks), else by that index
-    stuck_on = [_key(d, _communicator(d, d["overdue"])) for d in dumps.values()
+    stuck_on = [_key(_communicator(d, d["overdue"])) for d in dumps.values()
                 if d.get("overdue") is not None]
     if not stuck_on:  # (no rank overdue: dumps written at exit) the first communicator
-        stuck_on = [_key(d, _communicator(d, 0)) for d in dumps.values()]
+        stuck_on = [_key(_communicator(d, 0)) for d in dumps.values()]
     key = Counter(stuck_on).most_common(1)[0][0]
     states: dict[int, dict[str, Any]] = {}
     size = 0
     for rank, dump in dumps.items():
-        comm = next((c for c in dump["communicators"] if _key(dump, c) == key), None)
+        comm = next((c for c in dump["communicators"] if _key(c) == key), None)
         if comm is None:
             continue
         size = max(size, comm["size"])

@@ -9,8 +9,8 @@ the ranks that gave up waiting for its answer tell it so, and it raises too. The
 ``timeout`` governs it even past the Communicator's (the watchdog then allows it that
 long). In check mode every rank first waits for the last in the call's fingerprint
 exchange; each then tells how long it waited there, and a rank that came later than the
-others by more than rank 0's timeout is named on every rank. Messages are one int64 per rank on the control transport, with the call's own
-tag, which no later call uses.
+others by more than rank 0's timeout is named on every rank. Messages are one int64 per
+rank on the control transport, with the call's own tag, which no later call uses.
 """
 
 from __future__ import annotations

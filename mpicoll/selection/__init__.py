@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from .. import model
 from ..algorithms import REGISTRY
+from ..config import read_config
 from ..errors import ConfigError
 from ..model import parse_params  # (auto's reader of the model file: model's own)
 from ..ops import Op
@@ -95,15 +96,8 @@ def parse_tuning(text: str, path: str) -> tuning.TuningTable:
 def read_texts() -> dict[str, list[str | None]]:
     """Both files' paths and texts as this process sees them ({"tuning": [path, text],
     "model": [...]}; text None: no file), or a ConfigError when one cannot be read."""
-    texts: dict[str, list[str | None]] = {}
-    for key, path in zip(("tuning", "model"), files(), strict=True):
-        try:
-            texts[key] = [str(path), path.read_text()]
-        except FileNotFoundError:
-            texts[key] = [str(path), None]
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read {path}: {exc}") from None
-    return texts
+    return {key: [str(path), read_config(path)]
+            for key, path in zip(("tuning", "model"), files(), strict=True)}
 
 
 def parse_texts(texts: dict[str, list[str | None]]) -> Tables:

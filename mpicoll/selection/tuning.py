@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import config_file
-from ..errors import ConfigError
+from ..config import config_file, read_config
 
 VERSION = 1
 
@@ -67,20 +66,14 @@ class TuningTable:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> TuningTable | None:
-        """The table in ``path`` (default: ``default_path()``); None where there is no
-        such file, a ConfigError where it cannot be read or is no tuning file (so ``tune``
-        never writes its table over another file)."""
+        """The table in ``path`` (default: ``default_path()``), read as ``auto`` reads it;
+        None where there is no such file, a ConfigError where it cannot be read or is no
+        tuning file (so ``tune`` never writes its table over another file)."""
+        from . import parse_tuning  # (auto's reader of the file: the same checks)
+
         path = Path(path) if path else default_path()
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            return None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"tuning file {path}: {exc}") from None
-        try:
-            return cls(json.loads(text))
-        except ValueError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+        text = read_config(path)
+        return None if text is None else parse_tuning(text, str(path))
 
     def save(self, path: str | Path | None = None) -> Path:
         path = Path(path) if path else default_path()
