@@ -558,20 +558,34 @@ def test_a_dtype_mpi4py_has_no_datatype_for_is_never_named(world, dtype):
 def test_advance_moves_the_tag_as_begin_does(world):
     """``MPITransport.advance`` (a decided call of MPI's own collective, which sends
     nothing of ours) moves the tag exactly as ``begin`` does, wrapping at the limit, and
-    clears the watchdog's slots; every rank alike, so the tags stay in step."""
+    clears the watchdog's slots; and so do the calls that make its stores themselves
+    (``entry.prepare``'s MPI collective on a new result, in place, and a header packet
+    alone; a persistent plan's start): every rank alike, so the tags stay in step."""
     t = world._backend.transport
+    x, y = np.ones(3, np.float32), np.ones(3, np.float32)
+    plan = world.all_reduce_init(x, out=np.empty_like(x))
+    calls = {"advance": t.advance, "all_reduce": lambda: world.all_reduce(x),
+             "all_reduce out=x": lambda: world.all_reduce(y, out=y),
+             "broadcast": lambda: world.broadcast(np.ones(2)),
+             "plan": plan}
+    for _ in range(3):  # decided, and the plan's persistent request made
+        for name, call in calls.items():
+            if name != "advance":
+                call()
     saved = t.tag
     try:
-        for start in (5, t._tag_limit - 2, t._tag_limit - 1):
-            t.tag = start
-            t.begin()
-            by_begin = t.tag
-            t.tag = start
-            t.step, t.wait_kind = 3, "recv"
-            t.advance()
-            assert t.tag == by_begin and (t.step, t.wait_kind) == (0, None)
+        for name, call in calls.items():
+            for start in (5, t.tag_limit - 2, t.tag_limit - 1):
+                t.tag = start
+                t.begin()
+                by_begin = t.tag
+                t.tag = start
+                t.step, t.wait_kind = 3, "recv"
+                call()
+                assert (name, t.tag, t.step, t.wait_kind) == (name, by_begin, 0, None)
     finally:
         t.tag = saved
+    plan.free()
     world.barrier()
 
 

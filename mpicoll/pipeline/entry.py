@@ -319,10 +319,12 @@ def prepare(c: CallState, name: str, method: Any,
     ring, length = watch.ring, watch.length
     fresh, bound, kept = decision.fresh, decision.bound, decision.kept
     work, shape, dtype, in_place = decision.direct or (None, None, None, False)
-    advance = transport.advance if work is not None or decision.quiet else None
+    quiet = decision.quiet  # fresh sends by MPI's own calls alone: the tag alone moves
+    # MPITransport.advance's stores, made in the call (its method call costs what they
+    # do): only decisions of MPI's own collectives are direct or quiet
+    t = transport
+    limit = t.tag_limit if work is not None or quiet else 0
     in_callbacks = CALLBACK_THREADS  # (empty: no thread is in a done callback)
-    # the fresh call's opening: the tag alone where it sends by MPI's own calls alone
-    opening = advance if decision.quiet else begin
 
     def prepared(site: Any, x: Any, out: Any, rest: tuple, kwargs: dict) -> Any:
         if c._refused_alone or in_callbacks:  # a resync owed first, or a call in a done
@@ -343,21 +345,33 @@ def prepare(c: CallState, name: str, method: Any,
             rec.facts, rec.state = kept, RUNNING
             watch.started = rec.start = now()
             if out is None and work is not None:  # MPI's own collective, a new result
-                advance()  # the call's tag, as begin() moves it (no message of ours goes)
+                tag = t.tag + 1  # the call's tag, as begin() moves it (no message of
+                t.tag = tag if tag < limit else 1  # ours goes), the watchdog's slots clear
+                t.step = 0
+                t.wait_kind = None
                 if shape is None:  # (no result on this rank)
                     return work(x, None)
                 result = empty(shape, dtype)
                 work(x, result)
                 return result
             if out is None and fresh is not None:  # the call run at once, a new result
-                opening()  # the call's tag: every rank advances it
+                if quiet:  # the call's tag: every rank advances it
+                    tag = t.tag + 1
+                    t.tag = tag if tag < limit else 1
+                    t.step = 0
+                    t.wait_kind = None
+                else:
+                    begin()
                 result = fresh(call, x)
                 if result is not DECLINED:
                     return result
-                if opening is not begin:  # (declined before any message)
+                if quiet:  # (declined before any message)
                     transport.reopen()
             elif out is x and in_place and x.flags.writeable:  # in place (MPI_IN_PLACE)
-                advance()
+                tag = t.tag + 1
+                t.tag = tag if tag < limit else 1
+                t.step = 0
+                t.wait_kind = None
                 work(x, x)
                 return x
             else:
@@ -399,7 +413,8 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
     ring, length = watch.ring, watch.length
     code, offset = site.f_code, site.f_lasti
     mpi_start, mpi_wait, result = persistent or (None, None, None)
-    advance = transport.advance if mpi_start is not None else None
+    t = transport
+    limit = t.tag_limit if mpi_start is not None else 0  # (as prepare's)
 
     def start() -> Any:
         if CALLBACK_THREADS and in_done_callback():
@@ -418,7 +433,10 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
             rec.facts, rec.state = kept, RUNNING
             watch.started = rec.start = now()
             if mpi_start is not None:  # MPI's persistent request alone
-                advance()  # the call's tag, as begin() moves it (no message of ours goes)
+                tag = t.tag + 1  # the call's tag, as begin() moves it (no message of
+                t.tag = tag if tag < limit else 1  # ours goes), the watchdog's slots clear
+                t.step = 0
+                t.wait_kind = None
                 mpi_start()
                 if mpi_wait is None:
                     running = True

@@ -57,11 +57,11 @@ class MPITransport(Workspace):
         tag_ub = self.comm.Get_attr(MPI.TAG_UB)
         # calls take tags below the limit; [limit, 2 limit) is left for the pipeline's
         # resync after a refused call (side_tags), which no call's messages may match
-        self._tag_limit = min((int(tag_ub) + 1) // 2 if tag_ub else 16384, 1 << 30)
-        self.side_tags = self._tag_limit
+        self.tag_limit = min((int(tag_ub) + 1) // 2 if tag_ub else 16384, 1 << 30)
+        self.side_tags = self.tag_limit
         start = np.array([_highest_tag()], np.int64)
         self.comm.Allreduce(MPI.IN_PLACE, start, MPI.MAX)
-        self.tag = int(start[0]) % self._tag_limit
+        self.tag = int(start[0]) % self.tag_limit
         _LIVE.add(self)
         self.cuda_aware: bool | None = None  # decided at the first device buffer
         self._staging: Any = None  # PinnedStaging, when staging
@@ -79,7 +79,7 @@ class MPITransport(Workspace):
 
     def begin(self, like: Any = None) -> None:
         tag = self.tag + 1
-        self.tag = tag if tag < self._tag_limit else 1
+        self.tag = tag if tag < self.tag_limit else 1
         if like is None and not self._device and self._staging is None:
             # host buffers only, as most calls (every call on the hot path): the
             # watchdog's slots and the workspace, as _start_call resets them
@@ -102,7 +102,7 @@ class MPITransport(Workspace):
         moves as every rank's does and the watchdog's slots are cleared; the workspace
         and the requests plans retired wait for the next ``begin()``."""
         tag = self.tag + 1
-        self.tag = tag if tag < self._tag_limit else 1
+        self.tag = tag if tag < self.tag_limit else 1
         self.step, self.wait_kind = 0, None
 
     def reopen(self) -> None:
@@ -111,7 +111,7 @@ class MPITransport(Workspace):
         leaves it (workspace free, host memory, staging reset, retired requests freed),
         its tag having moved already."""
         tag = self.tag
-        self.tag = tag - 1 if tag > 1 else self._tag_limit - 1  # (begin() moves it back)
+        self.tag = tag - 1 if tag > 1 else self.tag_limit - 1  # (begin() moves it back)
         self.begin()
 
     # -- host buffers: straight to MPI; device buffers: _device_* below -------------------
