@@ -36,9 +36,9 @@ from .buffers import writable
 from .buffers.arrays import as_array, cupy_module, is_cupy, module_of
 from .communicator import Communicator
 from .errors import InvalidArgumentError, MpicollError
+from .groups import agreed_rows
 from .p2p import ANY, Status
 from .p2p import P2POp as _P2POp
-from .pipeline.describe import Call
 
 __all__ = [
     "Backend", "DeviceMesh", "Future", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "all_gather",
@@ -295,13 +295,10 @@ def _world_on(backend: Any, problem: str = "", what: str = "new_group") -> Commu
         name = _STATE["backend"] if backend is None else _backend_name(backend)
     except InvalidArgumentError as exc:
         name, problem = "", problem or str(exc)
-    codes = np.zeros(world.comm.size, np.int64)
-    comm = world.comm
-    call = Call(comm._seq, what)
-    call.at(sys._getframe(2))
-    with comm._watch.aside(call):  # (a rank that never comes: the watchdog's report)
-        comm.control_comm.Allgather(
-            np.array([0 if problem else _BACKEND_CODES.get(name, 0)], np.int64), codes)
+    # a numbered step of every rank (check mode fingerprints it: a rank making another
+    # call raises on every rank; a rank that never comes: the watchdog's report)
+    codes = agreed_rows(world.comm, np.array([0 if problem else _BACKEND_CODES.get(name, 0)],
+                                             np.int64), sys._getframe(2), what)[:, 0]
     given = codes[codes != 0]  # (0: a rank's refusal; the others: the backend most give)
     most = int(np.bincount(given).argmax()) if given.size else 0
     if not codes.all() or (codes != most).any():

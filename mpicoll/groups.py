@@ -96,25 +96,33 @@ def _live(comm: Any, what: str) -> None:
         raise freed(what)
 
 
+def agreed_rows(comm: Any, mine: np.ndarray, site: Any, what: str) -> np.ndarray:
+    """Every rank's ``mine`` (int64 values, as many on every rank), one row per rank, in
+    one numbered all_gather: a step every rank makes (check mode fingerprints it, so a
+    rank making another call raises on every rank; the watchdog bounds it). On NCCL,
+    whose collectives move device arrays, over its MPI side, watched under ``what``."""
+    if comm._backend.separate_control:
+        from .pipeline import agree
+
+        n = mine.size
+        table = np.zeros(n * comm.size, np.int64)
+        table[n * comm.rank:n * comm.rank + n] = mine
+        call = Call(comm._seq, what)
+        call.at(site)
+        with comm._watch.aside(call):
+            comm._backend.control.begin()
+            agree.all_gather(comm, table, n)
+        return table.reshape(comm.size, n)
+    return comm.all_gather(mine, _site=site).reshape(comm.size, mine.size)
+
+
 def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int,
            site: Any, what: str = "split", given: str = "") -> Any:
     # agree: every rank's (faults, color, key, fingerprint) in one numbered all_gather
     # (``fingerprint``: of what ``what`` was ``given``, which every rank must give alike)
     mine = np.array([faults, -1 if color is None or faults else int(color),
                      0 if faults else int(key), fingerprint], np.int64)
-    if comm._backend.separate_control:  # NCCL moves device arrays: agree over its MPI side
-        from .pipeline import agree
-
-        table = np.zeros(4 * comm.size, np.int64)
-        table[4 * comm.rank:4 * comm.rank + 4] = mine
-        call = Call(comm._seq, "split")
-        call.at(site)
-        with comm._watch.aside(call):
-            comm._backend.control.begin()
-            agree.all_gather(comm, table, 4)
-        table = table.reshape(comm.size, 4)
-    else:  # a numbered call (check mode fingerprints it)
-        table = comm.all_gather(mine).reshape(comm.size, 4)
+    table = agreed_rows(comm, mine, site, "split")
     bad = np.flatnonzero(table[:, 0]).tolist()
     if bad:
         reasons = sorted({_REASONS[f] for r in bad for f in _REASONS if table[r, 0] & f})

@@ -45,6 +45,26 @@ def test_destroy_process_group_frees_every_group_made():
     assert not dist.is_initialized()
 
 
+def test_new_group_against_another_call_in_check_mode_raises_on_every_rank(monkeypatch):
+    """Check mode: new_group on one rank while the others make a collective (its backend
+    agreed in a numbered step, which check mode fingerprints): MismatchError on every rank,
+    not MPI's "Message truncated" abort; the next call is right."""
+    monkeypatch.setenv("MPICOLL_CHECK", "1")
+    dist.init_process_group("mpi")
+    try:
+        rank, size = dist.get_rank(), dist.get_world_size()
+        with pytest.raises(mpicoll.MismatchError, match="all_gather"):
+            if rank == 0:
+                dist.new_group([0])
+            else:
+                dist.all_reduce(np.ones(4))
+        t = np.ones(2)
+        dist.all_reduce(t)
+        assert t.tolist() == [size, size]
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.fixture(scope="module")
 def initialized():
     dist.init_process_group("gloo")
