@@ -282,6 +282,27 @@ def test_trace_hang_reads_a_split_communicator_by_its_members_world_ranks():
 
 # ---- the local backend: a timeout raises in the waiting thread ----------------------------
 
+def test_the_live_report_names_a_splits_peers_by_their_world_ranks():
+    """The watchdog's line names every process by its MPI_COMM_WORLD rank: a peer of a
+    split communicator too (its rank there beside), as ``trace hang`` does."""
+    from mpicoll.observe.recorder import Record, Watch
+
+    class Slots:  # a transport's watchdog slots mid-call
+        wait_kind, wait_peer, wait_dest, tag = "sendrecv", 2, 0, 7
+
+    class Backend:
+        transport = control = Slots()
+
+    watch = Watch.__new__(Watch)
+    watch.backend, watch.index, watch.current = Backend(), 1, Record()
+    watch.members = [3, 2, 1, 0]  # split(0, key=-rank) of 4 ranks
+    assert watch.waiting() == ("waiting to receive from rank 1 (rank 2 of communicator 1) "
+                               "and send to rank 3 (rank 0 of communicator 1) (tag 7)")
+    for members in ([0, 1, 2, 3], None):  # the world's own ranks, or no MPI communicator
+        watch.members = members
+        assert watch.waiting() == "waiting to receive from rank 2 and send to rank 0 (tag 7)"
+
+
 def test_local_timeout_raises_in_the_waiting_rank():
     def body(comm):
         if comm.rank != 1:

@@ -220,19 +220,29 @@ class Watch:
             kind = getattr(t, "wait_kind", None)
             if kind is None:
                 continue
-            peer, tag = getattr(t, "wait_peer", -1), getattr(t, "tag", "?")
+            peer, tag = self.named(getattr(t, "wait_peer", -1)), getattr(t, "tag", "?")
             if kind == "recv":
-                return f"waiting to receive from rank {peer} (tag {tag})"
+                return f"waiting to receive from {peer} (tag {tag})"
             if kind == "send":
-                return f"waiting to send to rank {peer} (tag {tag})"
+                return f"waiting to send to {peer} (tag {tag})"
             if kind == "sendrecv":
-                return (f"waiting to receive from rank {peer} and send to rank "
-                        f"{getattr(t, 'wait_dest', -1)} (tag {tag})")
+                return (f"waiting to receive from {peer} and send to "
+                        f"{self.named(getattr(t, 'wait_dest', -1))} (tag {tag})")
             return (f"waiting for {getattr(t, 'wait_count', '?')} posted messages "
-                    f"(tag {tag}; last posted: rank {peer})")
+                    f"(tag {tag}; last posted: {peer})")
         if rec.algorithm == "native":
             return f"waiting inside the {self.backend.name.upper()} library's own {rec.call.collective}"
         return "not waiting for a message (computing, or in the library's own collective)"
+
+    def named(self, rank: int) -> str:
+        """This communicator's ``rank`` as a report names it: by its MPI_COMM_WORLD rank
+        (as the report names every process), with its rank here where the two differ (a
+        split's, a group's)."""
+        members = self.members
+        if members is None or not 0 <= rank < len(members) or members[rank] == rank and \
+                members == list(range(len(members))):
+            return f"rank {rank}"
+        return f"rank {members[rank]} (rank {rank} of communicator {self.index})"
 
     def peer(self) -> tuple[str | None, int]:
         """(kind of the last blocking call, the rank it waits for), or (None, -1)."""
