@@ -114,8 +114,8 @@ class Communicator(CallState, PointToPoint, Groups):
         self._backend.force_cuda_aware(mine.cuda_aware)  # not at the first device message
         if mine.trace:
             self._tracer = self._chooser.tracer = attach(self._backend, self.rank, self.size)
-        self._trace_file = (TraceFile(mine.trace, self._merge_trace)  # merged at free() or exit
-                            if isinstance(mine.trace, str) else None)
+        self._trace_file = (TraceFile(mine.trace, self._merge_trace,  # merged at free() or exit
+                                      (self._watch.members or [0])[0]) if isinstance(mine.trace, str) else None)
         # broadcast's first message: the header, and the data when it fits
         self._packet = np.zeros(agree.HEADER_BYTES + max(self._backend.packed_bytes, 0), np.uint8)
         self._packet_header = self._packet[:agree.HEADER_BYTES].view(np.int64)

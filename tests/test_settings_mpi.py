@@ -190,6 +190,30 @@ def test_free_writes_the_merged_trace_and_nothing_is_written_after(monkeypatch, 
 
 
 @pytest.mark.mpi
+def test_each_half_of_a_split_writes_its_own_trace_file(monkeypatch, shared_dir):
+    """MPICOLL_TRACE with a split: each half's rank 0 writes the half's trace to a name
+    no other half's takes (path.N.rank<its world rank>.json, where that is not rank 0),
+    every call of the half there."""
+    if _world().Get_size() < 2:
+        pytest.skip("a split in two halves needs 2 ranks")
+    monkeypatch.setenv("MPICOLL_TIMEOUT", WAIT)
+    monkeypatch.setenv("MPICOLL_TRACE", os.path.join(shared_dir, "split.json"))
+    world = mpicoll.Communicator()
+    half = world.split(world.rank % 2)  # {0, 2, ...} and {1, 3, ...}
+    for _ in range(2 + world.rank % 2):  # the halves make 2 and 3 calls
+        half.all_reduce(np.ones(4), algorithm="ring")
+    path, leads = half._trace_file.path, half.rank == 0
+    half.free()
+    writers = [p for p, lead in _world().allgather((path, leads)) if lead]
+    world.free()
+    assert len(set(writers)) == 2 and writers[1].endswith(".rank1.json"), writers
+    if leads:
+        calls = tracefile.summarize(tracefile.load(path))
+        assert [(r["collective"], r["ranks"]) for r in calls] == \
+            [("all_reduce", half.size)] * (2 + world.rank % 2)
+
+
+@pytest.mark.mpi
 def test_the_trace_merge_matches_no_message_of_any_call(shared_dir):
     """The clocks' ping-pongs take a tag no call used: receives posted for every tag this
     communicator's calls used (and 77, 78: those of calls #75, #76 of a process's first

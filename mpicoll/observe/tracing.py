@@ -215,16 +215,20 @@ def attach(backend: Any, rank: int, size: int) -> Tracer:
     return tracer
 
 
-def trace_path(path: str, peek: bool = False) -> str:
-    """MPICOLL_TRACE's file for the next traced communicator: path, path.2.json, ...
-    (``peek``: the one it would be, without taking it)."""
+def trace_path(path: str, writer: int = 0, peek: bool = False) -> str:
+    """MPICOLL_TRACE's file for the next traced communicator of this process: path,
+    path.2.json, ...; where the communicator's rank 0 (which writes it) is not the job's
+    rank 0 but MPI_COMM_WORLD rank ``writer`` (a split's, a group's), path.rank<writer>.json,
+    path.2.rank<writer>.json, ...: a name no other process's communicator takes (each
+    process numbers its own). ``peek``: the one it would be, without taking it."""
     number = _TRACED[0] + 1
     if not peek:
         _TRACED[0] = number
-    if number == 1:
+    if number == 1 and not writer:
         return path
     root, ext = os.path.splitext(path)
-    return f"{root}.{number}{ext or '.json'}"
+    parts = ([str(number)] if number > 1 else []) + ([f"rank{writer}"] if writer else [])
+    return f"{root}.{'.'.join(parts)}{ext or '.json'}"
 
 
 def unwritable(path: str, directory: bool = False) -> str:
@@ -350,10 +354,10 @@ class TraceFile:
     """A Communicator's trace file (``MPICOLL_TRACE`` or ``trace=path``): merged into
     once, by ``write()`` at ``free()``, or at exit if it was never freed; never after."""
 
-    def __init__(self, path: str, merge: Any) -> None:
+    def __init__(self, path: str, merge: Any, writer: int = 0) -> None:
         import atexit
 
-        self.path: str | None = trace_path(path)  # path, path.2.json, ...
+        self.path: str | None = trace_path(path, writer)  # path, path.2.json, ...
         self.merge = merge  # the Communicator's: merge(path, error class), watched
         atexit.register(self.at_exit)
 

@@ -40,7 +40,7 @@ from ..errors import (
     OpError,
     RemoteError,
 )
-from ..observe.recorder import DEFAULT_RECORDER, recorder_length
+from ..observe.recorder import DEFAULT_RECORDER, recorder_length, world_ranks
 from ..observe.tracing import trace_path, unwritable
 from ..observe.watchdog import DEFAULT_TIMEOUT, dump_dir, timeout_setting
 from ..ops import Op, op_name
@@ -550,7 +550,8 @@ def _read_trace(s: Settings, backend: Backend, trace: Any) -> None:
     elif isinstance(s.trace, str):
         s.trace = os.path.abspath(s.trace)  # where rank 0 writes it, whatever chdir follows
         if backend.transport.rank == 0:
-            path = trace_path(s.trace, peek=True)
+            writer = (world_ranks(backend.control) or [0])[0]  # (this rank's own)
+            path = trace_path(s.trace, writer, peek=True)
             problem = unwritable(path)
             if problem:
                 s.refusals["trace"] = refusal(f"{name}: cannot write the trace to {path}: {problem}")
