@@ -202,3 +202,22 @@ def test_a_user_op_that_averages_refuses_integers_before_any_message():
         return comm.all_reduce(np.arange(3.0), averaging).tolist()
 
     assert run_local(3, body, timeout=10) == [[0.0, 1.0, 2.0]] * 3
+
+
+@pytest.mark.parametrize("size", [0, -1, True, 2.0, "2", None])
+def test_run_local_refuses_a_size_that_is_no_number_of_ranks(size):
+    """run_local's size: an int (NumPy's too) >= 1, else InvalidArgumentError, not a raw
+    error from deep inside a collective."""
+    with pytest.raises(mpicoll.InvalidArgumentError, match="size: expected a number of ranks"):
+        run_local(size, lambda comm: None)
+    assert run_local(np.int64(2), lambda comm: comm.all_reduce(np.ones(1))[0]) == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("timeout", [-1, "5", float("nan"), True])
+def test_run_local_refuses_a_timeout_that_is_no_seconds(timeout):
+    """run_local's and LocalWorld's timeout: seconds >= 0 (0: none), as Communicator's."""
+    with pytest.raises(mpicoll.ConfigError, match="timeout: expected seconds >= 0"):
+        run_local(2, lambda comm: None, timeout=timeout)
+    with pytest.raises(mpicoll.ConfigError, match="timeout: expected seconds >= 0"):
+        LocalWorld(2, timeout)
+    assert run_local(2, lambda comm: comm.size, timeout=0) == [2, 2]

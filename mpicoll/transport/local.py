@@ -11,6 +11,7 @@ raises instead of hanging.
 
 from __future__ import annotations
 
+import operator
 import os
 import queue
 import threading
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..buffers.arrays import assign_from_host
-from ..errors import AbortedError, CollectiveTimeoutError, MismatchError
+from ..errors import AbortedError, CollectiveTimeoutError, InvalidArgumentError, MismatchError
 from . import Status, Workspace
 
 
@@ -29,14 +30,18 @@ class LocalWorld:
     """The shared state of N thread-ranks: one mailbox per (source, dest) pair."""
 
     def __init__(self, size: int, timeout: float | None = None) -> None:
-        if size < 1:
-            raise ValueError(f"size must be >= 1, got {size}")
-        self.size = size
-        if timeout is None:  # MPICOLL_TIMEOUT when set, else a minute (0: no limit)
-            from ..observe.watchdog import timeout_setting
+        from ..observe.watchdog import timeout_setting
 
-            timeout = timeout_setting(None) if os.environ.get("MPICOLL_TIMEOUT") else 60.0
-        self.timeout = timeout
+        try:
+            ranks = operator.index(size)  # (an int or NumPy's, not 2.0 or True)
+        except TypeError:
+            ranks = 0
+        if ranks < 1 or isinstance(size, bool):
+            raise InvalidArgumentError(f"size: expected a number of ranks >= 1, got {size!r}")
+        self.size = ranks
+        # MPICOLL_TIMEOUT when set, else a minute (0: no limit); seconds >= 0 or ConfigError
+        self.timeout = timeout_setting(None) if timeout is None and os.environ.get(
+            "MPICOLL_TIMEOUT") else timeout_setting(60.0 if timeout is None else timeout)
         self.aborted = threading.Event()
         self.mailboxes = [[queue.SimpleQueue() for _ in range(size)] for _ in range(size)]
         self.board = PeerBoard()  # the program's own point-to-point messages
