@@ -443,7 +443,11 @@ class DeviceMesh:
 
     def __getitem__(self, mesh_dim_names: str | tuple[str, ...]) -> DeviceMesh:
         """The sub-mesh along these dimensions (in the mesh's order) through this rank."""
-        wanted = (mesh_dim_names,) if isinstance(mesh_dim_names, str) else tuple(mesh_dim_names)
+        try:
+            wanted = (mesh_dim_names,) if isinstance(mesh_dim_names, str) else \
+                tuple(mesh_dim_names)
+        except TypeError:  # (mesh[0], mesh[None]: no names; refused below)
+            wanted = ()
         dims = [self._dim(name, "mesh[...]") if isinstance(name, str) else -1 for name in wanted]
         if not dims or -1 in dims or dims != sorted(set(dims)):
             raise InvalidArgumentError(

@@ -207,8 +207,9 @@ def test_a_device_mesh_as_torch_tutorials_use_it(initialized):
     assert tp_mesh.get_group() is mesh.get_group("tp")
     assert dist.get_rank(tp_mesh.get_group()) == tp_index
     assert mesh["dp", "tp"].mesh.tolist() == mesh.mesh.tolist()
-    with pytest.raises(mpicoll.InvalidArgumentError, match="mesh's order"):
-        mesh["tp", "dp"]
+    for wrong in (("tp", "dp"), 0, None, ("tp", 1)):  # (not names, or not in order)
+        with pytest.raises(mpicoll.InvalidArgumentError, match="mesh's order"):
+            mesh[wrong]
     t = np.full(1, float(rank))
     dist.all_reduce(t, group=tp_mesh.get_group())
     assert t[0] == sum(tp_mesh.mesh.tolist())
