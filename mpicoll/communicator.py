@@ -17,7 +17,7 @@ import numpy as np
 
 from .algorithms import COLLECTIVES
 from .backends import BACKENDS, Backend, make_backend, watched_making
-from .errors import ConcurrentCallError, InvalidArgumentError
+from .errors import InvalidArgumentError
 from .groups import Groups
 from .observe.recorder import Watch
 from .observe.tracing import TraceFile, attach, write_merged
@@ -28,8 +28,8 @@ from .pipeline import agree, run
 from .pipeline.choose import Chooser, check_collective
 from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
-from .pipeline.entry import announce, busy, entry, freed
-from .pipeline.state import CallState
+from .pipeline.entry import announce, entry, freed, take_turn
+from .pipeline.state import CallState, refuse_in_callback
 from .pipeline.validate import dtype_given
 from .plan import end_running_starts, init_method
 from .work import ProgressThread, Work, start_progress, submit
@@ -183,8 +183,7 @@ class Communicator(CallState, PointToPoint, Groups):
         one's, for another thread (collective); ``check``: its check mode (default: this one's)."""
         if self._freed:
             raise freed("dup")
-        if not self._entry.acquire(False):  # it sends on this one's communicator too
-            raise ConcurrentCallError(busy(self, "dup"))
+        take_turn(self, "dup")  # it sends on this one's communicator too
         try:
             return self._duplicate(sys._getframe(1), check)
         finally:
@@ -225,8 +224,7 @@ class Communicator(CallState, PointToPoint, Groups):
 
     def _merge_trace(self, path: str, refusal: type[Exception]) -> None:
         """write_trace, watched; rank 0's failure to write raises ``refusal`` everywhere."""
-        if not self._entry.acquire(False):  # it sends on this one's communicator too
-            raise ConcurrentCallError(busy(self, "write_trace"))
+        take_turn(self, "write_trace")  # it sends on this one's communicator too
         try:
             with self._watch.aside(Call(self._seq, "write_trace", 3)):
                 failure = write_merged(self._tracer, self._backend.transport, path)
@@ -250,6 +248,7 @@ class Communicator(CallState, PointToPoint, Groups):
     def free(self) -> None:
         """Collective: finish pending async calls, write the trace file (``MPICOLL_TRACE``,
         ``trace=path``), release the private communicators (also at MPI finalization)."""
+        refuse_in_callback("free")  # (it would join the progress thread it runs on)
         end_running_starts(self)  # (a watched wait, before its calls refuse)
         self._freed = True  # its calls and plans refuse from now on
         self._decisions = None  # (no kept decision runs on the released communicators)

@@ -37,8 +37,10 @@ from .buffers.arrays import as_array, cupy_module, is_cupy, module_of
 from .communicator import Communicator
 from .errors import InvalidArgumentError, MpicollError
 from .groups import agreed_rows
+from .observe.watchdog import report
 from .p2p import ANY, Status
 from .p2p import P2POp as _P2POp
+from .pipeline.state import in_done_callback, waits_for_itself
 
 __all__ = [
     "Backend", "DeviceMesh", "Future", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "all_gather",
@@ -669,6 +671,8 @@ class Future:
         return self._ended.is_set()
 
     def wait(self) -> Any:
+        if not self._ended.is_set() and in_done_callback():  # (the thread to end it)
+            raise waits_for_itself("Future.wait()")
         self._ended.wait()
         return self.value()
 
@@ -699,8 +703,11 @@ class Future:
         try:  # (as torch's: a callback's error is reported, and the others still run)
             callback(self)
         except Exception as exc:  # noqa: BLE001 - never into the thread that ended the call
-            warnings.warn(f"mpicoll.dist.Future: a callback raised {type(exc).__name__}: "
-                          f"{exc}", RuntimeWarning, stacklevel=2)
+            text = f"mpicoll.dist.Future: a callback raised {type(exc).__name__}: {exc}"
+            try:
+                warnings.warn(text, RuntimeWarning, stacklevel=2)
+            except Exception:  # noqa: BLE001 - warnings as errors: said, the others run on
+                report(text)
 
     def add_done_callback(self, callback: Any) -> None:
         with self._lock:

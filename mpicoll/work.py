@@ -34,6 +34,7 @@ from .pipeline.state import (
     in_done_callback,
     leaving_done_callback,
     refused_in_callback,
+    waits_for_itself,
 )
 
 _UNSET = object()
@@ -107,6 +108,10 @@ class Work:
         Raises:
             CollectiveTimeoutError (a TimeoutError): not finished within ``timeout``.
         """
+        queue = self._queue
+        if queue is not None and queue._thread is threading.current_thread() and \
+                not self._finished.is_set():  # its own progress thread: it never would
+            raise waits_for_itself(f"{self.what} wait()")
         if timeout is None:
             seconds = self.timeout and self.timeout + self.GRACE
             deadline = time.monotonic() + seconds if seconds else float("inf")
@@ -137,6 +142,8 @@ class Work:
         while not self._finished.wait(min(seconds, 1.0)):
             now, started = time.perf_counter(), self.started_at  # (NaN: not begun yet)
             queue = self._queue
+            if queue is not None and not queue._thread.is_alive():  # (killed: never)
+                raise CollectiveTimeoutError(f"{self.what}: its progress thread has ended")
             if started != started and queue is not None and queue.running is not None:
                 waiting = now  # an earlier call runs: this one is not late
             elif now - (started if started == started else waiting) > seconds:
@@ -173,8 +180,15 @@ def _run_callback(callback: Callable[[Work], None], work: Work) -> None:
             raise  # (SystemExit, KeyboardInterrupt: the caller's own thread's to handle)
         import warnings
 
-        warnings.warn(f"mpicoll: a done callback of {work.what} raised "
-                      f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+        text = f"mpicoll: a done callback of {work.what} raised {type(exc).__name__}: {exc}"
+        try:
+            warnings.warn(text, RuntimeWarning, stacklevel=2)
+        except Exception:  # noqa: BLE001 - warnings as errors (python -W error): the warning
+            if not on_progress:  # is the caller's to get; never the progress thread's
+                raise
+            from .observe.watchdog import report
+
+            report(text)
     finally:
         if on_progress:
             leaving_done_callback()
@@ -256,17 +270,22 @@ class ProgressThread:
             item = None
             work.started_at = time.perf_counter()
             self.running = work
+            result = error = None
             try:
                 result = call(self.comm)
             except BaseException as exc:  # noqa: BLE001 - handed to wait() on this rank
-                work._set(error=exc)
-            else:  # (its done callbacks' errors are theirs: never the call's)
-                work._set(result)
-            self.running = work = call = None  # nothing of the call outlives it here
-            with self.lock:
-                self.pending -= 1
-                if not self.pending:
-                    self.owner = None
+                error = exc
+            # its done callbacks run with no call running (the calls queued behind wait
+            # for them, and their waits' bounds count it); their errors are theirs
+            self.running = call = None
+            try:
+                work._set(result, error)
+            finally:
+                work = result = error = None  # nothing of the call outlives it here
+                with self.lock:
+                    self.pending -= 1
+                    if not self.pending:
+                        self.owner = None
 
     def close(self, timeout: float | None = None) -> bool:
         """Finish what was submitted (within ``timeout`` seconds; None: no bound), then
@@ -401,16 +420,14 @@ def start_progress(comm: Any, frame: Any) -> None:
     ``async_op=True`` call makes it otherwise: where ranks make their first async calls on
     two communicators in different orders, those duplicates would wait for each other).
     The Bucketer's constructor calls it for its communicator."""
-    from .errors import ConcurrentCallError
-    from .pipeline.entry import busy, freed
+    from .pipeline.entry import freed, take_turn
 
     if comm._freed:
         raise freed("start_progress")
     if comm._backend.queues_on_stream or comm._progress is not None:
         return
 
-    if not comm._entry.acquire(False):
-        raise ConcurrentCallError(busy(comm, "start_progress"))
+    take_turn(comm, "start_progress")
     try:
         _made_progress(comm, Site(frame))
     finally:

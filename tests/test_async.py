@@ -133,6 +133,53 @@ def test_a_done_callback_raising_systemexit_never_replaces_the_result():
     assert run_local(2, body, timeout=20) == [(2.0, ["ran"], 2.0), (2.0, [], 2.0)]
 
 
+@pytest.mark.filterwarnings("error")
+def test_a_done_callback_raising_under_warnings_as_errors_leaves_the_progress_thread_on(capfd):
+    """python -W error: a done callback's error (whose warning is then an error) is
+    reported on stderr, and the progress thread runs the next calls: not killed, with
+    every later wait() hanging."""
+    def body(comm):
+        if comm.rank == 1:
+            time.sleep(0.3)  # (rank 0's call is pending while it adds its callback)
+        work = comm.all_reduce(np.ones(2), async_op=True)
+        if comm.rank == 0:  # run by the progress thread, which ends the call
+            work.add_done_callback(lambda w: 1 / 0)
+        first = work.wait()[0]
+        return first, comm.all_reduce(np.ones(2), async_op=True).wait(timeout=20)[0]
+
+    assert run_local(2, body, timeout=20) == [(2.0, 2.0)] * 2
+    assert "a done callback of all_reduce raised ZeroDivisionError" in capfd.readouterr().err
+
+
+def test_a_done_callback_that_waits_frees_or_dups_is_refused_not_deadlocked():
+    """In a done callback on the progress thread: wait() for a later call (which that
+    thread would run after the callback: it would wait forever), free() (it would join
+    the thread it runs on) and dup() (a collective racing the caller's) raise
+    ConcurrentCallError there; the calls end and the Communicator goes on."""
+    def body(comm):
+        if comm.rank == 1:
+            time.sleep(0.3)  # (rank 0's first call is pending while it adds its callback)
+        first = comm.all_reduce(np.ones(2), async_op=True)
+        second = comm.all_reduce(np.full(2, 2.0), async_op=True)
+        seen = []
+
+        def misuse(work):
+            for attempt in (second.wait, comm.free, comm.dup):
+                try:
+                    attempt()
+                except mpicoll.ConcurrentCallError as exc:
+                    seen.append(str(exc).split(":")[0])
+
+        if comm.rank == 0:
+            first.add_done_callback(misuse)
+        results = first.wait()[0], second.wait()[0], comm.all_reduce(np.ones(1))[0]
+        return results, seen, comm.freed
+
+    assert run_local(2, body, timeout=20) == [
+        ((2.0, 4.0, 2.0), ["all_reduce wait()", "free", "dup"], False),
+        ((2.0, 4.0, 2.0), [], False)]
+
+
 def test_the_default_wait_counts_from_the_calls_start_not_from_the_wait(monkeypatch):
     """Four barriers queued at once, rank 1 late to each by 0.6 s (under the timeout of
     1 s): rank 0's wait for the last, made at once, must not count the time the three

@@ -457,6 +457,27 @@ def test_new_group_refused_on_one_rank_raises_on_every_rank(initialized):
     assert t[0] == size and (group is dist.GroupMember.NON_GROUP_MEMBER) == (rank != 0)
 
 
+def test_a_then_callback_waiting_for_a_later_call_raises_instead_of_deadlocking(initialized):
+    """A future's then() callback that waits for a later async call, run on the progress
+    thread that would run that call after it (rank 0, whose call is pending when it adds
+    the callback): ConcurrentCallError into the chained future, not two threads waiting
+    forever; both calls end right."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if rank == 1:
+        time.sleep(0.3)  # (rank 0's first call pending while it adds the callback)
+    a, b = np.ones(3), np.full(3, 2.0)
+    first = dist.all_reduce(a, async_op=True)
+    second = dist.all_reduce(b, async_op=True)
+    later = second.get_future()
+    chained = first.get_future().then(lambda f: later.wait())
+    if rank == 0:
+        with pytest.raises(mpicoll.ConcurrentCallError, match="wait for itself"):
+            chained.wait()
+    second.wait()
+    first.wait()
+    assert (a.tolist(), b.tolist()) == ([size] * 3, [2.0 * size] * 3)
+
+
 def test_an_async_work_as_torch(initialized):
     """wait() returns True; once is_completed() says so, the list holds the result."""
     rank, size = dist.get_rank(), dist.get_world_size()

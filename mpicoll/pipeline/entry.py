@@ -30,7 +30,7 @@ from ..observe.watchdog import PARAMETERS
 from . import agree, decided
 from .decided import DECLINED, PLAIN
 from .describe import Call
-from .state import CALLBACK_THREADS, in_done_callback, refused_in_callback
+from .state import CALLBACK_THREADS, in_done_callback, refuse_in_callback, refused_in_callback
 from .validate import Verdict, stream_refusal
 
 if TYPE_CHECKING:
@@ -46,6 +46,15 @@ def busy(c: CallState, what: str) -> str:
     return (f"{what}: another thread is {inside} on this Communicator; one Communicator "
             "serves one thread at a time: give each thread its own with comm.dup(), made "
             "before the threads start")
+
+
+def take_turn(c: CallState, what: str) -> None:
+    """Take ``c``'s entry for ``what``, a step that sends on ``c`` but is no numbered call
+    (dup, write_trace, start_progress; the caller gives it back): refused in a done
+    callback (every rank runs the callback alike) or while another thread is in a call."""
+    refuse_in_callback(what)
+    if not c._entry.acquire(False):
+        raise ConcurrentCallError(busy(c, what))
 
 
 def freed(what: str) -> InvalidArgumentError:

@@ -136,6 +136,20 @@ def in_done_callback() -> bool:
     return threading.get_ident() in CALLBACK_THREADS
 
 
+def refuse_in_callback(what: str) -> None:
+    """Raise ``refused_in_callback(what)`` in a done callback on a progress thread."""
+    if CALLBACK_THREADS and in_done_callback():
+        raise refused_in_callback(what)
+
+
+def waits_for_itself(what: str) -> ConcurrentCallError:
+    """What a wait made in a done callback for a call its own thread would end raises."""
+    return ConcurrentCallError(
+        f"{what}: made in a done callback (a future's then() or add_done_callback) on the "
+        "progress thread that would end it: it would wait for itself forever. Wait in your "
+        "own thread")
+
+
 def refused_in_callback(what: str) -> ConcurrentCallError:
     """What a call made in a done callback on a progress thread raises (on every rank
     alike: each runs the same callback), before it takes a number."""
