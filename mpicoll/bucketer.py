@@ -48,7 +48,9 @@ from .errors import (
     MpicollError,
     RemoteError,
 )
+from .ops import resolve_op
 from .pipeline.agree import op_text
+from .pipeline.choose import algorithms
 from .work import start_progress
 
 DEFAULT_CAP_BYTES = 25 * 1024 * 1024  # DDP's bucket_cap_mb default
@@ -74,8 +76,15 @@ class Bucketer:
                 f"arrays: expected a sequence of arrays, got {type(arrays).__name__}"), []
         try:
             op_given = op_text(op)
+            for a in arrays:  # (avg of ints, bitwise ops of floats: never at a first wait)
+                resolve_op(op, np.dtype(a.dtype))
         except MpicollError as exc:
             refusal, op_given = refusal or exc, None
+        names = algorithms("all_reduce", comm.backend)
+        if refusal is None and algorithm != "auto" and algorithm not in names:
+            refusal = InvalidArgumentError(
+                f"algorithm: unknown all_reduce algorithm {algorithm!r}; expected 'auto' or "
+                f"one of {', '.join(names)}")
         # its own (see above), where check mode is off: every call on it is decided by
         # what is agreed here, bucket by bucket in bucket order, so a check at each start
         # (a step every rank makes at once) could only make ranks that add in different
@@ -202,7 +211,7 @@ def _agree(comm: Any, refusal: MpicollError | None, layout: int) -> None:
         if refusal is not None:
             raise refusal
         raise InvalidArgumentError(f"Bucketer: refused on rank(s) {_ranks(refused)} (their "
-                                   "arrays, cap_bytes or op); every rank gives the same")
+                                   "arrays, cap_bytes, op or algorithm); every rank gives the same")
     differ = np.flatnonzero(table[:, 1] != table[0, 1]).tolist()
     if differ:
         raise MismatchError(f"Bucketer: rank(s) {_ranks(differ)} give other arrays (shapes, "

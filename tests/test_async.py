@@ -208,8 +208,8 @@ def test_a_wait_longer_than_threading_can_wait_means_no_limit(timeout):
     assert run_local(2, body, timeout=20) == [2.0, 2.0]
 
 
-@pytest.mark.parametrize("wrong", ["array", "cap_bytes", "layout", "dtype_fields", "op",
-                                   "bad_op"])
+@pytest.mark.parametrize("wrong", ["array", "cap_bytes", "layout", "dtype", "op",
+                                   "bad_op", "op_for_dtype", "algorithm"])
 def test_a_bucketer_one_rank_makes_wrong_raises_on_every_rank_and_the_next_call_runs(wrong):
     """Making a Bucketer is collective: one rank's refused arguments, or its other layout
     of the buckets (which would pair its buckets' messages with the others' other
@@ -223,14 +223,18 @@ def test_a_bucketer_one_rank_makes_wrong_raises_on_every_rank_and_the_next_call_
             cap = "64"
         elif odd and wrong == "layout":
             cap = 16  # one array per bucket, where the others hold both in one
-        elif wrong == "dtype_fields":
-            arrays = [np.zeros(2, [("b", "<i8")] if odd else [("a", "<f8")])]
-        op = ("max" if wrong == "op" else "no such op" if wrong == "bad_op" else "sum") \
-            if odd else "sum"
-        error = mpicoll.MismatchError if wrong in ("layout", "dtype_fields", "op") else \
+        elif wrong == "dtype":  # (as many bytes, another dtype)
+            arrays = [np.zeros(2, np.int64 if odd else np.float64)]
+        elif odd and wrong == "op_for_dtype":  # (an op it cannot reduce them with)
+            arrays = [np.ones(3, np.int32), np.ones(5, np.int32)]
+        op = ("max" if wrong == "op" else "no such op" if wrong == "bad_op" else
+              "avg" if wrong == "op_for_dtype" else "sum") if odd else "sum"
+        algorithm = "no_such" if odd and wrong == "algorithm" else "ring"
+        error = mpicoll.MismatchError if wrong in ("layout", "dtype", "op") else \
+            mpicoll.UnsupportedDtypeError if odd and wrong == "op_for_dtype" else \
             mpicoll.InvalidArgumentError
-        with pytest.raises(error, match="arrays|cap_bytes|op"):
-            mpicoll.Bucketer(comm, arrays, cap_bytes=cap, op=op)
+        with pytest.raises(error, match="arrays|cap_bytes|op|avg|algorithm"):
+            mpicoll.Bucketer(comm, arrays, cap_bytes=cap, op=op, algorithm=algorithm)
         return comm.all_reduce(np.ones(2))[0]
 
     assert run_local(3, body, timeout=20) == [3.0] * 3
