@@ -128,10 +128,14 @@ def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int
         reasons = sorted({_REASONS[f] for r in bad for f in _REASONS if table[r, 0] & f})
         raise InvalidArgumentError(f"{what}: refused on rank(s) {', '.join(map(str, bad))}: "
                                    f"{'; '.join(reasons)}")
-    differ = np.flatnonzero(table[:, 3] != table[0, 3]).tolist()
-    if differ:
-        raise MismatchError(f"{what}: rank(s) {', '.join(map(str, differ))} give other "
-                            f"{given} than rank 0; every rank must pass the same {given}")
+    values, counts = np.unique(table[:, 3], return_counts=True)
+    if len(values) > 1:  # named: the ranks apart from the most (rank 0's, in a tie)
+        most = table[0, 3] if counts.max() == counts[values == table[0, 3]][0] else \
+            values[counts.argmax()]
+        differ, agree = (", ".join(map(str, np.flatnonzero(same).tolist()))
+                         for same in (table[:, 3] != most, table[:, 3] == most))
+        raise MismatchError(f"{what}: rank(s) {differ} give other {given} than rank(s) "
+                            f"{agree}; every rank must pass the same {given}")
     colors, keys = table[:, 1], table[:, 2]
     call = Call(comm._seq, "split")
     call.at(site)

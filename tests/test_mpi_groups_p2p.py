@@ -66,8 +66,13 @@ def test_new_group_with_ranks_that_differ_raises_everywhere(world):
     if world.size < 2:
         pytest.skip("needs two ranks")
     ranks = [0, 1] if world.rank != 1 else [1, 0]
-    with pytest.raises(mpicoll.MismatchError, match="other ranks than rank 0"):
+    with pytest.raises(mpicoll.MismatchError, match=r"rank\(s\) 1 give other ranks than rank\(s\) 0"):
         world.new_group(ranks)
+    if world.size > 2:  # the odd one out named, not the rest: rank 0 alone differs
+        others = ", ".join(map(str, range(1, world.size)))
+        with pytest.raises(mpicoll.MismatchError,
+                           match=rf"rank\(s\) 0 give other ranks than rank\(s\) {others};"):
+            world.new_group([1, 0] if world.rank == 0 else [0, 1])
     with pytest.raises(mpicoll.InvalidArgumentError, match="ranks: expected distinct"):
         world.new_group([0, 0])
     _next_call_is_right(world)
