@@ -94,6 +94,7 @@ class Plan:
         self._lean: Any = None  # plan()'s lean path, once settled (__call__)
         self._start_request: Any = None  # start()'s MPI_Start, where persistent (start)
         self._wait_request: Any = None  # and wait()'s MPI_Wait
+        self._done: Any = None  # and what gives its result after it (Fixed, or avg's)
         self._in_flight: tuple | None = None  # a start whose request runs (its seq, entry)
         self._kept: tuple = ()  # its flight-recorder entry (Watch.kept)
         # once settled: (the NumPy array its starts write into, a writeable view of it made
@@ -220,7 +221,7 @@ class Plan:
                 self._in_flight = started
                 raise
             self._restored()
-            return self._bound.persistent[2]
+            return self._done()
         if self._work is None:
             raise InvalidArgumentError(f"plan.wait(): this {self.collective} plan is not started")
         work, self._work = self._work, None
@@ -297,11 +298,14 @@ class Plan:
         self._keep(request)
         self._guard_result(self._args[0] if self.collective == "broadcast" and self._args
                            else self._kwargs.get("out"))
-        if getattr(run, "persistent", None):
-            self._start_request = prepare_start(self.comm, self.collective, self._site,
-                                                facts, run, (request.Start, None, None))
-            self._wait_request = prepare_request_wait(self.comm, self.collective, self._site,
-                                                      request.Wait)
+        # start() is MPI_Start on every rank (a rank's own steps around it: all_gather's
+        # copy into its row before, avg's division after; one rank's start() on the
+        # progress thread would be another call, which the others' requests never meet)
+        start, self._done = run.parts
+        self._start_request = prepare_start(self.comm, self.collective, self._site,
+                                            facts, run, (start, None, None))
+        self._wait_request = prepare_request_wait(self.comm, self.collective, self._site,
+                                                  request.Wait)
 
     def _bind_result(self, result: Any) -> None:
         """A receiver that passed no buffer (broadcast's x, scatter's out) binds the first

@@ -456,20 +456,33 @@ def test_decided_scan_plans_average_by_the_ranks_combined(world, collective, alg
                 np.testing.assert_allclose(got, np.full(3, np.mean(np.arange(upto)) + step))
 
 
+def _started(plan, form):
+    """A plan's start and its result: ``plan()``, or ``start()`` then ``wait()``."""
+    if form == "call":
+        return plan()
+    plan.start()
+    return plan.wait()
+
+
+@pytest.mark.parametrize("form", ["call", "start"])
 @pytest.mark.parametrize("op", ["sum", "avg"])
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce", "scan", "exscan"])
-def test_native_plans_in_place_run_right_on_mpis_persistent_request(world, collective, op):
-    """In place (out=x), a native plan's starts stay right whether MPI's persistent
-    request runs them or (exscan's rank 0 votes against writing into its x) not."""
+@pytest.mark.parametrize("in_place", [True, False])
+def test_native_plans_run_right_on_mpis_persistent_request(world, collective, op, in_place,
+                                                           form):
+    """A native plan's starts stay right whether MPI's persistent request runs them or
+    (exscan's rank 0 votes against writing into its x) not, in place (out=x) or not, by
+    plan() or start() and wait(): avg's root and exscan's rank 0 (no division there)
+    start MPI's request as the other ranks do, not a call the others' never meet."""
     p, r = world.size, world.rank
     x = np.zeros(4)
     args = (x, op, 0) if collective == "reduce" else (x, op)
-    out = x if collective != "reduce" or r == 0 else None
+    out = None if collective == "reduce" and r != 0 else x if in_place else np.zeros(4)
     plan = getattr(world, f"{collective}_init")(*args, algorithm="native", out=out)
     with plan:
         for step in range(4):
             x[...] = np.arange(4) + r + step
-            got = plan()
+            got = _started(plan, form)
             ranks = {"all_reduce": range(p), "reduce": range(p), "scan": range(r + 1),
                      "exscan": range(r)}[collective]
             if (collective == "reduce" and r != 0) or (collective == "exscan" and r == 0):
@@ -477,24 +490,27 @@ def test_native_plans_in_place_run_right_on_mpis_persistent_request(world, colle
                 continue
             want = [np.arange(4) + k + step for k in ranks]
             np.testing.assert_allclose(got, np.mean(want, 0) if op == "avg" else np.sum(want, 0))
-            assert got is x
-        if collective == "exscan" and p > 1:
+            assert got is out
+        if collective == "exscan" and p > 1 and in_place:
             assert plan._request is None  # rank 0 voted no
         elif p > 1 or collective != "exscan":
             assert plan._request is not None
 
 
-@pytest.mark.parametrize("in_place", [True, False])
-def test_an_all_gather_plan_is_mpis_in_place_persistent_request(world, in_place):
+@pytest.mark.parametrize("form", ["call", "start"])
+@pytest.mark.parametrize("in_place", [True, False, "rank 0"])
+def test_an_all_gather_plan_is_mpis_in_place_persistent_request(world, in_place, form):
     """As the whole path does, x goes into its own row and MPI gathers in place (every
-    rank alike, as MPI requires of MPI_IN_PLACE): x refilled is gathered at every start."""
+    rank alike, as MPI requires of MPI_IN_PLACE): x refilled is gathered at every start,
+    where x is its row on every rank, on none, or on rank 0 only (which copies nothing)."""
     out = np.zeros((world.size, 3))
-    x = out[world.rank] if in_place else np.zeros(3)
+    own = in_place is True or in_place == "rank 0" and world.rank == 0
+    x = out[world.rank] if own else np.zeros(3)
     with world.all_gather_init(x, algorithm="native", out=out) as plan:
         for step in range(4):
             x[...] = world.rank + step
             np.testing.assert_array_equal(
-                plan(), np.repeat(np.arange(world.size)[:, None] + step, 3, axis=1))
+                _started(plan, form), np.repeat(np.arange(world.size)[:, None] + step, 3, axis=1))
         assert plan._request is not None
 
 

@@ -324,7 +324,11 @@ def _persisted(c: CallState, collective: str, name: str, op: Any, dtype: Any, ro
             wait()
             return done()
 
-        return run if before is None else run_after, request
+        made = run if before is None else run_after
+        # a plan's start() and wait() apart, on every rank that made the request alike
+        # (whatever each does around MPI's calls): before() and Start, then Wait and done()
+        made.parts = (start if before is None else lambda: (before(), start()), done)  # type: ignore[attr-defined]
+        return made, request
 
     # MPI asks MPI_IN_PLACE of every rank or none, where every rank may give it (the
     # plan's vote checks this; reduce's root alone and all_gather's every rank are fine)
