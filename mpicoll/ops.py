@@ -144,12 +144,12 @@ class Op:
                 self.fn(a, b, out=out)
             else:
                 self.fn(a, b, out)
-        except FloatingPointError as exc:
+        except (FloatingPointError, RuntimeWarning) as exc:
             if not self.builtin:
                 _failed(self, exc)
-            # a built-in op under np.seterr(...="raise"): NumPy raises once the op has
-            # written its IEEE result (inf, nan), as MPI's own op would: the call goes on
-            # (a rank leaving it mid-way would leave the others waiting)
+            # a built-in op under np.seterr(...="raise") or python -W error: NumPy raises
+            # once the op has written its IEEE result (inf, nan), as MPI's own op would:
+            # the call goes on (a rank leaving it mid-way would leave the others waiting)
         except Exception as exc:  # noqa: BLE001 - a user's op (a ufunc too): named, with its cause
             _failed(self, exc)
 
@@ -219,9 +219,10 @@ def _loc(better: np.ufunc) -> Callable[[Any, Any, Any], None]:
     def loc(a: Any, b: Any, out: Any) -> None:
         a_value, b_value = a["value"], b["value"]
         lower = b["index"] < a["index"]
-        take_b = better(b_value, a_value)
-        take_b |= (b_value == a_value) & lower
-        if a_value.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):  # (NaN compared: decided below, no warning)
+            take_b = better(b_value, a_value)
+            take_b |= (b_value == a_value) & lower
+        if dtype_kind(a_value.dtype) == "f":  # (bfloat16's kind is "V")
             a_nan, b_nan = np.isnan(a_value), np.isnan(b_value)
             take_b = np.where(a_nan | b_nan, b_nan & (~a_nan | lower), take_b)
         out[...] = np.where(take_b, b, a)  # a temporary: out may be a or b

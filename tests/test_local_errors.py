@@ -194,6 +194,34 @@ def test_a_builtin_op_under_numpy_seterr_raise_gives_ieee_results_on_every_rank(
     assert results[1:] == [(None, 3.0)] * 2
 
 
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("algorithm", ["binomial", "linear"])
+def test_a_builtin_op_under_warnings_as_errors_gives_ieee_results_on_every_rank(algorithm):
+    """python -W error (pytest's filterwarnings = error): NumPy's overflow warning, an
+    exception then, once the sum has written inf: the call goes on as under np.seterr."""
+    def body(comm):
+        got = comm.reduce(np.full(3, 2e38, np.float32), "sum", 0, algorithm=algorithm)
+        return None if got is None else got.tolist(), comm.all_reduce(np.ones(2))[0]
+
+    results = run_local(3, body, timeout=10)
+    assert results[0] == ([np.inf] * 3, 3.0)
+    assert results[1:] == [(None, 3.0)] * 2
+
+
+@pytest.mark.parametrize("value", [1e5, 1e-30])
+def test_compressing_beyond_the_wires_range_under_seterr_raise_rounds_on_every_rank(value):
+    """compress="fp16" of a value beyond float16's range (inf) or below it (0) with
+    np.seterr(all="raise"): the wire's rounding, on every rank, never one rank's error."""
+    def body(comm):
+        x = np.full(4, value if comm.rank == 1 else 1.0, np.float32)
+        with np.errstate(all="raise"):
+            got = comm.all_reduce(x, algorithm="recursive_doubling", compress="fp16")
+        return got.tolist(), comm.all_reduce(np.ones(2))[0]
+
+    want = [np.inf] * 4 if value > 1 else [2.0] * 4
+    assert run_local(3, body, timeout=10) == [(want, 3.0)] * 3
+
+
 def test_a_user_op_that_averages_refuses_integers_before_any_message():
     def body(comm):
         averaging = mpicoll.Op(np.add, average=True, name="mean")

@@ -167,11 +167,15 @@ def test_loc_ops_keep_the_extreme_value_and_on_a_tie_the_lower_index(op, better)
             assert np.array_equal(got, expected), (op, got)
 
 
+@pytest.mark.parametrize("value", ["f8", "f2", "bfloat16"])
 @pytest.mark.parametrize("op", ["minloc", "maxloc"])
-def test_loc_ops_let_a_nan_win_whatever_the_order_of_the_operands(op):
+def test_loc_ops_let_a_nan_win_whatever_the_order_of_the_operands(op, value):
     """A NaN value beats any other (as NumPy's minimum and maximum), the lower index among
-    NaNs: commutative and associative with NaNs too."""
-    dt = mpicoll.loc_dtype("f8")
+    NaNs: commutative and associative with NaNs too (bfloat16's, whose kind is not "f",
+    as float64's)."""
+    if value == "bfloat16":
+        value = pytest.importorskip("ml_dtypes").bfloat16
+    dt = mpicoll.loc_dtype(value)
     rows = [np.array([(np.nan, 3), (1.0, 5), (np.nan, 7), (2.0, 1)], dt),
             np.array([(1.0, 2), (np.nan, 6), (np.nan, 4), (2.0, 0)], dt),
             np.array([(0.5, 1), (0.5, 0), (np.nan, 9), (np.nan, 8)], dt)]

@@ -112,12 +112,12 @@ class Compressing:
         for lo in range(0, buf.size, 1 << 20):  # (through the send scratch, a slice at a time)
             part = buf[lo:lo + (1 << 20)]
             wire = self._scratch(0, part)
-            wire[...] = part
+            _narrow(wire, part)
             part[...] = wire
 
     def send(self, buf: Any, dest: int) -> None:
         wire = self._scratch(0, buf)
-        wire[...] = buf
+        _narrow(wire, buf)
         buf[...] = wire  # (the sender keeps what it sent: see the module)
         self._inner.send(wire, dest)
 
@@ -128,7 +128,7 @@ class Compressing:
 
     def sendrecv(self, sendbuf: Any, dest: int, recvbuf: Any, source: int) -> None:
         out, into = self._scratch(0, sendbuf), self._scratch(1, recvbuf)
-        out[...] = sendbuf
+        _narrow(out, sendbuf)
         sendbuf[...] = out
         self._inner.sendrecv(out, dest, into, source)
         recvbuf[...] = into
@@ -151,3 +151,11 @@ class Compressing:
         self._outstanding -= len(requests)
         if self._outstanding <= 0:  # nothing in flight: the whole pool is free again
             self._outstanding = self._top = 0
+
+
+def _narrow(wire: Any, buf: Any) -> None:
+    """``buf`` rounded into the narrower ``wire``: beyond its range inf, below it 0 (IEEE's
+    rounding, as the module says), never an error a rank alone raises mid-call where the
+    caller set np.seterr(over="raise") or runs python -W error."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        wire[...] = buf
