@@ -249,3 +249,15 @@ def test_run_local_refuses_a_timeout_that_is_no_seconds(timeout):
     with pytest.raises(mpicoll.ConfigError, match="timeout: expected seconds >= 0"):
         LocalWorld(2, timeout)
     assert run_local(2, lambda comm: comm.size, timeout=0) == [2, 2]
+
+
+@pytest.mark.parametrize("collective", ["reduce", "reduce_scatter", "scan"])
+def test_compress_on_a_collective_that_takes_none_says_so(collective):
+    """compress= is all_reduce's: elsewhere refused as such on every rank, not as a
+    tuning option that 'auto' cannot take."""
+    def call(comm):
+        x = np.ones((comm.size, 2))
+        getattr(comm, collective)(x, compress="bf16")
+
+    _raises_everywhere(3, call, mpicoll.InvalidArgumentError,
+                       rf"compress: {collective} takes no compress=")

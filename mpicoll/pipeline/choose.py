@@ -109,6 +109,10 @@ class Chooser:
             raise InvalidArgumentError(
                 "out: this call takes no out= (it returns its result; its keywords besides "
                 f"algorithm= are tuning options of the {collective} algorithms)")
+        if options and "compress" in options:  # (all_reduce's keyword: an option here)
+            raise InvalidArgumentError(
+                f"compress: {collective} takes no compress= (all_reduce alone compresses "
+                "its messages)")
         if algorithm == "auto":
             if options:
                 raise InvalidArgumentError(
