@@ -394,3 +394,27 @@ def test_check_mode_scatter_v_with_one_ranks_counts_different_raises_everywhere(
     got = comm.scatter_v(x, counts, root=0, algorithm=algorithm)  # the next call is right
     np.testing.assert_array_equal(got, [float(comm.rank)])
     comm.free()
+
+
+@pytest.mark.parametrize("form", ["call", "plan"])
+@pytest.mark.parametrize("algorithm", [*REGISTRY["reduce_scatter"], "native", "auto"])
+def test_reduce_scatter_counts_into_each_ranks_own_block_of_x_even_an_empty_one(world,
+                                                                               algorithm, form):
+    """MPI's idiom: out= this rank's own block of x, rank 0's empty (count 0: a view at
+    x's own address, which MPI refuses beside x as its send buffer, for 0 elements too):
+    right on every rank, by the call and by a plan, never one rank's MPI error and the
+    others left waiting."""
+    p, r = world.size, world.rank
+    counts = [0] + [2] * (p - 1)
+    bounds = np.cumsum([0, *counts])
+    x = np.arange(float(sum(counts))) + r
+    out = x[bounds[r]:bounds[r + 1]]
+    want = (np.arange(float(sum(counts))) * p + sum(range(p)))[bounds[r]:bounds[r + 1]]
+    if form == "call":
+        got = world.reduce_scatter(x, "sum", counts=counts, out=out, algorithm=algorithm)
+    else:
+        with world.reduce_scatter_init(x, "sum", counts=counts, out=out,
+                                       algorithm=algorithm) as plan:
+            got = plan()
+    np.testing.assert_array_equal(got, want)
+    _next_call_is_right(world)

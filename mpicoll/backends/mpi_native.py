@@ -224,6 +224,8 @@ def native_all_reduce(t: MPITransport, src: np.ndarray, dst: np.ndarray, op: Op)
 def native_reduce_scatter(t: MPITransport, src: np.ndarray, bounds: tuple[int, ...], op: Op,
                           dst: np.ndarray) -> None:
     datatype, mop = mpi_op(op, src.dtype)
+    if dst.size == 0:  # (an empty block at x's address, as out=x[0:0]: MPI refuses the
+        dst = np.empty(0, dst.dtype)  # two buffers at one address, for 0 elements too)
     if _even(bounds) and datatype is None:
         t.comm.Reduce_scatter_block(src, dst, mop)
     else:
