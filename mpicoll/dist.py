@@ -996,10 +996,11 @@ def _splits(sizes: Sequence[int] | None, rows: int, p: int, name: str) -> tuple[
     if len(values) != p or not all(isinstance(v, (int, np.integer)) and not isinstance(
             v, (bool, np.bool_)) and v >= 0 for v in values):
         return [], f"{name}_split_sizes: expected {p} non-negative ints, got {values}"
+    values = [int(v) for v in values]  # (summed as NumPy's uint8 they would wrap)
     if sum(values) != rows:
         return [], (f"{name}_split_sizes: they sum to {sum(values)}, but the {name} has "
                     f"{rows} rows (dim 0)")
-    return [int(v) for v in values], None
+    return values, None
 
 
 def all_to_all_single(output: Any, input: Any, output_split_sizes: Sequence[int] | None = None,  # noqa: A002

@@ -478,6 +478,17 @@ def test_a_then_callback_waiting_for_a_later_call_raises_instead_of_deadlocking(
     assert (a.tolist(), b.tolist()) == ([size] * 3, [2.0 * size] * 3)
 
 
+def test_split_sizes_as_small_numpy_ints_are_summed_as_ints(initialized):
+    """all_to_all_single's split sizes as a uint8 array summing past 255: taken as the
+    numbers they are (summed as uint8 they wrapped, and a right call was refused)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    sizes = np.full(size, 200, np.uint8)
+    x = np.full((200 * size, 1), float(rank))
+    out = np.zeros_like(x)
+    dist.all_to_all_single(out, x, output_split_sizes=sizes, input_split_sizes=sizes)
+    assert out[:, 0].tolist() == [float(r) for r in range(size) for _ in range(200)]
+
+
 def test_an_async_work_as_torch(initialized):
     """wait() returns True; once is_completed() says so, the list holds the result."""
     rank, size = dist.get_rank(), dist.get_world_size()
