@@ -56,7 +56,8 @@ ANY = -1  # a fingerprint field this rank cannot know (broadcast/scatter with No
 # every call's name, for MismatchError's text: each collective's, and the calls beside them
 NAMES = (*COLLECTIVES, "all_gather_v", "gather_v", "scatter_v", "all_to_all_v",
          "monitored_barrier")
-_FIELDS = ("collective", "algorithm", "op", "root", "dtype", "shape", "call number", "counts")
+_FIELDS = ("collective", "algorithm or its options", "op", "root", "dtype", "shape",
+           "call number", "counts")
 _SITE_BYTES, _TEXT_BYTES = 96, 160
 _ROW = len(_FIELDS) + 1 + (_SITE_BYTES + _TEXT_BYTES) // 8
 
