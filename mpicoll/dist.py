@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .buffers import writable
+from .buffers import overlapping, overlaps_itself, writable
 from .buffers.arrays import as_array, cupy_module, is_cupy, module_of
 from .communicator import Communicator
 from .errors import InvalidArgumentError, MpicollError
@@ -540,6 +540,8 @@ def _read_only(view: Any, name: str) -> str | None:
     """What is wrong with ``view`` as memory a call writes its result into, if anything."""
     if type(view) is np.ndarray and not view.flags.writeable:
         return f"{name}: must be a writeable array (it is read-only)"
+    if overlaps_itself(view):
+        return str(overlapping(name))
     return None
 
 
@@ -931,11 +933,11 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
         out = _view(output_tensor, "output_tensor")
     except MpicollError as exc:
         return _then(g.comm.all_gather, (x,), _nothing, str(exc), **_how(algorithm, async_op))
-    if out.size != int(np.prod(shape)):
-        return _then(g.comm.all_gather, (x,), _nothing,
-                     f"output_tensor: expected {int(np.prod(shape))} elements (the group's "
-                     f"{g.comm.size} inputs of shape {shape[1:]}), got shape {tuple(out.shape)}",
-                     **_how(algorithm, async_op))
+    wrong = f"output_tensor: expected {int(np.prod(shape))} elements (the group's " \
+        f"{g.comm.size} inputs of shape {shape[1:]}), got shape {tuple(out.shape)}" \
+        if out.size != int(np.prod(shape)) else _read_only(out, "output_tensor")
+    if wrong is not None:  # (taking part, then refused: nothing written)
+        return _then(g.comm.all_gather, (x,), _nothing, wrong, **_how(algorithm, async_op))
     out, copy_back = _shaped(output_tensor, "output_tensor", shape)
     return _then(g.comm.all_gather, (x,), copy_back, None, [output_tensor], out=out,
                  **_how(algorithm, async_op))

@@ -261,3 +261,28 @@ def test_compress_on_a_collective_that_takes_none_says_so(collective):
 
     _raises_everywhere(3, call, mpicoll.InvalidArgumentError,
                        rf"compress: {collective} takes no compress=")
+
+
+def test_an_out_or_receive_buffer_whose_elements_share_memory_is_refused():
+    """A writeable array with a stride of 0 (as_strided's, torch's expand()): every
+    element one place in memory, which would hold one value where the result has many:
+    refused on the rank that gives it, the others right, and the next call right."""
+    from numpy.lib.stride_tricks import as_strided
+
+    def shared(n):
+        return as_strided(np.zeros(1), shape=(n,), strides=(0,), writeable=True)
+
+    def body(comm):
+        odd = comm.rank == comm.size - 1
+        x = np.arange(3.0) + comm.rank
+        if odd:
+            with pytest.raises(mpicoll.InvalidArgumentError, match="out: .*stride of 0"):
+                comm.all_reduce(x, out=shared(3))
+            with pytest.raises(mpicoll.InvalidArgumentError, match="x: .*stride of 0"):
+                comm.broadcast(shared(3), 0)
+        else:
+            comm.all_reduce(x)
+            comm.broadcast(x if comm.rank == 0 else np.zeros(3), 0)
+        return comm.all_reduce(np.ones(2))[0]
+
+    assert run_local(3, body, timeout=10) == [3.0] * 3

@@ -168,6 +168,57 @@ def test_tensors_with_a_lazy_conjugate_or_negation_are_refused_on_every_rank(wor
     z.data = z.data.conj()  # the same memory, shape, strides and dtype
     with pytest.raises(mpicoll.InvalidArgumentError, match="resolve_conj"):
         world.all_reduce(z)
+    base = torch.tensor([1.0, 2.0])  # a kept real view given the negative bit later
+    t = torch.empty(0)
+    t.set_(base.untyped_storage(), 1, (1,), (2,))
+    for _ in range(2):
+        assert world.all_reduce(t).tolist() == [2.0 * p]
+    t.data = torch.conj(base.view(torch.complex64)).imag  # shows -2.0 at the same address
+    with pytest.raises(mpicoll.InvalidArgumentError, match="resolve_neg"):
+        world.all_reduce(t)
+
+    class Mine(torch.Tensor):  # a subclass of the caller's own is a tensor too
+        pass
+
+    with pytest.raises(mpicoll.InvalidArgumentError, match="resolve_neg"):
+        world.all_reduce(lazy["neg"].as_subclass(Mine))
+    got = world.all_reduce(plain.as_subclass(Mine))
+    assert isinstance(got, torch.Tensor) and got.tolist() == [2.0 * p] * 2
+
+
+def test_a_tensor_that_needs_grad_is_not_kept_with_its_graph(world):
+    """dist.all_reduce(loss) for a log: the tensor (which needs grad) is not kept for the
+    next call, so neither is its autograd graph and the memory the graph saved."""
+    import gc
+    import weakref
+
+    import mpicoll.buffers.arrays as arrays
+
+    big = torch.ones(1 << 16, requires_grad=True)
+    loss = (big * 2.0).sum()
+    saved = weakref.ref(big)
+    assert world.all_reduce(loss).item() == 2.0 * (1 << 16) * world.size
+    assert id(loss) not in arrays._VIEWS
+    del big, loss
+    gc.collect()
+    assert saved() is None
+
+
+def test_an_output_tensor_whose_elements_share_memory_is_refused(world):
+    """An expanded output (stride 0: every element one place) would hold one value where
+    the result has many: refused on the rank that gives it (as torch refuses it), the
+    others right, and the next call right."""
+    odd = world.rank == world.size - 1
+    out = torch.zeros(1).expand(3) if odd else torch.zeros(3)
+    x = torch.arange(3.0) + world.rank
+    if odd:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="stride of 0"):
+            world.all_reduce(x, out=out)
+    else:
+        got = world.all_reduce(x, out=out)
+        assert got is out and out.tolist() == (np.arange(3.0) * world.size + sum(
+            range(world.size))).tolist()
+    assert world.all_reduce(torch.ones(2)).tolist() == [world.size] * 2
 
 
 def test_out_tensors_and_arrays_mixed_with_tensors_across_repeated_calls(world):

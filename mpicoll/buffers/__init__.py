@@ -76,6 +76,20 @@ def writable(out: Any, name: str) -> None:
             f"{name}: expected an array to write into, got {type(out).__name__}")
 
 
+def overlaps_itself(a: Any) -> bool:
+    """Whether elements of ``a`` share memory (a stride of 0 on a dimension longer than 1:
+    a broadcast or expanded view), which no result can be written into: each element's
+    value would be the last one written there (torch refuses such outputs alike)."""
+    return any(s == 0 and n > 1 for s, n in zip(a.strides, a.shape, strict=True))
+
+
+def overlapping(name: str) -> InvalidArgumentError:
+    """What writing into an array that ``overlaps_itself`` raises."""
+    return InvalidArgumentError(f"{name}: more than one of its elements refers to one place "
+                                "in memory (a stride of 0: a broadcast or expanded view); "
+                                "write into an array of its own (a copy)")
+
+
 def result_buffer(out: Any, shape: tuple[int, ...], dtype: np.dtype, name: str = "out",
                   like: Any = None) -> Any:
     """Check a user's result buffer (as an array of ``like``'s library: any writeable
@@ -94,6 +108,8 @@ def result_buffer(out: Any, shape: tuple[int, ...], dtype: np.dtype, name: str =
         )
     if type(out) is np.ndarray and not out.flags.writeable:
         raise InvalidArgumentError(f"{name}: must be a writeable array")
+    if overlaps_itself(out):
+        raise overlapping(name)
     return out  # it may be a strided view: the pipeline then runs into workspace
 
 

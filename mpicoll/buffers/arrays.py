@@ -136,14 +136,15 @@ def kept_view(x: Any) -> np.ndarray | None:
     C-contiguous."""
     kept = _VIEWS.get(id(x))
     if kept is not None and kept[0] is x and kept[1] == _DATA_PTR[0](x) and \
-            kept[2] == x.shape and kept[4] == x.stride() and kept[5] is x.dtype:
+            kept[2] == x.shape and kept[4] == x.stride() and kept[5] is x.dtype and \
+            not _DATA_PTR[1](x):  # (t.data = a negative view of its own memory: refused)
         return kept[3]
     return None
 
 
-# torch's Tensor.data_ptr, unbound (half the cost of the method's lookup on each call),
-# set with the first view kept
-_DATA_PTR: list[Any] = [None]
+# torch's Tensor.data_ptr and is_neg, unbound (half the cost of the methods' lookup on
+# each call), set with the first view kept
+_DATA_PTR: list[Any] = [None, None]
 
 
 def torch_numpy(x: Any) -> np.ndarray | None:
@@ -159,13 +160,15 @@ def torch_numpy(x: Any) -> np.ndarray | None:
     # same memory can be given torch's lazy conjugate bit: t.data = t.data.conj(); a real
     # tensor's lazy negation, torch.conj(c).imag, is never contiguous)
     if view is not None and view.nbytes <= _VIEW_BYTES and view.flags.c_contiguous and \
-            view.dtype.kind != "c" and _small_storage(x):
+            view.dtype.kind != "c" and not x.requires_grad and _small_storage(x):
+        # (never one that needs grad: the tensor kept would keep its autograd graph)
         if len(_VIEWS) >= _VIEWS_KEPT:
             _VIEWS.clear()
         if _DATA_PTR[0] is None:
             c_api = sys.modules["torch"]._C
             tensor_base = getattr(c_api, "TensorBase", None) or c_api._TensorBase  # (older)
-            _DATA_PTR[0] = tensor_base.data_ptr
+            _DATA_PTR[:] = [tensor_base.data_ptr,
+                            getattr(tensor_base, "is_neg", lambda tensor: False)]
         _VIEWS[id(x)] = (x, x.data_ptr(), x.shape, view, x.stride(), x.dtype)
     return view
 
@@ -241,10 +244,16 @@ def _ml_dtypes_as_torch() -> dict[np.dtype, tuple[str, str]]:
     return _ML_AS_TORCH
 
 
+def is_torch(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor (a subclass of the caller's own too)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
 def _back_to(x: Any) -> Callable[[Any], Any]:
     """A function giving a result the kind of the foreign array ``x`` (torch, JAX, ...)."""
     package = type(x).__module__.split(".")[0]
-    if package == "torch":
+    if package == "torch" or is_torch(x):
         return to_torch
     if package in ("jax", "jaxlib"):
         import jax.numpy as jnp
@@ -257,7 +266,7 @@ def _lazy_bit(x: Any) -> str | None:
     """"conj" or "neg" where the torch tensor ``x`` has that lazy bit set; else None."""
     for bit in ("conj", "neg"):
         method = getattr(x, f"is_{bit}", None)
-        if method is not None and type(x).__module__.startswith("torch") and method():
+        if method is not None and is_torch(x) and method():
             return bit
     return None
 
@@ -319,8 +328,7 @@ def as_array(x: Any, name: str) -> tuple[Any, Callable[[Any], Any]]:
     elif isinstance(x, np.ndarray):  # a subclass (np.matrix, memmap): its base class
         array, back = x.view(np.ndarray), same
     elif hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
-        array = torch_numpy(x) if type(x).__module__.startswith("torch") and \
-            getattr(x, "is_cpu", False) else None
+        array = torch_numpy(x) if is_torch(x) and getattr(x, "is_cpu", False) else None
         array, back = array if array is not None else _from_dlpack(x, name), _back_to(x)
     else:
         raise InvalidArgumentError(

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..buffers import counts_bounds, even_bounds
-from ..buffers.arrays import kept_view, same_memory, to_torch, torch_numpy
+from ..buffers.arrays import is_torch, kept_view, same_memory, to_torch, torch_numpy
 from ..errors import InvalidArgumentError
 from ..ops import ReduceOp, resolve_op
 from ..spec import SPECS
@@ -107,7 +107,7 @@ def from_torch(args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple | None]:
     x = args[0]
     host = kept_view(x)  # a small tensor's view, made at an earlier call
     if host is None:
-        if not type(x).__module__.startswith("torch") or not getattr(x, "is_cpu", False):
+        if not is_torch(x) or not getattr(x, "is_cpu", False):
             return args, kwargs, None
         host = torch_numpy(x)  # bfloat16 through ml_dtypes; None: grad, conjugate
         if host is None:
@@ -116,7 +116,7 @@ def from_torch(args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple | None]:
     if out is None:
         return (host, *args[1:]), kwargs, (x, host, None, None)
     host_out = host if out is x else torch_numpy(out) \
-        if type(out).__module__.startswith("torch") and getattr(out, "is_cpu", False) else None
+        if is_torch(out) and getattr(out, "is_cpu", False) else None
     if host_out is None:
         return args, kwargs, None
     kwargs["out"] = host_out  # (the entry's own **kwargs: a dict of this call's)

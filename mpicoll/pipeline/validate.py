@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..buffers import result_buffer
+from ..buffers import overlapping, overlaps_itself, result_buffer
 from ..buffers.arrays import as_array, empty, off_current_gpu, same
 from ..errors import InvalidArgumentError, MpicollError, UnsupportedDtypeError
 
@@ -187,3 +187,5 @@ def writeable_receive(verdict: Verdict, x: Any, name: str = "x") -> None:
     if x is not None and type(x) is np.ndarray and not x.flags.writeable:
         verdict.refuse("receive", InvalidArgumentError(
             f"{name}: the receive buffer must be writeable"))
+    elif x is not None and hasattr(x, "strides") and overlaps_itself(x):
+        verdict.refuse("receive", overlapping(name))
