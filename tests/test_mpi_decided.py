@@ -509,11 +509,8 @@ def test_the_direct_call_names_count_and_datatype_as_mpi4py_finds_them(world, co
 
     from mpicoll.backends.mpi_native import typed
 
-    dtype = np.dtype(code)
-    if code in "lLqQ":  # equal dtypes of two buffer formats (MPI_LONG, MPI_LONG_LONG):
-        assert typed(dtype) is None  # their arrays go bare, as mpi4py names each
-    else:
-        assert typed(dtype) is not None and typed(dtype).Get_size() == dtype.itemsize
+    dtype = np.dtype(code)  # (equal dtypes of two buffer formats, 'l' and 'q': one named)
+    assert typed(dtype) is not None and typed(dtype).Get_size() == dtype.itemsize
     p, r = world.size, world.rank
     op = "max" if dtype.kind != "c" else "sum"
     mpi = world._backend.transport.comm.Dup()
@@ -541,18 +538,41 @@ def test_the_direct_call_names_count_and_datatype_as_mpi4py_finds_them(world, co
 
 
 @pytest.mark.parametrize("dtype", [">f4", "<i2" if np.little_endian is False else ">i2",
-                                   [("a", "f4")], "(2,)f8", "bfloat16", "q", "l", "Q"])
+                                   [("a", "f4")], "(2,)f8", "bfloat16"])
 def test_a_dtype_mpi4py_has_no_datatype_for_is_never_named(world, dtype):
     """``typed``: None where mpi4py finds no predefined datatype of the same size (a
-    byte-swapped, structured or subarray dtype, ml_dtypes' bfloat16), or where equal
-    dtypes have other buffer formats (int64 as 'l' and 'q': one decision, two MPI
-    datatypes): the decided call then gives the bare arrays, as before."""
+    byte-swapped, structured or subarray dtype, ml_dtypes' bfloat16): the decided call
+    then gives the bare arrays, as before."""
     from mpicoll.backends.mpi_native import typed
 
     if dtype == "bfloat16":
         ml_dtypes = pytest.importorskip("ml_dtypes")
         dtype = ml_dtypes.bfloat16
     assert typed(np.dtype(dtype)) is None
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce", "scan", "exscan",
+                                        "reduce_scatter"])
+def test_equal_dtypes_of_other_buffer_formats_share_one_decision(world, collective):
+    """int64 as 'l' and as 'q' (equal dtypes, one key; mpi4py names their buffers
+    MPI_LONG and MPI_LONG_LONG): one MPI datatype names both buffers, so a call on 'q'
+    after one on 'l' (a kept decision), an out= of the other format, and one rank's
+    other format are right, not mpi4py's "mismatch in send and receive MPI datatypes"."""
+    from mpicoll.backends.mpi_native import typed
+
+    assert typed(np.dtype("q")) is typed(np.dtype("l")) is not None
+    p, r = world.size, world.rank
+    root = {"root": 0} if collective == "reduce" else {}
+    first = "q" if r == 0 else "l"  # (one rank's other format first)
+    for code, out_code in ((first, None), ("l", None), ("q", "l"), ("l", "q")):
+        x = np.ones((p, 2), np.dtype(code)) * (r + 1)
+        shape = (2,) if collective == "reduce_scatter" else (p, 2)
+        out = None if out_code is None or (collective == "reduce" and r != 0) else \
+            np.empty(shape, np.dtype(out_code))
+        got = getattr(world, collective)(x, "sum", out=out, **root)
+        ranks = {"scan": r + 1, "exscan": r}.get(collective, p)
+        if got is not None:
+            assert got.tolist() == np.full(shape, ranks * (ranks + 1) // 2).tolist()
 
 
 def test_advance_moves_the_tag_as_begin_does(world):

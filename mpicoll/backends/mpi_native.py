@@ -151,6 +151,16 @@ def _free_retired() -> None:
             element.Free()
 
 
+def _reduction(op: Op, dtype: np.dtype) -> tuple[MPI.Datatype | None, MPI.Op]:
+    """``mpi_op``'s (datatype, op), with a datatype named for both buffers where equal
+    dtypes have other buffer formats (int64 as 'l' and 'q': mpi4py would name x MPI_LONG
+    and an out= MPI_LONG_LONG, and refuse the pair)."""
+    datatype, mop = mpi_op(op, dtype)
+    if datatype is None and len(_formats(dtype)) > 1:
+        datatype = typed(dtype)
+    return datatype, mop
+
+
 def _typed(buf: np.ndarray | None, datatype: MPI.Datatype | None):
     """A buffer spec for a reduction: mpi4py's own mapping, or ``datatype`` per element."""
     if buf is None or datatype is None:
@@ -207,7 +217,7 @@ def native_all_gather(t: MPITransport, buf: np.ndarray, bounds: tuple[int, ...])
 
 def native_reduce(t: MPITransport, src: np.ndarray, dst: np.ndarray | None, op: Op,
                   root: int) -> None:
-    datatype, mop = mpi_op(op, src.dtype)
+    datatype, mop = _reduction(op, src.dtype)
     if t.rank == root:
         sendbuf = MPI.IN_PLACE if dst is src else _typed(src, datatype)
         t.comm.Reduce(sendbuf, _typed(dst, datatype), mop, root)
@@ -216,14 +226,14 @@ def native_reduce(t: MPITransport, src: np.ndarray, dst: np.ndarray | None, op: 
 
 
 def native_all_reduce(t: MPITransport, src: np.ndarray, dst: np.ndarray, op: Op) -> None:
-    datatype, mop = mpi_op(op, src.dtype)
+    datatype, mop = _reduction(op, src.dtype)
     sendbuf = MPI.IN_PLACE if dst is src else _typed(src, datatype)
     t.comm.Allreduce(sendbuf, _typed(dst, datatype), mop)
 
 
 def native_reduce_scatter(t: MPITransport, src: np.ndarray, bounds: tuple[int, ...], op: Op,
                           dst: np.ndarray) -> None:
-    datatype, mop = mpi_op(op, src.dtype)
+    datatype, mop = _reduction(op, src.dtype)
     if dst.size == 0:  # (an empty block at x's address, as out=x[0:0]: MPI refuses the
         dst = np.empty(0, dst.dtype)  # two buffers at one address, for 0 elements too)
     if _even(bounds) and datatype is None:
@@ -255,14 +265,14 @@ def native_barrier(t: MPITransport) -> None:
 
 
 def native_scan(t: MPITransport, src: np.ndarray, dst: np.ndarray, op: Op) -> None:
-    datatype, mop = mpi_op(op, src.dtype)
+    datatype, mop = _reduction(op, src.dtype)
     sendbuf = MPI.IN_PLACE if dst is src else _typed(src, datatype)
     t.comm.Scan(sendbuf, _typed(dst, datatype), mop)
 
 
 def native_exscan(t: MPITransport, src: np.ndarray, dst: np.ndarray, op: Op) -> None:
     """MPI_Exscan; rank 0's ``dst`` is left undefined, as MPI does."""
-    datatype, mop = mpi_op(op, src.dtype)
+    datatype, mop = _reduction(op, src.dtype)
     sendbuf = MPI.IN_PLACE if dst is src else _typed(src, datatype)
     t.comm.Exscan(sendbuf, _typed(dst, datatype), mop)
 
@@ -332,6 +342,7 @@ def host_direct(t: MPITransport, collective: str, op: Op | None, dtype: np.dtype
     return None
 
 
+@functools.cache
 def typed(dtype: np.dtype) -> MPI.Datatype | None:
     """The MPI datatype mpi4py gives a host buffer of ``dtype`` (its buffer format looked
     up in mpi4py's own table, as mpi4py does on every call), or None: a dtype it finds no
@@ -339,13 +350,14 @@ def typed(dtype: np.dtype) -> MPI.Datatype | None:
     if not dtype.isnative or dtype.fields is not None or dtype.subdtype is not None:
         return None
     formats = _formats(dtype)
-    # one datatype for every dtype equal to this one: int64 is 'l' and 'q' on Linux, equal
-    # dtypes (so one decision) whose buffers mpi4py names MPI_LONG and MPI_LONG_LONG
-    if len(formats) != 1:
+    table = getattr(MPI, "_typedict", {})
+    datatypes = [table.get(f) for f in sorted(formats)]
+    if not datatypes or any(d is None or d.Get_size() != dtype.itemsize for d in datatypes):
         return None
-    datatype = getattr(MPI, "_typedict", {}).get(next(iter(formats)))
-    return datatype if datatype is not None and datatype.Get_size() == dtype.itemsize \
-        else None
+    # one datatype for every dtype equal to this one (one decision, one key): int64 is 'l'
+    # and 'q' on Linux, whose buffers mpi4py names MPI_LONG and MPI_LONG_LONG: named by
+    # the first (MPI reduces integers of one size and sign alike, whatever their C name)
+    return datatypes[0]
 
 
 @functools.cache
