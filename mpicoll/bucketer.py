@@ -67,8 +67,10 @@ class Bucketer:
         if isinstance(cap_bytes, (bool, np.bool_)) or not isinstance(cap_bytes, (int, np.integer)) \
                 or cap_bytes <= 0:
             refusal = InvalidArgumentError(f"cap_bytes: expected a positive int, got {cap_bytes!r}")
+        backs: list[Any] = []  # how each result goes back as its array's kind (torch's)
         try:
-            arrays = [as_array(a, f"arrays[{i}]")[0] for i, a in enumerate(arrays)]
+            given = [as_array(a, f"arrays[{i}]") for i, a in enumerate(arrays)]
+            arrays, backs = [a for a, _ in given], [back for _, back in given]
         except MpicollError as exc:
             refusal, arrays = refusal or exc, []
         except TypeError:
@@ -100,6 +102,7 @@ class Bucketer:
             raise
         start_progress(self.comm, sys._getframe(1))  # (not at a first add: see work.py)
         self.shapes = [tuple(a.shape) for a in arrays]
+        self._backs = backs
         dtypes = [np.dtype(a.dtype) for a in arrays]
         on_host = [type(a) is np.ndarray for a in arrays]
         # bucket b holds arrays members[b]; array i sits at [offset[i], offset[i] + size)
@@ -164,8 +167,9 @@ class Bucketer:
             raise refusal
 
     def wait(self) -> list[Any]:
-        """Every array reduced (views of the buckets, in the order given); then a new
-        round of ``add`` may begin."""
+        """Every array reduced (views of the buckets, in the order given, as the arrays'
+        kind: torch tensors over them for torch's; valid until the next round's adds);
+        then a new round of ``add`` may begin."""
         missing = [i for i, filled in enumerate(self._filled) if not filled]
         if missing:
             raise InvalidArgumentError(f"wait: arrays {missing} were never added this round")
@@ -195,7 +199,8 @@ class Bucketer:
         self._next = 0  # (works stay: each wait's Works, their times, until the next round)
         if failure is not None:
             raise failure
-        return [self._slot(i).reshape(self.shapes[i]) for i in range(len(self.shapes))]
+        return [back(self._slot(i).reshape(shape))  # (a torch tensor over it for torch's)
+                for i, (shape, back) in enumerate(zip(self.shapes, self._backs, strict=True))]
 
     def free(self) -> None:
         """Collective: release the Bucketer's communicator (after its last ``wait``)."""

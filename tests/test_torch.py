@@ -286,3 +286,21 @@ def test_dist_futures_of_tensors_are_torchs_as_ddp_comm_hooks_chain_them():
         torch.testing.assert_close(averaged, torch.full((4,), (size + 1) / 2))
     finally:
         dist.destroy_process_group()
+
+
+def test_a_bucketer_of_tensors_gives_tensors_back(world):
+    """Bucketer.wait() gives each result as its array's kind: torch tensors over the
+    buckets (valid until the next round's adds, as NumPy's views are)."""
+    grads = [torch.ones(3), torch.full((2, 2), 2.0)]
+    buckets = mpicoll.Bucketer(world, grads, cap_bytes=16)
+    try:
+        for step in range(2):
+            for i, g in enumerate(grads):
+                buckets.add(i, g * (step + 1))
+            got = buckets.wait()
+            assert all(isinstance(t, torch.Tensor) for t in got)
+            assert [t.shape for t in got] == [g.shape for g in grads]
+            for t, g in zip(got, grads, strict=True):
+                assert t.tolist() == (g * (step + 1) * world.size).tolist()
+    finally:
+        buckets.free()
