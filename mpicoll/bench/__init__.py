@@ -645,7 +645,25 @@ def overhead(comm: Communicator, args: argparse.Namespace, say: Callable[..., No
             + (f" {us['torch']:>9.2f} {us['torch'] / us['default']:>7.2f}" if "torch" in us
                else ""))
     say(f"# the default call's overhead is at most {worst:.2f}x the library's call")
+    if torch is not None and "native" in mpicoll.algorithms("all_reduce", comm.backend):
+        _torch_in_place(comm, torch, nbytes, dtype, args.op, iters, barrier, say)
     return 0
+
+
+def _torch_in_place(comm: Communicator, torch: Any, nbytes: int, dtype: np.dtype, op: str,
+                    iters: int, barrier: Callable[[], None], say: Callable[..., None]) -> None:
+    """The in-place all_reduce (``out=x``: mpicoll.dist's and torch.distributed's form)
+    on a torch CPU tensor against the same call on a NumPy array, in one run: what a
+    tensor's call costs where no new tensor is made (a new result tensor costs
+    torch.from_numpy and, once dropped, its deallocation: torch's own, above)."""
+    x = make_input(comm, "all_reduce", nbytes, dtype, op)
+    tensor = to_torch(x.copy())
+    runs = {"numpy": functools.partial(comm.all_reduce, x, op, out=x),
+            "torch": functools.partial(comm.all_reduce, tensor, op, out=tensor)}
+    timed = time_interleaved(comm, runs, iters, iters // 10, barrier, "back-to-back")
+    us = {name: statistics.median(times) * 1e6 for name, times in timed.items()}
+    say(f"# all_reduce in place (out=x) at {report.human(nbytes)}: numpy {us['numpy']:.2f} us, "
+        f"torch {us['torch']:.2f} us, {us['torch'] / us['numpy']:.2f}x numpy")
 
 
 def _gpu_problem() -> str | None:
