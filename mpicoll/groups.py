@@ -14,17 +14,18 @@ rank order follows ``key`` (ties by the parent's rank), as MPI_Comm_split's.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
 from .errors import InvalidArgumentError, MismatchError
 from .pipeline.describe import Call
-from .pipeline.entry import freed
+from .pipeline.entry import freed, numbered, take_turn
 
 _BAD_COLOR, _BAD_KEY, _BAD_RANKS, _BAD_MESH = 1, 2, 4, 8
 _REASONS = {_BAD_COLOR: "color: expected an int in 0..2**31-1 or None",
@@ -65,7 +66,8 @@ class Groups:
         _live(self, "split")
         faults = 0 if color is None or (_int(color) and 0 <= color < 1 << 31) else _BAD_COLOR
         faults |= 0 if _int(key) and -(1 << 31) <= key < 1 << 31 else _BAD_KEY
-        return _split(self, color, key, faults, 0, sys._getframe(1))
+        with _turn(self, "split"):
+            return _split(self, color, key, faults, 0, sys._getframe(1))
 
     def new_group(self, ranks: Iterable[int]) -> Any:
         """The Communicator of ``ranks`` (of this one), in their given order; None on the
@@ -79,15 +81,17 @@ class Groups:
         faults = 0 if good else _BAD_RANKS
         mine = members.index(self.rank) if good and self.rank in members else None
         fingerprint = zlib.crc32(repr(members).encode())
-        return _split(self, None if mine is None else 0, mine or 0, faults, fingerprint,
-                      sys._getframe(1), "new_group", "ranks")
+        with _turn(self, "new_group"):
+            return _split(self, None if mine is None else 0, mine or 0, faults, fingerprint,
+                          sys._getframe(1), "new_group", "ranks")
 
     def mesh(self, shape: Any, names: Any = None) -> Mesh:
         """An n-dimensional grid of these ranks, row-major (``shape=(2, 4), names=("dp",
         "tp")``: ranks 0-3 and 4-7 are the two ``tp`` groups, so with ranks placed by node
         ``tp`` stays inside a node), with this rank's group along each dimension."""
         _live(self, "mesh")
-        return make_mesh(self, shape, names)
+        with _turn(self, "mesh"):  # (its splits one after another, no other call between)
+            return make_mesh(self, shape, names, sys._getframe(1))
 
 
 def _live(comm: Any, what: str) -> None:
@@ -96,11 +100,13 @@ def _live(comm: Any, what: str) -> None:
         raise freed(what)
 
 
-def agreed_rows(comm: Any, mine: np.ndarray, site: Any, what: str) -> np.ndarray:
+def agreed_rows(comm: Any, mine: np.ndarray, site: Any, what: str,
+                held: bool = False) -> np.ndarray:
     """Every rank's ``mine`` (int64 values, as many on every rank), one row per rank, in
     one numbered all_gather: a step every rank makes (check mode fingerprints it, so a
     rank making another call raises on every rank; the watchdog bounds it). On NCCL,
-    whose collectives move device arrays, over its MPI side, watched under ``what``."""
+    whose collectives move device arrays, over its MPI side, watched under ``what``.
+    ``held``: the caller holds ``comm``'s turn (``take_turn``) and keeps it."""
     if comm._backend.separate_control:
         from .pipeline import agree
 
@@ -113,6 +119,9 @@ def agreed_rows(comm: Any, mine: np.ndarray, site: Any, what: str) -> np.ndarray
             comm._backend.control.begin()
             agree.all_gather(comm, table, n)
         return table.reshape(comm.size, n)
+    if held:  # (all_gather's whole path, numbered as the call is)
+        return numbered(comm, "all_gather", site, (mine,), {},
+                        type(comm).all_gather.__wrapped__, held=True).reshape(comm.size, mine.size)
     return comm.all_gather(mine, _site=site).reshape(comm.size, mine.size)
 
 
@@ -122,7 +131,7 @@ def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int
     # (``fingerprint``: of what ``what`` was ``given``, which every rank must give alike)
     mine = np.array([faults, -1 if color is None or faults else int(color),
                      0 if faults else int(key), fingerprint], np.int64)
-    table = agreed_rows(comm, mine, site, "split")
+    table = agreed_rows(comm, mine, site, "split", held=True)
     bad = np.flatnonzero(table[:, 0]).tolist()
     if bad:
         reasons = sorted({_REASONS[f] for r in bad for f in _REASONS if table[r, 0] & f})
@@ -141,6 +150,17 @@ def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int
     call.at(site)
     with comm._watch.aside(call):  # collective: it may wait
         return _make(comm, color, key, colors, keys)
+
+
+@contextlib.contextmanager
+def _turn(comm: Any, what: str) -> Iterator[None]:
+    """``comm``'s turn held for a whole split (its agreement, MPI_Comm_split and the new
+    Communicator: no other thread's call between them), or a mesh's splits."""
+    take_turn(comm, what)
+    try:
+        yield
+    finally:
+        comm._entry.release()
 
 
 def _make(comm: Any, color: int | None, key: int, colors: np.ndarray, keys: np.ndarray) -> Any:
@@ -179,10 +199,11 @@ class Mesh:
             group.free()
 
 
-def make_mesh(comm: Any, shape: Any, names: Any = None) -> Mesh:
-    """``comm.mesh(shape, names)``: the grid and this rank's group along each dimension
-    (one split per dimension, every rank alike). The first split agrees the shape and
-    names: one rank's bad or different ones raise on every rank, before any group."""
+def make_mesh(comm: Any, shape: Any, names: Any, site: Any) -> Mesh:
+    """``comm.mesh(shape, names)`` (made at ``site``, the caller holding ``comm``'s turn):
+    the grid and this rank's group along each dimension (one split per dimension, every
+    rank alike). The first split agrees the shape and names: one rank's bad or different
+    ones raise on every rank, before any group."""
     try:
         shape = tuple(int(s) if _int(s) else -1 for s in shape)
     except TypeError:
@@ -196,8 +217,7 @@ def make_mesh(comm: Any, shape: Any, names: Any = None) -> Mesh:
         and len(set(names)) == len(names)
     fingerprint = zlib.crc32(repr((shape, names)).encode())
     if not good:  # refused on every rank by the first split, which agrees it
-        _split(comm, None, 0, _BAD_MESH, fingerprint, sys._getframe(1), "mesh",
-               "shape and names")
+        _split(comm, None, 0, _BAD_MESH, fingerprint, site, "mesh", "shape and names")
     coordinates = tuple(int(c) for c in np.unravel_index(comm.rank, shape))
     groups = {}
     for d, name in enumerate(names):
@@ -205,5 +225,5 @@ def make_mesh(comm: Any, shape: Any, names: Any = None) -> Mesh:
         rest = shape[:d] + shape[d + 1:]
         color = int(np.ravel_multi_index(others, rest)) if rest else 0
         groups[name] = _split(comm, color, coordinates[d], 0, fingerprint if d == 0 else 0,
-                              sys._getframe(1), "mesh", "shape and names")
+                              site, "mesh", "shape and names")
     return Mesh(shape, names, coordinates, groups)

@@ -437,3 +437,42 @@ def test_a_refused_second_thread_does_not_take_the_first_threads_calls():
 
     results = run_local(2, body, timeout=10)
     assert all(r == ([6.0, 6.0], 1) for r in results), results
+
+
+@pytest.mark.parametrize("make", ["split", "new_group", "mesh"])
+def test_another_threads_call_during_a_split_is_refused(make):
+    """A split holds its Communicator for the whole step (its agreement, the library's
+    split, the new Communicator): another thread's call made meanwhile is refused, not
+    let in among the split's messages."""
+    import threading
+
+    def body(comm):
+        refused = []
+        backend_split = comm._backend.split
+
+        def split_while_another_thread_calls(*args):
+            def other():
+                try:
+                    comm.all_reduce(np.ones(1))
+                except mpicoll.ConcurrentCallError as exc:
+                    refused.append(str(exc))
+
+            thread = threading.Thread(target=other)
+            thread.start()
+            thread.join()
+            return backend_split(*args)
+
+        comm._backend.split = split_while_another_thread_calls
+        try:
+            if make == "split":
+                comm.split(0)
+            elif make == "new_group":
+                comm.new_group(range(comm.size))
+            else:
+                comm.mesh((comm.size,))
+        finally:
+            comm._backend.split = backend_split
+        return len(refused) > 0 and all(f"in {make}" in text or "split" in text
+                                        for text in refused), comm.all_reduce(np.ones(1))[0]
+
+    assert run_local(2, body, timeout=10) == [(True, 2.0)] * 2

@@ -234,17 +234,18 @@ def public_signature(signature: inspect.Signature, async_op: bool = True) -> ins
 
 def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
              stream: Any = None, refusal: Exception | None = None,
-             keep: tuple | None = None) -> Any:
+             keep: tuple | None = None, held: bool = False) -> Any:
     """One call of ``c``, made at ``site``: numbered, watched, one thread at a time, with
     its refusal (if any) settled as every stage's, then ``method(c, call, *args,
     **kwargs)``: the whole path. ``keep``: the key under which the whole path's decision
-    is kept once it succeeds (``mpicoll.pipeline.decided``). Nothing but mpicoll's errors
-    leaves it."""
+    is kept once it succeeds (``mpicoll.pipeline.decided``); ``held``: the caller holds
+    ``c``'s turn (``take_turn``) for a step of its own around the call (a split), and
+    keeps it. Nothing but mpicoll's errors leaves it."""
     if c._freed:  # (free() is collective: every rank refuses, before any message)
         raise freed(name)
     if CALLBACK_THREADS and in_done_callback():
         raise refused_in_callback(name)
-    if not c._entry.acquire(False):
+    if not held and not c._entry.acquire(False):
         raise ConcurrentCallError(busy(c, name))
     b, tracer, watch = c._backend, c._tracer, c._watch
     try:
@@ -279,10 +280,13 @@ def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, meth
     except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
         raise ended(c, name, exc)  # noqa: B904 - ended keeps exc as the cause
     finally:
-        watch.leave()
-        if tracer is not None:
-            tracer.end_call()
-        c._entry.release()
+        try:
+            watch.leave()
+            if tracer is not None:
+                tracer.end_call()
+        finally:  # (given back whatever interrupts the steps above: Ctrl-C)
+            if not held:
+                c._entry.release()
 
 
 def ended(c: CallState, name: str, exc: Exception) -> MpicollError:
