@@ -212,6 +212,9 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         GroupMember.WORLD = _Group.WORLD = None
     elif isinstance(group, ProcessGroup):
         group.comm.free()
+        groups = _STATE["groups"]  # (not kept: a loop of new_group and destroy would keep
+        if group in groups:  # every freed group, and its workspace, to the end)
+            groups.remove(group)
 
 
 def _group(group: Any) -> ProcessGroup:

@@ -24,6 +24,20 @@ def test_free_with_a_pending_async_call_finishes_it_first():
 
 
 @pytest.mark.mpi
+def test_a_freed_communicator_still_referenced_holds_no_workspace():
+    """free() gives the transport's host workspace back: a freed Communicator a program
+    still references (a group destroyed, kept in a list) does not hold its scratch."""
+    from mpi4py import MPI
+
+    comm = mpicoll.Communicator(MPI.COMM_WORLD)
+    comm.all_reduce(np.ones(1 << 16, np.float32), algorithm="ring")
+    comm.transport.take(1 << 16, np.float32)  # (as an algorithm stages blocks in it)
+    assert comm.transport._arenas
+    comm.free()
+    assert not comm.transport._arenas
+
+
+@pytest.mark.mpi
 def test_free_twice_is_harmless():
     from mpi4py import MPI
 

@@ -72,6 +72,19 @@ def initialized():
     dist.destroy_process_group()
 
 
+def test_a_group_destroyed_is_let_go(initialized):
+    """new_group and destroy_process_group(group) in a loop: the freed groups (and their
+    Communicators' workspace) are not kept to the end of the job."""
+    from mpicoll.dist import _STATE
+
+    before = len(_STATE["groups"])
+    for _ in range(5):
+        group = dist.new_group(list(range(dist.get_world_size())))
+        dist.all_reduce(np.ones(4), group=group)
+        dist.destroy_process_group(group)
+    assert len(_STATE["groups"]) == before
+
+
 def test_the_tutorials_point_to_point_and_all_reduce(initialized):
     rank, size = dist.get_rank(), dist.get_world_size()
     # "Point-to-point communication": rank 0 sends a tensor to rank 1

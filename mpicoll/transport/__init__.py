@@ -78,6 +78,13 @@ class Workspace:
         self._scopes: list[tuple[int, int]] = []
         self._device = False
 
+    def let_go(self) -> None:
+        """Give the host memory back (the transport is freed: a Communicator still
+        referenced after ``free()`` no longer holds it). The GPU's stays: kernels queued
+        on a stream may still read it, and CuPy's pool would hand it out again at once."""
+        self._arenas.pop(False, None)
+        self._tops[0] = 0
+
     def use(self, like: Any) -> None:
         """Take workspace from ``like``'s array library from now on (on a GPU: the
         current one, asked once here, not at every ``take``)."""

@@ -271,7 +271,8 @@ class LocalTransport(Workspace):
         """Nothing to wait for: a local call has finished when it returns."""
 
     def free(self) -> None:
-        """Nothing to release: the world's mailboxes go with the last reference."""
+        """The workspace given back; the world's mailboxes go with the last reference."""
+        self.let_go()
 
     def send(self, buf: np.ndarray, dest: int) -> None:
         self.world.mailboxes[self.rank][dest].put((self.tag, buf.tobytes()))

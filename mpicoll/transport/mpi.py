@@ -269,6 +269,7 @@ class MPITransport(Workspace):
         _LIVE.discard(self)
         for request in list(self._persistent):
             self.release(request)
+        self.let_go()
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
 
