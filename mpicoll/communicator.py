@@ -250,8 +250,9 @@ class Communicator(CallState, PointToPoint, Groups):
         ``trace=path``), release the private communicators (also at MPI finalization)."""
         refuse_in_callback("free")  # (it would join the progress thread it runs on)
         end_running_starts(self)  # (a watched wait, before its calls refuse)
-        self._freed = True  # its calls and plans refuse from now on
-        self._decisions = None  # (no kept decision runs on the released communicators)
+        take_turn(self, "free")  # (another thread in a call: refused, nothing freed)
+        self._freed, self._decisions = True, None  # its calls and plans refuse from now
+        self._entry.release()  # on (no kept decision runs on the released communicators)
         if self._progress is not None:
             self._progress.close()
             self._progress = None

@@ -53,6 +53,7 @@ from .pipeline.entry import (
     prepare_request_wait,
     prepare_start,
     public_signature,
+    take_turn,
     watched_step,
 )
 from .spec import SPECS
@@ -303,7 +304,7 @@ class Plan:
         # progress thread would be another call, which the others' requests never meet)
         start, self._done = run.parts
         self._start_request = prepare_start(self.comm, self.collective, self._site,
-                                            facts, run, (start, None, None))
+                                            facts, run, (start, None, None), request.Wait)
         self._wait_request = prepare_request_wait(self.comm, self.collective, self._site,
                                                   request.Wait)
 
@@ -386,14 +387,24 @@ class Plan:
         self._let_go()
 
     def _let_go(self) -> None:
-        """free()'s end: the plan's buffers and its persistent request let go."""
-        self._freed = True
-        self._args, self._kwargs, self._bound = (), {}, None
-        self._decision = self._lean = self._start_request = self._wait_request = None
-        if self._request is not None:
-            self._retire.detach()
-            self.comm._backend.transport.release(self._request)
-            self._request = None
+        """free()'s end: the plan's buffers and its persistent request let go, holding the
+        Communicator's turn (another thread in a call of it, a plan() of this one too:
+        ConcurrentCallError, nothing let go)."""
+        comm = self.comm
+        held = not comm._freed
+        if held:
+            take_turn(comm, f"{self.collective} plan.free()")
+        try:
+            self._freed = True
+            self._args, self._kwargs, self._bound = (), {}, None
+            self._decision = self._lean = self._start_request = self._wait_request = None
+            if self._request is not None:
+                self._retire.detach()
+                comm._backend.transport.release(self._request)
+                self._request = None
+        finally:
+            if held:
+                comm._entry.release()
 
     def __enter__(self) -> Plan:
         return self

@@ -286,3 +286,38 @@ def test_an_out_or_receive_buffer_whose_elements_share_memory_is_refused():
         return comm.all_reduce(np.ones(2))[0]
 
     assert run_local(3, body, timeout=10) == [3.0] * 3
+
+
+def test_free_and_plan_free_while_another_thread_is_in_a_call_are_refused():
+    """free() (and a plan's free()) from one thread while another is in a call of the
+    Communicator: ConcurrentCallError, nothing freed; the call ends right, and the frees
+    made afterwards work."""
+    import threading
+    import time
+
+    def slow_add(a, b, out):
+        time.sleep(0.2)
+        np.add(a, b, out=out)
+
+    def body(comm):
+        slow = mpicoll.Op(slow_add, name="slow_add")
+        plan = comm.all_reduce_init(np.ones(2), out=np.zeros(2))
+        got = {}
+        thread = threading.Thread(
+            target=lambda: got.setdefault("sum", comm.all_reduce(np.ones(2), slow)))
+        thread.start()
+        time.sleep(0.05)
+        refused = []
+        for free in (comm.free, plan.free):
+            try:
+                free()
+            except mpicoll.ConcurrentCallError as exc:
+                refused.append(str(exc).split(":")[0])
+        thread.join()
+        still = comm.freed
+        plan.free()
+        comm.free()
+        return refused, still, got["sum"].tolist()
+
+    assert run_local(2, body, timeout=10) == [
+        (["free", "all_reduce plan.free()"], False, [2.0, 2.0])] * 2

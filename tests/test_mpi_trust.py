@@ -418,3 +418,56 @@ def test_reduce_scatter_counts_into_each_ranks_own_block_of_x_even_an_empty_one(
             got = plan()
     np.testing.assert_array_equal(got, want)
     _next_call_is_right(world)
+
+
+def test_ctrl_c_landing_anywhere_in_calls_never_leaves_the_communicator_taken(world):
+    """KeyboardInterrupt (a SIGINT handler's) landing at any point of repeated calls
+    (the decided path, MPI's own call, a persistent plan's start): the Communicator's turn
+    is given back and a plan's request never stays started, so the next calls run (not
+    'another thread is in a call' for good, nor MPI's 'Invalid MPI_Request')."""
+    import os
+    import signal
+
+    if world.size > 1:
+        pytest.skip("one process: an interrupt mid-call leaves the other ranks waiting")
+    comm = world.dup()
+    x, out = np.ones(4), np.zeros(4)
+    plan = comm.all_reduce_init(x, out=out, algorithm="native")
+    calls = [lambda: comm.all_reduce(x), lambda: comm.all_reduce(x, algorithm="ring"),
+             lambda: comm.all_reduce(x, out=out), plan]
+    inside, stop, interrupts = [False], threading.Event(), [0]
+
+    def handler(signum, frame):
+        if inside[0]:
+            raise KeyboardInterrupt
+
+    def ticker():
+        while not stop.is_set():
+            time.sleep(0.0002)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    thread = threading.Thread(target=ticker, daemon=True)
+    thread.start()
+    try:
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            for call in calls:
+                try:
+                    inside[0] = True
+                    call()
+                    inside[0] = False
+                except KeyboardInterrupt:
+                    inside[0] = False
+                    interrupts[0] += 1
+    finally:
+        inside[0] = False
+        stop.set()
+        thread.join()
+        signal.signal(signal.SIGINT, previous)
+    assert interrupts[0] > 0
+    for call in calls:
+        call()
+    assert plan().tolist() == [1.0] * 4 and comm.all_reduce(x).tolist() == [1.0] * 4
+    plan.free()
+    comm.free()

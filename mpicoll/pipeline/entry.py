@@ -247,6 +247,9 @@ def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, meth
         raise refused_in_callback(name)
     if not held and not c._entry.acquire(False):
         raise ConcurrentCallError(busy(c, name))
+    if c._freed and not held:  # (freed by another thread since the check above)
+        c._entry.release()
+        raise freed(name)
     b, tracer, watch = c._backend, c._tracer, c._watch
     try:
         c._seq += 1
@@ -348,6 +351,9 @@ def prepare(c: CallState, name: str, method: Any,
             take()  # (the Communicator's turn, or IndexError: another thread has it)
         except IndexError:
             raise ConcurrentCallError(busy(c, name)) from None
+        except BaseException:  # (Ctrl-C as take() returned: the turn was taken)
+            give(True)
+            raise
         seq = c._seq = c._seq + 1
         rec = ring[seq % length]  # the call's flight-recorder entry (its facts kept)
         try:
@@ -400,32 +406,37 @@ def prepare(c: CallState, name: str, method: Any,
             return method(c, call, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - only mpicoll's errors leave
             raise ended(c, name, exc)  # noqa: B904 - ended keeps the cause
-        finally:  # (Watch.leave)
-            rec = watch.current
-            rec.end = now()
-            if rec.state is RUNNING:
-                rec.state = DONE
-            watch.started = 0.0
-            give(True)
+        finally:  # (Watch.leave; the turn given back whatever interrupts it: Ctrl-C)
+            try:
+                rec = watch.current
+                rec.end = now()
+                if rec.state is RUNNING:
+                    rec.state = DONE
+            finally:
+                watch.started = 0.0
+                give(True)
 
     return prepared
 
 
 def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable[[Any], Any],
-                  persistent: tuple | None = None) -> Callable[[], Any]:
+                  persistent: tuple | None = None,
+                  request_wait: Callable[[], None] | None = None) -> Callable[[], Any]:
     """A plan's settled start (``Plan.__call__``): ``prepare``'s steps with its values
     fixed (the plan's site, its flight-recorder entry ``kept``, its buffers bound in
     ``run(call)``, which gives the result), as ``start()``. ``persistent``: (Start, Wait,
     result) where the start is MPI's persistent request and nothing else (``run`` then
     only names it); Wait None: ``plan.start()``'s, which returns (seq, entry) once
     MPI_Start has, the request running on and its flight-recorder entry with it, for
-    ``prepare_request_wait``. The caller checked that no resync is owed and the
-    Communicator lives."""
+    ``prepare_request_wait`` (``request_wait``: its request's MPI_Wait, which ends a start
+    that Ctrl-C interrupted as MPI_Start returned). The caller checked that no resync is
+    owed and the Communicator lives."""
     watch, transport = c._watch, c._backend.transport
     take, give, begin = c._entry.take, c._entry.give, transport.begin
     ring, length = watch.ring, watch.length
     code, offset = site.f_code, site.f_lasti
     mpi_start, mpi_wait, result = persistent or (None, None, None)
+    request_wait = request_wait or mpi_wait
     t = transport
     limit = t.tag_limit if mpi_start is not None else 0  # (as prepare's)
 
@@ -436,6 +447,9 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
             take()  # (the Communicator's turn, or IndexError: another thread has it)
         except IndexError:
             raise ConcurrentCallError(busy(c, f"{name} plan()")) from None
+        except BaseException:  # (Ctrl-C as take() returned: the turn was taken)
+            give(True)
+            raise
         seq = c._seq = c._seq + 1
         rec = ring[seq % length]  # the call's flight-recorder entry (its facts kept)
         running = False  # (plan.start()'s request, once started: its entry stays running)
@@ -450,23 +464,30 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
                 t.tag = tag if tag < limit else 1  # ours goes), the watchdog's slots clear
                 t.step = 0
                 t.wait_kind = None
-                mpi_start()
-                if mpi_wait is None:
-                    running = True
-                    return seq, rec
-                mpi_wait()
+                try:
+                    mpi_start()
+                    if mpi_wait is None:
+                        running = True
+                        return seq, rec
+                    mpi_wait()
+                except BaseException as exc:
+                    if not isinstance(exc, Exception) and not running:  # Ctrl-C once
+                        request_wait()  # MPI_Start returned: the start ends, watched, first
+                    raise
                 return result
             begin()  # the call's tag: every rank advances it
             return run(call)
         except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
             raise ended(c, name, exc)  # noqa: B904 - keeps the cause
-        finally:  # (Watch.leave)
-            if not running:
-                rec.end = now()
-                if rec.state is RUNNING:
-                    rec.state = DONE
-            watch.started = 0.0
-            give(True)
+        finally:  # (Watch.leave; the turn given back whatever interrupts it: Ctrl-C)
+            try:
+                if not running:
+                    rec.end = now()
+                    if rec.state is RUNNING:
+                        rec.state = DONE
+            finally:
+                watch.started = 0.0
+                give(True)
 
     return start
 
@@ -492,6 +513,9 @@ def prepare_request_wait(c: CallState, name: str, site: Any,
             take()  # (the Communicator's turn, or IndexError: another thread has it)
         except IndexError:
             raise ConcurrentCallError(busy(c, f"{name} plan.wait()")) from None
+        except BaseException:  # (Ctrl-C as take() returned: the turn was taken)
+            give(True)
+            raise
         try:
             watch.current = rec
             watch.started = now()
@@ -499,8 +523,10 @@ def prepare_request_wait(c: CallState, name: str, site: Any,
         except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
             raise ended(c, name, exc)  # noqa: B904 - keeps the cause
         finally:
-            watch.leave()  # (the entry current: its end, done unless it failed)
-            give(True)
+            try:
+                watch.leave()  # (the entry current: its end, done unless it failed)
+            finally:
+                give(True)
 
     return wait
 

@@ -42,6 +42,9 @@ class Turn:
             self.take()
         except IndexError:
             return False
+        except BaseException:  # (Ctrl-C as take() returned: the turn was taken)
+            self.give(True)
+            raise
         return True
 
     def release(self) -> None:

@@ -19,6 +19,7 @@ GPU buffers (CuPy arrays) take one of two paths, decided once per communicator b
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections.abc import Sequence
@@ -35,10 +36,12 @@ from . import Status, Workspace
 # MPI may give to the next one) never matches a later call.
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 _RETIRED = [0]  # the highest tag of transports already freed
+_LIVE_LOCK = threading.Lock()  # (threads make and free Communicators of other parents)
 
 
 def _highest_tag() -> int:
-    return max([_RETIRED[0], *(t.tag for t in _LIVE)])
+    with _LIVE_LOCK:
+        return max([_RETIRED[0], *(t.tag for t in list(_LIVE))])
 
 
 class MPITransport(Workspace):
@@ -62,7 +65,8 @@ class MPITransport(Workspace):
         start = np.array([_highest_tag()], np.int64)
         self.comm.Allreduce(MPI.IN_PLACE, start, MPI.MAX)
         self.tag = int(start[0]) % self.tag_limit
-        _LIVE.add(self)
+        with _LIVE_LOCK:
+            _LIVE.add(self)
         self.cuda_aware: bool | None = None  # decided at the first device buffer
         self._staging: Any = None  # PinnedStaging, when staging
         self._copies: list[tuple[MPI.Request, np.ndarray, Any]] = []  # staged irecvs
@@ -265,8 +269,9 @@ class MPITransport(Workspace):
             self.release(self._retired.pop())
 
     def free(self) -> None:
-        _RETIRED[0] = max(_RETIRED[0], self.tag)
-        _LIVE.discard(self)
+        with _LIVE_LOCK:
+            _RETIRED[0] = max(_RETIRED[0], self.tag)
+            _LIVE.discard(self)
         for request in list(self._persistent):
             self.release(request)
         self.let_go()
