@@ -280,6 +280,37 @@ def test_trace_hang_reads_a_split_communicator_by_its_members_world_ranks():
     assert "rank 1" not in text.replace("rank 1 (", "")
 
 
+def test_trace_hang_tells_a_communicator_from_its_dup_of_the_same_ranks():
+    """comm and d = comm.dup() (the same members): rank 0 overdue on d (index 1), rank 1
+    never came to d's call #3 while comm was idle: `trace hang` reads d (the tag its ranks
+    agreed tells the two apart), not comm."""
+    from mpicoll.observe.hang import explain
+
+    def call(seq, state="done"):
+        return {"seq": seq, "collective": "all_reduce", "site": "/x/job.py:9",
+                "algorithm": "ring", "nbytes": 32, "shape": [4], "dtype": "float64",
+                "op": None, "root": None, "start": 0.0, "end": 0.1, "state": state}
+
+    def dump(rank, in_call, calls_on_d):
+        made = _dump(rank, None, [call(1), call(2)])
+        parent = made["communicators"][0]
+        parent.update(members=[0, 1], size=2, born_tag=5)
+        d = {**parent, "index": 1, "born_tag": 9, "calls": calls_on_d}
+        if in_call is not None:
+            d["in_call"] = in_call
+        made["communicators"].append(d)
+        made["overdue"] = 1 if in_call else None
+        return made
+
+    ring = {"seq": 3, "running_s": 3.3, "step": 1, "kind": "sendrecv", "peer": 1,
+            "aside": False, "waiting": "waiting to receive from rank 1", "collective":
+            "all_reduce", "site": "/x/job.py:9"}
+    text = "\n".join(explain({0: dump(0, ring, [call(1), call(2), call(3, "running")]),
+                              1: dump(1, None, [call(1), call(2)])}))
+    assert "communicator 1" in text and "rank 0: in call #3 all_reduce" in text, text
+    assert "what went wrong: rank 1 never reached call #3" in text
+
+
 # ---- the local backend: a timeout raises in the waiting thread ----------------------------
 
 def test_the_live_report_names_a_splits_peers_by_their_world_ranks():

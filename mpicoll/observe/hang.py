@@ -35,12 +35,13 @@ def _communicator(dump: dict[str, Any], index: int) -> dict[str, Any] | None:
 
 
 def _key(comm: dict[str, Any] | None) -> Any:
-    """What tells a communicator apart across the dumps: its members' world ranks, or
+    """What tells a communicator apart across the dumps: its members' world ranks and the
+    tag its ranks agreed when it was made (a dup of the same ranks agreed another), or
     (dumps without them, the local backend) its index."""
     if comm is None:
         return None
     members = comm.get("members")
-    return tuple(members) if members else comm["index"]
+    return (tuple(members), comm.get("born_tag")) if members else comm["index"]
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -76,7 +77,7 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
             continue
         size = max(size, comm["size"])
         states[rank] = comm
-    members = list(key) if type(key) is tuple else list(range(size))
+    members = list(key[0]) if type(key) is tuple else list(range(size))
     world = members.__getitem__  # a rank of this communicator as MPI_COMM_WORLD's
     index = next((c["index"] for c in states.values()), 0)
     lines = [f"{len(dumps)} dump(s) of {size} rank(s); communicator {index}"

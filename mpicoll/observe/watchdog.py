@@ -259,8 +259,10 @@ def snapshot(dog: Watchdog, reason: str, overdue: Watch | None = None) -> dict[s
     rank = world_rank(watches[0].rank if watches else 0)
     communicators = []
     for w in watches:
+        born = [t.born_tag for t in w.transports() if hasattr(t, "born_tag")]
         entry: dict[str, Any] = {
             "index": w.index, "rank": w.rank, "size": w.size, "members": w.members,
+            "born_tag": born[-1] if born else None,  # (the control transport's: agreed)
             "backend": w.backend.name,
             "timeout": w.timeout, "calls": w.records(PARAMETERS, clock)}
         if w.started:

@@ -65,6 +65,8 @@ class MPITransport(Workspace):
         start = np.array([_highest_tag()], np.int64)
         self.comm.Allreduce(MPI.IN_PLACE, start, MPI.MAX)
         self.tag = int(start[0]) % self.tag_limit
+        self.born_tag = self.tag  # (agreed by every rank: it tells this communicator from a
+        #                           dup of the same ranks in the hang dumps)
         with _LIVE_LOCK:
             _LIVE.add(self)
         self.cuda_aware: bool | None = None  # decided at the first device buffer
