@@ -653,3 +653,21 @@ def test_same_memory_is_the_same_bytes_exactly():
     assert same_memory(buf[4:4], buf[4:4])
     rows = buf.reshape(4, 4)
     assert same_memory(rows[1], buf[4:8]) and not same_memory(rows[1], rows[:, 1])
+
+
+@pytest.mark.parametrize("timeout", [0.0, 30.0])
+def test_a_library_error_making_a_communicator_is_named_not_raw(timeout):
+    """MPI failing as a Communicator is made (MPI_Comm_split_type once the job ran out of
+    communicators: dup()s never freed): a CollectiveError naming the rank, the step and
+    the likely cause, never mpi4py's raw Exception; mpicoll's own errors go as they are."""
+    import sys
+
+    from mpicoll.observe.watchdog import making
+
+    with pytest.raises(mpicoll.CollectiveError, match="making a Communicator failed on rank "
+                       "3: RuntimeError: Other MPI error.*free\\(\\) the Communicators"):
+        with making(3, 4, "mpi", timeout, sys._getframe()):
+            raise RuntimeError("Other MPI error")
+    with pytest.raises(mpicoll.ConfigError):
+        with making(3, 4, "mpi", timeout, sys._getframe()):
+            raise mpicoll.ConfigError("its own")

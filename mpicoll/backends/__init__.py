@@ -17,7 +17,6 @@ collectives (``mpi_native.py``, ``nccl_native.py``); ``base.py`` is what they sh
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from ..errors import InvalidArgumentError, MpicollError
@@ -47,8 +46,9 @@ def watched_making(backend: Any, comm: Any, timeout: Any, site: Any) -> Any:
     a watch of its own, watched under this rank's timeout (``observe.watchdog.making``): a
     rank that never comes ends the job with a report. A Backend object is a duplicate's,
     made in its parent's watched ``dup()``; the local backend's ranks are threads."""
-    if not (isinstance(backend, str) and backend in ("mpi", "nccl")):
-        return contextlib.nullcontext()
+    if not (isinstance(backend, str) and backend in ("mpi", "nccl")):  # unwatched; an
+        rank = getattr(getattr(backend, "transport", None), "rank", 0)  # error of MPI's
+        return making(rank, 0, str(getattr(backend, "name", backend)), 0.0, site)  # named
     comm = mpi_comm(comm)  # (its refusal, as the backend's would be)
     try:
         seconds = timeout_setting(timeout)

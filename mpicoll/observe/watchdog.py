@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import CollectiveError, ConfigError, MpicollError
 from ..pipeline.describe import Call
 from .recorder import Watch
 
@@ -160,23 +160,32 @@ def making(rank: int, size: int, backend: str, timeout: float, site: Any) -> Ite
     one step, so that a rank that never makes it ends the job with a report naming the
     rank and the step, as any call does, not a silent wait. ``timeout``: this rank's
     (0: unwatched)."""
-    if not timeout:
-        yield
-        return
-    stand_in = SimpleNamespace(  # what the watchdog reads of a Communicator: no transport yet
-        rank=rank, size=size, _backend=SimpleNamespace(name=backend, transport=None, control=None))
-    watch = Watch(stand_in, timeout, True, 1)
-    dog = watchdog()
-    dog.register(watch, numbered=False)
-    call = Call(0, "making a Communicator")
-    call.at(site)
     try:
-        with watch.aside(call, f"waiting for every one of the {size} ranks to make the "
-                         "Communicator (collective: its communicator's MPI_Comm_dup and the "
-                         "exchange of nodes)"):
+        if not timeout:
             yield
-    finally:
-        dog.unregister(watch)
+            return
+        stand_in = SimpleNamespace(  # what the watchdog reads of a Communicator: no transport
+            rank=rank, size=size, _backend=SimpleNamespace(name=backend, transport=None,
+                                                           control=None))
+        watch = Watch(stand_in, timeout, True, 1)
+        dog = watchdog()
+        dog.register(watch, numbered=False)
+        call = Call(0, "making a Communicator")
+        call.at(site)
+        try:
+            with watch.aside(call, f"waiting for every one of the {size} ranks to make the "
+                             "Communicator (collective: its communicator's MPI_Comm_dup and "
+                             "the exchange of nodes)"):
+                yield
+        finally:
+            dog.unregister(watch)
+    except MpicollError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - MPI's own failure, named (never a raw error)
+        raise CollectiveError(
+            f"making a Communicator failed on rank {rank}: {type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:300]} (where MPI ran out of communicators: "
+            "free() the Communicators no longer used, dup()s and splits too)") from exc
 
 
 def abort_nccl() -> None:
