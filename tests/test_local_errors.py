@@ -321,3 +321,13 @@ def test_free_and_plan_free_while_another_thread_is_in_a_call_are_refused():
 
     assert run_local(2, body, timeout=10) == [
         (["free", "all_reduce plan.free()"], False, [2.0, 2.0])] * 2
+
+
+def test_empty_results_are_no_memory_shared():
+    """An empty out= (NumPy gives its dimensions a stride of 0) is an array like any:
+    no elements, nothing shared."""
+    def body(comm):
+        got = comm.all_gather(np.zeros(0), out=np.empty((comm.size, 0)))
+        return got.shape, comm.all_reduce(np.zeros((3, 0)), out=np.empty((3, 0))).shape
+
+    assert run_local(2, body, timeout=10) == [((2, 0), (3, 0))] * 2

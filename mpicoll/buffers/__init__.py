@@ -80,9 +80,10 @@ def overlaps_itself(a: Any) -> bool:
     """Whether elements of ``a`` share memory (a stride of 0 on a dimension longer than 1:
     a broadcast or expanded view), which no result can be written into: each element's
     value would be the last one written there (torch refuses such outputs alike)."""
-    return a.itemsize > 0 and any(s == 0 and n > 1 for s, n in zip(a.strides, a.shape,
-                                                                   strict=True))
-    # (elements of no bytes, np.dtype([]), hold nothing to overlap)
+    return a.itemsize > 0 and a.size > 1 and any(
+        s == 0 and n > 1 for s, n in zip(a.strides, a.shape, strict=True))
+    # (no elements, or elements of no bytes, np.dtype([]): nothing to overlap; NumPy
+    # gives an empty array's dimensions a stride of 0)
 
 
 def overlapping(name: str) -> InvalidArgumentError:
