@@ -41,6 +41,7 @@ import numpy as np
 from .buffers.arrays import as_array, empty
 from .buffers.arrays import same as _same
 from .errors import (
+    CollectiveError,
     CollectiveTimeoutError,
     ConcurrentCallError,
     InvalidArgumentError,
@@ -222,7 +223,13 @@ class Plan:
                 self._in_flight = started
                 raise
             self._restored()
-            return self._done()
+            try:
+                return self._done()  # (avg's division)
+            except MpicollError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - np.seterr(raise)'s: named
+                raise CollectiveError(f"{self.collective} plan.wait(): {type(exc).__name__}: "
+                                      f"{exc}") from exc
         if self._work is None:
             raise InvalidArgumentError(f"plan.wait(): this {self.collective} plan is not started")
         work, self._work = self._work, None

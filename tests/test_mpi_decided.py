@@ -662,3 +662,23 @@ def test_a_repeated_packet_call_moves_only_the_tag_and_reopens_where_it_goes_on(
             assert counts == {"begin": 1, "reopen": 0}
     # (step 3: the root's whole path; each receiver goes on from its decision, reopened)
     assert counts["reopen"] == (0 if r == 0 else 1)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "float64", "uint64"])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_reduce", "scan"])
+def test_a_decided_call_and_the_whole_path_make_one_mpi_collective(world, collective, dtype):
+    """Every rank runs the same MPI collective whether its call is decided (no out=) or
+    takes the whole path (out= an array MPI takes through mpicoll's native runs): on
+    even blocks both are MPI_Reduce_scatter_block (a datatype named or not), never the
+    block form on one rank and MPI_Reduce_scatter on another."""
+    p, r = world.size, world.rank
+    x = np.arange(2 * p, dtype=dtype).reshape(p, 2) if collective == "reduce_scatter" \
+        else np.arange(4, dtype=dtype)
+    shape = (2,) if collective == "reduce_scatter" else x.shape
+    getattr(world, collective)(x, algorithm="native")  # (kept)
+    for step in range(3):
+        out = np.empty(shape, dtype) if (r + step) % 2 else None  # half the ranks out=
+        got = getattr(world, collective)(x, algorithm="native", out=out)
+        n = r + 1 if collective == "scan" else p
+        want = (x * n)[r] if collective == "reduce_scatter" else x * n
+        assert got.tolist() == want.tolist()

@@ -420,7 +420,8 @@ def test_reduce_scatter_counts_into_each_ranks_own_block_of_x_even_an_empty_one(
     _next_call_is_right(world)
 
 
-def test_ctrl_c_landing_anywhere_in_calls_never_leaves_the_communicator_taken(world):
+@pytest.mark.parametrize("check", [False, True])  # (check mode: every call the whole path)
+def test_ctrl_c_landing_anywhere_in_calls_never_leaves_the_communicator_taken(world, check):
     """KeyboardInterrupt (a SIGINT handler's) landing at any point of repeated calls
     (the decided path, MPI's own call, a persistent plan's start): the Communicator's turn
     is given back and a plan's request never stays started, so the next calls run (not
@@ -430,7 +431,7 @@ def test_ctrl_c_landing_anywhere_in_calls_never_leaves_the_communicator_taken(wo
 
     if world.size > 1:
         pytest.skip("one process: an interrupt mid-call leaves the other ranks waiting")
-    comm = world.dup()
+    comm = world.dup(check=check)
     x, out = np.ones(4), np.zeros(4)
     plan = comm.all_reduce_init(x, out=out, algorithm="native")
     calls = [lambda: comm.all_reduce(x), lambda: comm.all_reduce(x, algorithm="ring"),

@@ -236,8 +236,12 @@ def native_reduce_scatter(t: MPITransport, src: np.ndarray, bounds: tuple[int, .
     datatype, mop = _reduction(op, src.dtype)
     if dst.size == 0:  # (an empty block at x's address, as out=x[0:0]: MPI refuses the
         dst = np.empty(0, dst.dtype)  # two buffers at one address, for 0 elements too)
-    if _even(bounds) and datatype is None:
-        t.comm.Reduce_scatter_block(src, dst, mop)
+    if _even(bounds):  # MPI_Reduce_scatter_block, as a decided call's (host_direct), for
+        if datatype is None:  # a datatype named too (int64 as 'l' and 'q': every rank the
+            t.comm.Reduce_scatter_block(src, dst, mop)  # one collective, whatever its path)
+        else:  # (mpi4py reads the send buffer's count as each rank's block)
+            block = bounds[1] - bounds[0]
+            t.comm.Reduce_scatter_block([src, block, datatype], [dst, block, datatype], mop)
     else:
         counts = [bounds[i + 1] - bounds[i] for i in range(t.size)]
         t.comm.Reduce_scatter(_typed(src, datatype), _typed(dst, datatype), counts, mop)

@@ -8,6 +8,7 @@ the API layer, not even for its type hints.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -28,13 +29,16 @@ class Turn:
     Its one token lies in a list: ``list.pop`` and ``list.append`` are atomic, and the two
     cost a quarter of a ``threading.Lock``'s ``acquire(False)`` and ``release()`` (25 ns
     against 100), on the path of every call. ``take()`` gives the turn or raises
-    IndexError (another thread has it); ``give()`` gives it back, once per take."""
+    IndexError (another thread has it); ``give()`` gives it back, once per take;
+    ``release()`` is ``give(True)``, a C call too (a Python method's entry is where a
+    pending Ctrl-C is raised: before the turn is given back)."""
 
-    __slots__ = ("take", "give")
+    __slots__ = ("take", "give", "release")
 
     def __init__(self) -> None:
         token = [True]
         self.take, self.give = token.pop, token.append
+        self.release = functools.partial(token.append, True)
 
     def acquire(self, blocking: bool = False) -> bool:
         """The turn, if no other thread has it (a Lock's ``acquire(False)``)."""
@@ -46,9 +50,6 @@ class Turn:
             self.give(True)
             raise
         return True
-
-    def release(self) -> None:
-        self.give(True)
 
 
 class CallState:
