@@ -671,3 +671,25 @@ def test_a_library_error_making_a_communicator_is_named_not_raw(timeout):
     with pytest.raises(mpicoll.ConfigError):
         with making(3, 4, "mpi", timeout, sys._getframe()):
             raise mpicoll.ConfigError("its own")
+
+
+def test_a_cut_short_receive_names_its_sender_where_mpi_left_the_status_empty():
+    """MPI need not fill in a receive's status when it fails (MPI_ERR_TRUNCATE): the
+    error then names the sender and tag the receive asked for (not ANY), else "the
+    sender"; a status MPI filled in wins."""
+    from mpi4py import MPI
+
+    from mpicoll.transport.mpi import _cut_short
+
+    truncated, buf = MPI.Exception(MPI.ERR_TRUNCATE), np.zeros(2)
+    empty = MPI.Status()
+    assert "from rank 0 (tag 3) is longer than the 16 bytes" in str(
+        _cut_short(truncated, buf, empty, 0, 3))
+    assert "from the sender is longer than the 16 bytes" in str(
+        _cut_short(truncated, buf, empty, -1, -1))
+    filled = MPI.Status()
+    filled.Set_source(2)
+    filled.Set_tag(7)
+    assert "from rank 2 (tag 7)" in str(_cut_short(truncated, buf, filled, -1, -1))
+    other = MPI.Exception(MPI.ERR_OTHER)
+    assert _cut_short(other, buf, empty, 0, 3) is other

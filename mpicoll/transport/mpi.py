@@ -399,7 +399,7 @@ class MPIPeers:
             self.comm.Recv([landing, MPI.BYTE], _any(source, MPI.ANY_SOURCE),
                            _any(tag, MPI.ANY_TAG), status)
         except MPI.Exception as exc:
-            raise _cut_short(exc, buf, status) from exc
+            raise _cut_short(exc, buf, status, source, tag) from exc
         if landing is not buf:  # (a staged receive)
             _onto_device(buf, landing, status)
         return _status(status)
@@ -413,7 +413,7 @@ class MPIPeers:
                                [landing, MPI.BYTE], _any(source, MPI.ANY_SOURCE),
                                _any(recv_tag, MPI.ANY_TAG), status)
         except MPI.Exception as exc:
-            raise _cut_short(exc, recvbuf, status) from exc
+            raise _cut_short(exc, recvbuf, status, source, recv_tag) from exc
         if landing is not recvbuf:
             _onto_device(recvbuf, landing, status)
         return _status(status)
@@ -437,7 +437,7 @@ class MPIPeers:
         landing = self._landing(buf)
         return PeerRequest(self.comm.Irecv([landing, MPI.BYTE], _any(source, MPI.ANY_SOURCE),
                                            _any(tag, MPI.ANY_TAG)),
-                           landing, None if landing is buf else buf)
+                           landing, None if landing is buf else buf, source, tag)
 
     def free(self) -> None:
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
@@ -448,16 +448,20 @@ def _any(value: int, wildcard: int) -> int:
     return wildcard if value < 0 else value  # mpicoll.ANY is -1
 
 
-def _cut_short(exc: MPI.Exception, buf: Any, status: MPI.Status) -> Exception:
+def _cut_short(exc: MPI.Exception, buf: Any, status: MPI.Status, source: int = -1,
+               tag: int = -1) -> Exception:
     """A receive's MPI error as mpicoll's: a message longer than the buffer (MPI cuts it
-    short, MPI_ERR_TRUNCATE) said so; any other as it is (the caller's step names it)."""
+    short, MPI_ERR_TRUNCATE) said so, naming its sender and tag (the status's where MPI
+    filled it in, which it need not on an error; else the receive's own ``source`` and
+    ``tag`` where they are not ANY); any other as it is (the caller's step names it)."""
     if exc.Get_error_class() != MPI.ERR_TRUNCATE:
         return exc
-    source = status.Get_source()
+    got, got_tag = status.Get_source(), status.Get_tag()
+    source, tag = got if got >= 0 else source, got_tag if got_tag >= 0 else tag
     sender = f"rank {source}" if source >= 0 else "the sender"
     return CollectiveError(
-        f"the message from {sender} (tag {status.Get_tag()}) is longer than the "
-        f"{buf.nbytes} bytes of the buffer it was received into, which holds its first "
+        f"the message from {sender}{f' (tag {tag})' if tag >= 0 else ''} is longer than "
+        f"the {buf.nbytes} bytes of the buffer it was received into, which holds its first "
         "bytes only; probe() tells a message's size before its receive")
 
 
@@ -475,10 +479,12 @@ def _onto_device(device: Any, landing: np.ndarray, status: MPI.Status) -> None:
 class PeerRequest:
     """An MPI request of ``MPIPeers``: ``wait()`` (a receive's Status), ``test()``."""
 
-    def __init__(self, request: MPI.Request, keep: Any, device: Any = None) -> None:
+    def __init__(self, request: MPI.Request, keep: Any, device: Any = None,
+                 source: int = -1, tag: int = -1) -> None:
         self.request, self.keep, self.device = request, keep, device
         self.status = MPI.Status()
         self.finished = False
+        self.source, self.tag = source, tag  # (a receive's: what it asked for)
 
     def _finish(self) -> None:
         self.finished = True
@@ -506,6 +512,6 @@ class PeerRequest:
     def _cut_short(self, exc: MPI.Exception) -> Exception:
         """A receive's error (``_cut_short``), the request ended: its buffers let go."""
         buf = self.keep if self.device is None else self.device
-        error = _cut_short(exc, buf, self.status)
+        error = _cut_short(exc, buf, self.status, self.source, self.tag)
         self.finished, self.keep, self.device = True, None, None
         return error
