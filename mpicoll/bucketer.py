@@ -48,6 +48,7 @@ from .errors import (
     MpicollError,
     RemoteError,
 )
+from .groups import agreed_rows
 from .ops import resolve_op
 from .pipeline.agree import op_text
 from .pipeline.choose import algorithms
@@ -188,7 +189,8 @@ class Bucketer:
         # an array one rank's add refused went as zeros: every rank learns it here (one
         # small exchange a round), so no rank takes such a round's sums for right
         refused, self._refused = self._refused, None
-        ranks = np.flatnonzero(self.comm.all_gather(np.array([refused is not None]))).tolist()
+        ranks = np.flatnonzero(agreed_rows(self.comm, np.array([refused is not None], np.int64),
+                                           sys._getframe(1), "Bucketer.wait")[:, 0]).tolist()
         if ranks and failure is None:
             failure = refused or RemoteError(
                 f"Bucketer.wait: add refused an array on rank(s) {_ranks(ranks)}, which took "
@@ -210,7 +212,9 @@ class Bucketer:
 def _agree(comm: Any, refusal: MpicollError | None, layout: int) -> None:
     """Raise on every rank where any rank refused its arguments (``refusal``) or holds
     another layout of the buckets (``layout``, a number for it) than rank 0."""
-    table = comm.all_gather(np.array([refusal is not None, layout], np.int64))
+    # (over NCCL's MPI side on backend 'nccl', whose collectives move device arrays only)
+    table = agreed_rows(comm, np.array([refusal is not None, layout], np.int64),
+                        sys._getframe(2), "Bucketer")
     refused = np.flatnonzero(table[:, 0]).tolist()
     if refused:
         if refusal is not None:

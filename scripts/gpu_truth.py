@@ -204,8 +204,50 @@ def device() -> None:
         comm.free()
 
 
+@part
+def profile() -> None:
+    """Where a small call's time goes on a real GPU's host: cProfile of NCCL's native
+    all_reduce (1 rank), and of the staged MPI ring (every rank; rank 0 prints)."""
+    import cProfile
+    import io
+    import pstats
+
+    import cupy
+    from mpi4py import MPI
+
+    import mpicoll
+    from mpicoll import cuda
+
+    cuda.select_device(MPI.COMM_WORLD)
+    cases = [("mpi", "ring", 300), ("mpi", "native", 300)]
+    if MPI.COMM_WORLD.Get_size() == 1:
+        cases.insert(0, ("nccl", "native", 3000))
+    for backend, algorithm, repeat in cases:
+        comm = mpicoll.Communicator(MPI.COMM_WORLD, backend=backend)
+        x = cupy.ones(4, cupy.float32)
+        y = cupy.empty_like(x)
+        for _ in range(20):
+            comm.all_reduce(x, algorithm=algorithm, out=y)
+        comm.barrier()
+        profiler = cProfile.Profile()
+        start = time.perf_counter()
+        profiler.enable()
+        for _ in range(repeat):
+            comm.all_reduce(x, algorithm=algorithm, out=y)
+        profiler.disable()
+        seconds = (time.perf_counter() - start) / repeat
+        if comm.rank == 0:
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
+            print(f"-- {backend} {algorithm} 16 B at {comm.size} rank(s): "
+                  f"{seconds * 1e6:.1f} us a call (profiled)")
+            print("\n".join(text.getvalue().splitlines()[4:]), flush=True)
+        comm.free()
+
+
 def main() -> int:
-    parts = {"facts": facts, "staging": staging, "nccl": nccl, "device": device}
+    parts = {"facts": facts, "staging": staging, "nccl": nccl, "device": device,
+             "profile": profile}
     names = sys.argv[1:] or list(parts)
     for name in names:
         print(f"== gpu_truth {name}", flush=True)

@@ -226,6 +226,53 @@ def test_async_op_on_device_arrays(comm, fake_cupy):
 
 
 @pytest.mark.mpi
+def test_bucketer_on_device_gradients(comm, fake_cupy):
+    """The Bucketer on device gradients on every backend: its agreement at construction
+    and its exchange at each wait are host values, which go over NCCL's MPI side (a real
+    H200 showed them refused as host arrays on backend 'nccl'); one rank's refused add is
+    known to every rank at wait, on NCCL too."""
+    base = [fake_cupy.asarray(np.arange(n, dtype=np.float32)) for n in (10, 3000, 5, 0, 700)]
+    buckets = mpicoll.Bucketer(comm, base, cap_bytes=4096, op="avg")
+    try:
+        assert len(buckets.bucket_bytes) > 1
+        for round_ in range(2):
+            for i in reversed(range(len(base))):
+                buckets.add(i, base[i] * (comm.rank + 1 + round_))
+            for got, b in zip(buckets.wait(), base, strict=True):
+                assert isinstance(got, fake_cupy.ndarray)
+                np.testing.assert_allclose(got.get(), b.get() * ((comm.size + 1) / 2 + round_))
+        for i in reversed(range(len(base))):  # rank 0 gives one array of another shape
+            wrong = comm.rank == 0 and i == 1
+            if wrong:
+                with pytest.raises(mpicoll.InvalidArgumentError):
+                    buckets.add(i, fake_cupy.asarray(np.zeros(4, np.float32)))
+            else:
+                buckets.add(i, base[i])
+        with pytest.raises(mpicoll.InvalidArgumentError if comm.rank == 0 else mpicoll.RemoteError):
+            buckets.wait()
+    finally:
+        buckets.free()
+
+
+@pytest.mark.mpi
+def test_a_decided_call_never_reads_the_cuda_array_interface(comm, fake_cupy, monkeypatch):
+    """CuPy builds ``__cuda_array_interface__`` anew at each read (about 2 us on a GPU's
+    host): telling a CuPy array from others asks its type, so a call reads it never (on a
+    real H200, ten reads a call made NCCL's native all_reduce 3.6x the direct call)."""
+    reads = []
+    interface = fake_cupy.ndarray.__cuda_array_interface__  # (the property itself)
+    monkeypatch.setattr(fake_cupy.ndarray, "__cuda_array_interface__",
+                        property(lambda self: reads.append(1) or interface.fget(self)))
+    x = fake_cupy.asarray(np.ones(8, np.float32))
+    out = fake_cupy.empty_like(x)
+    for algorithm in ("native", "ring"):
+        comm.all_reduce(x, algorithm=algorithm, out=out)
+        reads.clear()
+        comm.all_reduce(x, algorithm=algorithm, out=out)
+        assert reads == [], f"{algorithm}: {len(reads)} reads of __cuda_array_interface__"
+
+
+@pytest.mark.mpi
 def test_cuda_aware_path_synchronizes_the_stream_before_messages(fake_cupy):
     comm = _communicator("1")
     stream = fake_cupy.cuda.get_current_stream()
