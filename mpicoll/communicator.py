@@ -119,7 +119,7 @@ class Communicator(CallState, PointToPoint, Groups):
         # broadcast's first message: the header, and the data when it fits
         self._packet = np.zeros(agree.HEADER_BYTES + max(self._backend.packed_bytes, 0), np.uint8)
         self._packet_header = self._packet[:agree.HEADER_BYTES].view(np.int64)
-        if not (self.check or self._tracer is not None or self._backend.separate_control):
+        if not (self.check or self._tracer is not None):
             self._decisions = {}  # what a default call decided, for the next like it
 
     @property

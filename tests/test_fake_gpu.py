@@ -11,6 +11,7 @@ arrays. tests/test_gpu.py runs the same cases on a real GPU.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -252,6 +253,46 @@ def test_bucketer_on_device_gradients(comm, fake_cupy):
             buckets.wait()
     finally:
         buckets.free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["native", "ring", "recursive_doubling", "auto"])
+def test_a_device_all_reduce_is_decided_once_and_right_every_call(comm, fake_cupy, algorithm):
+    """A default all_reduce of a CuPy array keeps its decision (keyed by its GPU too) and
+    runs it on each call's buffers: a new result, out=, in place, avg; rank 0 takes the
+    whole path at every other call (its decisions cleared), so a decided call and the
+    whole path meet (on NCCL the MPI side's tag moves alike: the Bucketer's agreement
+    after them would otherwise hang); out= of another shape is refused as before."""
+    comm._decisions.clear()
+    p, r = comm.size, comm.rank
+    total = p * (p + 1) / 2
+    for step in range(4):
+        if r == 0 and step % 2:
+            comm._decisions.clear()
+        x = fake_cupy.asarray(np.full((3, 5), r + 1.0 + step, np.float32))
+        want = total + p * step
+        np.testing.assert_array_equal(comm.all_reduce(x, algorithm=algorithm).get(), want)
+        out = fake_cupy.empty_like(x)
+        assert comm.all_reduce(x, algorithm=algorithm, out=out) is out
+        np.testing.assert_array_equal(out.get(), want)
+        mean = comm.all_reduce(x, "avg", algorithm=algorithm, out=out)
+        np.testing.assert_allclose(mean.get(), want / p, rtol=1e-6)
+        assert comm.all_reduce(x, algorithm=algorithm, out=x) is x
+        np.testing.assert_array_equal(x.get(), want)
+    assert any(k[:2] == ("all_reduce", "cuda") and v.call is not None
+               for k, v in comm._decisions.items()), "no device decision was kept"
+    other = fake_cupy.empty((5, 3) if r == 1 else (3, 5), np.float32)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="out:") if r == 1 else \
+            contextlib.nullcontext():
+        comm.all_reduce(x, algorithm=algorithm, out=other)
+    ones = fake_cupy.asarray(np.full((3, 5), r + 1.0, np.float32))
+    for _ in range(2):  # (rank 1 took part, then raised: every rank's next call is right)
+        comm.all_reduce(ones, algorithm=algorithm, out=out)
+        np.testing.assert_array_equal(out.get(), total)
+    buckets = mpicoll.Bucketer(comm, [x], op="sum")  # (agreed over NCCL's MPI side)
+    buckets.add(0, fake_cupy.asarray(np.ones((3, 5), np.float32)))
+    np.testing.assert_array_equal(buckets.wait()[0].get(), p)
+    buckets.free()
 
 
 @pytest.mark.mpi

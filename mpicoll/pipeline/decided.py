@@ -20,6 +20,12 @@ before any message) a buffer it was not made for (not a contiguous host NumPy ar
 its shape and dtype, an ``out=`` of another shape or overlapping the input), and the
 whole path runs that call. Check mode, traces, CUDA streams, the NCCL backend, user ops
 in the default call and a rank that owes a resync always take the whole path.
+
+A default all_reduce of a contiguous CuPy array (staged or CUDA-aware MPI, or NCCL: the
+call the device's users make most, where the whole path's checks cost NCCL's own call
+several times over) is decided too, keyed also by the array's GPU, run on the current
+stream, with a built-in op and no compress=; its decision declines an ``out=`` it was not
+made for and a call while another GPU is current (the whole path refuses that).
 """
 
 from __future__ import annotations
@@ -33,7 +39,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..buffers import counts_bounds, even_bounds
-from ..buffers.arrays import is_torch, kept_view, same_memory, to_torch, torch_numpy
+from ..buffers.arrays import (
+    is_cupy,
+    is_torch,
+    kept_view,
+    may_share_memory,
+    module_of,
+    same_memory,
+    to_torch,
+    torch_numpy,
+)
 from ..errors import InvalidArgumentError
 from ..ops import ReduceOp, resolve_op
 from ..spec import SPECS
@@ -80,6 +95,8 @@ def key(name: str, args: tuple, kwargs: dict) -> tuple | None:
             head: tuple = (name, x.shape, x.dtype)
         elif x is None:
             head = (name, None)
+        elif name in _DEVICE_DECIDERS and is_cupy(x) and x.flags.c_contiguous:
+            head = (name, "cuda", x.device.id, x.shape, x.dtype)  # (never a host key)
         else:
             return None
         for a in args[1:]:
@@ -143,7 +160,7 @@ def keep(c: CallState, name: str, args: tuple, kwargs: dict, key: tuple) -> Deci
     if len(decisions) >= _LIMIT:
         decisions.clear()
     try:
-        decision = decide(c, name, args, kwargs)
+        decision = decide(c, name, args, kwargs, device=True)
     except Exception:  # noqa: BLE001 - the call succeeded: its later ones take the whole path
         decision = None
     if decision is not None:
@@ -152,12 +169,14 @@ def keep(c: CallState, name: str, args: tuple, kwargs: dict, key: tuple) -> Deci
     return decision
 
 
-def decide(c: CallState, name: str, args: tuple, kwargs: dict) -> Callable[..., Any] | None:
+def decide(c: CallState, name: str, args: tuple, kwargs: dict,
+           device: bool = False) -> Callable[..., Any] | None:
     """The decision of a call of ``name`` with these arguments, which has just run the
     whole path successfully on this rank; None where the whole path must keep running
-    such calls."""
+    such calls. ``device``: a default call's, which may be of a CuPy array (a plan's
+    buffers are host arrays)."""
     decider = _DECIDERS.get(name)
-    if decider is None or c.check or c._tracer is not None or c._backend.separate_control:
+    if decider is None or c.check or c._tracer is not None:
         return None
     try:
         bound = SIGNATURES[name].bind(c, None, *args, **kwargs)
@@ -166,8 +185,13 @@ def decide(c: CallState, name: str, args: tuple, kwargs: dict) -> Callable[..., 
     bound.apply_defaults()
     a = bound.arguments
     x = a.get("x")
-    if x is not None and (type(x) is not np.ndarray or not x.flags.c_contiguous):
-        return None
+    if x is not None and type(x) is not np.ndarray:
+        if not device or name not in _DEVICE_DECIDERS or not is_cupy(x) or \
+                not x.flags.c_contiguous:
+            return None
+        decider = _DEVICE_DECIDERS[name]
+    elif c._backend.separate_control or x is not None and not x.flags.c_contiguous:
+        return None  # (NCCL's calls are of device arrays)
     decision = decider(c, a, x)
     return decision if decision is None or isinstance(decision, Decision) else Decision(decision)
 
@@ -468,6 +492,56 @@ def _all_reduce(c: CallState, a: dict, x: np.ndarray) -> Callable[..., Any]:
     if native_mpi and not average_it:  # fresh, and in place: MPI_Allreduce alone
         mpi_alone = (allreduce, shape, dtype, True)
     return Decision(bind, fresh, persist, mpi_alone)
+
+
+def _device_all_reduce(c: CallState, a: dict, x: Any) -> Decision | None:
+    """all_reduce of a contiguous CuPy array: the whole path's function (MPI's staged or
+    CUDA-aware, NCCL's) on the same flat views, each call on the current stream."""
+    opd = resolve_op(a["op"], x.dtype)
+    if a["compress"] is not None or not opd.builtin:
+        return None
+    t, shape, dtype, device = c._backend.transport, x.shape, x.dtype, x.device.id
+    fn, _ = _resolve(c, "all_reduce", a["algorithm"], x.nbytes, opd, a["options"], dtype)
+    size, averages_itself, average_it = c.size, c._backend.averages_itself, opd.average
+    cupy = module_of(x)
+    array, current_device, empty = cupy.ndarray, cupy.cuda.runtime.getDevice, cupy.empty
+    one_dimension = len(shape) == 1  # (CuPy's reshape costs a microsecond)
+
+    def fresh(call: Any, x: Any) -> Any:
+        if current_device() != device:  # (the whole path refuses it)
+            return DECLINED
+        result = empty(shape, dtype)
+        t.use(x)  # workspace on the GPU
+        if one_dimension:
+            fn(t, x, result, opd)
+        else:
+            fn(t, x.reshape(-1), result.reshape(-1), opd)
+        if average_it:
+            average(result, opd, fn, size, averages_itself)
+        return result
+
+    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
+        if current_device() != device:
+            return None
+        if out is x:  # in place: every all_reduce algorithm allows src is dst
+            src = dst = x if one_dimension else x.reshape(-1)
+        elif type(out) is array and out.shape == shape and out.dtype == dtype and \
+                out.flags.c_contiguous and out.device.id == device and \
+                not may_share_memory(out, x):
+            src, dst = (x, out) if one_dimension else (x.reshape(-1), out.reshape(-1))
+        else:
+            return None
+
+        def run(call: Any) -> Any:
+            t.use(x)
+            fn(t, src, dst, opd)
+            if average_it:
+                average(out, opd, fn, size, averages_itself)
+            return out
+
+        return run
+
+    return Decision(bind, fresh)
 
 
 def _from_spec(c: CallState, a: dict, x: np.ndarray, name: str) -> Decision | None:
@@ -916,3 +990,5 @@ _DECIDERS: dict[str, Callable[..., Any]] = {
 _DECIDERS.update({name: functools.partial(_from_spec, name=name) for name in SPECS
                   if name not in _DECIDERS})
 DECIDED = frozenset(_DECIDERS)
+# the collectives whose default call of a CuPy array is decided too
+_DEVICE_DECIDERS: dict[str, Callable[..., Any]] = {"all_reduce": _device_all_reduce}

@@ -313,6 +313,14 @@ def ended(c: CallState, name: str, exc: Exception) -> MpicollError:
     return error
 
 
+def _both(first: Callable[[], Any], then: Callable[[], Any]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        then()
+
+    return both
+
+
 def prepare(c: CallState, name: str, method: Any,
             decision: decided.Decision) -> Callable[[Any, Any, Any, tuple, dict], Any]:
     """The prepared call of a kept decision (``mpicoll.pipeline.decided``): ``numbered``
@@ -332,6 +340,8 @@ def prepare(c: CallState, name: str, method: Any,
     ``rest``: the positional arguments after x."""
     watch, transport = c._watch, c._backend.transport
     take, give, begin = c._entry.take, c._entry.give, transport.begin
+    if c._backend.separate_control:  # NCCL's MPI side: its tag moves with every call too
+        begin = _both(transport.begin, c._backend.control.begin)
     ring, length = watch.ring, watch.length
     fresh, bound, kept = decision.fresh, decision.bound, decision.kept
     work, shape, dtype, in_place = decision.direct or (None, None, None, False)

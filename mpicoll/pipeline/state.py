@@ -63,7 +63,7 @@ class CallState:
         _watch: the flight recorder and the watchdog's clock (``observe.recorder.Watch``).
         _tracer: the Tracer where ``trace=`` is on, else None.
         _decisions: what default calls decided, by ``decided.key`` (``decided``); None
-            where calls always take the whole path (check mode, traces, NCCL).
+            where calls always take the whole path (check mode, traces).
         _seq: the calls numbered so far, the same on every rank (``entry``).
         _entry: the turn of one thread at a time (``Turn``, ``entry``).
         _refused_alone: the number of a call this rank refused or failed alone, 0 if none:
