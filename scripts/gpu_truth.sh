@@ -60,7 +60,8 @@ step() {  # step NAME TIMEOUT COMMAND...
 
 step facts 60 bash -c "nvidia-smi -L; $PY scripts/gpu_truth.py facts"
 step tests1 150 $PY "${PYTEST[@]}" tests/test_gpu.py
-step truth 120 bash -c "$PY scripts/gpu_truth.py staging nccl device profile \
+TRUTH=${MPICOLL_GPU_TRUTH:-staging nccl device profile}  # scripts/gpu_truth.py's parts
+step truth 120 bash -c "$PY scripts/gpu_truth.py $TRUTH \
     && $MPIEXEC -n 2 $PY scripts/gpu_truth.py device profile"
 step tests2 150 $MPIEXEC -n 2 $PY "${PYTEST[@]}" -m mpi tests/test_gpu.py
 # every all_reduce algorithm at 2 ranks, CuPy (staged) then NumPy buffers, 16 B..256 MiB
