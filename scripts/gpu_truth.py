@@ -151,10 +151,17 @@ def nccl() -> None:
                              stream.ptr)
             stream.synchronize()
 
-        t_ours, t_theirs = (_seconds(f, repeat, stream.synchronize) for f in (ours, theirs))
+        def on_ours():  # the same direct call on mpicoll's own NCCL communicator and y
+            comm.transport.nccl.allReduce(x.data.ptr, y.data.ptr, x.size, cnccl.NCCL_FLOAT32,
+                                          cnccl.NCCL_SUM, stream.ptr)
+            stream.synchronize()
+
+        t_theirs, t_ours, t_on_ours, t_again = (
+            _seconds(f, repeat, stream.synchronize) for f in (theirs, ours, on_ours, theirs))
         assert bool((y == z).all()), "mpicoll's native all_reduce differs from NCCL's"
         print(f"{nbytes:>11} {t_ours * 1e6:>11.1f} {t_theirs * 1e6:>10.1f} "
-              f"{t_ours / t_theirs:>6.3f}", flush=True)
+              f"{t_ours / t_theirs:>6.3f}   direct on mpicoll's communicator and out: "
+              f"{t_on_ours * 1e6:.1f} us; direct again: {t_again * 1e6:.1f} us", flush=True)
     comm.free()
 
 
