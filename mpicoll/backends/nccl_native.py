@@ -17,11 +17,13 @@ installed CuPy's binding cannot take (``transport.nccl.check_count``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
+from ..buffers.arrays import cupy_module
 from ..errors import UnsupportedDtypeError, UnsupportedOpError
 from ..ops import Op
 from ..transport.nccl import NCCLTransport, check_count, wire
@@ -149,6 +151,21 @@ def native_all_reduce(t: NCCLTransport, src: Any, dst: Any, op: Op) -> None:
     datatype, nop, parts = nccl_op(op, src.dtype)
     count = check_count(t.nccl, "allReduce", src.size * parts, "all_reduce (native)")
     t.nccl.allReduce(_ptr(src), _ptr(dst), count, datatype, nop, t.stream_ptr())
+
+
+def direct_all_reduce(t: NCCLTransport, op: Op, dtype: np.dtype,
+                      count: int) -> Callable[[Any, Any], None]:
+    """``native_all_reduce`` on device arrays of ``count`` items of ``dtype``, its
+    arguments fixed once: ``run(src, dst)``, the same ncclAllReduce on the current
+    stream (what a decided call runs: ``pipeline.decided``)."""
+    datatype, nop, parts = nccl_op(op, dtype)
+    count = check_count(t.nccl, "allReduce", count * parts, "all_reduce (native)")
+    all_reduce, current_stream = t.nccl.allReduce, cupy_module().cuda.get_current_stream
+
+    def run(src: Any, dst: Any) -> None:
+        all_reduce(src.data.ptr, dst.data.ptr, count, datatype, nop, current_stream().ptr)
+
+    return run
 
 
 def native_reduce_scatter(t: NCCLTransport, src: Any, bounds: tuple[int, ...], op: Op,

@@ -43,7 +43,6 @@ from ..buffers.arrays import (
     is_cupy,
     is_torch,
     kept_view,
-    may_share_memory,
     module_of,
     same_memory,
     to_torch,
@@ -500,22 +499,34 @@ def _device_all_reduce(c: CallState, a: dict, x: Any) -> Decision | None:
     opd = resolve_op(a["op"], x.dtype)
     if a["compress"] is not None or not opd.builtin:
         return None
-    t, shape, dtype, device = c._backend.transport, x.shape, x.dtype, x.device.id
-    fn, _ = _resolve(c, "all_reduce", a["algorithm"], x.nbytes, opd, a["options"], dtype)
-    size, averages_itself, average_it = c.size, c._backend.averages_itself, opd.average
+    b = c._backend
+    t, shape, dtype, device = b.transport, x.shape, x.dtype, x.device.id
+    fn, name = _resolve(c, "all_reduce", a["algorithm"], x.nbytes, opd, a["options"], dtype)
+    size, averages_itself, average_it = c.size, b.averages_itself, opd.average
     cupy = module_of(x)
     array, current_device, empty = cupy.ndarray, cupy.cuda.runtime.getDevice, cupy.empty
+    shares = cupy.may_share_memory
     one_dimension = len(shape) == 1  # (CuPy's reshape costs a microsecond)
+    if b.name == "nccl":  # its workspace is the GPU's from begin() on
+        if name == "native":  # ncclAllReduce, its arguments fixed once
+            from ..backends.nccl_native import direct_all_reduce
+
+            reduce = direct_all_reduce(t, opd, dtype, x.size)
+        else:
+            reduce = lambda src, dst: fn(t, src, dst, opd)  # noqa: E731
+    else:  # MPI's transport: workspace on the GPU from here (begin took the host)
+        def reduce(src: Any, dst: Any) -> None:
+            t.use(src)
+            fn(t, src, dst, opd)
 
     def fresh(call: Any, x: Any) -> Any:
         if current_device() != device:  # (the whole path refuses it)
             return DECLINED
         result = empty(shape, dtype)
-        t.use(x)  # workspace on the GPU
         if one_dimension:
-            fn(t, x, result, opd)
+            reduce(x, result)
         else:
-            fn(t, x.reshape(-1), result.reshape(-1), opd)
+            reduce(x.reshape(-1), result.reshape(-1))
         if average_it:
             average(result, opd, fn, size, averages_itself)
         return result
@@ -526,15 +537,13 @@ def _device_all_reduce(c: CallState, a: dict, x: Any) -> Decision | None:
         if out is x:  # in place: every all_reduce algorithm allows src is dst
             src = dst = x if one_dimension else x.reshape(-1)
         elif type(out) is array and out.shape == shape and out.dtype == dtype and \
-                out.flags.c_contiguous and out.device.id == device and \
-                not may_share_memory(out, x):
+                out.flags.c_contiguous and out.device.id == device and not shares(out, x):
             src, dst = (x, out) if one_dimension else (x.reshape(-1), out.reshape(-1))
         else:
             return None
 
         def run(call: Any) -> Any:
-            t.use(x)
-            fn(t, src, dst, opd)
+            reduce(src, dst)
             if average_it:
                 average(out, opd, fn, size, averages_itself)
             return out

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from numpy import empty, ndarray
 
-from ..buffers.arrays import kept_view, to_torch
+from ..buffers.arrays import is_cupy, kept_view, to_torch
 from ..errors import (
     CollectiveError,
     ConcurrentCallError,
@@ -200,7 +200,8 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
         if keeps and decisions is not None and stream is None and refusal is None:
             x = args[0] if args else None
             tensors = None
-            if x is not None and type(x) is not ndarray:  # torch CPU tensors: NumPy views
+            # torch CPU tensors: NumPy views (a CuPy array: as it is)
+            if x is not None and type(x) is not ndarray and not is_cupy(x):
                 args, kwargs, tensors = decided.from_torch(args, kwargs)
                 x = args[0]
             key = decided.key(name, args, kwargs)
