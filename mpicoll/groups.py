@@ -25,7 +25,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError, MismatchError
 from .pipeline.describe import Call
-from .pipeline.entry import freed, numbered, take_turn
+from .pipeline.entry import freed, numbered, take_turn, watched_step
 
 _BAD_COLOR, _BAD_KEY, _BAD_RANKS, _BAD_MESH = 1, 2, 4, 8
 _REASONS = {_BAD_COLOR: "color: expected an int in 0..2**31-1 or None",
@@ -105,7 +105,9 @@ def agreed_rows(comm: Any, mine: np.ndarray, site: Any, what: str,
     """Every rank's ``mine`` (int64 values, as many on every rank), one row per rank, in
     one numbered all_gather: a step every rank makes (check mode fingerprints it, so a
     rank making another call raises on every rank; the watchdog bounds it). On NCCL,
-    whose collectives move device arrays, over its MPI side, watched under ``what``.
+    whose collectives move device arrays, over its MPI side: a step watched under
+    ``what`` (not numbered: check mode does not fingerprint it), refused as a call is on
+    a freed Communicator or in a done callback, MPI's errors named as mpicoll's.
     ``held``: the caller holds ``comm``'s turn (``take_turn``) and keeps it."""
     if comm._backend.separate_control:
         from .pipeline import agree
@@ -113,9 +115,13 @@ def agreed_rows(comm: Any, mine: np.ndarray, site: Any, what: str,
         n = mine.size
         table = np.zeros(n * comm.size, np.int64)
         table[n * comm.rank:n * comm.rank + n] = mine
-        call = Call(comm._seq, what)
-        call.at(site)
-        with comm._watch.aside(call):
+        if held:
+            call = Call(comm._seq, what)
+            call.at(site)
+            step = comm._watch.aside(call)
+        else:
+            step = watched_step(comm, what, "every rank's values", site)
+        with step:
             comm._backend.control.begin()
             agree.all_gather(comm, table, n)
         return table.reshape(comm.size, n)

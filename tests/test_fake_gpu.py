@@ -253,6 +253,11 @@ def test_bucketer_on_device_gradients(comm, fake_cupy):
             buckets.wait()
     finally:
         buckets.free()
+    for i in range(len(base)):  # freed: refused as mpicoll's, on NCCL too (not MPI's error)
+        with pytest.raises(mpicoll.InvalidArgumentError):
+            buckets.add(i, base[i])
+    with pytest.raises(mpicoll.InvalidArgumentError, match="freed"):
+        buckets.wait()
 
 
 @pytest.mark.mpi

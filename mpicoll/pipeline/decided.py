@@ -18,7 +18,7 @@ same views, so the same messages: the other ranks cannot tell a hit from a miss)
 numbered and watched by the entry like every call. It declines (``bind`` gives None,
 before any message) a buffer it was not made for (not a contiguous host NumPy array of
 its shape and dtype, an ``out=`` of another shape or overlapping the input), and the
-whole path runs that call. Check mode, traces, CUDA streams, the NCCL backend, user ops
+whole path runs that call. Check mode, traces, ``stream=``, user ops
 in the default call and a rank that owes a resync always take the whole path.
 
 A default all_reduce of a contiguous CuPy array (staged or CUDA-aware MPI, or NCCL: the

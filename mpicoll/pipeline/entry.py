@@ -444,6 +444,8 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
     owed and the Communicator lives."""
     watch, transport = c._watch, c._backend.transport
     take, give, begin = c._entry.take, c._entry.give, transport.begin
+    if c._backend.separate_control:  # (as prepare's)
+        begin = _both(transport.begin, c._backend.control.begin)
     ring, length = watch.ring, watch.length
     code, offset = site.f_code, site.f_lasti
     mpi_start, mpi_wait, result = persistent or (None, None, None)
