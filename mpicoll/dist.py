@@ -1417,6 +1417,15 @@ class P2POp:
 
 def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[_P2PWork]:
     """Start every message of the list (all on one group, as torch's)."""
+    try:
+        p2p_op_list = list(p2p_op_list)
+    except TypeError:
+        raise InvalidArgumentError(f"batch_isend_irecv: expected a list of P2POp, got "
+                                   f"{type(p2p_op_list).__name__}") from None
+    for i, p in enumerate(p2p_op_list):
+        if not isinstance(p, P2POp):
+            raise InvalidArgumentError(f"batch_isend_irecv: item {i} is a "
+                                       f"{type(p).__name__}, expected a dist.P2POp")
     if not p2p_op_list:
         return []
     group = p2p_op_list[0].group

@@ -95,17 +95,30 @@ class Request:
                     raise CollectiveTimeoutError(f"{self!r}: not done after {seconds:g} s")
                 time.sleep(pause)
                 pause = min(pause * 2, 1e-3)
-        with watched_step(self._comm, self._what, _waiting(self._what, self._peer, self._tag)):
-            got = self._request.wait()
+        if getattr(self._request, "finished", False) and \
+                getattr(self._request, "error", None) is None:
+            got = self._request.wait()  # done (freed since, too): nothing to wait for
+        else:
+            with watched_step(self._comm, self._what,
+                              _waiting(self._what, self._peer, self._tag)):
+                got = self._request.wait()
         return _filled(status, got) if self._receive else None
 
     def test(self) -> bool:
+        """Whether it is done, without blocking. While another thread's call (a wait on
+        this request too) holds the Communicator, it is not known to be done yet: False
+        (MPI's request is touched by one thread at a time)."""
+        entry = self._comm._entry
+        if not entry.acquire(False):
+            return False
         try:
             return bool(self._request.test())
         except MpicollError:
             raise
         except Exception as exc:  # noqa: BLE001 - named, with its cause
             raise CollectiveError(f"{self._what}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            entry.release()
 
     is_completed = test  # torch's name
 
@@ -155,7 +168,8 @@ def _rank(comm: Any, value: Any, name: str, any_ok: bool = False) -> int:
 def _tag(peers: Any, tag: Any, any_ok: bool = False) -> int:
     """A message's tag; a receive's (``any_ok``) may be ANY where the backend can match
     any tag."""
-    if any_ok and tag is not None and not isinstance(tag, (bool, np.bool_)) and tag == ANY:
+    if any_ok and isinstance(tag, (int, np.integer)) and \
+            not isinstance(tag, (bool, np.bool_)) and tag == ANY:
         if not getattr(peers, "any_source", True):
             raise InvalidArgumentError("tag: mpicoll.ANY (any tag) is not on the nccl backend: "
                                        "NCCL has no wildcard receive; name the tag")
@@ -301,7 +315,11 @@ class PointToPoint:
     def batch_isend_irecv(self, ops: Sequence[P2POp]) -> list[Request]:
         """Start every message of ``ops`` (P2POps) and return their Requests, in order
         (on nccl: every one checked first, then all in one NCCL group)."""
-        ops = list(ops)
+        try:
+            ops = list(ops)
+        except TypeError:
+            raise InvalidArgumentError(f"ops: expected a list of mpicoll.P2POp, got "
+                                       f"{type(ops).__name__}") from None
         kinds = []
         for i, p in enumerate(ops):
             if not isinstance(p, P2POp):

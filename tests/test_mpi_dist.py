@@ -641,6 +641,9 @@ def test_lists_and_roots_that_are_not_what_torch_takes(initialized):
             dist.broadcast(np.ones(1), src=src)
     with pytest.raises(mpicoll.InvalidArgumentError, match="split_sizes"):
         dist.all_to_all_single(np.zeros(size), np.zeros(size), input_split_sizes=[True] * size)
+    for ops in ([mpicoll.P2POp("isend", np.ones(1), 0)], [1], 5):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="batch_isend_irecv"):
+            dist.batch_isend_irecv(ops)  # (torch's: a list of dist.P2POp)
     t = np.ones(1)
     dist.all_reduce(t)
     assert t[0] == size

@@ -348,3 +348,87 @@ def test_a_message_longer_than_the_receive_buffer_is_said_so(world):
                     while not request.test():
                         pass
     np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, float(world.size)))
+
+
+def test_a_request_cut_short_says_so_at_every_wait(world):
+    """A receive's error is the request's: its second wait raises it again (not a
+    status of the message it did not take)."""
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    if world.rank == 0:
+        world.send(np.arange(4.0), 1, tag=8)
+    elif world.rank == 1:
+        request = world.irecv(np.zeros(2), 0, tag=8)
+        for _ in range(2):
+            with pytest.raises(mpicoll.CollectiveError, match="is longer than the 16 bytes"):
+                request.wait()
+    _next_call_is_right(world)
+
+
+def test_a_dropped_request_keeps_its_copy_until_the_message_is_done(world):
+    """An isend of a strided array sends a contiguous copy of it: dropped unwaited, the
+    request (and the copy MPI still reads) lives on until the message is done, so the
+    receiver gets x's values, whatever this rank allocates meanwhile."""
+    import gc
+
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    n = 1 << 15
+    for _ in range(2):
+        if world.rank == 0:
+            whole = np.arange(2.0 * n)
+            request = world.isend(whole[::2], 1, tag=9)
+            del request, whole
+            gc.collect()
+            junk = [np.full(n, -1.0) for _ in range(8)]  # (memory the copy may have had)
+            world.barrier()
+            del junk
+        elif world.rank == 1:
+            world.barrier()  # (rank 0 dropped its request and reused memory by now)
+            out = np.zeros(n)
+            world.recv(out, 0, tag=9)
+            np.testing.assert_array_equal(out, np.arange(0.0, 2.0 * n, 2.0))
+        else:
+            world.barrier()
+    world.barrier()
+    if world.rank == 0:
+        world.send(np.ones(1), 1, tag=10)  # (the next message reaps the dropped ones)
+        assert not world._backend.peers._orphans
+    elif world.rank == 1:
+        world.recv(np.zeros(1), 0, tag=10)
+
+
+def test_test_while_another_thread_waits_on_the_request(world):
+    """test() while another thread is in wait() on the same request: one thread at a
+    time touches MPI's request (test says not done yet meanwhile); the wait gives the
+    sender and the data."""
+    import threading
+
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    for step in range(20):
+        if world.rank == 0:
+            world.send(np.full(4, step + 1.0), 1, tag=11)
+        elif world.rank == 1:
+            out = np.zeros(4)
+            request = world.irecv(out, 0, tag=11)
+            got = []
+            waiter = threading.Thread(target=lambda: got.append(request.wait()))  # noqa: B023
+            waiter.start()
+            deadline = 0
+            while waiter.is_alive() and deadline < 10**6:
+                request.test()
+                deadline += 1
+            waiter.join(60)
+            assert got == [0]
+            np.testing.assert_array_equal(out, step + 1.0)
+    _next_call_is_right(world)
+
+
+def test_bad_batches_and_tags_are_mpicolls_errors(world):
+    with pytest.raises(mpicoll.InvalidArgumentError, match="ops:"):
+        world.batch_isend_irecv(5)
+    for tag in (np.array([1, 2]), -1.0, 3.0):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="tag:"):
+            world.irecv(np.zeros(2), mpicoll.ANY, tag=tag)
+    _next_call_is_right(world)

@@ -376,6 +376,9 @@ class MPIPeers:
     def __init__(self, transport: MPITransport) -> None:
         self.comm = transport.comm.Dup()
         self.transport = transport
+        # requests dropped before they finished: kept, with the memory MPI still reads or
+        # writes (a strided send's copy, a staged message's host buffer), until it is done
+        self._orphans: list[PeerRequest] = []
         tag_ub = self.comm.Get_attr(MPI.TAG_UB)
         self.max_tag = int(tag_ub) if tag_ub else 32767
 
@@ -390,9 +393,11 @@ class MPIPeers:
         return np.empty(buf.nbytes, np.uint8)
 
     def send(self, buf: Any, dest: int, tag: int) -> None:
+        self.reap()
         self.comm.Send([self._outgoing(buf), MPI.BYTE], dest, tag)
 
     def recv(self, buf: Any, source: int, tag: int) -> Status:
+        self.reap()
         status = MPI.Status()
         landing = self._landing(buf)
         try:
@@ -406,6 +411,7 @@ class MPIPeers:
 
     def sendrecv(self, sendbuf: Any, dest: int, send_tag: int, recvbuf: Any, source: int,
                  recv_tag: int) -> Status:
+        self.reap()
         status = MPI.Status()
         landing = self._landing(recvbuf)
         try:
@@ -430,14 +436,24 @@ class MPIPeers:
         return _status(status)
 
     def isend(self, buf: Any, dest: int, tag: int) -> PeerRequest:
+        self.reap()
         outgoing = self._outgoing(buf)  # kept by the request until it completes
-        return PeerRequest(self.comm.Isend([outgoing, MPI.BYTE], dest, tag), outgoing)
+        return PeerRequest(self.comm.Isend([outgoing, MPI.BYTE], dest, tag), outgoing,
+                           orphans=self._orphans)
 
     def irecv(self, buf: Any, source: int, tag: int) -> PeerRequest:
+        self.reap()
         landing = self._landing(buf)
         return PeerRequest(self.comm.Irecv([landing, MPI.BYTE], _any(source, MPI.ANY_SOURCE),
                                            _any(tag, MPI.ANY_TAG)),
-                           landing, None if landing is buf else buf, source, tag)
+                           landing, None if landing is buf else buf, source, tag,
+                           orphans=self._orphans)
+
+    def reap(self) -> None:
+        """Let go of the requests dropped unfinished (``PeerRequest.__del__``) that MPI
+        has finished with (a staged receive's message then onto its GPU array)."""
+        if self._orphans:
+            self._orphans[:] = [r for r in self._orphans if not r.done_quietly()]
 
     def free(self) -> None:
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
@@ -480,11 +496,28 @@ class PeerRequest:
     """An MPI request of ``MPIPeers``: ``wait()`` (a receive's Status), ``test()``."""
 
     def __init__(self, request: MPI.Request, keep: Any, device: Any = None,
-                 source: int = -1, tag: int = -1) -> None:
+                 source: int = -1, tag: int = -1, orphans: list | None = None) -> None:
         self.request, self.keep, self.device = request, keep, device
         self.status = MPI.Status()
         self.finished = False
+        self.error: Exception | None = None  # why it ended badly (raised at every wait)
         self.source, self.tag = source, tag  # (a receive's: what it asked for)
+        self._orphans = orphans
+
+    def __del__(self) -> None:
+        # dropped unfinished: MPI still reads or writes its memory, which must outlive
+        # the message, so the request is kept (once: Python finalizes an object once)
+        # until the peers' next message finds it done (MPIPeers.reap)
+        if not self.finished and self._orphans is not None and \
+                self.request != MPI.REQUEST_NULL and not MPI.Is_finalized():
+            self._orphans.append(self)
+
+    def done_quietly(self) -> bool:
+        """Whether a dropped request is done (its errors: nobody waits to hear them)."""
+        try:
+            return self.test()
+        except Exception:  # noqa: BLE001 - a dropped receive cut short: done, unheard
+            return True
 
     def _finish(self) -> None:
         self.finished = True
@@ -493,6 +526,8 @@ class PeerRequest:
         self.keep = self.device = None
 
     def wait(self) -> Status:
+        if self.error is not None:  # (the error again, at every wait, as MPI's status)
+            raise CollectiveError(str(self.error)) from self.error
         if not self.finished:
             try:
                 self.request.Wait(self.status)
@@ -514,4 +549,5 @@ class PeerRequest:
         buf = self.keep if self.device is None else self.device
         error = _cut_short(exc, buf, self.status, self.source, self.tag)
         self.finished, self.keep, self.device = True, None, None
+        self.error = error
         return error
