@@ -383,6 +383,39 @@ def test_bench_on_gpu_buffers(backend, tmp_path_factory, capsys):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("backend", ["staged", "nccl"])
+def test_the_device_workspace_orders_a_call_on_another_stream_after_the_last(
+        fake_cupy, monkeypatch, backend):
+    """A call returns with its kernels queued on its stream, which may still use the
+    device workspace: a later call on another stream that takes from it first waits (on
+    the GPU) for an event recorded on the last one; on the same stream it need not."""
+    from mpi4py import MPI
+
+    comm = mpicoll.Communicator(MPI.COMM_WORLD, backend="nccl") if backend == "nccl" \
+        else _communicator("0")
+    t = comm.transport
+    waits = []
+    real = fake_cupy.cuda.Stream.wait_event
+
+    def wait_event(stream, event):
+        waits.append((stream.ptr, event._stream.ptr))
+        return real(stream, event)
+
+    monkeypatch.setattr(fake_cupy.cuda.Stream, "wait_event", wait_event)
+    x = fake_cupy.asarray(np.arange(8.0))
+    s1, s2 = fake_cupy.cuda.Stream(non_blocking=True), fake_cupy.cuda.Stream(non_blocking=True)
+    for stream, waited in ((s1, []), (s1, []), (s2, [(s2.ptr, s1.ptr)]), (s2, [])):
+        waits.clear()
+        with stream:
+            t.begin(x)
+            t.use(x)
+            t.take(4, np.float64, like=x)
+            t.take(4, np.float64, like=x)  # (once a call)
+        assert waits == waited
+    comm.free()
+
+
+@pytest.mark.mpi
 def test_staging_is_not_reused_while_another_stream_still_copies_from_it(fake_cupy):
     """A call's last host-to-device copies read pinned memory when their stream gets there:
     the next call, on another stream, must not overwrite it before."""

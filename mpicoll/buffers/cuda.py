@@ -393,6 +393,12 @@ class PinnedStaging:
             self._allocate(total)
         self._used = self._wanted = 0
 
+    def drain(self) -> None:
+        """Wait until no queued copy reads this memory any more (it is let go next)."""
+        for stream in self._readers.values():
+            stream.synchronize()
+        self._readers.clear()
+
     def mark(self) -> tuple[int, int]:
         return len(self._blocks), self._used
 

@@ -77,6 +77,8 @@ class Workspace:
         self._tops = [0, 0]  # bytes taken so far, host and device
         self._scopes: list[tuple[int, int]] = []
         self._device = False
+        self._arena_stream: Any = None  # the CUDA stream of the last call on the device arena
+        self._arena_ordered = False  # this call's stream is ordered after it (see take)
 
     def let_go(self) -> None:
         """Give the host memory back (the transport is freed: a Communicator still
@@ -102,11 +104,23 @@ class Workspace:
             del self._arenas[True]
             self._tops[1] = 0
 
+    def _order_device_arena(self) -> None:
+        """The device arena is reused call after call, and a GPU call returns with its
+        kernels and messages queued on its stream: where this call runs on another stream
+        than the last that took from the arena, this one first waits (on the GPU, through
+        an event) for what that one queued, which may still read or write it."""
+        cuda = cupy_module().cuda
+        stream, last = cuda.get_current_stream(), self._arena_stream
+        if last is not None and (last.ptr != stream.ptr or last.device_id != stream.device_id):
+            stream.wait_event(last.record())
+        self._arena_stream, self._arena_ordered = stream, True
+
     def _start_call(self, like: Any) -> None:
         """What every transport's ``begin`` does besides its tag: no blocking call yet
         (the watchdog's step and wait slots), workspace in ``like``'s library, and all of
         it free again (scopes always close: ``with``)."""
         self.step, self.wait_kind = 0, None
+        self._arena_ordered = False
         if like is None:
             self._device = False
         else:
@@ -141,6 +155,8 @@ class Workspace:
             if on_device and not device:  # (before the call's use(): its GPU asked here)
                 self._follow_current_gpu()
             device = on_device
+        if device and not self._arena_ordered:
+            self._order_device_arena()
         nbytes = count * dtype.itemsize
         start = self._tops[device]
         end = start + nbytes

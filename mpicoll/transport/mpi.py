@@ -276,6 +276,8 @@ class MPITransport(Workspace):
             _LIVE.discard(self)
         for request in list(self._persistent):
             self.release(request)
+        if self._staging is not None:  # (its pinned memory goes back to CuPy's pool with
+            self._staging.drain()  # the transport: no copy may still read it then)
         self.let_go()
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
