@@ -14,6 +14,7 @@ is recorded and how clocks are aligned.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from mpicoll.observe.tracefile import draw, load, summarize
@@ -43,8 +44,13 @@ def _command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "hang":
         from mpicoll.observe.hang import explain, load_dumps
 
-        print("\n".join(explain(load_dumps(args.path))))
-        return 0
+        if not os.path.isdir(args.path):
+            print(f"{parser.prog}: {args.path}: no such folder (MPICOLL_DUMP_DIR's)",
+                  file=sys.stderr)
+            return 2
+        dumps = load_dumps(args.path)
+        print("\n".join(explain(dumps)))
+        return 0 if dumps else 2
     try:
         events = load(args.path)
     except ValueError as exc:

@@ -72,7 +72,14 @@ def checked_sizes(parser: argparse.ArgumentParser, minbytes: str, maxbytes: str,
         parser.error(f"-b {minbytes} is larger than -e {maxbytes}")
     if not 1 < factor < math.inf:  # (nan fails it too)
         parser.error(f"-f {factor:g}: the step factor must be a number above 1")
+    steps = math.log(max(end, 1) / max(begin, 1)) / math.log(factor)
+    if steps > MAX_SIZES:
+        parser.error(f"-f {factor:g}: {steps:.0f} sizes from -b {minbytes} to -e {maxbytes}; "
+                     f"at most {MAX_SIZES}: a larger step factor")
     return sizes(begin, end, factor)
+
+
+MAX_SIZES = 1000  # sizes a sweep may have
 
 
 def parse_size(text: str) -> int:
@@ -126,7 +133,8 @@ def sizes(begin: int, end: int, factor: float) -> list[int]:
     out, size = [], begin
     while size <= end:
         out.append(size)
-        nxt = int(size * factor)
+        grown = size * factor
+        nxt = int(grown) if grown <= end else end + 1
         size = nxt if nxt > size else size + 1
     if not out or out[-1] != end:
         out.append(end)
@@ -422,11 +430,14 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
         say(f"# {lacks}: no {library_name}/native rows; results checked against {checker}")
     if inplace and collective not in INPLACE:
         say(f"# {collective} has no in-place form: run out of place")
-    rows, wrong_total = [], 0
+    rows, wrong_total, sizes_timed = [], 0, set()
     for nbytes in sizes_:
         x = on_buffer(make_input(comm, collective, nbytes, dtype, args.op), args.buffer)
         count = x.size * comm.size if record.per_rank else x.size
         size = count * dtype.itemsize
+        if size in sizes_timed:  # (sizes that come to the same whole elements: once)
+            continue
+        sizes_timed.add(size)
         call = Call(comm, collective, x, args.op, args.root, inplace)
         library = library_call(comm, collective, x, args.op, args.root,
                                call.inplace) if not lacks else None
@@ -481,7 +492,7 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
                 args.op if record.reduces else "none", args.root if record.rooted else -1,
                 name, seconds * 1e6, min(times) * 1e6, max(times) * 1e6,
                 float(np.percentile(times, 99)) * 1e6, algbw,
-                algbw * record.busbw_factor(comm.size), wrong,
+                algbw * record.busbw_factor(comm.size), wrong if args.check else -1,
                 model.predict(collective, stand_in, wire_size, comm.size, params,
                               tuple(map(len, comm.nodes))) * 1e6,
                 mean_us=statistics.fmean(times) * 1e6,
@@ -782,6 +793,16 @@ def _check_arguments(parser: _Parser, args: argparse.Namespace) -> None:
         parser.error(f"-d {args.datatype}: a number type (int, float, complex, bool, "
                      f"bfloat16...), not {args.dtype}")
     args.datatype = args.dtype.name
+    if args.collective in ("overhead", "tune"):  # (a table of their own: no rows to write)
+        given = [flag for flag, on in (
+            ("--json", args.json), ("--csv", args.csv), ("--plot", args.plot),
+            ("--min-busbw", args.min_busbw is not None), ("--algo", args.algo != "all"),
+            ("--format", args.format != "table")) if on]
+        if given:
+            parser.error(f"{', '.join(given)}: not with {args.collective}, which prints its "
+                         "own table" + (" and writes --output" if tuning else ""))
+    if args.collective == "overhead":
+        args.maxbytes = args.minbytes  # (one size: -b's)
     args.size_list = checked_sizes(parser, args.minbytes, args.maxbytes, args.stepfactor)
     if args.compress and (args.dtype not in (np.float32, np.float64)
                           or "all_reduce" not in chosen):
@@ -854,13 +875,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(problem)
     if args.root >= comm.size:
         parser.error(f"-r {args.root}: there are {comm.size} ranks (0..{comm.size - 1})")
+    if args.collective == "tune" and comm.size < 2:
+        parser.error("tune: at one rank nothing is sent, so every algorithm times alike and "
+                     "its table would be noise; tune under mpiexec -n 2 or more")
     say = print if comm.rank == 0 else (lambda *a, **k: None)
-    try:  # (--model named: a file it can read; else the default file, where there is one)
-        params = model.load_params(args.model)
-    except mpicoll.ConfigError as exc:
-        parser.error(f"--model: {exc}")
-    if params is None and args.model:
-        parser.error(f"--model {args.model}: no such file")
+    # (--model named: a file it can read; else the default file, where there is one),
+    # read by rank 0 and shared: every rank runs with its parameters, or every rank stops
+    loaded: tuple[Any, str | None] = (None, None)
+    if comm.rank == 0:
+        try:
+            params = model.load_params(args.model)
+            loaded = (params, f"--model {args.model}: no such file"
+                      if params is None and args.model else None)
+        except mpicoll.ConfigError as exc:
+            loaded = (None, f"--model: {exc}")
+    params, problem = comm.control_comm.bcast(loaded, root=0)
+    if problem:
+        parser.error(problem)
     params = params or model.Params()
     header = report.header(comm, args, args.dtype, params)
     for line in report.header_lines(header, sweep=args.collective != "overhead"):
@@ -882,6 +913,8 @@ def main(argv: list[str] | None = None) -> int:
             say(f"\n# {collective}")
             say(report.TABLE_HEADER)
         for inplace in layouts:
+            if inplace and len(layouts) > 1 and collective not in INPLACE:
+                continue  # (--format nccl: its in-place columns say n/a)
             got, wrong = sweep(comm, collective, args.size_list, args, params, progress,
                                say if args.format == "table" else (lambda *a, **k: None),
                                inplace=inplace)
@@ -896,7 +929,8 @@ def main(argv: list[str] | None = None) -> int:
             say(line)
     for line in report.fastest_lines(rows) + report.auto_lines(rows):
         say(line)
-    say(f"\n# Out of bounds values : {wrong_total} {'OK' if wrong_total == 0 else 'FAILED'}")
+    say("\n# Out of bounds values : N/A (-c 0: results not checked)" if not args.check else
+        f"\n# Out of bounds values : {wrong_total} {'OK' if wrong_total == 0 else 'FAILED'}")
     status = 1 if wrong_total else 0
     if args.min_busbw is not None:
         for collective, best in report.best_busbw(rows).items():

@@ -38,10 +38,15 @@ def human(nbytes: int) -> str:
     return f"{nbytes}B"
 
 
+def wrong(row: Any) -> str:
+    """A row's #wrong: "N/A" where results were not checked (-c 0; -1 in its JSON)."""
+    return "N/A" if row.wrong < 0 else str(row.wrong)
+
+
 def table_row(row: Any) -> str:
     return (f"  {row.size:>12} {row.count:>12} {row.type:>8} {row.redop:>6} {row.root:>4} "
             f"{row.algorithm:>20} {row.time_us:>10.1f} {row.algbw:>7.2f} {row.busbw:>7.2f} "
-            f"{row.wrong:>6} {row.predicted_us:>10.1f} {row.measured_over_predicted:>10.2f} "
+            f"{wrong(row):>6} {row.predicted_us:>10.1f} {row.measured_over_predicted:>10.2f} "
             f"{row.vs_native:>9.2f}")
 
 
@@ -232,9 +237,9 @@ def nccl_lines(out_of_place: list[Any], in_place: list[Any], head: dict[str, Any
             other = placed.get((collective, algorithm, r.size))
             both += [r] + ([other] if other else [])
             cells = (f"{other.time_us:>9.2f} {other.algbw:>7.2f} {other.busbw:>7.2f} "
-                     f"{other.wrong:>6}" if other else f"{'n/a':>9} {'':>7} {'':>7} {'':>6}")
+                     f"{wrong(other):>6}" if other else f"{'n/a':>9} {'':>7} {'':>7} {'':>6}")
             lines.append(f"  {r.size:>10} {r.count:>12} {r.type:>8} {r.redop:>6} {r.root:>5} "
-                         f"{r.time_us:>9.2f} {r.algbw:>7.2f} {r.busbw:>7.2f} {r.wrong:>6} "
+                         f"{r.time_us:>9.2f} {r.algbw:>7.2f} {r.busbw:>7.2f} {wrong(r):>6} "
                          + cells)
         lines.append(f"# Avg bus bandwidth    : {average_busbw(both):.6g} ")
     return lines
@@ -273,22 +278,23 @@ def auto_lines(rows: list[Any]) -> list[str]:
         # nor compressed ones, whose results differ)
         mine = [r for r in rows if r.collective == collective and r.algorithm not in LIBRARY_ROWS
                 and "+" not in r.algorithm]
-        worst_best = worst_native = (1.0, 0)
-        compared = False
+        to_best, to_native = [], []  # (auto's time over the other's, size), where compared
         for size in sorted({r.size for r in mine}):
             at = {r.algorithm: r.time_us for r in mine if r.size == size}
             if "auto" not in at or len(at) < 2:
                 continue
-            compared = True
-            fastest = min(t for name, t in at.items() if name != "auto")
-            worst_best = max(worst_best, (at["auto"] / fastest, size))
+            to_best.append((at["auto"] / min(t for n, t in at.items() if n != "auto"), size))
             if "native" in at:
-                worst_native = max(worst_native, (at["auto"] / at["native"], size))
-        if worst_best[1] or worst_native[1]:
-            lines.append(f"# auto, {collective}: at most {worst_best[0]:.2f}x the fastest "
-                         f"(at {human(worst_best[1])}), {worst_native[0]:.2f}x native "
-                         f"(at {human(worst_native[1])})")
-        elif compared:
+                to_native.append((at["auto"] / at["native"], size))
+        slowest = max(to_best, default=(1.0, 0))
+        if slowest[0] > 1.0:
+            said = f"at most {slowest[0]:.2f}x the fastest (at {human(slowest[1])})"
+            if to_native:  # (only where a native row ran beside it)
+                worst = max(to_native)
+                said += (f", {worst[0]:.2f}x native (at {human(worst[1])})" if worst[0] > 1.0
+                         else ", never slower than native")
+            lines.append(f"# auto, {collective}: {said}")
+        elif to_best:
             lines.append(f"# auto, {collective}: the fastest at every size")
     return lines
 

@@ -27,24 +27,40 @@ def load(directory: str) -> list[dict[str, Any]]:
     """Every row of every run in ``directory``, with its run's ranks, nodes and model."""
     records = []
     for path in sorted(glob.glob(os.path.join(directory, "ranks-*.json"))):
-        with open(path) as f:
-            run = json.load(f)
-        head = run["header"]
-        params = model.Params(alpha=head["model"]["alpha"], beta=head["model"]["beta"],
-                              gamma=head["model"]["gamma"])
-        nodes = len(head.get("slurm_nodes") or []) or head["hosts"]
-        for row in run["rows"]:
-            stand_in = "native" if row["algorithm"] in (*LIBRARY_ROWS, "auto") \
-                else row["algorithm"]
-            records.append({
-                "collective": row["collective"], "algorithm": row["algorithm"],
-                "ranks": head["ranks"], "nodes": nodes, "size": row["size"],
-                "time_us": row["time_us"], "wrong": row["wrong"],
-                "predicted_us": model.predict(row["collective"], stand_in, row["size"],
-                                              head["ranks"], params,
-                                              tuple(head.get("nodes") or ())) * 1e6,
-            })
+        try:
+            with open(path) as f:
+                run = json.load(f)
+            head = run["header"]
+            # the nodes the run saw (simulated ones too), else its SLURM nodes or hosts
+            nodes = len(head.get("nodes") or ()) or len(head.get("slurm_nodes") or ()) \
+                or head["hosts"]
+            for row in run["rows"]:
+                records.append({
+                    "collective": row["collective"], "algorithm": row["algorithm"],
+                    "ranks": head["ranks"], "nodes": nodes, "size": row["size"],
+                    "time_us": row["time_us"], "wrong": row["wrong"],
+                    "predicted_us": _predicted(row, head),
+                })
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a benchmark's --json run ({type(exc).__name__}: "
+                             f"{exc})") from None
     return sorted(records, key=lambda r: (r["collective"], r["algorithm"], r["ranks"]))
+
+
+def _predicted(row: dict[str, Any], head: dict[str, Any]) -> float:
+    """The row's own prediction (the run's whole model, two-level parameters too, and for
+    auto the algorithm it ran); for a file without one, the run's alpha, beta, gamma."""
+    if "predicted_us" in row:
+        return float(row["predicted_us"])
+    params = model.Params(alpha=head["model"]["alpha"], beta=head["model"]["beta"],
+                          gamma=head["model"]["gamma"])
+    stand_in = "native" if row["algorithm"] in (*LIBRARY_ROWS, "auto") else \
+        row["algorithm"].split("+")[0]
+    try:
+        return model.predict(row["collective"], stand_in, row["size"], head["ranks"], params,
+                             tuple(head.get("nodes") or ())) * 1e6
+    except ValueError:
+        return 0.0  # (no model of it)
 
 
 def write_csv(records: list[dict[str, Any]], path: str) -> None:
@@ -93,18 +109,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", "--output", default=None,
                         help="the PNG (default DIR/scaling.png); the CSV goes beside it")
     args = parser.parse_args(argv)
-    records = load(args.directory)
+    try:
+        records = load(args.directory)
+    except ValueError as exc:
+        parser.error(str(exc))
     if not records:
         print(f"{parser.prog}: no ranks-*.json in {args.directory}", file=sys.stderr)
         return 2
     png = args.output or os.path.join(args.directory, "scaling.png")
-    write_csv(records, os.path.splitext(png)[0] + ".csv")
-    plot(records, png)
+    try:
+        write_csv(records, os.path.splitext(png)[0] + ".csv")
+        plot(records, png)
+    except OSError as exc:
+        parser.error(f"-o {png}: {exc.strerror or exc}")
     for record in records:
         print(f"{record['collective']:>14} {record['algorithm']:>20} {record['ranks']:>5} ranks "
               f"{record['nodes']:>3} node(s) {record['time_us']:>12.1f} us "
               f"(model {record['predicted_us']:.1f} us)")
-    return 1 if any(r["wrong"] for r in records) else 0
+    return 1 if any(r["wrong"] > 0 for r in records) else 0  # (-1: not checked)
 
 
 if __name__ == "__main__":

@@ -16,11 +16,27 @@ ranks that fit (or ``-p``), 32 B .. 128 MiB.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from pathlib import Path
 
 from ..errors import ConfigError
 from . import Params, default_path, load_params, save_params, table
+
+
+def _unwritable(output: str | None) -> str | None:
+    """Why the model file could not be written there (None: it can), its folder made."""
+    path = Path(output) if output else default_path()
+    if path.is_dir():
+        return f"{path} is a folder"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot make the folder {path.parent} ({exc.strerror or exc})"
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        return f"the folder {path.parent} is not writable"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +74,11 @@ def main(argv: list[str] | None = None) -> int:
 
         from .fit import fit
 
+        # rank 0 writes the file: whether it can, asked before measuring, on every rank
+        problem = _unwritable(args.output) if MPI.COMM_WORLD.Get_rank() == 0 else None
+        problem = MPI.COMM_WORLD.bcast(problem, root=0)
+        if problem:
+            parser.error(f"-o: {problem}")
         params = fit(iters=args.iters)
         if MPI.COMM_WORLD.Get_rank() == 0:
             path = save_params(params, args.output)
@@ -115,8 +136,9 @@ def _topology_table(parser: argparse.ArgumentParser, args: argparse.Namespace,
     if args.ranks is not None and args.ranks > network.nodes:
         parser.error(f"-p: {args.ranks} ranks do not fit {network.spec} ({network.nodes} nodes)")
     for name in ("link_bandwidth", "hop_latency", "alpha", "reduce_bandwidth"):
-        if getattr(args, name) is not None and getattr(args, name) < 0:
-            parser.error(f"--{name.replace('_', '-')}: must be >= 0")
+        value = getattr(args, name)
+        if value is not None and not 0 <= value < math.inf:  # (nan fails it too)
+            parser.error(f"--{name.replace('_', '-')}: must be a number >= 0, got {value:g}")
     if args.link_bandwidth == 0:
         parser.error("--link-bandwidth: must be > 0")
     if args.alpha is not None:
