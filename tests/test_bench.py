@@ -362,3 +362,57 @@ def test_the_auto_line_is_there_when_auto_wins_and_ignores_compressed_rows():
                                           ("ring+plan", 0.4))]
     assert auto_lines(rows) == ["# auto, all_reduce: the fastest at every size"]
     assert "ring" in fastest_lines(rows)[0] and "+" not in fastest_lines(rows)[0]
+
+
+def test_a_model_file_only_one_rank_can_read_is_rank_0s_verdict(world, shared_dir, capsys,
+                                                                 monkeypatch):
+    """The default model file is read by rank 0 and shared: another rank whose
+    MPICOLL_MODEL names a broken file runs with rank 0's (it stopped alone, and rank 0
+    hung in the header's exchange); rank 0's broken file stops every rank."""
+    bad = os.path.join(shared_dir, "broken-model.json")
+    if world.rank == 0:
+        with open(bad, "w") as f:
+            f.write("{not json")
+    world.barrier()
+    if world.rank == world.size - 1 and world.size > 1:
+        monkeypatch.setenv("MPICOLL_MODEL", bad)
+    assert main(["all_reduce", *SMALL, "--algo", "ring"]) == 0
+    monkeypatch.setenv("MPICOLL_MODEL", bad)  # (now rank 0's too: every rank stops)
+    with pytest.raises(SystemExit) as stop:
+        main(["all_reduce", *SMALL, "--algo", "ring"])
+    assert stop.value.code == 2
+
+
+def test_unchecked_repeated_and_auto_only_runs_say_what_they_did(world, capsys):
+    """-c 0: #wrong N/A; sizes that round to the same elements (8, 9, 10 B of float32)
+    run once; auto beside ring alone names no native comparison."""
+    assert main(["all_reduce", "-b", "8", "-e", "12", "-f", "1.2", "-n", "1", "-w", "0",
+                 "-c", "0", "--algo", "ring,auto"]) == 0
+    out = capsys.readouterr().out
+    if world.rank == 0:
+        rows = [line.split() for line in out.splitlines()
+                if line.strip() and not line.startswith("#") and line.split()[5] != "mpi_library"]
+        assert [(r[0], r[5]) for r in rows] == [("8", "ring"), ("8", "auto"),
+                                               ("12", "ring"), ("12", "auto")]
+        assert all(r[9] == "N/A" for r in rows)
+        assert "Out of bounds values : N/A" in out
+        assert "native (at" not in out
+
+
+def test_scaling_takes_each_rows_own_prediction(world, shared_dir, capsys):
+    """The scaling summary of runs with plan rows (and any model): each row's predicted
+    time as the run printed it, not one recomputed from alpha, beta, gamma alone."""
+    from mpicoll.bench import scaling
+
+    path = os.path.join(shared_dir, f"ranks-{world.size}.json")
+    assert main(["all_reduce", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--plan",
+                 "--algo", "ring,auto", "--json", path]) == 0
+    world.barrier()
+    if world.rank == 0:
+        rows = json.load(open(path))["rows"]
+        assert any("+plan" in r["algorithm"] for r in rows)
+        assert scaling.main([shared_dir, "-o", os.path.join(shared_dir, "s.png")]) == 0
+        records = scaling.load(shared_dir)
+        assert {r["algorithm"]: r["predicted_us"] for r in records} == \
+            {r["algorithm"]: r["predicted_us"] for r in rows}
+    world.barrier()

@@ -868,7 +868,10 @@ def main(argv: list[str] | None = None) -> int:
         from mpicoll.buffers.cuda import select_device
 
         select_device(MPI.COMM_WORLD)  # the NCCL backend selects its own
-    comm = Communicator(backend=args.backend)
+    try:
+        comm = Communicator(backend=args.backend)
+    except mpicoll.ConfigError as exc:  # (rank 0's model or tuning file: every rank's)
+        parser.error(str(exc))
     problem = _unwritable_output(args) if comm.rank == 0 else None  # rank 0 writes them:
     problem = comm.control_comm.bcast(problem, root=0)  # its verdict, on every rank
     if problem:
