@@ -681,6 +681,31 @@ def test_a_stream_of_device_minus_1_runs_on_the_current_device(fake_cupy, kind):
 
 
 @pytest.mark.mpi
+def test_the_progress_thread_waits_for_the_callers_per_thread_stream(fake_cupy, monkeypatch):
+    """Stream.ptds is each thread's own default stream: a call run on the progress thread
+    under it first waits (an event recorded on the caller's at submit) for what the
+    caller's had queued; another stream is the same stream there and needs no event."""
+    waits = []
+    real = fake_cupy.cuda.Stream.wait_event
+    monkeypatch.setattr(fake_cupy.cuda.Stream, "wait_event",
+                        lambda stream, event: waits.append(event) or real(stream, event))
+    x = fake_cupy.zeros(4)
+    for stream, expected in ((fake_cupy.cuda.Stream.ptds, 1),
+                             (fake_cupy.cuda.Stream(non_blocking=True), 0),
+                             (fake_cupy.cuda.Stream.null, 0)):
+        waits.clear()
+        enter = cuda.capture_device_and_stream(stream, (x,))
+
+        def progress(enter=enter):
+            with enter():
+                pass
+
+        thread = threading.Thread(target=progress)
+        thread.start()
+        thread.join()
+        assert len(waits) == expected
+
+
 @pytest.mark.parametrize("kind", DEVICE_LESS_STREAMS)
 def test_async_op_on_a_stream_of_device_minus_1(fake_cupy, kind):
     comm = _communicator("0")

@@ -432,3 +432,25 @@ def test_bad_batches_and_tags_are_mpicolls_errors(world):
         with pytest.raises(mpicoll.InvalidArgumentError, match="tag:"):
             world.irecv(np.zeros(2), mpicoll.ANY, tag=tag)
     _next_call_is_right(world)
+
+
+def test_a_finished_request_gives_its_sender_after_free(world):
+    """A receive that finished (test() said so) gives its sender at wait() even after
+    its Communicator was freed: nothing is left to wait for."""
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    comm = world.dup()
+    request = None
+    if world.rank == 1:
+        out = np.zeros(3)
+        request = comm.irecv(out, 0, tag=12)
+    if world.rank == 0:
+        comm.send(np.arange(3.0), 1, tag=12)
+    if request is not None:
+        while not request.test():
+            pass
+    comm.free()
+    if request is not None:
+        assert request.wait() == 0
+        np.testing.assert_array_equal(out, np.arange(3.0))
+    _next_call_is_right(world)

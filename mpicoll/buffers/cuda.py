@@ -318,6 +318,9 @@ def stream_device(stream: Any = None) -> int:
     return int(device)
 
 
+_PER_THREAD_STREAM = 2  # cudaStreamPerThread: the handle of each thread's default stream
+
+
 def capture_device_and_stream(stream: Any = None,
                               buffers: Iterable[Any] = ()) -> Callable[[], AbstractContextManager]:
     """What a call made on this thread runs under on another one (a progress thread):
@@ -336,10 +339,16 @@ def capture_device_and_stream(stream: Any = None,
     cupy = cupy_module()
     device = stream_device(stream)
     stream = cupy.cuda.get_current_stream() if stream is None else stream
+    # the per-thread default stream (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1, Stream.ptds)
+    # is each thread's own: on the progress thread it names another stream, which waits
+    # (on the GPU) for what the caller's had queued by now
+    after = stream.record() if getattr(stream, "ptr", None) == _PER_THREAD_STREAM else None
 
     @contextlib.contextmanager
     def callers_device_and_stream() -> Iterator[None]:
         with cupy.cuda.Device(device), stream:
+            if after is not None:
+                stream.wait_event(after)
             yield
             stream.synchronize()
 
