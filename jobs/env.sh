@@ -17,8 +17,9 @@
 #   MPICOLL_RESULTS   where results/<jobname>-<jobid>/ is made (default: $MPICOLL_ROOT/results)
 #   MPICOLL_TIMEOUT   mpicoll's watchdog, per call (default here 300 s, not the library's
 #                     1800: a hung call ends with mpicoll's report inside the job's limit)
-#   MPICOLL_STEP_TIMEOUT  each launch's own bound, in seconds (default 1500: under every
-#                     job's --time; the watchdog ends a hang first, this whatever else)
+#   MPICOLL_STEP_TIMEOUT  each launch's own bound, in seconds (default 1500: under the
+#                     jobs' --time; examples.sbatch sets 240 for each of its 13 steps; the
+#                     watchdog ends a hang first, this whatever else)
 #
 # After sourcing: $PYTHON, $MPICOLL_ROOT, $RESULTS (this job's results folder, created),
 # and `launch [srun options --] command...`, which starts one rank per task.
@@ -118,7 +119,8 @@ launch() {
                 case "${options[i]}" in -n | --ntasks) n=${options[i + 1]} ;; --ntasks=*) n=${options[i]#*=} ;; esac
             done
             local mpiexec
-            mpiexec=$(command -v mpiexec || echo "$(dirname "$PYTHON")/mpiexec")
+            mpiexec="$(dirname "$PYTHON")/mpiexec"  # (the venv's MPI first: another MPI's
+            [ -x "$mpiexec" ] || mpiexec=$(command -v mpiexec)  # would start N singletons)
             timeout -k 10 "$MPICOLL_STEP_TIMEOUT" "$mpiexec" -n "$n" "$@"
             ;;
     esac

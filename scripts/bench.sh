@@ -6,5 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 NP=${NP:-2}
-exec timeout -k 10 "${MPICOLL_BENCH_TIMEOUT:-1800}" .venv/bin/mpiexec -n "$NP" \
+TIMEOUT=${MPICOLL_BENCH_TIMEOUT:-1800}
+# mpicoll's watchdog, per call, well under the run's bound: a hang ends with its report
+# (rank, call, peer) instead of the run's bare exit 124
+export MPICOLL_TIMEOUT=${MPICOLL_TIMEOUT:-$(( TIMEOUT / 4 < 300 ? TIMEOUT / 4 : 300 ))}
+exec timeout -k 10 "$TIMEOUT" .venv/bin/mpiexec -n "$NP" \
     .venv/bin/python -m mpi4py -m mpicoll.bench all_reduce -b 8 -e 64M -f 8 "$@"

@@ -5,6 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+# two jobs (or a job and a shell) setting up the same checkout take turns
+if command -v flock >/dev/null; then
+    exec 9>.venv.lock
+    flock 9
+fi
 
 if [ ! -x .venv/bin/python ]; then
     if ! "$PYTHON" -m venv .venv >/dev/null 2>&1; then

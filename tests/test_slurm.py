@@ -99,6 +99,19 @@ def test_a_job_outside_slurm_fails_at_once():
     assert done.returncode == 2 and "not inside a SLURM job" in done.stderr
 
 
+@pytest.mark.parametrize("job", sorted(p.name for p in JOBS if p.name != "compare_gpu.sbatch"))
+def test_a_job_submitted_from_outside_the_checkout_says_so(job, tmp_path):
+    # (compare_gpu.sbatch first refuses an allocation without GPUs, as here)
+    """Submitted from another folder (sbatch's SLURM_SUBMIT_DIR), a job names what to do
+    instead of bash's 'No such file or directory'."""
+    env = {**_plain_env(), "SLURM_JOB_ID": "1", "SLURM_SUBMIT_DIR": str(tmp_path)}
+    env.pop("MPICOLL_ROOT", None)
+    done = subprocess.run(["bash", str(ROOT / "jobs" / job)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert "submit from the checkout's root" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("job,gpus,required", [
     ("tests.sbatch", None, ""), ("tests.sbatch", "0", ""), ("tests.sbatch", "2", "1"),
     ("compare_gpu.sbatch", "4", "1")])
