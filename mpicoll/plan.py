@@ -46,6 +46,7 @@ from .errors import (
     ConcurrentCallError,
     InvalidArgumentError,
     MpicollError,
+    RemoteError,
 )
 from .pipeline import agree, decided
 from .pipeline.decided import Decision, decide
@@ -54,6 +55,7 @@ from .pipeline.entry import (
     prepare_request_wait,
     prepare_start,
     public_signature,
+    resync_owed,
     take_turn,
     watched_step,
 )
@@ -561,18 +563,45 @@ def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, fr
                      *_agreed_at_init(arguments, comm.size))
         finally:
             comm._entry.release()
+    elif comm._refused_alone:  # owed since a refusal here alone: before any message
+        take_turn(comm, f"{collective}_init")
+        try:
+            resync_owed(comm, f"{collective}_init", frame)
+        finally:
+            comm._entry.release()
     # its starts run on comm's progress thread, whose duplicate communicator is made now,
     # where every rank makes the plan (at a first start, ranks starting plans of two
     # communicators in different orders would wait in each other's duplicate): by every
     # rank, a refusing one too
     start_progress(comm, frame)
+    if not comm.check:  # (check mode agreed it above)
+        refusal = _agreed_refusal(comm, collective, refusal, site)
     persistent = _persist_at_init(comm, collective, args, kwargs, arguments, refusal, site)
-    if refusal is not None:  # (check mode raised it above, on every rank)
+    if refusal is not None:  # on every rank
         raise refusal
     plan = Plan(comm, collective, args, kwargs, site)
     if persistent is not None:
         plan._settle(*persistent)
     return plan
+
+
+def _agreed_refusal(comm: Communicator, collective: str, refusal: MpicollError | None,
+                    site: Site) -> MpicollError | None:
+    """Making a plan is a step every rank makes, so a refusal on any rank is every rank's
+    (its own there; a RemoteError naming it elsewhere): one rank's next call never meets
+    the others' first start. One small all-gather over the control side, watched."""
+    table = np.zeros(comm.size, np.int64)
+    table[comm.rank] = refusal is not None
+    with watched_step(comm, f"{collective}_init",
+                      "waiting for every rank's verdict on the plan's arguments", site):
+        resync_owed(comm, f"{collective}_init", site)
+        comm._backend.control.begin()
+        agree.all_gather(comm, table, 1)
+    refused = np.flatnonzero(table).tolist()
+    if refusal is not None or not refused:
+        return refusal
+    return RemoteError(f"{collective}_init: refused on rank(s) {', '.join(map(str, refused))} "
+                       "(its arguments); every rank gives what the others can take")
 
 
 def _persist_at_init(comm: Communicator, collective: str, args: tuple, kwargs: dict,
@@ -637,6 +666,7 @@ def _vote_and_make(comm: Communicator, persist: Any, fingerprint: int, what: str
     mine = np.array([can, in_place is not False, in_place is not True, fingerprint], np.int64)
     votes = np.zeros((comm.size, 4), np.int64)
     with watched_step(comm, what, note, site):
+        resync_owed(comm, what, site)  # (MPI's own collective next: never before that)
         t.comm.Allgather(mine, votes)
         if not (votes[:, 0].all() and (votes[:, 1].all() or votes[:, 2].all())
                 and (votes[:, 3] == votes[0, 3]).all()):

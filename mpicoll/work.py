@@ -411,6 +411,9 @@ def _made_progress(comm: Any, site: Site) -> ProgressThread:
             raise InvalidArgumentError(
                 "async_op=True: needs MPI_THREAD_MULTIPLE (mpi4py's default; "
                 "mpi4py.rc.thread_level was set lower)")
+    from .pipeline.entry import resync_owed
+
+    resync_owed(comm, "async_op=True (its progress thread)", site)  # (before the duplicate)
     progress = comm._progress = ProgressThread(comm._duplicate(site))
     return progress
 

@@ -94,6 +94,24 @@ def main(scenario: str) -> None:
         got = comm.all_reduce(np.full(4, comm.rank + 1.0), algorithm="native")
         print(f"RESULT rank {comm.rank}: {got[0]}", flush=True)  # must never print
         return
+    elif scenario in ("refuse_then_plan", "refuse_then_async"):
+        # rank 1 refuses call #3 alone, then makes a plan (its vote is MPI's own
+        # Allgather) or a first async call (its progress thread's duplicate is MPI's
+        # Comm_dup): the owed check comes first, never MPI's collective the others' call
+        # #3 would match
+        if culprit:
+            try:
+                comm.all_reduce("not an array", algorithm="native")
+            except mpicoll.InvalidArgumentError:
+                pass
+            if scenario == "refuse_then_plan":
+                comm.all_reduce_init(x, algorithm="native")
+            else:
+                comm.all_reduce(x, async_op=True).wait()
+        else:
+            comm.all_reduce(x, algorithm="native")
+        print(f"RESULT rank {comm.rank}", flush=True)  # never on rank 1
+        return
     elif scenario == "plan_started":
         # a native plan's start() is MPI_Start (call #3): the others wait in its wait(),
         # where rank 1 never started it

@@ -145,6 +145,21 @@ def test_a_lone_refusal_never_lets_the_next_call_match_the_others_native_call(tm
 
 
 @needs_mpiexec
+@pytest.mark.parametrize("scenario", ["refuse_then_plan", "refuse_then_async"])
+def test_a_lone_refusal_then_a_plan_or_an_async_call_ends_with_a_report(scenario, tmp_path):
+    """Rank 1 refused a call alone: its next step, a plan's init or a first async call
+    (a progress thread's duplicate, MPI's own collective), first checks that the others
+    refused too: the job ends through the timeout with reports, never MPI's 'Message
+    truncated' abort nor a result of mismatched calls."""
+    done, elapsed = job(scenario, str(tmp_path))
+    assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
+    assert elapsed < TIMEOUT + 10
+    assert "truncated" not in done.stderr, done.stderr[-3000:]
+    assert "RESULT rank 1" not in done.stdout, done.stdout
+    assert reports(done.stderr)
+
+
+@needs_mpiexec
 @pytest.mark.parametrize(("scenario", "waits_in"), [
     ("plan_vote", "waiting for every rank to make the"),  # (its duplicate, or its vote)
     ("plan_persistent", "call #6 all_reduce (algorithm native"),

@@ -817,15 +817,17 @@ def test_counts_that_fit_no_rank_are_refused_alike_on_every_rank(world, counts):
 
 def test_async_op_at_init_on_one_rank_takes_part_and_raises(world):
     """``async_op=True`` at init is refused on the rank that gives it after taking part in
-    what every rank does at init (the progress duplicate, the vote), so the others make
-    their plan and go on; they then free theirs unstarted."""
+    what every rank does at init (the progress duplicate, the verdicts' exchange), and
+    every other rank raises a RemoteError naming it (a plan made on some ranks only would
+    pair one rank's next call with the others' first start)."""
     r = world.rank
     x = np.ones(2)
     if r == world.size - 1:
         with pytest.raises(mpicoll.InvalidArgumentError, match="takes no async_op"):
             world.all_reduce_init(x, async_op=True)
     else:
-        world.all_reduce_init(x).free()
+        with pytest.raises(mpicoll.RemoteError, match=f"refused on rank.s. {world.size - 1}"):
+            world.all_reduce_init(x)
     np.testing.assert_array_equal(world.all_reduce(x, algorithm="ring"),
                                   np.full(2, float(world.size)))
 
@@ -893,3 +895,19 @@ def test_wait_with_a_timeout_on_a_persistent_start(world):
             plan.wait(timeout=0.01)
     np.testing.assert_array_equal(plan.wait(timeout=30), np.full(2, float(world.size)))
     plan.free()
+
+
+def test_a_plan_every_rank_refuses_leaves_the_next_calls_right(world):
+    """Without check mode, a plan refused on every rank (an unknown algorithm) raises on
+    each; the next calls (each first checks that every rank refused it) are right."""
+    comm = world.dup(check=False)
+    x = np.full(4, comm.rank + 1.0)
+    for _ in range(2):
+        with pytest.raises(mpicoll.InvalidArgumentError):
+            comm.all_reduce_init(x, "sum", algorithm="no_such_algorithm")
+    for _ in range(2):
+        np.testing.assert_array_equal(comm.all_reduce(x), comm.size * (comm.size + 1) / 2)
+    plan = comm.all_reduce_init(x, "sum")
+    np.testing.assert_array_equal(plan(), comm.size * (comm.size + 1) / 2)
+    plan.free()
+    comm.free()

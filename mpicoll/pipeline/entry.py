@@ -552,6 +552,20 @@ def as_given(kwargs: dict, out: Any) -> dict:
     return kwargs
 
 
+def resync_owed(c: CallState, what: str, site: Any = None) -> None:
+    """A rank that refused a call alone (``c._refused_alone``) gives the others its account
+    (``agree.resync``) before anything it sends next: also before MPI's own collectives
+    made outside a numbered call (a progress thread's duplicate, a plan's vote), which MPI
+    would match with a collective the others still wait in. The caller holds ``c``'s turn."""
+    if not c._refused_alone:
+        return
+    call = Call(c._seq, what)
+    if site is not None:
+        call.at(site)
+    with c._watch.aside(call, "every rank's account of the call refused here"):
+        agree.resync(c, call)
+
+
 @contextlib.contextmanager
 def watched_step(c: CallState, what: str, note: str, site: Any = None) -> Iterator[None]:
     """A step of ``c`` that is not a numbered collective (a point-to-point message, a
