@@ -19,6 +19,7 @@ is; its ``Work`` waits for a CUDA event recorded after it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import numbers
 import queue
 import threading
@@ -313,6 +314,13 @@ def _finish_at_exit() -> None:
     and was not caught, calls never waited for) lets them finish, as long as the
     watchdog allows a call; if they cannot, it ends the job: the other ranks would wait
     for it, and MPI's finalization would wait for them, unwatched."""
+    from .observe.watchdog import watchdog
+
+    for watch in list(watchdog().watches):  # plan.start()s never waited for: waited now,
+        for _, _, finish in list(watch.running_starts.values()):  # timed by the watchdog
+            with contextlib.suppress(Exception):  # (their errors: nobody waits to hear)
+                finish()
+        watch.running_starts.clear()
     for progress in list(_RUNNING):
         timeout = progress.comm.timeout
         # the watchdog times the running call and ends the job at its timeout; the

@@ -121,6 +121,20 @@ def main(scenario: str) -> None:
         plan.start()
         plan.wait()
         return
+    elif scenario in ("plan_test_loop", "plan_unwaited"):
+        # a native plan's start() (MPI_Start, call #3) that rank 1 never makes: the others
+        # poll test() (no call of theirs runs meanwhile), or exit without waiting; the
+        # start is timed as a call until waited for, and waited for at exit
+        plan = comm.all_reduce_init(x, algorithm="native")
+        if culprit:
+            time.sleep(4 * timeout)
+            return
+        plan.start()
+        if scenario == "plan_test_loop":
+            while not plan.test():
+                time.sleep(0.01)
+            print(f"RESULT rank {comm.rank}", flush=True)  # must never print
+        return
     elif scenario == "plan_freed":
         # a native plan started (MPI_Start) by every rank but 1, then the Communicator
         # freed without a wait: free() waits for the start to end (MPI forbids freeing

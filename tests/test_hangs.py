@@ -176,6 +176,21 @@ def test_a_plan_start_one_rank_never_makes_ends_the_job(scenario, waits_in, tmp_
 
 
 @needs_mpiexec
+@pytest.mark.parametrize("scenario", ["plan_test_loop", "plan_unwaited"])
+def test_a_persistent_start_is_watched_until_it_is_waited_for(scenario, tmp_path):
+    """A plan.start() on MPI's persistent request returns at once: the others poll test()
+    or exit without a wait while rank 1 never starts it; the start is timed as a call
+    until it is waited for (at exit too), so the job ends through the timeout with its
+    report, never spinning on past it or exiting 0 with requests unfinished."""
+    done, elapsed = job(scenario, str(tmp_path))
+    assert done.returncode == EXIT_TIMEOUT, (done.returncode, done.stderr[-3000:])
+    assert elapsed < TIMEOUT + 10
+    assert "RESULT" not in done.stdout, done.stdout
+    found = reports(done.stderr)
+    assert found and any("call #3 all_reduce" in r for r in found), found
+
+
+@needs_mpiexec
 def test_an_async_call_that_never_completes_ends_the_job(tmp_path):
     done, elapsed = job("async", str(tmp_path))
     assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]

@@ -481,6 +481,8 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
                     mpi_start()
                     if mpi_wait is None:
                         running = True
+                        # (watched on; at exit, waited for: see work._finish_at_exit)
+                        watch.running_starts[id(rec)] = (rec, rec.start, request_wait)
                         return seq, rec
                     mpi_wait()
                 except BaseException as exc:
@@ -517,6 +519,12 @@ def prepare_request_wait(c: CallState, name: str, site: Any,
 
     def wait(started: tuple) -> None:
         seq, rec = started
+        try:
+            _wait(seq, rec)
+        finally:  # (ended, or failed: no longer a start the watchdog times apart)
+            watch.running_starts.pop(id(rec), None)
+
+    def _wait(seq: int, rec: Any) -> None:
         if rec.call.seq != seq:  # (its entry written over by later calls)
             with watched_step(c, f"{name} plan.wait()", "waiting for every rank to start "
                               "the plan and its request to end", site):
