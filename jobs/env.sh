@@ -120,7 +120,8 @@ launch() {
             done
             local mpiexec
             mpiexec="$(dirname "$PYTHON")/mpiexec"  # (the venv's MPI first: another MPI's
-            [ -x "$mpiexec" ] || mpiexec=$(command -v mpiexec)  # would start N singletons)
+            [ -x "$mpiexec" ] || mpiexec=$(command -v mpiexec || echo mpiexec)  # would start
+            # N singletons)
             timeout -k 10 "$MPICOLL_STEP_TIMEOUT" "$mpiexec" -n "$n" "$@"
             ;;
     esac

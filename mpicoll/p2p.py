@@ -105,20 +105,15 @@ class Request:
         return _filled(status, got) if self._receive else None
 
     def test(self) -> bool:
-        """Whether it is done, without blocking. While another thread's call (a wait on
-        this request too) holds the Communicator, it is not known to be done yet: False
-        (MPI's request is touched by one thread at a time)."""
-        entry = self._comm._entry
-        if not entry.acquire(False):
-            return False
+        """Whether it is done, without blocking (while another thread waits on this
+        request, not known yet: False; the backend's request is touched by one thread at
+        a time)."""
         try:
             return bool(self._request.test())
         except MpicollError:
             raise
         except Exception as exc:  # noqa: BLE001 - named, with its cause
             raise CollectiveError(f"{self._what}: {type(exc).__name__}: {exc}") from exc
-        finally:
-            entry.release()
 
     is_completed = test  # torch's name
 

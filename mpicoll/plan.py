@@ -214,13 +214,17 @@ class Plan:
                 seconds = as_seconds(timeout)
                 deadline = time.monotonic() + seconds
                 while not self._request.Test():
+                    if self._overdue():  # past the Communicator's timeout: as a call is
+                        break
                     if time.monotonic() >= deadline:
                         raise CollectiveTimeoutError(
                             f"{self.collective} plan.wait(): not finished after {seconds:g} s")
                     time.sleep(0.0001)
             started, self._in_flight = self._in_flight, None
             try:
-                self._wait_request(started)
+                # (a start running past the timeout: the watchdog's clock from the start,
+                # so it reports it at once)
+                self._wait_request(started, started[1].start if self._overdue(started) else 0.0)
             except ConcurrentCallError:  # (another thread's call: still started)
                 self._in_flight = started
                 raise
@@ -242,12 +246,21 @@ class Plan:
                 self._work = work
             raise
 
+    def _overdue(self, started: tuple | None = None) -> bool:
+        """Whether the running start (MPI's persistent request) has run past the
+        Communicator's timeout since it began (its entry still its own)."""
+        seq, rec = started or self._in_flight
+        timeout = self.comm.timeout
+        return bool(timeout) and rec.call.seq == seq and time.monotonic() - rec.start > timeout
+
     def test(self) -> bool:
         """Whether a wait() would not block (True when no start is active)."""
         if self._freed:
             raise InvalidArgumentError(f"plan.test(): this {self.collective} plan was freed")
         if self._in_flight is not None:
             if not self._request.Test():
+                if self._overdue():  # polled past the Communicator's timeout: the watched
+                    self.wait()      # wait, from the start (the watchdog reports it)
                 return False
             try:  # (MPI's wait on an ended request returns at once: its entry done)
                 self._work = _Ended(self.wait())

@@ -315,12 +315,15 @@ def _finish_at_exit() -> None:
     watchdog allows a call; if they cannot, it ends the job: the other ranks would wait
     for it, and MPI's finalization would wait for them, unwatched."""
     from .observe.watchdog import watchdog
+    from .pipeline.describe import Call
 
-    for watch in list(watchdog().watches):  # plan.start()s never waited for: waited now,
-        for _, _, finish in list(watch.running_starts.values()):  # timed by the watchdog
-            with contextlib.suppress(Exception):  # (their errors: nobody waits to hear)
-                finish()
-        watch.running_starts.clear()
+    for watch in list(watchdog().watches):  # plans' starts on MPI's persistent requests
+        t = getattr(watch.backend, "transport", None)  # never waited for: waited now,
+        if getattr(t, "started_persistent", None) and t.started_persistent():  # watched
+            with watch.aside(Call(watch.current.call.seq, "exit"), "waiting for every rank "
+                             "to end the running starts of this rank's plans (at exit)"), \
+                    contextlib.suppress(Exception):
+                t.end_persistent()
     for progress in list(_RUNNING):
         timeout = progress.comm.timeout
         # the watchdog times the running call and ends the job at its timeout; the

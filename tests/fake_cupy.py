@@ -232,6 +232,14 @@ Stream.null = Stream(null=True)
 Stream.ptds = Stream(ptds=True)
 
 
+def _device_synchronize() -> None:
+    """cudaDeviceSynchronize: every stream of the current device runs what it holds."""
+    device = current_device()
+    for stream in [*_streams_by_ptr.values(), *_defaults.values()]:
+        if stream.device_id == device:
+            stream.complete()
+
+
 def get_current_stream(device_id=None) -> Stream:
     return _thread.streams[-1] if _thread.streams else Stream.null
 
@@ -983,6 +991,7 @@ def make_module(api: int = 14) -> types.ModuleType:
     cuda.Device = Device
     cuda.runtime = types.SimpleNamespace(
         getDeviceCount=lambda: DEVICES, getDevice=current_device, runtimeGetVersion=lambda: 0,
+        deviceSynchronize=_device_synchronize,
         getDeviceProperties=lambda n: {"name": b"NumPy stand-in"},
         CUDARuntimeError=RuntimeError)
     nccl = types.ModuleType("cupy.cuda.nccl")

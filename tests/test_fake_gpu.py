@@ -416,6 +416,41 @@ def test_the_device_workspace_orders_a_call_on_another_stream_after_the_last(
 
 
 @pytest.mark.mpi
+def test_the_device_workspace_across_threads_and_gpus(fake_cupy, monkeypatch):
+    """Another thread's per-thread default stream (Stream.ptds names each thread's own)
+    cannot take an event from here: the device drains instead; a call on another GPU
+    (its own arena) orders nothing."""
+    comm = _communicator("0")
+    t = comm.transport
+    drained, waits = [], []
+    monkeypatch.setattr(fake_cupy.cuda.runtime, "deviceSynchronize", lambda: drained.append(1))
+    real = fake_cupy.cuda.Stream.wait_event
+    monkeypatch.setattr(fake_cupy.cuda.Stream, "wait_event",
+                        lambda stream, event: waits.append(1) or real(stream, event))
+    x = fake_cupy.asarray(np.arange(8.0))
+    device = fake_cupy.cuda.Device().id  # (a rank's GPU, current in this thread only)
+
+    def call():
+        with fake_cupy.cuda.Device(device), fake_cupy.cuda.Stream.ptds:
+            t.begin(x)
+            t.use(x)
+            t.take(4, np.float64, like=x)
+
+    other = threading.Thread(target=call)
+    other.start()
+    other.join()
+    call()  # (this thread's ptds after the other's)
+    assert drained == [1] and waits == []
+    with fake_cupy.cuda.Device(1 if device == 0 else 0):
+        y = fake_cupy.asarray(np.arange(8.0))
+        t.begin(y)
+        t.use(y)
+        t.take(4, np.float64, like=y)
+    assert drained == [1] and waits == []
+    comm.free()
+
+
+@pytest.mark.mpi
 def test_staging_is_not_reused_while_another_stream_still_copies_from_it(fake_cupy):
     """A call's last host-to-device copies read pinned memory when their stream gets there:
     the next call, on another stream, must not overwrite it before."""

@@ -3,6 +3,8 @@ one rank wrong and then the next call right."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -407,21 +409,37 @@ def test_test_while_another_thread_waits_on_the_request(world):
     if world.size < 2:
         pytest.skip("needs two ranks")
     for step in range(20):
+        if world.rank == 1:
+            world.barrier()  # (rank 0's message comes once both threads poll and wait)
         if world.rank == 0:
+            world.barrier()
+            time.sleep(0.002)
             world.send(np.full(4, step + 1.0), 1, tag=11)
         elif world.rank == 1:
             out = np.zeros(4)
             request = world.irecv(out, 0, tag=11)
-            got = []
-            waiter = threading.Thread(target=lambda: got.append(request.wait()))  # noqa: B023
-            waiter.start()
-            deadline = 0
-            while waiter.is_alive() and deadline < 10**6:
-                request.test()
-                deadline += 1
-            waiter.join(60)
-            assert got == [0]
+            stop = threading.Event()
+
+            def poll(request=request, stop=stop):
+                while not stop.is_set() and not request.test():
+                    pass
+
+            poller = threading.Thread(target=poll)
+            if step % 2:  # (the poller first, then the wait; or the other way round)
+                poller.start()
+                assert request.wait() == 0  # never ConcurrentCallError for a poll
+            else:
+                got = []
+                waiter = threading.Thread(target=lambda r=request, g=got: g.append(r.wait()))
+                waiter.start()
+                poller.start()
+                waiter.join(60)
+                assert got == [0]
+            stop.set()
+            poller.join(60)
             np.testing.assert_array_equal(out, step + 1.0)
+        else:
+            world.barrier()
     _next_call_is_right(world)
 
 

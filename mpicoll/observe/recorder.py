@@ -120,7 +120,7 @@ class Watch:
     """
 
     __slots__ = ("rank", "size", "backend", "timeout", "aborts", "started", "length", "ring",
-                 "current", "index", "members", "running_starts")
+                 "current", "index", "members")
 
     def __init__(self, communicator: Any, timeout: float, aborts: bool,
                  length: int | None = None) -> None:
@@ -128,10 +128,6 @@ class Watch:
         self.backend = communicator._backend
         self.timeout, self.aborts = timeout, aborts
         self.started = 0.0
-        # plan.start()s running on MPI's persistent requests after their calls returned:
-        # {id(entry): (entry, its start, its MPI_Wait)}, timed by the watchdog as a call
-        # is until waited for
-        self.running_starts: dict[int, tuple[Any, float, Any]] = {}
         self.length = recorder_length() if length is None else length  # calls kept
         self.ring = [Record() for _ in range(self.length)]
         self.current = self.ring[0]

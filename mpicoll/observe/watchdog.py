@@ -119,13 +119,6 @@ class Watchdog:
                         and now - started > watch.timeout):
                     self.fire(watch, now)
                     return
-                for rec, begun, _ in list(watch.running_starts.values()):
-                    if watch.aborts and watch.timeout and now - begun > watch.timeout:
-                        # a plan.start() never waited for, or whose peers never started:
-                        # reported as its call (the rank's calls since are done)
-                        watch.current, watch.started = rec, begun
-                        self.fire(watch, now)
-                        return
             if not self.dumped and dump_dir() and self._marked():
                 self.dumped = True
                 write_dump(self, "another rank timed out or failed")

@@ -481,8 +481,6 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
                     mpi_start()
                     if mpi_wait is None:
                         running = True
-                        # (watched on; at exit, waited for: see work._finish_at_exit)
-                        watch.running_starts[id(rec)] = (rec, rec.start, request_wait)
                         return seq, rec
                     mpi_wait()
                 except BaseException as exc:
@@ -517,14 +515,9 @@ def prepare_request_wait(c: CallState, name: str, site: Any,
     watch = c._watch
     take, give = c._entry.take, c._entry.give
 
-    def wait(started: tuple) -> None:
+    def wait(started: tuple, since: float = 0.0) -> None:
+        """``since``: the watchdog's clock from then (a start found overdue by a poll)."""
         seq, rec = started
-        try:
-            _wait(seq, rec)
-        finally:  # (ended, or failed: no longer a start the watchdog times apart)
-            watch.running_starts.pop(id(rec), None)
-
-    def _wait(seq: int, rec: Any) -> None:
         if rec.call.seq != seq:  # (its entry written over by later calls)
             with watched_step(c, f"{name} plan.wait()", "waiting for every rank to start "
                               "the plan and its request to end", site):
@@ -539,7 +532,7 @@ def prepare_request_wait(c: CallState, name: str, site: Any,
             raise
         try:
             watch.current = rec
-            watch.started = now()
+            watch.started = since or now()
             mpi_wait()
         except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
             raise ended(c, name, exc)  # noqa: B904 - keeps the cause

@@ -11,6 +11,7 @@ per step or per call. ``synchronize`` waits for queued work (NCCL); ``free`` rel
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -79,6 +80,7 @@ class Workspace:
         self._device = False
         self._arena_stream: Any = None  # the CUDA stream of the last call on the device arena
         self._arena_ordered = False  # this call's stream is ordered after it (see take)
+        self._arena_moves = 0  # times the device arena was dropped for another GPU
 
     def let_go(self) -> None:
         """Give the host memory back (the transport is freed: a Communicator still
@@ -103,6 +105,7 @@ class Workspace:
         if raw is not None and raw.device.id != cupy_module().cuda.runtime.getDevice():
             del self._arenas[True]
             self._tops[1] = 0
+            self._arena_moves += 1
 
     def _order_device_arena(self) -> None:
         """The device arena is reused call after call, and a GPU call returns with its
@@ -110,10 +113,19 @@ class Workspace:
         than the last that took from the arena, this one first waits (on the GPU, through
         an event) for what that one queued, which may still read or write it."""
         cuda = cupy_module().cuda
-        stream, last = cuda.get_current_stream(), self._arena_stream
-        if last is not None and (last.ptr != stream.ptr or last.device_id != stream.device_id):
-            stream.wait_event(last.record())
-        self._arena_stream, self._arena_ordered = stream, True
+        stream, thread = cuda.get_current_stream(), threading.get_ident()
+        # (ptr, the arena's moves to another GPU so far, the thread where ptr names a
+        # per-thread default stream): a new GPU's arena is other memory, nothing to order
+        here = (stream.ptr, self._arena_moves, thread if stream.ptr == 2 else 0)
+        last = self._arena_stream  # (the stream, and its ``here``)
+        if last is not None and last[1] != here and last[1][1] == here[1]:
+            if last[1][2] and last[1][2] != thread:
+                # another thread's per-thread default stream (ptr 2 names each thread's
+                # own): no event can be recorded on it from here; the device drains
+                cuda.runtime.deviceSynchronize()
+            else:
+                stream.wait_event(last[0].record())
+        self._arena_stream, self._arena_ordered = (stream, here), True
 
     def _start_call(self, like: Any) -> None:
         """What every transport's ``begin`` does besides its tag: no blocking call yet

@@ -454,8 +454,8 @@ class MPIPeers:
     def reap(self) -> None:
         """Let go of the requests dropped unfinished (``PeerRequest.__del__``) that MPI
         has finished with (a staged receive's message then onto its GPU array)."""
-        if self._orphans:
-            self._orphans[:] = [r for r in self._orphans if not r.done_quietly()]
+        for request in [r for r in self._orphans if r.done_quietly()]:
+            self._orphans.remove(request)  # (one by one: a __del__ may append meanwhile)
 
     def free(self) -> None:
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
@@ -505,6 +505,9 @@ class PeerRequest:
         self.error: Exception | None = None  # why it ended badly (raised at every wait)
         self.source, self.tag = source, tag  # (a receive's: what it asked for)
         self._orphans = orphans
+        # MPI's request and status, one thread at a time: a test() while another thread
+        # waits says "not yet" (MPI_Test and MPI_Wait of one request at once corrupt it)
+        self._lock = threading.Lock()
 
     def __del__(self) -> None:
         # dropped unfinished: MPI still reads or writes its memory, which must outlive
@@ -528,6 +531,10 @@ class PeerRequest:
         self.keep = self.device = None
 
     def wait(self) -> Status:
+        with self._lock:
+            return self._wait()
+
+    def _wait(self) -> Status:
         if self.error is not None:  # (the error again, at every wait, as MPI's status)
             raise CollectiveError(str(self.error)) from self.error
         if not self.finished:
@@ -539,11 +546,15 @@ class PeerRequest:
         return _status(self.status)
 
     def test(self) -> bool:
+        if not self._lock.acquire(False):
+            return False  # (another thread waits on it now)
         try:
             if not self.finished and self.request.Test(self.status):
                 self._finish()
         except MPI.Exception as exc:
             raise self._cut_short(exc) from exc
+        finally:
+            self._lock.release()
         return self.finished
 
     def _cut_short(self, exc: MPI.Exception) -> Exception:
