@@ -911,3 +911,27 @@ def test_a_plan_every_rank_refuses_leaves_the_next_calls_right(world):
     np.testing.assert_array_equal(plan(), comm.size * (comm.size + 1) / 2)
     plan.free()
     comm.free()
+
+
+def test_a_start_overlapped_or_dropped_past_the_timeout_is_not_a_hang(world):
+    """A plan.start() on MPI's persistent request is watched while something waits for
+    it, not from start to wait: calls made meanwhile for longer than the timeout, or a
+    plan dropped after its start, never end a healthy job."""
+    from mpi4py import MPI
+
+    comm = mpicoll.Communicator(MPI.COMM_WORLD, timeout=1)
+    x = np.ones(4)
+    plan = comm.all_reduce_init(x, algorithm="native")
+    plan.start()
+    deadline = time.monotonic() + 1.6
+    while time.monotonic() < deadline:  # (other calls, past the timeout)
+        comm.all_reduce(x, algorithm="ring")
+        time.sleep(0.02)
+    np.testing.assert_array_equal(plan.wait(), float(comm.size))
+    plan.start()
+    del plan  # (dropped while started: the transport lets its request go)
+    deadline = time.monotonic() + 1.6
+    while time.monotonic() < deadline:
+        np.testing.assert_array_equal(comm.all_reduce(x, algorithm="ring"), float(comm.size))
+        time.sleep(0.02)
+    comm.free()
