@@ -54,12 +54,17 @@ def test_point_to_point_on_thread_ranks():
         sources = [req.wait() for req in requests]
         assert sources[1] == sources[3] == left
         assert a[0] == left and b[0] == 2 * left
-        small = np.empty(1)
-        if r == 1:
-            comm.send(np.ones(3), 0, tag=2)
+        small = np.zeros(1)
+        if r == 1:  # (longer than the receive: as MPI, taken, cut short and said so; the
+            comm.send(np.arange(1.0, 4.0), 0, tag=2)  # next message is the next one)
+            comm.send(np.full(1, 42.0), 0, tag=2)
         if r == 0:
-            with pytest.raises(mpicoll.MismatchError, match="only 8"):
+            with pytest.raises(mpicoll.CollectiveError,
+                               match="from rank 1 .tag 2. is longer than the 8 bytes"):
                 comm.recv(small, 1, tag=2)
+            assert small[0] == 1.0
+            comm.recv(small, 1, tag=2)
+            assert small[0] == 42.0
         return True
 
     assert run_local(3, body, timeout=10) == [True] * 3
@@ -476,3 +481,15 @@ def test_another_threads_call_during_a_split_is_refused(make):
                                         for text in refused), comm.all_reduce(np.ones(1))[0]
 
     assert run_local(2, body, timeout=10) == [(True, 2.0)] * 2
+
+
+def test_a_local_endpoint_and_a_status_refuse_what_they_cannot_take():
+    from mpicoll.local import LocalWorld
+
+    for rank in (5, -1, True, 1.0):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="rank"):
+            LocalWorld(2).endpoint(rank)
+    for dtype in ("zz", np.dtype([])):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="dtype"):
+            mpicoll.Status(0, 0, 16).count(dtype)
+    assert mpicoll.Status(0, 0, 16).count(np.float32) == 4

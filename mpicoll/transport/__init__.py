@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..buffers.arrays import cupy_module, is_cupy
+from ..errors import InvalidArgumentError
 
 
 class Status:
@@ -30,7 +31,13 @@ class Status:
         self.source, self.tag, self.nbytes = source, tag, nbytes
 
     def count(self, dtype: Any = np.uint8) -> int:
-        return self.nbytes // np.dtype(dtype).itemsize
+        try:
+            itemsize = np.dtype(dtype).itemsize
+        except TypeError:
+            raise InvalidArgumentError(f"dtype: {dtype!r} is not a dtype") from None
+        if itemsize == 0:
+            raise InvalidArgumentError(f"dtype: {dtype!r} has no bytes to count")
+        return self.nbytes // itemsize
 
     def fill(self, other: Status) -> None:
         """Take ``other``'s values (a caller's ``status=`` filled in place)."""

@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 
 from ..buffers.arrays import assign_from_host
-from ..errors import AbortedError, CollectiveTimeoutError, InvalidArgumentError, MismatchError
+from ..errors import (
+    AbortedError,
+    CollectiveError,
+    CollectiveTimeoutError,
+    InvalidArgumentError,
+    MismatchError,
+)
 from . import Status, Workspace
 
 
@@ -71,7 +77,11 @@ class LocalWorld:
             return self._subworlds[key]
 
     def endpoint(self, rank: int) -> LocalTransport:
-        return LocalTransport(self, rank)
+        if isinstance(rank, (bool, np.bool_)) or not isinstance(rank, (int, np.integer)) \
+                or not 0 <= rank < self.size:
+            raise InvalidArgumentError(f"rank: expected a rank of this world, 0..{self.size - 1}, "
+                                       f"got {rank!r}")
+        return LocalTransport(self, int(rank))
 
 
 class PeerBoard:
@@ -113,11 +123,14 @@ class PeerBoard:
             s, _, t, data = self.messages[i]
             if buf is None:
                 return Status(s, t, len(data))
-            if len(data) > buf.nbytes:
-                raise MismatchError(
-                    f"rank {dest}: the message from rank {s} (tag {t}) has {len(data)} "
-                    f"bytes; the receive buffer only {buf.nbytes}")
             del self.messages[i]
+        if len(data) > buf.nbytes:  # as MPI: taken, cut short to the buffer's first bytes
+            assign_from_host(buf.reshape(-1).view(np.uint8),
+                             np.frombuffer(data, np.uint8)[:buf.nbytes])
+            raise CollectiveError(
+                f"the message from rank {s} (tag {t}) is longer than the {buf.nbytes} bytes "
+                "of the buffer it was received into, which holds its first bytes only; "
+                "probe() tells a message's size before its receive")
         assign_from_host(buf.reshape(-1).view(np.uint8)[:len(data)], np.frombuffer(data, np.uint8))
         return Status(s, t, len(data))
 
