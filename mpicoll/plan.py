@@ -576,12 +576,8 @@ def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, fr
                      *_agreed_at_init(arguments, comm.size))
         finally:
             comm._entry.release()
-    elif comm._refused_alone:  # owed since a refusal here alone: before any message
-        take_turn(comm, f"{collective}_init")
-        try:
-            resync_owed(comm, f"{collective}_init", frame)
-        finally:
-            comm._entry.release()
+    # (a resync owed since a refusal here alone comes first: in the progress thread's
+    # duplicate, or in the verdicts' exchange, before any message)
     # its starts run on comm's progress thread, whose duplicate communicator is made now,
     # where every rank makes the plan (at a first start, ranks starting plans of two
     # communicators in different orders would wait in each other's duplicate): by every

@@ -17,26 +17,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from pathlib import Path
 
 from ..errors import ConfigError
 from . import Params, default_path, load_params, save_params, table
-
-
-def _unwritable(output: str | None) -> str | None:
-    """Why the model file could not be written there (None: it can), its folder made."""
-    path = Path(output) if output else default_path()
-    if path.is_dir():
-        return f"{path} is a folder"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return f"cannot make the folder {path.parent} ({exc.strerror or exc})"
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        return f"the folder {path.parent} is not writable"
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,10 +57,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("-n: at least 1 iteration")
         from mpi4py import MPI
 
+        from ..bench.report import unwritable
         from .fit import fit
 
         # rank 0 writes the file: whether it can, asked before measuring, on every rank
-        problem = _unwritable(args.output) if MPI.COMM_WORLD.Get_rank() == 0 else None
+        path = str(args.output or default_path())
+        problem = unwritable(path) if MPI.COMM_WORLD.Get_rank() == 0 else None
         problem = MPI.COMM_WORLD.bcast(problem, root=0)
         if problem:
             parser.error(f"-o: {problem}")

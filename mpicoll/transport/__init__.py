@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..buffers.arrays import cupy_module, is_cupy
-from ..errors import InvalidArgumentError
+from ..errors import CollectiveError, InvalidArgumentError
 
 
 class Status:
@@ -45,6 +45,16 @@ class Status:
 
     def __repr__(self) -> str:
         return f"Status(source={self.source}, tag={self.tag}, nbytes={self.nbytes})"
+
+
+def cut_short(source: int, tag: int, nbytes: int) -> CollectiveError:
+    """A message longer than its receive buffer of ``nbytes`` (MPI's MPI_ERR_TRUNCATE; the
+    buffer holds its first bytes), from ``source`` with ``tag`` (-1: not known)."""
+    sender = f"rank {source}" if source >= 0 else "the sender"
+    return CollectiveError(
+        f"the message from {sender}{f' (tag {tag})' if tag >= 0 else ''} is longer than "
+        f"the {nbytes} bytes of the buffer it was received into, which holds its first "
+        "bytes only; probe() tells a message's size before its receive")
 
 
 class Transport(Protocol):
@@ -86,6 +96,7 @@ class Workspace:
         self._scopes: list[tuple[int, int]] = []
         self._device = False
         self._arena_stream: Any = None  # the CUDA stream of the last call on the device arena
+        self._arena_where: tuple = ()  # and (its ptr, the arena's moves then, its thread)
         self._arena_ordered = False  # this call's stream is ordered after it (see take)
         self._arena_moves = 0  # times the device arena was dropped for another GPU
 
@@ -124,15 +135,17 @@ class Workspace:
         # (ptr, the arena's moves to another GPU so far, the thread where ptr names a
         # per-thread default stream): a new GPU's arena is other memory, nothing to order
         here = (stream.ptr, self._arena_moves, thread if stream.ptr == 2 else 0)
-        last = self._arena_stream  # (the stream, and its ``here``)
-        if last is not None and last[1] != here and last[1][1] == here[1]:
-            if last[1][2] and last[1][2] != thread:
-                # another thread's per-thread default stream (ptr 2 names each thread's
-                # own): no event can be recorded on it from here; the device drains
-                cuda.runtime.deviceSynchronize()
-            else:
-                stream.wait_event(last[0].record())
-        self._arena_stream, self._arena_ordered = (stream, here), True
+        if self._arena_stream is not None and self._arena_where != here:
+            _, moves, owner = self._arena_where
+            if moves == self._arena_moves:  # (the same arena)
+                if owner and owner != thread:
+                    # another thread's per-thread default stream (ptr 2 names each
+                    # thread's own): no event can be recorded on it from here; the device
+                    # drains
+                    cuda.runtime.deviceSynchronize()
+                else:
+                    stream.wait_event(self._arena_stream.record())
+        self._arena_stream, self._arena_where, self._arena_ordered = stream, here, True
 
     def _start_call(self, like: Any) -> None:
         """What every transport's ``begin`` does besides its tag: no blocking call yet

@@ -22,14 +22,8 @@ from typing import Any
 import numpy as np
 
 from ..buffers.arrays import assign_from_host
-from ..errors import (
-    AbortedError,
-    CollectiveError,
-    CollectiveTimeoutError,
-    InvalidArgumentError,
-    MismatchError,
-)
-from . import Status, Workspace
+from ..errors import AbortedError, CollectiveTimeoutError, InvalidArgumentError, MismatchError
+from . import Status, Workspace, cut_short
 
 
 class LocalWorld:
@@ -127,10 +121,7 @@ class PeerBoard:
         if len(data) > buf.nbytes:  # as MPI: taken, cut short to the buffer's first bytes
             assign_from_host(buf.reshape(-1).view(np.uint8),
                              np.frombuffer(data, np.uint8)[:buf.nbytes])
-            raise CollectiveError(
-                f"the message from rank {s} (tag {t}) is longer than the {buf.nbytes} bytes "
-                "of the buffer it was received into, which holds its first bytes only; "
-                "probe() tells a message's size before its receive")
+            raise cut_short(s, t, buf.nbytes)
         assign_from_host(buf.reshape(-1).view(np.uint8)[:len(data)], np.frombuffer(data, np.uint8))
         return Status(s, t, len(data))
 

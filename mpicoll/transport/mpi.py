@@ -29,7 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..errors import CollectiveError
-from . import Status, Workspace
+from . import Status, Workspace, cut_short
 
 # Tags of this process's transports so far: a new transport starts above all of them, so
 # that a message an erroneous call left behind on a freed communicator (whose context id
@@ -475,12 +475,7 @@ def _cut_short(exc: MPI.Exception, buf: Any, status: MPI.Status, source: int = -
     if exc.Get_error_class() != MPI.ERR_TRUNCATE:
         return exc
     got, got_tag = status.Get_source(), status.Get_tag()
-    source, tag = got if got >= 0 else source, got_tag if got_tag >= 0 else tag
-    sender = f"rank {source}" if source >= 0 else "the sender"
-    return CollectiveError(
-        f"the message from {sender}{f' (tag {tag})' if tag >= 0 else ''} is longer than "
-        f"the {buf.nbytes} bytes of the buffer it was received into, which holds its first "
-        "bytes only; probe() tells a message's size before its receive")
+    return cut_short(got if got >= 0 else source, got_tag if got_tag >= 0 else tag, buf.nbytes)
 
 
 def _status(status: MPI.Status) -> Status:
