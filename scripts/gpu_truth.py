@@ -4,6 +4,8 @@
     python scripts/gpu_truth.py staging     # mpicoll's pinned staging copies vs raw cudaMemcpy
     python scripts/gpu_truth.py nccl        # NCCL native all_reduce at 1 rank vs cupy.cuda.nccl
     mpiexec -n N python scripts/gpu_truth.py device   # Bucketer and async on device arrays
+    python scripts/gpu_truth.py profile     # cProfile of small calls
+    python scripts/gpu_truth.py hostcost    # each piece of a decided NCCL call, host time
 
 Each part prints its own lines and, where it fails, its traceback, and goes on; the exit
 status is 1 if any check failed.
@@ -156,12 +158,23 @@ def nccl() -> None:
                                           cnccl.NCCL_SUM, stream.ptr)
             stream.synchronize()
 
-        t_theirs, t_ours, t_on_ours, t_again = (
-            _seconds(f, repeat, stream.synchronize) for f in (theirs, ours, on_ours, theirs))
+        def ours_queued():  # nccl-tests' way: calls back to back, one sync a round
+            comm.all_reduce(x, algorithm="native", out=y)
+
+        def theirs_queued():
+            direct.allReduce(x.data.ptr, z.data.ptr, x.size, cnccl.NCCL_FLOAT32, cnccl.NCCL_SUM,
+                             stream.ptr)
+
+        t_theirs, t_ours, t_on_ours, t_again, q_theirs, q_ours, q_again = (
+            _seconds(f, repeat, stream.synchronize) for f in (
+                theirs, ours, on_ours, theirs, theirs_queued, ours_queued, theirs_queued))
         assert bool((y == z).all()), "mpicoll's native all_reduce differs from NCCL's"
         print(f"{nbytes:>11} {t_ours * 1e6:>11.1f} {t_theirs * 1e6:>10.1f} "
               f"{t_ours / t_theirs:>6.3f}   direct on mpicoll's communicator and out: "
-              f"{t_on_ours * 1e6:.1f} us; direct again: {t_again * 1e6:.1f} us", flush=True)
+              f"{t_on_ours * 1e6:.1f} us; direct again: {t_again * 1e6:.1f} us; back to back "
+              f"(one sync a round): mpicoll {q_ours * 1e6:.1f}, direct {q_theirs * 1e6:.1f} "
+              f"and {q_again * 1e6:.1f} us, ratio {q_ours / min(q_theirs, q_again):.3f}",
+              flush=True)
     comm.free()
 
 
@@ -252,9 +265,59 @@ def profile() -> None:
         comm.free()
 
 
+@part
+def hostcost() -> None:
+    """What each piece of a decided NCCL all_reduce costs on the host (1 rank, no sync
+    per call): the attribute reads of CuPy arrays and the runtime queries a call makes."""
+    import timeit
+
+    import cupy
+    from cupy.cuda import nccl as cnccl
+    from mpi4py import MPI
+
+    import mpicoll
+    from mpicoll.buffers.arrays import is_cupy
+    from mpicoll.pipeline import decided
+
+    comm = mpicoll.Communicator(MPI.COMM_SELF, backend="nccl")
+    direct = cnccl.NcclCommunicator(1, cnccl.get_unique_id(), 0)
+    x = cupy.ones(2, cupy.float32)
+    y = cupy.empty_like(x)
+    stream = cupy.cuda.get_current_stream()
+    t = comm.transport
+    pieces = {
+        "mpicoll all_reduce(x, native, out=y)":
+            lambda: comm.all_reduce(x, algorithm="native", out=y),
+        "mpicoll all_reduce(x, out=y)": lambda: comm.all_reduce(x, out=y),
+        "direct allReduce": lambda: direct.allReduce(
+            x.data.ptr, y.data.ptr, 2, cnccl.NCCL_FLOAT32, cnccl.NCCL_SUM, stream.ptr),
+        "is_cupy(x)": lambda: is_cupy(x),
+        "x.flags.c_contiguous": lambda: x.flags.c_contiguous,
+        "x.device.id": lambda: x.device.id,
+        "x.shape": lambda: x.shape,
+        "x.strides": lambda: x.strides,
+        "x.dtype": lambda: x.dtype,
+        "x.data.ptr": lambda: x.data.ptr,
+        "x.size": lambda: x.size,
+        "get_current_stream().ptr": lambda: cupy.cuda.get_current_stream().ptr,
+        "runtime.getDevice()": lambda: cupy.cuda.runtime.getDevice(),
+        "may_share_memory(y, x)": lambda: cupy.may_share_memory(y, x),
+        "decided.key": lambda: decided.key("all_reduce", (x,), {"algorithm": "native",
+                                                                "out": y}),
+        "transport.begin()": lambda: t.begin(),
+        "control.begin()": lambda: comm._backend.control.begin(),
+    }
+    for name, action in pieces.items():
+        n = 3000
+        best = min(timeit.repeat(action, number=n, repeat=5)) / n
+        stream.synchronize()
+        print(f"{name:>40}: {best * 1e6:7.2f} us", flush=True)
+    comm.free()
+
+
 def main() -> int:
     parts = {"facts": facts, "staging": staging, "nccl": nccl, "device": device,
-             "profile": profile}
+             "profile": profile, "hostcost": hostcost}
     names = sys.argv[1:] or list(parts)
     for name in names:
         print(f"== gpu_truth {name}", flush=True)

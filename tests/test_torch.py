@@ -81,6 +81,51 @@ def test_the_same_tensor_called_again_and_again(world, collective, monkeypatch):
             np.testing.assert_array_equal(got.numpy(), want)
 
 
+@pytest.mark.parametrize("form", ["op", "root", "out_itself", "out_other", "option",
+                                  "op_and_out"])
+def test_repeated_tensor_calls_with_arguments_are_found_at_once(world, form, monkeypatch):
+    """A small tensor's call with an op, a root, out= (itself or another kept tensor) or an
+    option: from the second call on, its decision is found from the entry on the tensor's
+    kept view (no longer way's conversion, ``decided.from_torch``), with the same result
+    as NumPy's and the caller's own tensor back where it is out=."""
+    from mpicoll.pipeline import decided
+
+    x, into = _x(world, (4,)), torch.zeros(4)
+    calls = {
+        "op": lambda: world.all_reduce(x, "max"),
+        "root": lambda: world.reduce(x, "sum", world.size - 1),
+        "out_itself": lambda: world.all_reduce(x, out=x),
+        "out_other": lambda: world.all_reduce(x, out=into),
+        "option": lambda: world.all_reduce(x, algorithm="ring"),
+        "op_and_out": lambda: world.all_reduce(x, "min", out=into),
+    }
+    wants = {
+        "op": lambda a: world.all_reduce(a, "max"),
+        "root": lambda a: world.reduce(a, "sum", world.size - 1),
+        "out_itself": lambda a: world.all_reduce(a),
+        "out_other": lambda a: world.all_reduce(a),
+        "option": lambda a: world.all_reduce(a, algorithm="ring"),
+        "op_and_out": lambda a: world.all_reduce(a, "min"),
+    }
+    for step in range(4):
+        if step == 2:  # the views and the decision are kept by now
+            monkeypatch.setattr(decided, "from_torch",
+                                lambda *args: pytest.fail("the longer way"))
+        x.copy_(_x(world, (4,)) + step)
+        want = wants[form](x.numpy().copy())
+        got = calls[form]()
+        if want is None:
+            assert got is None
+            continue
+        if form == "out_itself":
+            assert got is x
+        elif form in ("out_other", "op_and_out"):
+            assert got is into
+        else:
+            assert isinstance(got, torch.Tensor) and got.data_ptr() != x.data_ptr()
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
 def test_tensors_numpy_cannot_view_take_the_whole_path(world):
     p = world.size
     grad = torch.ones(3, requires_grad=True)  # its memory, as torch.distributed uses it

@@ -108,6 +108,15 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                     elif x is NOTHING or x is None:
                         prepared = decisions.get(bare_key if x is NOTHING else none_key,
                                                  DECLINED).call
+                    elif (view := kept_view(x)) is not None:  # comm.all_reduce(t): a small
+                        # torch CPU tensor, on its NumPy view kept since an earlier call (a
+                        # kept view is contiguous); the result given back as torch's
+                        prepared = decisions.get((name, view.shape, view.dtype), DECLINED).call
+                        if prepared is not None:
+                            result = prepared(getframe(1), view, None, args, kwargs)
+                            # (a result that is the view itself, a broadcast's buffer: the
+                            # caller's own tensor; a new array: a tensor over it)
+                            return x if result is view else to_torch(result)
                     else:
                         prepared = None
                     if prepared is not None:
@@ -145,46 +154,41 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                     prepared = decisions.get((name, None, args), DECLINED).call
                     if prepared is not None:
                         return prepared(getframe(1), x, None, args, kwargs)
-        if x is not NOTHING:
-            args = (x, *args)
-        if keeps and args:
-            n = len(args)
-            if type(x) is not ndarray and x is not None and (view := kept_view(x)) is not None:
-                plain = n == 1 or type(args[1]) in PLAIN and (n == 2 or n == 3 and type(
-                    args[2]) in PLAIN)
-                # a small torch CPU tensor: the same, on its NumPy view (kept since an
-                # earlier call), the result given back as torch's (decided.to_caller)
-                tensor, decisions = x, self._decisions
-                if n == 1 and not kwargs and decisions is not None:  # comm.all_reduce(t)
-                    # (a kept view is contiguous)
-                    prepared = decisions.get((name, view.shape, view.dtype), DECLINED).call
+            elif x is not NOTHING and (view := kept_view(x)) is not None:
+                # a small torch CPU tensor (kept since an earlier call): the same keys as a
+                # NumPy x on its view, out= a tensor as its view, the result given back as
+                # torch's (the caller's own tensor where it is out= or x itself)
+                decisions = self._decisions
+                if decisions is not None and (not args or type(args[0]) in PLAIN and (
+                        len(args) == 1 or len(args) == 2 and type(args[1]) in PLAIN)):
+                    out = out_tensor = key = None
+                    given = False
+                    if not kwargs:
+                        key = (name, view.shape, view.dtype, args)
+                    else:
+                        given = takes_out and "out" in kwargs
+                        if given:  # (prepared takes it apart from kwargs; put back below)
+                            out_tensor = kwargs.pop("out")
+                            out = None if out_tensor is None else view if out_tensor is x \
+                                else kept_view(out_tensor)
+                        if out is not None or out_tensor is None:
+                            rest = tuple(kwargs.items()) if kwargs else ()
+                            key = (name, view.shape, view.dtype, args, *rest) if rest else \
+                                (name, view.shape, view.dtype, args)
+                            for item in rest:
+                                if type(item[1]) not in PLAIN:
+                                    key = None
+                                    break
+                    prepared = None if key is None else decisions.get(key, DECLINED).call
                     if prepared is not None:
-                        result = prepared(getframe(1), view, None, (), kwargs)
-                        # a result that is the view itself (a broadcast's buffer): the
-                        # caller's own tensor; a new array: a tensor over it
-                        return tensor if result is view else to_torch(result)
-                args = (view, *args[1:])
-                if plain and decisions is not None:
-                    given = takes_out and "out" in kwargs
-                    out = out_tensor = prepared = None
-                    if given:  # out= a tensor: its view (the key leaves it out)
-                        out_tensor = kwargs.pop("out")
-                        out = None if out_tensor is None else view if out_tensor is tensor \
-                            else kept_view(out_tensor)
-                    rest = tuple(kwargs.items()) if kwargs else ()
-                    if (out is not None or out_tensor is None) and (not rest or all(
-                            type(value) in PLAIN for _, value in rest)):
-                        key = (name, view.shape, view.dtype) if n == 1 and not given and \
-                            not rest else (name, view.shape, view.dtype, args[1:], *rest)
-                        prepared = decisions.get(key, DECLINED).call
-                    if prepared is not None:
-                        result = prepared(getframe(1), view, out, args[1:], kwargs)
-                        if result is out and out is not None:  # (out=: the caller's own)
+                        result = prepared(getframe(1), view, out, args, kwargs)
+                        if result is out and out is not None:
                             return out_tensor
-                        return decided.to_caller(result, (tensor, view, out_tensor, out))
+                        return x if result is view else to_torch(result)
                     if given:  # (as the caller gave it, for the longer way)
                         kwargs["out"] = out_tensor
-                args = (tensor, *args[1:])  # the longer way converts it itself
+        if x is not NOTHING:
+            args = (x, *args)
         # the entry's own keywords (stream=, async_op=, and from mpicoll.work.submit _site=,
         # the caller's line of an async call, and _refusal=, an async call refused at
         # submission, numbered here) taken from kwargs only where there are any
