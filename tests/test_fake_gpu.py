@@ -12,8 +12,10 @@ arrays. tests/test_gpu.py runs the same cases on a real GPU.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import threading
+import weakref
 
 import ml_dtypes
 import numpy as np
@@ -298,6 +300,45 @@ def test_a_device_all_reduce_is_decided_once_and_right_every_call(comm, fake_cup
     buckets.add(0, fake_cupy.asarray(np.ones((3, 5), np.float32)))
     np.testing.assert_array_equal(buckets.wait()[0].get(), p)
     buckets.free()
+
+
+@pytest.mark.mpi
+def test_a_device_binding_is_checked_once_and_keeps_no_array_alive(comm, fake_cupy,
+                                                                   monkeypatch):
+    """``comm.all_reduce(x, out=y)`` in a loop on the same CuPy arrays: the buffers are
+    checked at the first decided call only, held by weak references only (a dropped
+    out= is freed), and a current GPU changed since is refused as the whole path
+    refuses it, on every rank before any message; the next call runs."""
+    p, r = comm.size, comm.rank
+    total = p * (p + 1) / 2
+    x = fake_cupy.asarray(np.full(6, r + 1.0, np.float32))
+    out = fake_cupy.empty_like(x)
+    comm._decisions.clear()
+    comm.all_reduce(x, out=out)  # (the whole path: the decision is kept)
+    decision = next(v for k, v in comm._decisions.items() if k[:2] == ("all_reduce", "cuda"))
+    binds = []
+    bind = decision.bind
+    monkeypatch.setattr(decision, "bind", lambda *args: binds.append(1) or bind(*args))
+    for _ in range(3):
+        assert comm.all_reduce(x, out=out) is out
+        np.testing.assert_array_equal(out.get(), total)
+    assert len(binds) == 1, "the same buffers were checked again"
+    other = fake_cupy.empty_like(x)
+    assert comm.all_reduce(x, out=other) is other and len(binds) == 2
+    np.testing.assert_array_equal(other.get(), total)
+    gone = weakref.ref(other)
+    del other
+    gc.collect()
+    assert gone() is None, "the decision keeps a dropped out= alive"
+    comm.all_reduce(x, out=out)  # (bound to x and out again)
+    here = x.data.device_id
+    elsewhere = (here + 1) % fake_cupy.cuda.runtime.getDeviceCount()
+    with fake_cupy.cuda.Device(elsewhere):
+        with pytest.raises(mpicoll.MpicollError,
+                           match=f"on GPU {here}, not the current GPU {elsewhere}"):
+            comm.all_reduce(x, out=out)
+    assert comm.all_reduce(x, out=x) is x
+    np.testing.assert_array_equal(x.get(), total)
 
 
 @pytest.mark.mpi

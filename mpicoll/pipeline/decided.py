@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -95,7 +96,8 @@ def key(name: str, args: tuple, kwargs: dict) -> tuple | None:
         elif x is None:
             head = (name, None)
         elif name in _DEVICE_DECIDERS and is_cupy(x) and x.flags.c_contiguous:
-            head = (name, "cuda", x.device.id, x.shape, x.dtype)  # (never a host key)
+            # (never a host key; the entry makes the same keys itself: entry.collective)
+            head = (name, "cuda", x.data.device_id, x.shape, x.dtype)
         else:
             return None
         for a in args[1:]:
@@ -243,6 +245,34 @@ class Decision:
 
     def __call__(self, x: Any, out: Any) -> Callable[[Any], Any] | None:
         return self.bind(x, out)
+
+
+class DeviceDecision(Decision):
+    """A decision on CuPy arrays, whose last binding is kept by weak references (device
+    memory is not kept alive by it): a loop calling ``comm.all_reduce(x, out=y)`` on the
+    same arrays checks them once (about a microsecond of CuPy attribute reads a call),
+    then only that they are those arrays, ``out`` still in the shape it was bound in (a
+    CuPy array's shape can be set in place; its memory, dtype and device cannot) and the
+    current GPU still theirs. ``runner(x, out)``: the run on buffers ``bind`` accepted;
+    ``here()``: whether the current GPU is the decision's."""
+
+    __slots__ = ("runner", "here", "refs")
+
+    def __init__(self, bind: Callable[..., Any], fresh: Callable[..., Any],
+                 runner: Callable[[Any, Any], Callable[[Any], Any]],
+                 here: Callable[[], bool]):
+        super().__init__(bind, fresh)
+        self.runner, self.here = runner, here
+        self.refs: tuple | None = None  # (weak x, weak out, out's shape) of the last binding
+
+    def bound(self, x: Any, out: Any) -> Callable[[Any], Any] | None:
+        refs = self.refs
+        if refs is not None and refs[0]() is x and refs[1]() is out and \
+                out.shape == refs[2] and self.here():
+            return self.runner(x, out)
+        run = self.bind(x, out)
+        self.refs = None if run is None else (weakref.ref(x), weakref.ref(out), out.shape)
+        return run
 
 
 def _small_owner(a: np.ndarray) -> bool:
@@ -500,7 +530,7 @@ def _device_all_reduce(c: CallState, a: dict, x: Any) -> Decision | None:
     if a["compress"] is not None or not opd.builtin:
         return None
     b = c._backend
-    t, shape, dtype, device = b.transport, x.shape, x.dtype, x.device.id
+    t, shape, dtype, device = b.transport, x.shape, x.dtype, x.data.device_id
     fn, name = _resolve(c, "all_reduce", a["algorithm"], x.nbytes, opd, a["options"], dtype)
     size, averages_itself, average_it = c.size, b.averages_itself, opd.average
     cupy = module_of(x)
@@ -531,16 +561,12 @@ def _device_all_reduce(c: CallState, a: dict, x: Any) -> Decision | None:
             average(result, opd, fn, size, averages_itself)
         return result
 
-    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
-        if current_device() != device:
-            return None
+    def runner(x: Any, out: Any) -> Callable[[Any], Any]:
+        """The run on ``x`` and ``out``, buffers ``bind`` accepted."""
         if out is x:  # in place: every all_reduce algorithm allows src is dst
             src = dst = x if one_dimension else x.reshape(-1)
-        elif type(out) is array and out.shape == shape and out.dtype == dtype and \
-                out.flags.c_contiguous and out.device.id == device and not shares(out, x):
-            src, dst = (x, out) if one_dimension else (x.reshape(-1), out.reshape(-1))
         else:
-            return None
+            src, dst = (x, out) if one_dimension else (x.reshape(-1), out.reshape(-1))
 
         def run(call: Any) -> Any:
             reduce(src, dst)
@@ -550,7 +576,19 @@ def _device_all_reduce(c: CallState, a: dict, x: Any) -> Decision | None:
 
         return run
 
-    return Decision(bind, fresh)
+    def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
+        if current_device() != device:
+            return None
+        if out is x or type(out) is array and out.shape == shape and out.dtype == dtype and \
+                out.flags.c_contiguous and out.data.device_id == device and \
+                not shares(out, x):
+            return runner(x, out)
+        return None
+
+    def here() -> bool:
+        return current_device() == device
+
+    return DeviceDecision(bind, fresh, runner, here)
 
 
 def _from_spec(c: CallState, a: dict, x: np.ndarray, name: str) -> Decision | None:
@@ -1001,3 +1039,4 @@ _DECIDERS.update({name: functools.partial(_from_spec, name=name) for name in SPE
 DECIDED = frozenset(_DECIDERS)
 # the collectives whose default call of a CuPy array is decided too
 _DEVICE_DECIDERS: dict[str, Callable[..., Any]] = {"all_reduce": _device_all_reduce}
+DEVICE_DECIDED = frozenset(_DEVICE_DECIDERS)  # the collectives whose CuPy calls are kept

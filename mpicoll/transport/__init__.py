@@ -107,11 +107,13 @@ class Workspace:
         self._arenas.pop(False, None)
         self._tops[0] = 0
 
-    def use(self, like: Any) -> None:
+    def use(self, like: Any, device: bool | None = None) -> None:
         """Take workspace from ``like``'s array library from now on (on a GPU: the
-        current one, asked once here, not at every ``take``)."""
-        device = self._device = like is not None and type(like) is not np.ndarray and \
-            is_cupy(like)
+        current one, asked once here, not at every ``take``); ``device``: whether it is
+        a GPU's, where the caller knows (NCCL's workspace always is)."""
+        if device is None:
+            device = like is not None and type(like) is not np.ndarray and is_cupy(like)
+        self._device = device
         if device:
             self._follow_current_gpu()
 
@@ -147,16 +149,16 @@ class Workspace:
                     stream.wait_event(self._arena_stream.record())
         self._arena_stream, self._arena_where, self._arena_ordered = stream, here, True
 
-    def _start_call(self, like: Any) -> None:
+    def _start_call(self, like: Any, device: bool | None = None) -> None:
         """What every transport's ``begin`` does besides its tag: no blocking call yet
         (the watchdog's step and wait slots), workspace in ``like``'s library, and all of
-        it free again (scopes always close: ``with``)."""
+        it free again (scopes always close: ``with``); ``device``: as ``use``'s."""
         self.step, self.wait_kind = 0, None
         self._arena_ordered = False
         if like is None:
             self._device = False
         else:
-            self.use(like)
+            self.use(like, device)
         tops = self._tops
         if tops[0] or tops[1]:
             tops[0] = tops[1] = 0

@@ -190,7 +190,7 @@ class NCCLTransport(Workspace):
         self._tokens = cupy.zeros(2, np.uint8)[:1], cupy.zeros(2, np.uint8)[1:]
 
     def begin(self, like: Any = None) -> None:
-        self._start_call(self._device_like)  # workspace is always on the device
+        self._start_call(self._device_like, True)  # workspace is always on the device
         # NCCL has no tags: a message an earlier call queued and never issued (it failed
         # mid-way) would be matched by this call's receives, so it is dropped
         self._queue.clear()
