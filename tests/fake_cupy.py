@@ -389,7 +389,10 @@ class ndarray:  # noqa: N801  (CuPy's name)
         return x
 
     # -- what CuPy's array tells about itself --
-    shape = property(lambda self: self._memory.shape)
+    def _set_shape(self, shape):  # CuPy's: in place, no copy (AttributeError where it
+        self._memory.shape = shape  # would need one)
+
+    shape = property(lambda self: self._memory.shape, _set_shape)
     dtype = property(lambda self: self._memory.dtype)
     size = property(lambda self: self._memory.size)
     nbytes = property(lambda self: self._memory.nbytes)

@@ -331,6 +331,12 @@ def test_a_device_binding_is_checked_once_and_keeps_no_array_alive(comm, fake_cu
     gc.collect()
     assert gone() is None, "the decision keeps a dropped out= alive"
     comm.all_reduce(x, out=out)  # (bound to x and out again)
+    out.shape = (2, 3)  # (CuPy sets a shape in place: the binding's out is another shape)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="out:"):
+        comm.all_reduce(x, out=out)
+    out.shape = (6,)
+    assert comm.all_reduce(x, out=out) is out
+    np.testing.assert_array_equal(out.get(), total)
     here = x.data.device_id
     elsewhere = (here + 1) % fake_cupy.cuda.runtime.getDeviceCount()
     with fake_cupy.cuda.Device(elsewhere):

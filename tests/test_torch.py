@@ -349,3 +349,24 @@ def test_a_bucketer_of_tensors_gives_tensors_back(world):
                 assert t.tolist() == (g * (step + 1) * world.size).tolist()
     finally:
         buckets.free()
+
+
+@pytest.mark.parametrize("mode", ["check", "trace", "stream"])
+def test_the_callers_own_tensor_comes_back_on_the_longer_way_too(mode):
+    """Where no decision is kept (check mode, traces) or the call takes the whole path
+    (stream=), a broadcast of a tensor and an all_reduce into out=x give the caller's
+    own tensor back, as a decided call does, not a new tensor over the same memory."""
+    from mpi4py import MPI
+
+    comm = mpicoll.Communicator(MPI.COMM_WORLD, check=mode == "check",
+                                trace=mode == "trace")
+    extra = {"stream": None} if mode == "stream" else {}
+    try:
+        for _ in range(3):
+            t = _x(comm, (4,))
+            assert comm.broadcast(t, 0, **extra) is t
+            np.testing.assert_array_equal(t.numpy(), np.arange(4))
+            assert comm.all_reduce(t, out=t, **extra) is t
+            np.testing.assert_array_equal(t.numpy(), comm.size * np.arange(4))
+    finally:
+        comm.free()

@@ -266,6 +266,13 @@ def _back_to(x: Any) -> Callable[[Any], Any]:
     return same
 
 
+def _own_or(x: Any, array: Any, back: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``back``, except that ``array`` itself (the view of ``x``: a broadcast's buffer, the
+    result of an in-place call) comes back as the caller's own ``x``, as a decided call
+    gives it, not as a new tensor over the same memory."""
+    return lambda result: x if result is array else back(result)
+
+
 def _lazy_bit(x: Any) -> str | None:
     """"conj" or "neg" where the torch tensor ``x`` has that lazy bit set; else None."""
     for bit in ("conj", "neg"):
@@ -333,7 +340,8 @@ def as_array(x: Any, name: str) -> tuple[Any, Callable[[Any], Any]]:
         array, back = x.view(np.ndarray), same
     elif hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         array = torch_numpy(x) if is_torch(x) and getattr(x, "is_cpu", False) else None
-        array, back = array if array is not None else _from_dlpack(x, name), _back_to(x)
+        array = array if array is not None else _from_dlpack(x, name)
+        back = _own_or(x, array, _back_to(x))
     else:
         raise InvalidArgumentError(
             f"{name}: expected a NumPy or CuPy array (or any __dlpack__ tensor), "
