@@ -89,6 +89,9 @@ class Plan:
         self._args, self._kwargs = args, kwargs
         self._stream = kwargs.pop("stream", None)
         self._site = site
+        # the call that made it (check mode: agreed, as every rank numbers it alike), which
+        # names it in each start's agreement (_agree_start)
+        self._made = comm._seq
         self._work: Work | None = None
         self._bound: Any = None  # plan(): the start as decided by the first (see _bind_*)
         self._freed = False
@@ -131,6 +134,7 @@ class Plan:
                 f"plan.start(): this {self.collective} plan is already started; wait() for "
                 "it before starting it again")
         comm = self.comm
+        self._agree_start("start()")
         if self._start_request is not None:
             if comm._refused_alone:  # a resync owed first: the start at once, numbered
                 self._work = _Ended(self())
@@ -149,6 +153,26 @@ class Plan:
         self.starts += 1
         self._work = submit(comm, self.collective, self._args, self._kwargs,
                             self._stream, self._site)
+
+    def _agree_start(self, what: str) -> None:
+        """Check mode: a start is a call every rank makes in the same order, of the same
+        plan. Its collective and buffers are fingerprinted as any call's, but two plans
+        alike (same collective, shapes, dtype) started in different orders would pass and
+        pair one plan's buffers with the other's: so each start is first agreed as a
+        numbered step of its own naming the plan by the call that made it, and ranks
+        that disagree raise MismatchError on every rank before any of its messages."""
+        comm = self.comm
+        if not comm.check:
+            return
+        from .pipeline.entry import announce, busy
+
+        if not comm._entry.acquire(False):
+            raise ConcurrentCallError(busy(comm, f"{self.collective} plan.{what}"))
+        try:
+            announce(comm, f"{self.collective} plan", self._site, None,
+                     algorithm=f"the plan made by call #{self._made}")
+        finally:
+            comm._entry.release()
 
     def _restored(self) -> None:
         """After a start made on a result array the caller had made read-only: the
@@ -291,6 +315,7 @@ class Plan:
         if self._work is not None or self._in_flight is not None:
             raise InvalidArgumentError(
                 f"plan(): this {self.collective} plan is already started; wait() for it first")
+        self._agree_start("__call__()")
         self.starts += 1  # (a start refused as busy was not made: not counted)
         comm = self.comm
         try:

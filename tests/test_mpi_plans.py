@@ -308,6 +308,40 @@ def test_check_mode_a_plan_started_on_one_rank_and_called_on_another_raises():
     comm.free()
 
 
+@pytest.mark.parametrize("how", ["call", "start"])
+def test_check_mode_alike_plans_started_in_different_orders_raise_everywhere(how):
+    """Two plans of the same collective on buffers alike, started in one order on rank 0
+    and the other order elsewhere: each start's fingerprint matches (collective, shape,
+    dtype), so without the plan's own identity the ranks would pair one plan's buffers
+    with the other's, a silent wrong result. Check mode raises on every rank before the
+    start's messages, and starts in the same order then give the right results."""
+    comm = mpicoll.Communicator(check=True)
+    if comm.size < 2:
+        comm.free()
+        pytest.skip("needs two ranks")
+    p, r = comm.size, comm.rank
+    x, y = np.full(4, 1.0 + r), np.full(4, 100.0 * (1 + r))
+    a = comm.all_reduce_init(x, algorithm="ring")
+    b = comm.all_reduce_init(y, algorithm="ring")
+    first, second = (a, b) if r == 0 else (b, a)
+
+    def go(plan):
+        if how == "call":
+            return plan()
+        plan.start()
+        return plan.wait()
+
+    with pytest.raises(mpicoll.MismatchError, match="plan start"):
+        go(first)
+    want_a, want_b = p * (p + 1) / 2, 100.0 * p * (p + 1) / 2
+    for _ in range(2):
+        np.testing.assert_array_equal(go(a), np.full(4, want_a))
+        np.testing.assert_array_equal(go(b), np.full(4, want_b))
+    a.free()
+    b.free()
+    comm.free()
+
+
 @pytest.mark.parametrize("algorithm", [*REGISTRY["all_reduce"], "native", "auto"])
 @pytest.mark.parametrize("op", ["sum", "avg", "max"])
 def test_a_decided_plan_start_is_recorded_and_right_like_the_first(world, algorithm, op):

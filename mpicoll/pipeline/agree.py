@@ -228,7 +228,8 @@ def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: 
     if differ:
         names = {crc(n): n for n in NAMES} | {crc(f"{n} async"): f"{n}(async_op=True)"
                                               for n in NAMES} | {crc(f"{n}_init"): f"{n}_init"
-                                                                 for n in NAMES}
+                                                                 for n in NAMES} | {
+            crc(f"{n} plan"): f"{n} plan start" for n in NAMES} | {crc("dup"): "dup"}
 
         def what(r: int) -> str:
             return f"{names.get(int(rows[r, 0]), '?')} call #{rows[r, 6]} at {sites[r]}"
