@@ -60,14 +60,19 @@ def _command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(f"{parser.prog}: {args.path} has no events", file=sys.stderr)
         return 2
     if args.command == "draw":
-        from mpicoll.bench.report import unwritable
+        from mpicoll.bench.report import figure_path
 
-        problem = unwritable(args.output)
+        output, problem = figure_path(args.output)
         if problem:
             print(f"{parser.prog}: -o {args.output}: {problem}", file=sys.stderr)
             return 2
-        draw(events, args.output)
-        print(f"wrote {args.output}")
+        try:
+            draw(events, output)
+        except OSError as exc:  # (the output's, not the trace's: a place that refuses
+            # the file only when written)
+            print(f"{parser.prog}: -o {output}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {output}")
         return 0
     from mpicoll import model  # the fitted parameters, as auto reads them, else defaults
     from mpicoll.errors import ConfigError

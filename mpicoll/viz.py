@@ -382,11 +382,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.ascii and not args.output:
         parser.error("give -o FILE.png, or --ascii")
     if args.output:
-        from mpicoll.bench.report import unwritable
+        from mpicoll.bench.report import figure_path
 
-        problem = unwritable(args.output)
+        given = args.output
+        args.output, problem = figure_path(given)
         if problem:
-            parser.error(f"-o {args.output}: {problem}")
+            parser.error(f"-o {given}: {problem}")
     try:
         traced = trace_flow(args.collective, args.algorithm, args.ranks, args.chunks,
                             args.ranks_per_node)
@@ -399,8 +400,12 @@ def main(argv: list[str] | None = None) -> int:
         print(ascii_diagram(args.collective, args.algorithm, args.ranks, steps, phases, note,
                             nodes))
     if args.output:
-        draw(args.collective, args.algorithm, args.ranks, steps, args.output, phases, note,
-             nodes)
+        try:
+            draw(args.collective, args.algorithm, args.ranks, steps, args.output, phases,
+                 note, nodes)
+        except OSError as exc:  # (a place that refuses the file only when written)
+            print(f"{parser.prog}: -o {args.output}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
         print(f"wrote {args.output} ({len(steps)} steps)")
     return 0
 

@@ -306,3 +306,45 @@ def test_reading_a_missing_or_foreign_file_is_one_line(tmp_path, capsys):
     (dumps / "rank-0.json").write_text("{,")
     assert main(["hang", str(dumps)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_communicators_given_trace_files_of_their_own_keep_their_names(tmp_path):
+    """trace=a.json then trace=b.json in one process: a.json and b.json (the .2, .3
+    numbering is for communicators traced to the same file), and a second communicator
+    traced to a.json gets a.2.json."""
+    from mpi4py import MPI
+
+    paths = [tmp_path / "a.json", tmp_path / "b.json", tmp_path / "a.json"]
+    for path in paths:
+        comm = mpicoll.Communicator(MPI.COMM_SELF, trace=str(path))
+        comm.all_reduce(np.ones(4), algorithm="ring")
+        comm.free()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.2.json", "a.json", "b.json"]
+
+
+def test_the_drawing_clis_refuse_an_output_they_cannot_write_clearly(tmp_path, capsys):
+    """viz and trace draw, -o: an extension matplotlib writes no file of is the user's
+    error naming -o (not a raw traceback, not "not a trace" of the input); a place that
+    refuses the file when written, the same; a name without an extension is written and
+    said as savefig writes it (name.png)."""
+    from mpicoll import trace as trace_cli
+
+    base = ["all_reduce", "--algorithm", "ring", "-n", "3"]
+    with pytest.raises(SystemExit) as exit_:
+        viz.main([*base, "-o", str(tmp_path / "x.txt")])
+    assert exit_.value.code == 2 and "matplotlib writes no .txt file" in capsys.readouterr().err
+    assert viz.main([*base, "-o", "/proc/x.png"]) == 2  # (refused only when written)
+    assert viz.main([*base, "-o", str(tmp_path / "diagram")]) == 0
+    assert f"wrote {tmp_path / 'diagram.png'}" in capsys.readouterr().out
+    assert (tmp_path / "diagram.png").read_bytes()[:8] == PNG
+
+    comm = mpicoll.Communicator(trace=True)
+    comm.all_reduce(np.ones(8), algorithm="ring")
+    path = str(tmp_path / "t.json")
+    comm.write_trace(path)
+    comm.free()
+    assert trace_cli.main(["draw", path, "-o", str(tmp_path / "t.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "-o" in err and "matplotlib writes no .txt file" in err and "not a trace" not in err
+    assert trace_cli.main(["draw", path, "-o", str(tmp_path / "timeline")]) == 0
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == PNG

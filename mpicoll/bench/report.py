@@ -319,6 +319,23 @@ CSV_RUN_COLUMNS = ("ranks", "hosts", "host_names", "dtype", "op", "timing", "ite
                    "warmup", "mpicoll", "mpi_library", "mpi4py", "numpy", "slurm_job_id")
 
 
+def figure_path(path: str) -> tuple[str, str | None]:
+    """Where matplotlib's ``savefig(path)`` writes (a name without an extension gets
+    .png, as savefig appends it), and why it cannot (None: it can): an extension
+    matplotlib writes no file of, or a place ``unwritable`` refuses."""
+    extension = os.path.splitext(path)[1][1:].lower()
+    if not extension:
+        path += ".png"
+    else:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        kinds = FigureCanvasBase.get_supported_filetypes()
+        if extension not in kinds:
+            return path, (f"matplotlib writes no .{extension} file; give one of "
+                          f"{', '.join('.' + k for k in sorted(kinds))}")
+    return path, unwritable(path)
+
+
 def unwritable(path: str) -> str | None:
     """Why the file ``path`` could not be written (None: it can), its folder made where
     missing: asked before a run, so hours of measurements are never lost at its end."""

@@ -204,7 +204,7 @@ class TracingTransport:
                 r.record[5] = end  # a nonblocking message ends when its wait returns
 
 
-_TRACED = [0]  # communicators traced to MPICOLL_TRACE's file so far
+_TRACED: dict[str, int] = {}  # communicators traced to each trace file so far
 
 
 def attach(backend: Any, rank: int, size: int) -> Tracer:
@@ -216,14 +216,15 @@ def attach(backend: Any, rank: int, size: int) -> Tracer:
 
 
 def trace_path(path: str, writer: int = 0, peek: bool = False) -> str:
-    """MPICOLL_TRACE's file for the next traced communicator of this process: path,
-    path.2.json, ...; where the communicator's rank 0 (which writes it) is not the job's
+    """The file for the next communicator of this process traced to ``path``: path,
+    path.2.json, ... (numbered per path: communicators given files of their own keep
+    their names); where the communicator's rank 0 (which writes it) is not the job's
     rank 0 but MPI_COMM_WORLD rank ``writer`` (a split's, a group's), path.rank<writer>.json,
     path.2.rank<writer>.json, ...: a name no other process's communicator takes (each
     process numbers its own). ``peek``: the one it would be, without taking it."""
-    number = _TRACED[0] + 1
+    number = _TRACED.get(path, 0) + 1
     if not peek:
-        _TRACED[0] = number
+        _TRACED[path] = number
     if number == 1 and not writer:
         return path
     root, ext = os.path.splitext(path)
