@@ -191,6 +191,8 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             "mpiexec or srun")
     world = ProcessGroup(comm, list(range(comm.size)))
     _STATE["world"], _STATE["backend"] = world, name
+    # the name asked for, as torch's get_backend() gives it ("gloo" runs on MPI here)
+    _STATE["asked"] = "gloo" if "gloo" in str(backend).lower() else name
     GroupMember.WORLD = _Group.WORLD = world
 
 
@@ -208,7 +210,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         world = _STATE["world"]
         if world is not None:
             world.comm.free()
-        _STATE["world"] = _STATE["backend"] = None
+        _STATE["world"] = _STATE["backend"] = _STATE["asked"] = None
         GroupMember.WORLD = _Group.WORLD = None
     elif isinstance(group, ProcessGroup):
         group.comm.free()
@@ -232,8 +234,10 @@ def _group(group: Any) -> ProcessGroup:
 
 
 def get_backend(group: Any = None) -> str:
-    """The group's backend: "mpi" (also where "gloo" was asked for) or "nccl"."""
-    return _group(group).comm.backend
+    """The group's backend as torch names it: "nccl", "mpi", or "gloo" where
+    init_process_group asked for gloo (which mpicoll runs over MPI)."""
+    backend = _group(group).comm.backend
+    return "gloo" if backend == "mpi" and _STATE.get("asked") == "gloo" else backend
 
 
 def get_rank(group: Any = None) -> int:
@@ -622,6 +626,11 @@ class _Finished:
         return self._done
 
     test = is_completed
+
+    def result(self) -> list[Any]:
+        """The call's output tensors, as torch's ``Work.result()`` (waits for the call)."""
+        self.wait()
+        return list(self._value)
 
     def is_success(self) -> bool:
         return self.is_completed() and self.exception() is None
@@ -1148,9 +1157,16 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
-            algorithm: str = "auto") -> Any:
+            timeout: Any = None, algorithm: str = "auto") -> Any:
+    """``timeout``: a timedelta (or seconds), as torch's: the barrier not done within it
+    raises CollectiveTimeoutError naming the ranks not there yet (as monitored_barrier);
+    None: the group's own timeout bounds it, as every call."""
     g = _member(group, "barrier")
     if g is None:
+        return None
+    if timeout is not None and not async_op:
+        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
+        g.comm.monitored_barrier(seconds)
         return None
     return _maybe(g.comm.barrier(**_how(algorithm, async_op)), async_op)
 
@@ -1363,11 +1379,14 @@ def _received_whole(tensor: Any, status: Status, g: ProcessGroup, what: str) -> 
 
 class _P2PWork:
     """torch's Work of an isend/irecv: ``wait(timeout)``, ``is_completed()``,
-    ``source()`` (an irecv's sender, in the group's ranks)."""
+    ``source_rank()`` (an irecv's sender, a global rank, as torch's; ``source()`` the
+    same), ``result()`` (``[tensor]``, once done)."""
 
-    def __init__(self, request: Any, group: ProcessGroup, received: Any = None) -> None:
+    def __init__(self, request: Any, group: ProcessGroup, received: Any = None,
+                 tensor: Any = None) -> None:
         self._request, self._group = request, group
         self._received = received  # an irecv's tensor, checked as received whole
+        self._tensor = received if tensor is None else tensor
 
     def wait(self, timeout: Any = None) -> bool:
         """``timeout``: a timedelta (or seconds), as torch's; None or 0 (torch's default):
@@ -1388,13 +1407,20 @@ class _P2PWork:
         sender = self._request.wait()
         return self._group.ranks[sender]
 
+    source_rank = source  # torch's name
+
+    def result(self) -> list[Any]:
+        """``[tensor]``, the message's tensor, as torch's ``Work.result()`` (waits)."""
+        self.wait()
+        return [] if self._tensor is None else [self._tensor]
+
 
 def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,
           group_dst: int | None = None) -> _P2PWork | None:
     g = _member(group, "isend")
     if g is None:
         return None
-    return _P2PWork(g.comm.isend(tensor, _root(g, dst, group_dst, "dst"), tag), g)
+    return _P2PWork(g.comm.isend(tensor, _root(g, dst, group_dst, "dst"), tag), g, None, tensor)
 
 
 def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
@@ -1436,5 +1462,5 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[_P2PWork]:
         return []
     ops = [_P2POp(getattr(p.op, "__name__", p.op), p.tensor,
                   _root(g, p.peer, p.group_peer, "peer"), p.tag) for p in p2p_op_list]
-    return [_P2PWork(r, g, op.tensor if op.op == "irecv" else None)
+    return [_P2PWork(r, g, op.tensor if op.op == "irecv" else None, op.tensor)
             for r, op in zip(g.comm.batch_isend_irecv(ops), ops, strict=True)]

@@ -929,3 +929,30 @@ def test_a_failed_works_is_completed_does_not_raise(initialized):
             work.wait()
     else:
         assert work.wait()
+
+
+def test_torchs_work_and_barrier_names(initialized):
+    """What tutorials call on torch's Work and barrier: an irecv's ``source_rank()`` (the
+    sender's global rank), ``result()`` of point-to-point and collective Work (the
+    output tensors), ``barrier(timeout=...)``, and ``get_backend()`` naming the backend
+    asked for ("gloo", which runs over MPI here; "mpi" when that was asked)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    assert dist.get_backend() == "gloo"
+    dist.barrier(timeout=datetime.timedelta(seconds=30))
+    tensor = np.ones(3)
+    work = dist.all_reduce(tensor, async_op=True)
+    (got,) = work.result()
+    assert got is tensor and tensor.tolist() == [size] * 3
+    if size >= 2:
+        if rank == 1:
+            sent = np.full(2, 5.0)
+            work = dist.isend(sent, dst=0, tag=9)
+            assert work.result() == [sent]
+        elif rank == 0:
+            into = np.zeros(2)
+            work = dist.irecv(into, src=None, tag=9)
+            assert work.source_rank() == 1 and work.result() == [into]
+            assert into.tolist() == [5.0, 5.0]
+    dist.destroy_process_group()
+    dist.init_process_group("mpi")
+    assert dist.get_backend() == "mpi"
