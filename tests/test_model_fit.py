@@ -91,3 +91,19 @@ def test_the_table_reads_model_files_as_auto_does(tmp_path, capsys):
             main(["table", "--params", str(bad)])
         assert stop.value.code == 2
         assert "'alpha' must be a non-negative number" in capsys.readouterr().err
+
+
+def test_fit_at_one_rank_is_refused_not_written(tmp_path, capsys):
+    """At one rank every message goes to itself: the parameters would be a memory
+    copy's, which auto would read at any rank count. Refused, nothing written."""
+    from mpi4py import MPI
+
+    from mpicoll.model.__main__ import main
+
+    if MPI.COMM_WORLD.Get_size() != 1:
+        pytest.skip("one rank")
+    out = tmp_path / "model.json"
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "-o", str(out), "-n", "1"])
+    assert exit_.value.code == 2 and "fit under mpiexec -n 2" in capsys.readouterr().err
+    assert not out.exists()

@@ -109,6 +109,20 @@ def test_mpich_export_keeps_mpich_tree_and_guards_preconditions():
         default["collective=allreduce"]["comm_type=inter"]
 
 
+def test_mpich_export_of_limits_past_2_gib_keeps_the_range_that_reaches_them():
+    """MPICH reads a size limit as an int: a range reaching 2 GiB or more takes every
+    size from its start (it was written as a limit of 2**31 - 1 and a later range of the
+    same key overwrote it: ring dropped for recursive doubling)."""
+    table = tuning.TuningTable()
+    table.set("all_reduce", 2, [{"below": 1 << 20, "algorithm": "recursive_doubling"},
+                                {"below": 1 << 31, "algorithm": "ring"},
+                                {"below": 1 << 32, "algorithm": "reduce_broadcast"},
+                                {"below": None, "algorithm": "rabenseifner"}])
+    two = tuning.to_mpich(table)["collective=allreduce"]["comm_type=intra"]["comm_size=any"]
+    assert list(two) == ["avg_msg_size<1048576", "avg_msg_size=any"]
+    assert "MPIR_Allreduce_intra_ring" in str(two["avg_msg_size=any"])
+
+
 @needs_mpich
 @pytest.mark.parametrize("variant", range(4))
 def test_mpi_collectives_run_under_the_mpich_export(tmp_path, variant):
@@ -186,7 +200,13 @@ def test_ompi_rules_follow_open_mpi_reader():
                                 {"below": None, "algorithm": "ring"}])
     rules = read_ompi_rules(tuning.to_ompi_rules(table))
     assert set(rules) == {0, 2, 3, 7, 8, 9, 11, 12, 13, 14, 15}
-    assert rules[14][1][1][2] == (1 << 20, 2, 0, 0)  # scan's recursive doubling
+    # scan and exscan: Open MPI looks their rules up by the type's size times the ranks,
+    # not the message's: a table varying by size is the fixed rules at every size
+    assert rules[14][1] == (2, [(0, 0, 0, 0)]) and rules[8][1] == (2, [(0, 0, 0, 0)])
+    one = tuning.TuningTable()
+    one.set("scan", 2, [{"below": None, "algorithm": "recursive_doubling"}])
+    assert read_ompi_rules(tuning.to_ompi_rules(one))[14] == [(1, [(0, 0, 0, 0)]),
+                                                            (2, [(0, 2, 0, 0)])]
     for collective_id, sizes in rules.items():
         comm_sizes = [c for c, _ in sizes]
         assert comm_sizes == sorted(set(comm_sizes))
@@ -257,3 +277,23 @@ def test_open_mpi_reads_the_rules(tmp_path):
     rules = tmp_path / "broken.rules"
     rules.write_text(text.replace("\n0 6 0 0  # rabenseifner", "\n0 99 0 0  # no such id"))
     assert openmpi_run(2, str(rules), "64").returncode != 0
+
+
+@pytest.mark.parametrize(("collective", "nbytes", "size", "want"), [
+    ("all_reduce", 8, 4, "recursive_doubling"), ("all_reduce", 16, 4, "rabenseifner"),
+    ("reduce", 2048, 4, "binomial"), ("reduce", 2056, 4, "rabenseifner"),
+    ("broadcast", 12288, 8, "binomial"), ("broadcast", 12296, 8, "scatter_allgather"),
+    ("broadcast", 1 << 20, 4, "binomial"),
+    ("all_gather", 262144, 4, "recursive_doubling"), ("all_gather", 524288, 4, "ring"),
+    ("all_gather", 65536, 3, "bruck"), ("all_gather", 81920, 3, "ring"),
+])
+def test_what_native_runs_is_mpichs_shipped_tree(collective, nbytes, size, want):
+    """The cost model's idea of MPICH's own collective (mpich_native) against the tree
+    MPICH ships (mpich_json.default_tree, as the library's): its thresholds, <= or <."""
+    from mpicoll.selection.mpich_rules import mpich_native
+
+    assert mpich_native(collective, nbytes, size, None) == want
+    tree = default_tree()
+    names = {"all_reduce": "allreduce", "reduce": "reduce", "broadcast": "bcast",
+             "all_gather": "allgather"}
+    assert f"collective={names[collective]}" in tree

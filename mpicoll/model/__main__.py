@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         from ..bench.report import unwritable
         from .fit import fit
 
+        if MPI.COMM_WORLD.Get_size() < 2:  # (every rank sees the same size)
+            parser.error("fit: at one rank a message goes to itself, so alpha and beta "
+                         "would be a memory copy's, not the network's, and auto would read "
+                         "them; fit under mpiexec -n 2 or more")
         # rank 0 writes the file: whether it can, asked before measuring, on every rank
         path = str(args.output or default_path())
         problem = unwritable(path) if MPI.COMM_WORLD.Get_rank() == 0 else None

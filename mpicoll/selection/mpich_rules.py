@@ -68,22 +68,25 @@ def mpich_native(collective: str, nbytes: int, size: int, op: Op | None,
     defaults of MPICH 4/5's ``coll_selection.json``), as mpicoll names it: what the cost
     model takes MPI's own collective (``native``) to run."""
     commutative = op is None or op.commutative
+    builtin = op is None or op.builtin  # (MPICH's tree asks is_op_built_in)
     if collective == "barrier":
         return "dissemination"
-    if collective == "broadcast":  # binomial below 12 KiB or 8 ranks
-        return "binomial" if nbytes < 12288 or size < 8 else "scatter_allgather"
+    if collective == "broadcast":  # binomial up to 12 KiB or below 8 ranks
+        return "binomial" if nbytes <= 12288 or size < 8 else "scatter_allgather"
     if collective in ("scatter", "gather"):
         return "binomial"
     if collective == "all_gather":
-        # recursive doubling below 80 KiB at powers of two, Bruck below 80 KiB otherwise,
+        # at powers of two recursive doubling below 512 KiB, else Bruck below 80 KiB;
         # ring above
-        if nbytes < 81920:
+        if nbytes < (524288 if _power_of_two(size) else 81920):
             return "recursive_doubling" if _power_of_two(size) else "bruck"
         return "ring"
-    if collective == "reduce":  # binomial below 2 KiB, Rabenseifner above
-        return "rabenseifner" if commutative and nbytes >= 2048 else "binomial"
-    if collective == "all_reduce":  # recursive doubling below 2 KiB, Rabenseifner above
-        return "rabenseifner" if commutative and nbytes >= 2048 else "recursive_doubling"
+    # reduce and all_reduce: Rabenseifner above 2 KiB and 8 B, for built-in ops (and
+    # where the count reaches the ranks' power of two, which bytes alone do not tell)
+    if collective == "reduce":
+        return "rabenseifner" if builtin and nbytes > 2048 else "binomial"
+    if collective == "all_reduce":
+        return "rabenseifner" if builtin and nbytes > 8 else "recursive_doubling"
     if collective == "reduce_scatter":  # recursive halving below 512 KiB
         if not commutative:
             return "recursive_doubling"

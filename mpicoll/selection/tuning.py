@@ -219,8 +219,12 @@ def _mpich_branch(ranges: list[dict[str, Any]], size_key: str,
             leaf = {f"algorithm={mine.name}": {param: {} for param in mine.params}}
             target = _guard(mine.needs, leaf, default)
         below = entry["below"]
-        key = f"{size_key}=any" if below is None else f"{size_key}<{min(below, 2**31 - 1)}"
+        if below is not None and below >= 2**31 - 1:  # MPICH reads a limit as an int
+            below = None  # (atoi): this range takes every size from here, no later one
+        key = f"{size_key}=any" if below is None else f"{size_key}<{below}"
         branch[key] = target
+        if below is None:
+            break
     if f"{size_key}=any" not in branch:
         branch[f"{size_key}=any"] = default
     return branch
@@ -288,6 +292,10 @@ _OMPI_SEGMENTED = ("ring_pipelined", "pipelined_chain")  # given a 64 KiB segmen
 # root need not give (MPI ignores them there): sized rules could pick another algorithm on
 # those ranks than on the others, and the job would hang. Their rules never vary by size.
 _OMPI_SIZED_BY_SENDER = frozenset(("scatter", "gather"))
+# Open MPI's dynamic scan and exscan look their rules up at the type's size times the
+# ranks (coll_tuned_decision_dynamic.c: dsize *= comsize), not the message's: sized rules
+# would run one algorithm at every message size. They too keep one algorithm, or none.
+_OMPI_SIZE_UNREAD = frozenset(("scan", "exscan"))
 
 
 def to_ompi_rules(table: TuningTable) -> str:
@@ -300,7 +308,8 @@ def to_ompi_rules(table: TuningTable) -> str:
     fixed rules). Its message sizes are the same bytes as the table's (count times type
     size, times the ranks for the gathers, scatters and all_to_all). ``native`` and
     algorithms tuned lacks are 0: the fixed rules decide there. Scatter and gather keep
-    one algorithm for all sizes, or the fixed rules (see _OMPI_SIZED_BY_SENDER).
+    one algorithm for all sizes, or the fixed rules (see _OMPI_SIZED_BY_SENDER); so do
+    scan and exscan (_OMPI_SIZE_UNREAD).
     """
     blocks = []
     for collective, exports in _OMPI.items():
@@ -314,10 +323,14 @@ def to_ompi_rules(table: TuningTable) -> str:
                 for entry in table.tables[str(p)][collective]:
                     sizes.append((lower, ids.get(entry["algorithm"], 0), entry["algorithm"]))
                     lower = entry["below"] or lower
-                if collective in _OMPI_SIZED_BY_SENDER and len({a for _, a, _ in sizes}) > 1:
+                one = collective in _OMPI_SIZED_BY_SENDER or collective in _OMPI_SIZE_UNREAD
+                if one and len({a for _, a, _ in sizes}) > 1:
                     sizes = [(0, 0, "fixed rules: the table varies by size, which Open MPI "
-                                    "cannot read alike on every rank here")]
-                elif collective in _OMPI_SIZED_BY_SENDER:
+                                    "cannot read alike on every rank here"
+                              if collective in _OMPI_SIZED_BY_SENDER else
+                              "fixed rules: the table varies by size, and Open MPI looks "
+                              f"{collective} rules up by the type's size, not the message's")]
+                elif one:
                     sizes = sizes[:1]
                 rules.append((p, sizes))
             lines = [f"{cid}  # collective id: {collective}",
