@@ -92,7 +92,7 @@ class Communicator(CallState, PointToPoint, Groups):
                     self._backend.free()
                 raise
         try:
-            self.timeout, self.check = mine.timeout, mine.check
+            self.timeout, self.check, self._traced = mine.timeout, mine.check, mine.trace
             local = self._backend.ranks_are_threads  # a stall raises; it does not end the job
             if local:
                 self._backend.transport.timeout = mine.timeout
@@ -195,10 +195,10 @@ class Communicator(CallState, PointToPoint, Groups):
             announce(self, "dup", site, None, algorithm="dup")
         call = Call(self._seq, "dup")
         call.at(site)
-        with self._watch.aside(call):  # collective: it may wait
-            return Communicator(backend=self._backend.duplicate(),
+        with self._watch.aside(call):  # collective: it may wait (traced as this one is: its
+            return Communicator(backend=self._backend.duplicate(),  # file numbered apart)
                                 check=self.check if check is None else check,
-                                trace=False, timeout=self.timeout)
+                                trace=self._traced, timeout=self.timeout)
 
     def _submit(self, name: str, args: tuple, kwargs: dict, stream: Any, frame: Any,
                 refused: Exception | None = None) -> Work:

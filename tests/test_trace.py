@@ -348,3 +348,38 @@ def test_the_drawing_clis_refuse_an_output_they_cannot_write_clearly(tmp_path, c
     assert "-o" in err and "matplotlib writes no .txt file" in err and "not a trace" not in err
     assert trace_cli.main(["draw", path, "-o", str(tmp_path / "timeline")]) == 0
     assert (tmp_path / "timeline.png").read_bytes()[:8] == PNG
+
+
+def test_async_calls_plan_starts_and_dups_are_traced_as_their_parent(tmp_path):
+    """Under a trace file, what runs on the progress thread (async_op=True, plan starts,
+    on a duplicate) and a dup() are traced too, each duplicate to the next file (they
+    were on untraced duplicates: in no file)."""
+    from test_examples import MPIEXEC, mpiexec
+
+    if MPIEXEC is None:
+        pytest.skip("no mpiexec")
+    script = tmp_path / "traced.py"
+    script.write_text(
+        "import numpy as np, mpicoll\n"
+        "c = mpicoll.Communicator()\n"
+        "x = np.arange(100.0)\n"
+        "plan = c.all_reduce_init(x, algorithm='ring')\n"
+        "plan.start(); plan.wait()\n"
+        "c.all_gather(x, algorithm='ring', async_op=True).wait()\n"
+        "c.all_reduce(x, algorithm='recursive_doubling')\n"
+        "d = c.dup()\n"
+        "d.broadcast(x, algorithm='binomial')\n"
+        "d.free(); c.free()\n")
+    path = tmp_path / "trace.json"
+    os.environ["MPICOLL_TRACE"] = str(path)
+    try:
+        done = mpiexec(2, "-m", "mpi4py", str(script), timeout=120)
+    finally:
+        del os.environ["MPICOLL_TRACE"]
+    assert done.returncode == 0, done.stderr
+    rows = {name: [(r["collective"], r["algorithm"]) for r in
+                   tracefile.summarize(tracefile.load(str(tmp_path / name)))]
+            for name in ("trace.json", "trace.2.json", "trace.3.json")}
+    assert rows["trace.json"] == [("all_reduce", "recursive_doubling")]
+    assert rows["trace.2.json"] == [("all_reduce", "ring"), ("all_gather", "ring")]
+    assert rows["trace.3.json"] == [("broadcast", "binomial")]
