@@ -32,7 +32,7 @@ from .pipeline.entry import announce, entry, freed, take_turn
 from .pipeline.state import CallState, refuse_in_callback
 from .pipeline.validate import dtype_given
 from .plan import end_running_starts, init_method
-from .work import ProgressThread, Work, start_progress, submit
+from .work import ProgressThread, Work, finish_at_exit, start_progress, submit
 
 __all__ = ["BACKENDS", "Communicator", "algorithms"]
 
@@ -115,7 +115,7 @@ class Communicator(CallState, PointToPoint, Groups):
         if mine.trace:
             self._tracer = self._chooser.tracer = attach(self._backend, self.rank, self.size)
         self._trace_file = (TraceFile(mine.trace, self._merge_trace,  # merged at free() or exit
-                                      (self._watch.members or [0])[0]) if isinstance(mine.trace, str) else None)
+                                      (self._watch.members or [0])[0], finish_at_exit) if isinstance(mine.trace, str) else None)
         # broadcast's first message: the header, and the data when it fits
         self._packet = np.zeros(agree.HEADER_BYTES + max(self._backend.packed_bytes, 0), np.uint8)
         self._packet_header = self._packet[:agree.HEADER_BYTES].view(np.int64)

@@ -72,8 +72,9 @@ class ReduceOp(enum.Enum):
 class ProcessGroup:
     """A group of the job's ranks: its Communicator and the global rank of each member."""
 
-    def __init__(self, comm: Communicator, ranks: list[int]) -> None:
+    def __init__(self, comm: Communicator, ranks: list[int], asked: str | None = None) -> None:
         self.comm, self.ranks = comm, ranks
+        self.asked = asked  # "gloo" where the group was asked for gloo (run over MPI)
         self._local = {g: i for i, g in enumerate(ranks)}
 
     def rank(self) -> int:
@@ -189,10 +190,8 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             f"init_process_group: rank(s) {ranks} were given a rank or world size that is not "
             f"the MPI launcher's{': ' + problem if problem else ''}; start the job with "
             "mpiexec or srun")
-    world = ProcessGroup(comm, list(range(comm.size)))
+    world = ProcessGroup(comm, list(range(comm.size)), _asked(backend))
     _STATE["world"], _STATE["backend"] = world, name
-    # the name asked for, as torch's get_backend() gives it ("gloo" runs on MPI here)
-    _STATE["asked"] = "gloo" if "gloo" in str(backend).lower() else name
     GroupMember.WORLD = _Group.WORLD = world
 
 
@@ -210,7 +209,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         world = _STATE["world"]
         if world is not None:
             world.comm.free()
-        _STATE["world"] = _STATE["backend"] = _STATE["asked"] = None
+        _STATE["world"] = _STATE["backend"] = None
         GroupMember.WORLD = _Group.WORLD = None
     elif isinstance(group, ProcessGroup):
         group.comm.free()
@@ -236,8 +235,14 @@ def _group(group: Any) -> ProcessGroup:
 def get_backend(group: Any = None) -> str:
     """The group's backend as torch names it: "nccl", "mpi", or "gloo" where
     init_process_group asked for gloo (which mpicoll runs over MPI)."""
-    backend = _group(group).comm.backend
-    return "gloo" if backend == "mpi" and _STATE.get("asked") == "gloo" else backend
+    g = _group(group)
+    backend = g.comm.backend
+    return g.asked if g.asked is not None and backend == "mpi" else backend
+
+
+def _asked(backend: Any) -> str | None:
+    """"gloo" where torch's backend name asks for gloo (mpicoll runs it over MPI)."""
+    return "gloo" if backend is not None and "gloo" in str(backend).lower() else None
 
 
 def get_rank(group: Any = None) -> int:
@@ -276,7 +281,8 @@ def new_group(ranks: Sequence[int] | None = None, timeout: Any = None, backend: 
     comm = _world_on(backend, problem).new_group(members)
     if comm is None:
         return GroupMember.NON_GROUP_MEMBER
-    made = ProcessGroup(comm, [int(r) for r in members])
+    made = ProcessGroup(comm, [int(r) for r in members],
+                        world.asked if backend is None else _asked(backend))
     _STATE["groups"].append(made)
     return made
 
@@ -484,7 +490,8 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
     for d, name in enumerate(names):  # the ranks along dimension d through this rank
         stride = int(np.prod(shape[d + 1:]))
         first = world.comm.rank - mesh.coordinates[d] * stride
-        groups[name] = ProcessGroup(mesh[name], [first + k * stride for k in range(shape[d])])
+        groups[name] = ProcessGroup(mesh[name], [first + k * stride for k in range(shape[d])],
+                                    world.asked)
         _STATE["groups"].append(groups[name])
     ranks = np.array(world.ranks).reshape(shape)
     return DeviceMesh(device_type, ranks, groups, tuple(names), tuple(mesh.coordinates),
@@ -1160,7 +1167,8 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
             timeout: Any = None, algorithm: str = "auto") -> Any:
     """``timeout``: a timedelta (or seconds), as torch's: the barrier not done within it
     raises CollectiveTimeoutError naming the ranks not there yet (as monitored_barrier);
-    None: the group's own timeout bounds it, as every call."""
+    None: the group's own timeout bounds it, as every call. With ``async_op=True`` give
+    the timeout to the Work's ``wait()``."""
     g = _member(group, "barrier")
     if g is None:
         return None

@@ -165,7 +165,10 @@ class Plan:
         if not comm.check:
             return
         from .pipeline.entry import announce, busy
+        from .pipeline.state import refuse_in_callback
 
+        refuse_in_callback(f"{self.collective} plan.{what}")  # (as every call: before any
+        # message, on every rank alike)
         if not comm._entry.acquire(False):
             raise ConcurrentCallError(busy(comm, f"{self.collective} plan.{what}"))
         try:

@@ -306,11 +306,12 @@ _HOOKED = [False]
 def _exit_hook() -> None:
     if not _HOOKED[0]:
         _HOOKED[0] = True
-        atexit.register(_finish_at_exit)
+        atexit.register(finish_at_exit)
 
 
-def _finish_at_exit() -> None:
-    """At exit, a rank with asynchronous calls unfinished (a ``wait()`` that timed out
+def finish_at_exit() -> None:
+    """At exit (also first thing in a trace file's at-exit write, which may run before
+    this hook: atexit runs the hooks last made first), a rank with asynchronous calls unfinished (a ``wait()`` that timed out
     and was not caught, calls never waited for) lets them finish, as long as the
     watchdog allows a call; if they cannot, it ends the job: the other ranks would wait
     for it, and MPI's finalization would wait for them, unwatched."""

@@ -430,3 +430,29 @@ def test_a_nested_done_callback_leaves_the_outer_one_marked():
     finally:
         state.leaving_done_callback()
     assert not state.in_done_callback() and state.CALLBACK_THREADS == {}
+
+
+def test_a_plan_start_in_a_done_callback_is_refused_before_any_message_in_check_mode():
+    """Check mode agrees each plan start as a step of its own: made in a done callback (on
+    one rank only), start() and plan() are refused there before that step's message, as
+    every call is, so the ranks' numbering stays alike and the next calls are right."""
+    def body(comm):
+        plan = comm.all_reduce_init(np.ones(2), algorithm="ring")
+        first = comm.all_reduce(np.ones(2), async_op=True)
+        seen = []
+
+        def misuse(work):
+            for attempt in (plan.start, plan):
+                try:
+                    attempt()
+                except mpicoll.ConcurrentCallError as exc:
+                    seen.append(str(exc).split(":")[0])
+
+        if comm.rank == 0:
+            first.add_done_callback(misuse)
+        first.wait()
+        return seen, plan()[0], comm.all_reduce(np.ones(1))[0]
+
+    assert run_local(2, body, timeout=20, check=True) == [
+        (["all_reduce plan.start()", "all_reduce plan.__call__()"], 2.0, 2.0),
+        ([], 2.0, 2.0)]

@@ -953,6 +953,9 @@ def test_torchs_work_and_barrier_names(initialized):
             work = dist.irecv(into, src=None, tag=9)
             assert work.source_rank() == 1 and work.result() == [into]
             assert into.tolist() == [5.0, 5.0]
+    assert dist.get_backend(dist.new_group(list(range(size)))) == "gloo"  # (as the world)
+    assert dist.get_backend(dist.new_group(list(range(size)), backend="mpi")) == "mpi"
     dist.destroy_process_group()
     dist.init_process_group("mpi")
     assert dist.get_backend() == "mpi"
+    assert dist.get_backend(dist.new_group(list(range(size)), backend="gloo")) == "gloo"

@@ -383,3 +383,24 @@ def test_async_calls_plan_starts_and_dups_are_traced_as_their_parent(tmp_path):
     assert rows["trace.json"] == [("all_reduce", "recursive_doubling")]
     assert rows["trace.2.json"] == [("all_reduce", "ring"), ("all_gather", "ring")]
     assert rows["trace.3.json"] == [("broadcast", "binomial")]
+
+
+def test_a_trace_written_at_exit_waits_for_the_progress_threads_calls(tmp_path):
+    """A traced communicator made after another's progress thread, exiting with async
+    calls still queued: its at-exit trace merge (a collective) first lets the progress
+    threads finish, instead of being refused on this rank while their thread holds the
+    communicator (the file was lost, and at several ranks the job could hang)."""
+    script = tmp_path / "late.py"
+    script.write_text(
+        "import numpy as np, mpicoll\n"
+        f"a = mpicoll.Communicator(trace={str(tmp_path / 'a.json')!r})\n"
+        "a.start_progress()\n"
+        f"b = mpicoll.Communicator(trace={str(tmp_path / 'b.json')!r})\n"
+        "x = np.ones(1 << 12)\n"
+        "works = [b.all_reduce(x, async_op=True) for _ in range(300)]\n")
+    done = subprocess.run([sys.executable, "-m", "mpi4py", str(script)], capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "MPICOLL_TIMEOUT": "60"})
+    assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
+    assert (tmp_path / "b.json").exists()

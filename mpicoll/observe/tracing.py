@@ -355,11 +355,16 @@ class TraceFile:
     """A Communicator's trace file (``MPICOLL_TRACE`` or ``trace=path``): merged into
     once, by ``write()`` at ``free()``, or at exit if it was never freed; never after."""
 
-    def __init__(self, path: str, merge: Any, writer: int = 0) -> None:
+    def __init__(self, path: str, merge: Any, writer: int = 0,
+                 before_exit: Any = None) -> None:
         import atexit
 
         self.path: str | None = trace_path(path, writer)  # path, path.2.json, ...
         self.merge = merge  # the Communicator's: merge(path, error class), watched
+        # at exit, what must end before the merge (the Communicator's: every progress
+        # thread's calls, whose thread holds its communicator: the merge, a collective,
+        # would be refused on this rank while the others wait in it)
+        self.before_exit = before_exit
         atexit.register(self.at_exit)
 
     def write(self, at_exit: bool = False) -> None:
@@ -383,4 +388,6 @@ class TraceFile:
         self.merge(path, ConfigError)
 
     def at_exit(self) -> None:
+        if self.path is not None and self.before_exit is not None:
+            self.before_exit()
         self.write(at_exit=True)
