@@ -151,8 +151,12 @@ class Plan:
             self._restore = restore  # (wait() puts it back and raises)
             return
         self.starts += 1
-        self._work = submit(comm, self.collective, self._args, self._kwargs,
-                            self._stream, self._site)
+        try:
+            self._work = submit(comm, self.collective, self._args, self._kwargs,
+                                self._stream, self._site)
+        except ConcurrentCallError:  # (a start refused as busy was not made)
+            self.starts -= 1
+            raise
 
     def _agree_start(self, what: str) -> None:
         """Check mode: a start is a call every rank makes in the same order, of the same

@@ -969,3 +969,19 @@ def test_a_start_overlapped_or_dropped_past_the_timeout_is_not_a_hang(world):
         np.testing.assert_array_equal(comm.all_reduce(x, algorithm="ring"), float(comm.size))
         time.sleep(0.02)
     comm.free()
+
+
+def test_a_start_refused_as_busy_is_not_counted(world):
+    """plan.start() while another thread holds the Communicator: ConcurrentCallError, and
+    the start was not made (``starts`` unchanged, as plan()'s), on every path."""
+    plan = world.all_reduce_init(np.ones(2), algorithm="ring")
+    assert world._entry.acquire(False)
+    try:
+        with pytest.raises(mpicoll.ConcurrentCallError):
+            plan.start()
+    finally:
+        world._entry.release()
+    assert plan.starts == 0
+    np.testing.assert_array_equal(plan(), np.full(2, float(world.size)))
+    assert plan.starts == 1
+    plan.free()
