@@ -341,7 +341,8 @@ def as_array(x: Any, name: str) -> tuple[Any, Callable[[Any], Any]]:
     elif hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         array = torch_numpy(x) if is_torch(x) and getattr(x, "is_cpu", False) else None
         array = array if array is not None else _from_dlpack(x, name)
-        back = _own_or(x, array, _back_to(x))
+        back = _back_to(x)  # (an unknown package's: NumPy or CuPy results, as they are)
+        back = back if back is same else _own_or(x, array, back)
     else:
         raise InvalidArgumentError(
             f"{name}: expected a NumPy or CuPy array (or any __dlpack__ tensor), "
