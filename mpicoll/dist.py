@@ -49,10 +49,11 @@ __all__ = [
     "destroy_process_group", "gather", "gather_object", "get_backend", "get_global_rank",
     "get_group_rank", "get_node_local_rank", "get_process_group_ranks", "get_rank",
     "get_world_size", "group", "init_device_mesh", "init_process_group", "irecv",
-    "is_available", "is_gloo_available", "is_initialized", "is_mpi_available",
-    "is_nccl_available", "isend", "monitored_barrier", "new_group", "new_subgroups", "recv",
-    "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list",
-    "send",
+    "is_available", "is_backend_available", "is_gloo_available", "is_initialized",
+    "is_mpi_available", "is_nccl_available", "isend", "monitored_barrier", "new_group",
+    "new_subgroups", "new_subgroups_by_enumeration", "recv", "recv_object_list", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send",
+    "send_object_list",
 ]
 
 
@@ -148,6 +149,14 @@ def is_nccl_available() -> bool:
     from .buffers.cuda import OK, gpu_status
 
     return gpu_status(need_nccl=True, need_device=False)[0] == OK
+
+
+def is_backend_available(backend: str) -> bool:
+    """Whether ``backend`` ("mpi", "gloo", "nccl") can run here, as torch's."""
+    name = str(backend).lower()
+    if name in ("mpi", "gloo", "cpu:gloo"):
+        return True
+    return name in ("nccl", "cuda:nccl") and is_nccl_available()
 
 
 def is_initialized() -> bool:
@@ -393,6 +402,32 @@ def new_subgroups(group_size: int | None = None, group: Any = None, timeout: Any
     subgroups = [new_group(list(range(first, first + group_size)), backend=backend)
                  for first in range(0, size, group_size)]
     return subgroups[world.comm.rank // group_size], subgroups
+
+
+def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]],
+                                 timeout: Any = None, backend: Any = None,
+                                 pg_options: Any = None, group_desc: Any = None
+                                 ) -> tuple[Any, list[Any]]:
+    """A group of each list of ranks, as torch's: (this rank's group, or None where it is
+    in none; every group, in order, ``GroupMember.NON_GROUP_MEMBER`` for those this rank
+    is not in). A rank may be in one list at most. Every rank calls it, with the same lists."""
+    problem = ""  # (refused on every rank: agreed with the backend, below)
+    seen: set[int] = set()
+    try:
+        lists = [list(ranks) for ranks in ranks_per_subgroup_list]
+    except TypeError:
+        lists, problem = [], "ranks_per_subgroup_list: expected a list of lists of ranks"
+    for ranks in lists:
+        twice = seen.intersection(ranks)
+        if twice and not problem:
+            problem = (f"ranks_per_subgroup_list: rank {min(twice)} is in more than one "
+                       "subgroup")
+        seen.update(r for r in ranks if isinstance(r, (int, np.integer)))
+    _world_on(backend, problem, "new_subgroups_by_enumeration")
+    me = get_rank()
+    subgroups = [new_group(ranks, backend=backend) for ranks in lists]
+    mine = [group for group, ranks in zip(subgroups, lists, strict=True) if me in ranks]
+    return (mine[0] if mine else None), subgroups
 
 
 class DeviceMesh:
@@ -1348,6 +1383,52 @@ def scatter_object_list(scatter_object_output_list: list[Any],
         raise InvalidArgumentError("scatter_object_output_list: expected a list of at least "
                                    "one entry (its first receives the object)")
     scatter_object_output_list[0] = obj
+
+
+def send_object_list(object_list: list[Any], dst: int | None = None, group: Any = None,
+                     device: Any = None, group_dst: int | None = None) -> None:
+    """``object_list``'s objects to ``dst``, as torch's: their pickles' sizes, then the
+    pickles (the receiver's list has as many entries). An object that cannot be pickled
+    goes as that reason: the receiver raises it, and so does this rank, after sending."""
+    g = _member(group, "send_object_list")
+    if g is None:
+        return
+    peer = _root(g, dst, group_dst, "dst")
+    if not isinstance(object_list, list):
+        raise InvalidArgumentError(f"object_list: expected a list, got {type(object_list).__name__}")
+    pieces = [_packed(obj, f"object_list[{i}]", get_rank()) for i, obj in enumerate(object_list)]
+    g.comm.send(_sent(g, np.array([piece.size for piece in pieces], np.int64)), peer)
+    g.comm.send(_sent(g, np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)), peer)
+    failed = [piece for piece in pieces if piece[0] == _FAILED]
+    if failed:
+        _unpacked(failed, "object_list")
+
+
+def recv_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
+                     device: Any = None, group_src: int | None = None) -> int:
+    """``send_object_list``'s objects into ``object_list`` (as many entries as were sent),
+    from ``src`` or any rank; the sender's rank (-1 outside the group), as torch's."""
+    g = _member(group, "recv_object_list")
+    if g is None:
+        return -1
+    if not isinstance(object_list, list):
+        raise InvalidArgumentError(f"object_list: expected a list, got {type(object_list).__name__}")
+    source = ANY if src is None and group_src is None else _root(g, src, group_src, "src")
+    sent = len(object_list)
+    if g.comm.backend != "nccl":  # the sizes looked at first: a list of another length
+        status = g.comm.probe(source, 0)  # still takes both messages, then raises (NCCL
+        source, sent = status.source, status.nbytes // 8  # cannot look: exact sizes)
+    sizes = _sent(g, np.zeros(sent, np.int64))
+    sender = g.comm.recv(sizes, source, 0)
+    counts = [int(n) for n in _got(sizes)]
+    data = _sent(g, np.empty(sum(counts), np.uint8))
+    g.comm.recv(data, sender, 0)
+    if sent != len(object_list):
+        raise InvalidArgumentError(f"object_list: rank {g.ranks[sender]} sent {sent} objects, "
+                                   f"the list has {len(object_list)} entries (as torch, the "
+                                   "receiver's list has as many as the sender's)")
+    object_list[:] = _unpacked(_rows(_got(data), counts), "object_list")
+    return g.ranks[sender]
 
 
 # -- point-to-point ------------------------------------------------------------------------

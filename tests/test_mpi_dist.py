@@ -959,3 +959,38 @@ def test_torchs_work_and_barrier_names(initialized):
     dist.init_process_group("mpi")
     assert dist.get_backend() == "mpi"
     assert dist.get_backend(dist.new_group(list(range(size)), backend="gloo")) == "gloo"
+
+
+def test_objects_point_to_point_and_subgroups_by_enumeration(initialized):
+    """torch's send_object_list/recv_object_list (from a given rank or any, the sender's
+    rank returned; a list of another length takes part, then raises; an object that
+    cannot be pickled raises on both ranks), new_subgroups_by_enumeration (a rank in two
+    lists refused on every rank) and is_backend_available."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    assert dist.is_backend_available("gloo") and dist.is_backend_available("mpi")
+    assert not dist.is_backend_available("ucc")
+    if size >= 2:
+        if rank == 0:
+            dist.send_object_list([{"a": 1}, "two", [3.0]], dst=1)
+            dist.send_object_list([None], dst=1)
+            dist.send_object_list([1, 2], dst=1)
+            with pytest.raises(mpicoll.InvalidArgumentError, match="cannot be pickled"):
+                dist.send_object_list([threading.Lock()], dst=1)
+        elif rank == 1:
+            got = [None] * 3
+            assert dist.recv_object_list(got, src=0) == 0
+            assert got == [{"a": 1}, "two", [3.0]]
+            one = ["x"]
+            assert dist.recv_object_list(one) == 0 and one == [None]
+            with pytest.raises(mpicoll.InvalidArgumentError, match="sent 2 objects"):
+                dist.recv_object_list([None] * 3, src=0)
+            with pytest.raises(mpicoll.InvalidArgumentError, match="cannot be pickled"):
+                dist.recv_object_list([None], src=0)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="more than one subgroup"):
+        dist.new_subgroups_by_enumeration([[0], [0]])
+    halves = [list(range(0, size, 2)), list(range(1, size, 2))]
+    mine, groups = dist.new_subgroups_by_enumeration([h for h in halves if h])
+    assert mine is groups[rank % 2] and dist.get_process_group_ranks(mine) == halves[rank % 2]
+    tensor = np.ones(1)
+    dist.all_reduce(tensor, group=mine)
+    assert tensor[0] == len(halves[rank % 2])
