@@ -130,8 +130,8 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                 if decisions is not None and x.flags.c_contiguous and (
                         not args or type(args[0]) in PLAIN and (
                             len(args) == 1 or len(args) == 2 and type(args[1]) in PLAIN)):
-                    out = key = None  # (the keys decided.key gives these calls)
-                    given = False
+                    out = key = None  # (args_key's keys, made inline: a NumPy call's
+                    given = False  # loop, comm.all_reduce(x, out=y), saves its call's 60 ns)
                     if not kwargs:
                         key = (name, x.shape, x.dtype, args)
                     else:
@@ -165,24 +165,14 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                 decisions = self._decisions
                 if decisions is not None and (not args or type(args[0]) in PLAIN and (
                         len(args) == 1 or len(args) == 2 and type(args[1]) in PLAIN)):
-                    out = out_tensor = key = None
-                    given = False
-                    if not kwargs:
-                        key = (name, view.shape, view.dtype, args)
-                    else:
-                        given = takes_out and "out" in kwargs
-                        if given:  # (prepared takes it apart from kwargs; put back below)
-                            out_tensor = kwargs.pop("out")
-                            out = None if out_tensor is None else view if out_tensor is x \
-                                else kept_view(out_tensor)
-                        if out is not None or out_tensor is None:
-                            rest = tuple(kwargs.items()) if kwargs else ()
-                            key = (name, view.shape, view.dtype, args, *rest) if rest else \
-                                (name, view.shape, view.dtype, args)
-                            for item in rest:
-                                if type(item[1]) not in PLAIN:
-                                    key = None
-                                    break
+                    out = out_tensor = None
+                    given = takes_out and "out" in kwargs
+                    if given:  # (prepared takes it apart from kwargs; put back below)
+                        out_tensor = kwargs.pop("out")
+                        out = None if out_tensor is None else view if out_tensor is x \
+                            else kept_view(out_tensor)
+                    key = args_key((name, view.shape, view.dtype), args, kwargs) \
+                        if out is not None or out_tensor is None else None
                     prepared = None if key is None else decisions.get(key, DECLINED).call
                     if prepared is not None:
                         result = prepared(getframe(1), view, out, args, kwargs)
@@ -197,21 +187,12 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                 if decisions is not None and x.flags.c_contiguous and (
                         not args or type(args[0]) in PLAIN and (
                             len(args) == 1 or len(args) == 2 and type(args[1]) in PLAIN)):
-                    head = (name, "cuda", x.data.device_id, x.shape, x.dtype)
-                    out = key = None
-                    given = False
-                    if not kwargs:
-                        key = (*head, args) if args else head
-                    else:
-                        given = takes_out and "out" in kwargs
-                        if given:  # (prepared takes it apart from kwargs; put back below)
-                            out = kwargs.pop("out")
-                        rest = tuple(kwargs.items()) if kwargs else ()
-                        key = (*head, args, *rest)
-                        for item in rest:
-                            if type(item[1]) not in PLAIN:
-                                key = None
-                                break
+                    out = None
+                    given = takes_out and "out" in kwargs
+                    if given:  # (prepared takes it apart from kwargs; put back below)
+                        out = kwargs.pop("out")
+                    key = args_key((name, "cuda", x.data.device_id, x.shape, x.dtype), args,
+                                   kwargs)
                     prepared = None if key is None else decisions.get(key, DECLINED).call
                     if prepared is not None:
                         return prepared(getframe(1), x, out, args, kwargs)
@@ -251,6 +232,20 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
 
     collective.__signature__ = public  # type: ignore[attr-defined]
     return collective
+
+
+def args_key(head: tuple, args: tuple, kwargs: dict) -> tuple | None:
+    """The key ``decided.key`` gives a call with positional ``args`` after x (at least
+    one of them, or of the keywords, given) and the keywords left in ``kwargs`` (out=
+    taken out): ``head`` (the collective and x's facts), args, then each keyword; None
+    where a keyword's value is not PLAIN (a call whose decision is not kept)."""
+    if not kwargs:
+        return (*head, args)
+    rest = tuple(kwargs.items())
+    for item in rest:
+        if type(item[1]) not in PLAIN:
+            return None
+    return (*head, args, *rest)
 
 
 def public_signature(signature: inspect.Signature, async_op: bool = True) -> inspect.Signature:
