@@ -223,24 +223,31 @@ def test_mpi_trace_written_merged_and_read(tmp_path_factory):
     comm.free()
 
 
-def test_mpicoll_trace_variable_writes_one_file_per_communicator(tmp_path):
-    from test_examples import MPIEXEC, mpiexec
+def _traced_job(tmp_path, ranks: int, body: str):
+    """``body`` (after numpy and mpicoll's imports) run at ``ranks`` ranks under
+    MPICOLL_TRACE=tmp_path/trace.json, which it returns; the job must succeed."""
+    from test_examples import mpiexec
 
-    if MPIEXEC is None:
-        pytest.skip("no mpiexec")
     script = tmp_path / "traced.py"
-    script.write_text(
-        "import numpy as np, mpicoll\n"
-        "c = mpicoll.Communicator()\n"
-        "c.all_reduce(np.ones(30), algorithm='ring')\n"
-        "mpicoll.Communicator().all_gather(np.ones(3), algorithm='ring')\n")
+    script.write_text("import numpy as np, mpicoll\n" + body)
     path = tmp_path / "trace.json"
     os.environ["MPICOLL_TRACE"] = str(path)
     try:
-        done = mpiexec(3, "-m", "mpi4py", str(script), timeout=120)
+        done = mpiexec(ranks, "-m", "mpi4py", str(script), timeout=120)
     finally:
         del os.environ["MPICOLL_TRACE"]
     assert done.returncode == 0, done.stderr
+    return path
+
+
+def test_mpicoll_trace_variable_writes_one_file_per_communicator(tmp_path):
+    from test_examples import MPIEXEC
+
+    if MPIEXEC is None:
+        pytest.skip("no mpiexec")
+    path = _traced_job(tmp_path, 3, "c = mpicoll.Communicator()\n"
+                       "c.all_reduce(np.ones(30), algorithm='ring')\n"
+                       "mpicoll.Communicator().all_gather(np.ones(3), algorithm='ring')\n")
     first = tracefile.summarize(tracefile.load(str(path)))
     second = tracefile.summarize(tracefile.load(str(tmp_path / "trace.2.json")))
     assert [(r["collective"], r["algorithm"], r["ranks"], r["steps"]) for r in first] == \
@@ -354,29 +361,19 @@ def test_async_calls_plan_starts_and_dups_are_traced_as_their_parent(tmp_path):
     """Under a trace file, what runs on the progress thread (async_op=True, plan starts,
     on a duplicate) and a dup() are traced too, each duplicate to the next file (they
     were on untraced duplicates: in no file)."""
-    from test_examples import MPIEXEC, mpiexec
+    from test_examples import MPIEXEC
 
     if MPIEXEC is None:
         pytest.skip("no mpiexec")
-    script = tmp_path / "traced.py"
-    script.write_text(
-        "import numpy as np, mpicoll\n"
-        "c = mpicoll.Communicator()\n"
-        "x = np.arange(100.0)\n"
-        "plan = c.all_reduce_init(x, algorithm='ring')\n"
-        "plan.start(); plan.wait()\n"
-        "c.all_gather(x, algorithm='ring', async_op=True).wait()\n"
-        "c.all_reduce(x, algorithm='recursive_doubling')\n"
-        "d = c.dup()\n"
-        "d.broadcast(x, algorithm='binomial')\n"
-        "d.free(); c.free()\n")
-    path = tmp_path / "trace.json"
-    os.environ["MPICOLL_TRACE"] = str(path)
-    try:
-        done = mpiexec(2, "-m", "mpi4py", str(script), timeout=120)
-    finally:
-        del os.environ["MPICOLL_TRACE"]
-    assert done.returncode == 0, done.stderr
+    _traced_job(tmp_path, 2, "c = mpicoll.Communicator()\n"
+                "x = np.arange(100.0)\n"
+                "plan = c.all_reduce_init(x, algorithm='ring')\n"
+                "plan.start(); plan.wait()\n"
+                "c.all_gather(x, algorithm='ring', async_op=True).wait()\n"
+                "c.all_reduce(x, algorithm='recursive_doubling')\n"
+                "d = c.dup()\n"
+                "d.broadcast(x, algorithm='binomial')\n"
+                "d.free(); c.free()\n")
     rows = {name: [(r["collective"], r["algorithm"]) for r in
                    tracefile.summarize(tracefile.load(str(tmp_path / name)))]
             for name in ("trace.json", "trace.2.json", "trace.3.json")}
