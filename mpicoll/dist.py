@@ -35,26 +35,45 @@ import numpy as np
 from .buffers import overlapping, overlaps_itself, writable
 from .buffers.arrays import as_array, cupy_module, is_cupy, module_of
 from .communicator import Communicator
-from .errors import InvalidArgumentError, MpicollError
-from .groups import agreed_rows
+from .errors import AbortedError, InvalidArgumentError, MpicollError
+from .groups import agreed_rows, split_lists
 from .observe.watchdog import report
 from .p2p import ANY, Status
 from .p2p import P2POp as _P2POp
 from .pipeline.state import in_done_callback, waits_for_itself
 
 __all__ = [
-    "Backend", "DeviceMesh", "Future", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "all_gather",
-    "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all",
+    "Backend", "DeviceMesh", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError",
+    "Future", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Work", "all_gather",
+    "all_gather_into_tensor", "all_gather_object", "all_gather_single", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
-    "destroy_process_group", "gather", "gather_object", "get_backend", "get_global_rank",
-    "get_group_rank", "get_node_local_rank", "get_process_group_ranks", "get_rank",
+    "destroy_process_group", "gather", "gather_object", "get_backend",
+    "get_default_backend_for_device", "get_global_rank", "get_group_rank",
+    "get_node_local_rank", "get_pg_count", "get_process_group_ranks", "get_rank",
     "get_world_size", "group", "init_device_mesh", "init_process_group", "irecv",
     "is_available", "is_backend_available", "is_gloo_available", "is_initialized",
-    "is_mpi_available", "is_nccl_available", "isend", "monitored_barrier", "new_group",
-    "new_subgroups", "new_subgroups_by_enumeration", "recv", "recv_object_list", "reduce",
-    "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send",
-    "send_object_list",
+    "is_mpi_available", "is_nccl_available", "is_torchelastic_launched", "isend",
+    "monitored_barrier", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv",
+    "recv_object_list", "reduce", "reduce_scatter", "reduce_scatter_single",
+    "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "send_object_list",
+    "split_group", "supports_complex",
 ]
+
+
+# torch's errors as mpicoll's, so that torch's callers' except clauses catch what mpicoll
+# raises: DistError, any mpicoll error; DistBackendError, a call ended by the watchdog's
+# timeout or an abort (torch's NCCL watchdog raises it for those). mpicoll has no store
+# and no network rendezvous of its own, so nothing raises the last two.
+DistError = MpicollError
+DistBackendError = AbortedError
+
+
+class DistNetworkError(MpicollError, RuntimeError):
+    """torch's name; mpicoll's rendezvous is the MPI launcher's: never raised."""
+
+
+class DistStoreError(MpicollError, RuntimeError):
+    """torch's name; mpicoll has no key-value store: never raised."""
 
 
 class ReduceOp(enum.Enum):
@@ -377,6 +396,33 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
     return comm.nodes[comm.node].index(comm.rank)
 
 
+def get_pg_count() -> int:
+    """The process groups made since init_process_group, the default one included, as
+    torch's (those destroyed since are not counted here)."""
+    return 0 if _STATE["world"] is None else 1 + len(_STATE["groups"])
+
+
+def get_default_backend_for_device(device: Any) -> str:
+    """torch's default backend of a device type: "gloo" for "cpu" (run over MPI here),
+    "nccl" for "cuda"."""
+    kind = str(getattr(device, "type", device)).split(":")[0].lower()
+    if kind not in ("cpu", "cuda"):
+        raise InvalidArgumentError(f"get_default_backend_for_device: no backend for device "
+                                   f"{device!r} (cpu or cuda)")
+    return "gloo" if kind == "cpu" else "nccl"
+
+
+def supports_complex(reduceOp: Any) -> bool:  # noqa: N803 - torch's name
+    """Whether ``reduceOp`` reduces complex tensors (sum and avg; the orderings and
+    bitwise ops do not, and torch refuses prod too)."""
+    return _op(reduceOp) in ("sum", "avg")
+
+
+def is_torchelastic_launched() -> bool:
+    """Whether torchrun (torch elastic) started this process: never under mpiexec or srun."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
+
+
 def new_subgroups(group_size: int | None = None, group: Any = None, timeout: Any = None,
                   backend: Any = None, pg_options: Any = None,
                   group_desc: Any = None) -> tuple[ProcessGroup, list[Any]]:
@@ -428,6 +474,26 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]
     subgroups = [new_group(ranks, backend=backend) for ranks in lists]
     mine = [group for group, ranks in zip(subgroups, lists, strict=True) if me in ranks]
     return (mine[0] if mine else None), subgroups
+
+
+def split_group(parent_pg: Any = None, split_ranks: Sequence[Sequence[int]] | None = None,
+                timeout: Any = None, pg_options: Any = None, group_desc: Any = None,
+                backend: Any = None) -> ProcessGroup | None:
+    """The parent group (default: the whole job) split into disjoint groups, one per list
+    of ``split_ranks`` (ranks of the parent group, as torch's; each list in the order it
+    gives), in one split (MPI_Comm_split): this rank's group, or None where it is in no
+    list. Every rank of the parent calls it with the same lists; one rank's bad or
+    different lists (or another backend than the parent's) raise on every rank, before
+    any group is made."""
+    parent = _group(parent_pg)
+    other = backend is not None and _backend_name(backend) != parent.comm.backend
+    sub, ranks = split_lists(parent.comm, split_ranks, "split_group", "split_ranks",
+                             sys._getframe(1), other_backend=other)
+    if sub is None:
+        return None
+    made = ProcessGroup(sub, [parent.ranks[r] for r in ranks], parent.asked)
+    _STATE["groups"].append(made)
+    return made
 
 
 class DeviceMesh:
@@ -627,7 +693,14 @@ def _tensors(tensors: Any, name: str, count: int, like: Any, written: bool = Fal
     return views, None
 
 
-class _Finished:
+class Work:
+    """torch's ``dist.Work``: what ``async_op=True`` returns (a collective's or a
+    point-to-point message's), for ``isinstance`` checks and type hints."""
+
+    __slots__ = ()
+
+
+class _Finished(Work):
     """torch's Work: ``wait()`` finishes the call (and copies what it received into the
     caller's tensors) and returns True; ``is_completed()`` does so once it has ended;
     ``get_future()`` gives a future of the call's output tensors (``value``, a list, as
@@ -690,7 +763,8 @@ class _Finished:
     def get_future(self) -> Any:
         """A future (``torch.futures.Future`` for torch tensors, else ``mpicoll.dist.
         Future``, the same methods) whose value is the call's output tensors in a list
-        (``[tensor]`` for all_reduce, ``[tensor_list]`` for all_gather), set once the
+        (``[tensor]`` for all_reduce, ``tensor_list``'s tensors for all_gather, as
+        gloo's), set once the
         call has ended (on NCCL: queued on its stream, as torch's CUDA futures), or its
         error. Its callbacks run in the thread that ends the call: keep them short."""
         with self._lock:
@@ -799,6 +873,12 @@ def _future_for(value: list[Any]) -> Any:
 
 def _nothing(result: Any) -> None:
     return None
+
+
+def _listed(tensors: Any) -> list[Any]:
+    """A list-of-tensors output as its future's value: the tensors themselves, flat, as
+    gloo's (and torch's MPI backend's) ``all_gather``, ``gather`` and ``all_to_all`` give."""
+    return list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
 
 
 def _maybe(work: Any, async_op: bool, value: Sequence[Any] = ()) -> Any:
@@ -972,7 +1052,7 @@ def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op:
         _unpack(outs, *result, "tensor_list")
 
     return _then(g.comm.all_gather_v, (x.reshape(-1) if _is_array(x) else x,), finish,
-                 problem, [tensor_list], **_how(algorithm, async_op))
+                 problem, _listed(tensor_list), **_how(algorithm, async_op))
 
 
 def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
@@ -1036,6 +1116,11 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # no
             x.reshape(p, -1)
     return _then(g.comm.reduce_scatter, (x, _op(op)), _nothing, _no_output(output, "output"),
                  [output], out=output, **_how(algorithm, async_op))
+
+
+# torch 2.13's names for the single-tensor forms (the older names are deprecated there)
+all_gather_single = all_gather_into_tensor
+reduce_scatter_single = reduce_scatter_tensor
 
 
 def _splits(sizes: Sequence[int] | None, rows: int, p: int, name: str) -> tuple[list[int], str | None]:
@@ -1135,7 +1220,7 @@ def all_to_all(output_tensor_list: list[Any], input_tensor_list: list[Any], grou
         _unpack(outs, *result, "output_tensor_list")
 
     return _then(g.comm.all_to_all_v, (flat, [a.size for a in ins]), finish, problem,
-                 [output_tensor_list], **_how(algorithm, async_op))
+                 _listed(output_tensor_list), **_how(algorithm, async_op))
 
 
 def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None = None,
@@ -1195,7 +1280,7 @@ def gather(tensor: Any, gather_list: list[Any] | None = None, dst: int | None = 
             view[...] = row.reshape(view.shape)
 
     return _then(g.comm.gather, (x, root), finish, problem,
-                 [gather_list] if outs else [], **_how(algorithm, async_op))
+                 _listed(gather_list) if outs else [], **_how(algorithm, async_op))
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
@@ -1466,7 +1551,7 @@ def _received_whole(tensor: Any, status: Status, g: ProcessGroup, what: str) -> 
             "torch.distributed's receives fill the whole tensor")
 
 
-class _P2PWork:
+class _P2PWork(Work):
     """torch's Work of an isend/irecv: ``wait(timeout)``, ``is_completed()``,
     ``source_rank()`` (an irecv's sender, a global rank, as torch's; ``source()`` the
     same), ``result()`` (``[tensor]``, once done)."""

@@ -27,12 +27,13 @@ from .errors import InvalidArgumentError, MismatchError
 from .pipeline.describe import Call
 from .pipeline.entry import freed, numbered, take_turn, watched_step
 
-_BAD_COLOR, _BAD_KEY, _BAD_RANKS, _BAD_MESH = 1, 2, 4, 8
+_BAD_COLOR, _BAD_KEY, _BAD_RANKS, _BAD_MESH, _BAD_BACKEND = 1, 2, 4, 8, 16
 _REASONS = {_BAD_COLOR: "color: expected an int in 0..2**31-1 or None",
             _BAD_KEY: "key: expected an int in -2**31..2**31-1",
             _BAD_RANKS: "ranks: expected distinct ints in range",
             _BAD_MESH: "shape: expected positive ints whose product is the ranks, with as "
-                       "many distinct str names"}
+                       "many distinct str names",
+            _BAD_BACKEND: "backend: expected the parent's (or None)"}
 
 
 def _int(value: Any) -> bool:
@@ -98,6 +99,33 @@ def _live(comm: Any, what: str) -> None:
     """Refuse ``what`` on a freed Communicator (as its collectives are refused)."""
     if comm._freed:
         raise freed(what)
+
+
+def split_lists(comm: Any, lists: Any, what: str, given: str, site: Any,
+                other_backend: bool = False) -> tuple[Any, list[int]]:
+    """``comm`` split into one group per list of its ranks (disjoint lists, each in the
+    order it gives; torch's ``split_group``), in one split: (this rank's Communicator and
+    its list's ranks), or (None, []) where it is in no list. Every rank gives the same
+    lists: one rank's bad or different ones (or ``refused``: a reason of the caller's)
+    raise on every rank, before any group is made; so does ``other_backend`` (the caller
+    asked for another backend than ``comm``'s)."""
+    _live(comm, what)
+    try:
+        rows = [[int(r) if _int(r) else -1 for r in ranks] for ranks in lists]
+    except TypeError:
+        rows = []
+    members = [r for ranks in rows for r in ranks]
+    good = bool(rows) and all(rows) and len(set(members)) == len(members) and all(
+        0 <= r < comm.size for r in members)
+    faults = (0 if good else _BAD_RANKS) | (_BAD_BACKEND if other_backend else 0)
+    good = good and not other_backend
+    mine = [(color, ranks.index(comm.rank)) for color, ranks in enumerate(rows)
+            if comm.rank in ranks] if good else []
+    color, key = mine[0] if mine else (None, 0)
+    fingerprint = zlib.crc32(repr(rows).encode())
+    with _turn(comm, what):  # (agreed, then split: no other call between)
+        sub = _split(comm, color, key, faults, fingerprint, site, what, given)
+    return (None, []) if sub is None else (sub, rows[color])
 
 
 def agreed_rows(comm: Any, mine: np.ndarray, site: Any, what: str,

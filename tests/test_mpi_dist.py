@@ -686,7 +686,18 @@ def test_a_works_future_as_torch_comm_hooks_use_it(initialized):
         failing.wait()
     rows = [np.zeros(2) for _ in range(size)]
     value = dist.all_gather(rows, np.full(2, float(rank)), async_op=True).get_future().wait()
-    assert value[0] is rows and [r[0] for r in rows] == list(range(size))
+    # (a list of outputs: its tensors, flat, as gloo's and torch's MPI backend's)
+    assert len(value) == size and all(v is r for v, r in zip(value, rows, strict=True))
+    assert [r[0] for r in rows] == list(range(size))
+    gathered = [np.zeros(1) for _ in range(size)] if rank == 0 else None
+    value = dist.gather(np.full(1, float(rank)), gathered, dst=0,
+                        async_op=True).get_future().wait()
+    assert value == [] if rank else all(v is g for v, g in zip(value, gathered, strict=True))
+    swapped = [np.zeros(1) for _ in range(size)]
+    value = dist.all_to_all(swapped, [np.full(1, float(rank)) for _ in range(size)],
+                            async_op=True).get_future().wait()
+    assert len(value) == size and value[-1] is swapped[-1]
+    assert [s[0] for s in swapped] == list(range(size))
     out = np.zeros(size)
     value = dist.all_gather_into_tensor(out, np.full(1, float(rank)),
                                         async_op=True).get_future().wait()
@@ -711,7 +722,7 @@ def test_a_failed_calls_future_raises_its_error(initialized):
             dist.all_gather(rows, np.zeros(2), async_op=True)
     else:
         work = dist.all_gather(rows, np.zeros(2), async_op=True)
-        assert work.get_future().wait()[0] is rows and work.exception() is None
+        assert work.get_future().wait()[0] is rows[0] and work.exception() is None
     tensor = np.ones(1)
     dist.all_reduce(tensor)
     assert tensor[0] == size
@@ -994,3 +1005,75 @@ def test_objects_point_to_point_and_subgroups_by_enumeration(initialized):
     tensor = np.ones(1)
     dist.all_reduce(tensor, group=mine)
     assert tensor[0] == len(halves[rank % 2])
+
+
+def test_split_group_as_torchs(initialized):
+    """split_group: one split of the parent into the lists' groups (parent group ranks,
+    each list's order its group's), None where a rank is in no list; one rank's bad or
+    different lists raise on every rank before any group, and the next split is right."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    # the evens, then the odds in reverse order (their group ranks follow the list's)
+    evens, odds = list(range(0, size, 2)), list(range(size - 1 if size % 2 == 0 else
+                                                      size - 2, 0, -2))
+    mine = dist.split_group(split_ranks=[lists for lists in (evens, odds) if lists])
+    listed = evens if rank % 2 == 0 else odds
+    assert dist.get_process_group_ranks(mine) == listed
+    assert dist.get_rank(mine) == listed.index(rank)
+    tensor = np.full(1, float(rank))
+    dist.all_reduce(tensor, group=mine)
+    assert tensor[0] == sum(listed)
+    # a subgroup of that group: its ranks are the parent's group ranks (rank 0 alone)
+    inner = dist.split_group(mine, [[0]])
+    assert (inner is None) == (listed.index(rank) != 0)
+    if inner is not None:
+        assert dist.get_process_group_ranks(inner) == [listed[0]]
+    # one rank wrong: every rank raises, then the next split is right
+    wrong = [[0, 0]] if rank == size - 1 else [[0]]
+    with pytest.raises(mpicoll.InvalidArgumentError, match="refused on rank"):
+        dist.split_group(split_ranks=wrong)
+    if size >= 2:
+        other = [[0]] if rank == size - 1 else [[0, 1]]
+        with pytest.raises(mpicoll.MismatchError, match="split_ranks"):
+            dist.split_group(split_ranks=other)
+        with pytest.raises(mpicoll.InvalidArgumentError, match="backend"):
+            dist.split_group(split_ranks=[[0, 1]], backend="nccl" if rank == 0 else None)
+    alone = dist.split_group(split_ranks=[[r] for r in range(size)])
+    assert dist.get_process_group_ranks(alone) == [rank]
+    tensor = np.ones(1)
+    dist.all_reduce(tensor)
+    assert tensor[0] == size
+
+
+def test_torchs_other_names(initialized):
+    """The names torch's callers use beside the collectives: the Work type of every
+    async call, the errors their except clauses name, torch 2.13's single-tensor names,
+    and the questions about backends and ops."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    work = dist.all_reduce(np.ones(1), async_op=True)
+    assert isinstance(work, dist.Work)
+    work.wait()
+    if size >= 2 and rank < 2:
+        received = np.zeros(1)
+        p2p = dist.isend(np.ones(1), dst=1) if rank == 0 else dist.irecv(received, src=0)
+        assert isinstance(p2p, dist.Work)
+        p2p.wait()
+    assert issubclass(mpicoll.CollectiveTimeoutError, dist.DistBackendError)
+    assert issubclass(dist.DistBackendError, dist.DistError)
+    assert issubclass(mpicoll.InvalidArgumentError, dist.DistError)
+    gathered = np.zeros((size, 2))
+    dist.all_gather_single(gathered, np.full(2, float(rank)))
+    assert gathered[:, 0].tolist() == list(range(size))
+    block = np.zeros(2)
+    dist.reduce_scatter_single(block, np.ones(2 * size))
+    assert block.tolist() == [size, size]
+    assert dist.get_default_backend_for_device("cpu") == "gloo"
+    assert dist.get_default_backend_for_device("cuda:0") == "nccl"
+    with pytest.raises(mpicoll.InvalidArgumentError):
+        dist.get_default_backend_for_device("tpu")
+    assert dist.supports_complex(dist.ReduceOp.SUM) and not dist.supports_complex(
+        dist.ReduceOp.MAX)
+    assert not dist.is_torchelastic_launched()
+    before = dist.get_pg_count()
+    group = dist.new_group(list(range(size)))
+    assert dist.get_pg_count() == before + 1
+    dist.destroy_process_group(group)
