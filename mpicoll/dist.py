@@ -503,9 +503,13 @@ class DeviceMesh:
     sub-mesh along those dimensions through this rank, as torch's."""
 
     def __init__(self, device_type: str, ranks: np.ndarray, groups: dict[str, ProcessGroup],
-                 names: tuple[str, ...], coordinate: tuple[int, ...], rank: int) -> None:
-        self.device_type, self.mesh, self.mesh_dim_names = device_type, ranks, names
-        self._groups, self._coordinate, self._rank = groups, coordinate, rank
+                 names: tuple[str, ...], coordinate: tuple[int, ...], rank: int,
+                 named: bool = True) -> None:
+        self.device_type, self.mesh = device_type, ranks
+        # (None where init_device_mesh was given no names, as torch's: the dimensions are
+        # then asked for by index; ``_names``, the groups' keys, are "dim0", "dim1", ...)
+        self.mesh_dim_names = names if named else None
+        self._names, self._groups, self._coordinate, self._rank = names, groups, coordinate, rank
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -524,10 +528,11 @@ class DeviceMesh:
                     "name the one you mean (mesh_dim=)")
             return 0
         if isinstance(mesh_dim, str):
-            if mesh_dim not in self.mesh_dim_names:
-                raise InvalidArgumentError(
-                    f"mesh_dim: no {mesh_dim!r}; the mesh has {self.mesh_dim_names}")
-            return self.mesh_dim_names.index(mesh_dim)
+            if self.mesh_dim_names is None or mesh_dim not in self.mesh_dim_names:
+                has = "no names (made without mesh_dim_names): give the dimension's " \
+                    "index" if self.mesh_dim_names is None else self.mesh_dim_names
+                raise InvalidArgumentError(f"mesh_dim: no {mesh_dim!r}; the mesh has {has}")
+            return self._names.index(mesh_dim)
         if isinstance(mesh_dim, (int, np.integer)) and not isinstance(mesh_dim, bool) \
                 and -self.ndim <= mesh_dim < self.ndim:
             return int(mesh_dim) % self.ndim
@@ -536,10 +541,10 @@ class DeviceMesh:
 
     def get_group(self, mesh_dim: str | int | None = None) -> ProcessGroup:
         """The group of the ranks along ``mesh_dim`` through this rank."""
-        return self._groups[self.mesh_dim_names[self._dim(mesh_dim, "get_group")]]
+        return self._groups[self._names[self._dim(mesh_dim, "get_group")]]
 
     def get_all_groups(self) -> list[ProcessGroup]:
-        return [self._groups[name] for name in self.mesh_dim_names]
+        return [self._groups[name] for name in self._names]
 
     def get_local_rank(self, mesh_dim: str | int | None = None) -> int:
         """This rank's coordinate along ``mesh_dim`` (its rank in that dimension's group)."""
@@ -558,7 +563,8 @@ class DeviceMesh:
             self.shape[self._dim(mesh_dim, "size")]
 
     def __getitem__(self, mesh_dim_names: str | tuple[str, ...]) -> DeviceMesh:
-        """The sub-mesh along these dimensions (in the mesh's order) through this rank."""
+        """The sub-mesh along these dimensions (in the mesh's order) through this rank (a
+        mesh made without names has none to slice by, as torch's)."""
         try:
             wanted = (mesh_dim_names,) if isinstance(mesh_dim_names, str) else \
                 tuple(mesh_dim_names)
@@ -571,7 +577,7 @@ class DeviceMesh:
                 "in the mesh's order")
         # the other dimensions fixed at this rank's coordinates
         index = tuple(slice(None) if d in dims else self._coordinate[d] for d in range(self.ndim))
-        names = tuple(self.mesh_dim_names[d] for d in dims)
+        names = tuple(self._names[d] for d in dims)
         return DeviceMesh(self.device_type, self.mesh[index], {n: self._groups[n] for n in names},
                           names, tuple(self._coordinate[d] for d in dims), self._rank)
 
@@ -596,7 +602,7 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
         _STATE["groups"].append(groups[name])
     ranks = np.array(world.ranks).reshape(shape)
     return DeviceMesh(device_type, ranks, groups, tuple(names), tuple(mesh.coordinates),
-                      world.ranks[world.comm.rank])
+                      world.ranks[world.comm.rank], named=mesh_dim_names is not None)
 
 
 # -- collectives: torch's names and in-place semantics --------------------------------

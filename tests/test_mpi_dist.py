@@ -230,6 +230,15 @@ def test_a_device_mesh_as_torch_tutorials_use_it(initialized):
     t = np.full(1, float(rank))
     dist.all_reduce(t, group=tp_mesh.get_group())
     assert t[0] == sum(tp_mesh.mesh.tolist())
+    # made without names: none, as torch's; its dimensions by index
+    unnamed = dist.init_device_mesh("cpu", shape)
+    assert unnamed.mesh_dim_names is None and "mesh_dim_names=None" in repr(unnamed)
+    assert dist.get_process_group_ranks(unnamed.get_group(1)) == tp_mesh.mesh.tolist()
+    assert unnamed.get_local_rank(0) == dp_index
+    with pytest.raises(mpicoll.InvalidArgumentError, match="made without mesh_dim_names"):
+        unnamed["dim1"]
+    line = dist.init_device_mesh("cpu", (size,))
+    assert line.get_group() is line.get_all_groups()[0] and line.get_local_rank() == rank
 
 
 class _Unpicklable:
