@@ -301,7 +301,7 @@ def new_group(ranks: Sequence[int] | None = None, timeout: Any = None, backend: 
     problem = ""  # (refused on every rank: the others agree on the backend with this one)
     try:
         members = list(world.ranks) if ranks is None else list(ranks)
-    except TypeError:
+    except Exception:  # noqa: BLE001 - whatever the caller's iterable raises: every rank's
         members, problem = [], f"ranks: expected a list of ranks, got {type(ranks).__name__}"
     if sort_ranks and all(isinstance(r, (int, np.integer)) and not isinstance(r, bool)
                           for r in members):
@@ -461,7 +461,7 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]
     seen: set[int] = set()
     try:
         lists = [list(ranks) for ranks in ranks_per_subgroup_list]
-    except TypeError:
+    except Exception:  # noqa: BLE001 - as new_group's: refused on every rank
         lists, problem = [], "ranks_per_subgroup_list: expected a list of lists of ranks"
     for ranks in lists:
         twice = seen.intersection(ranks)
@@ -1138,7 +1138,7 @@ def _splits(sizes: Sequence[int] | None, rows: int, p: int, name: str) -> tuple[
         return [rows // p] * p, None
     try:
         values = list(sizes)
-    except TypeError:
+    except Exception:  # noqa: BLE001 - as new_group's: refused on every rank
         return [], f"{name}_split_sizes: expected {p} ints, got {sizes!r}"
     if len(values) != p or not all(isinstance(v, (int, np.integer)) and not isinstance(
             v, (bool, np.bool_)) and v >= 0 for v in values):

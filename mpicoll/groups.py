@@ -76,8 +76,8 @@ class Groups:
         _live(self, "new_group")
         try:
             members = [int(r) if _int(r) else -1 for r in ranks]
-        except TypeError:
-            members = [-1]
+        except Exception:  # noqa: BLE001 - whatever the caller's iterable raises is a fault
+            members = [-1]  # every rank learns in the agreement (not this rank's alone)
         good = len(set(members)) == len(members) and all(0 <= r < self.size for r in members)
         faults = 0 if good else _BAD_RANKS
         mine = members.index(self.rank) if good and self.rank in members else None
@@ -112,7 +112,7 @@ def split_lists(comm: Any, lists: Any, what: str, given: str, site: Any,
     _live(comm, what)
     try:
         rows = [[int(r) if _int(r) else -1 for r in ranks] for ranks in lists]
-    except TypeError:
+    except Exception:  # noqa: BLE001 - as new_group's: a fault every rank learns
         rows = []
     members = [r for ranks in rows for r in ranks]
     good = bool(rows) and all(rows) and len(set(members)) == len(members) and all(
@@ -240,11 +240,11 @@ def make_mesh(comm: Any, shape: Any, names: Any, site: Any) -> Mesh:
     ones raise on every rank, before any group."""
     try:
         shape = tuple(int(s) if _int(s) else -1 for s in shape)
-    except TypeError:
+    except Exception:  # noqa: BLE001 - as new_group's: a fault every rank learns
         shape = (-1,)
     try:
         names = tuple(f"dim{d}" for d in range(len(shape))) if names is None else tuple(names)
-    except TypeError:
+    except Exception:  # noqa: BLE001 - as new_group's: a fault every rank learns
         names = ()
     good = bool(shape) and all(s >= 1 for s in shape) and math.prod(shape) == comm.size \
         and len(names) == len(shape) and all(isinstance(n, str) for n in names) \

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .buffers import result_buffer
 from .buffers.arrays import as_array, empty
 from .buffers.arrays import same as _same
 from .errors import (
@@ -490,9 +491,10 @@ class _Ended:
 
 def _bound_result(comm: Communicator, collective: str, args: tuple, kwargs: dict) -> Any:
     """The result array a plan binds at init (None where this rank cannot know its shape
-    before the call: a scatter receiver, a v-variant; the call then makes it)."""
-    if "out" not in decided.SIGNATURES[collective].parameters or \
-            kwargs.get("out") is not None or not args \
+    before the call: a scatter receiver, a v-variant; the call then makes it). An
+    ``out=`` given is checked against that shape and dtype now (its refusal is the plan's,
+    on every rank), and bound as it is (None)."""
+    if "out" not in decided.SIGNATURES[collective].parameters or not args \
             or args[0] is None:  # (a scatter receiver's x)
         return None
     spec = SPECS[collective]
@@ -509,6 +511,8 @@ def _bound_result(comm: Communicator, collective: str, args: tuple, kwargs: dict
         return None  # (a scatter receiver: its shape comes with the root's header)
     counts = kwargs.get("counts")  # reduce_scatter's v-form: block [rank], flat
     if counts is None:
+        if spec.input_rows and (x.ndim == 0 or x.shape[0] != size):
+            return None  # (no row per rank: the first start refuses x, on every rank)
         shape = spec.result_shape(x.shape, size)
     else:  # counts that fit no rank are the first start's to refuse, on every rank alike
         try:
@@ -518,6 +522,10 @@ def _bound_result(comm: Communicator, collective: str, args: tuple, kwargs: dict
         if len(counts) != size or min(counts) < 0:
             return None
         shape = (counts[rank],)
+    out = kwargs.get("out")
+    if out is not None:  # (as every start checks it: a rank that knows its result's shape)
+        result_buffer(out, shape, x.dtype, like=x)
+        return None
     return back(empty(shape, x.dtype, like=x))  # the caller's kind: a tensor for a tensor
 
 

@@ -303,6 +303,29 @@ def test_a_mesh_one_rank_gives_wrong_or_other_raises_on_every_rank(world):
         _next_call_is_right(world)
 
 
+def _failing_iterable(first):
+    """The caller's own iterable that raises part-way (not a TypeError)."""
+    yield first
+    raise RuntimeError("the caller's iterable failed")
+
+
+def test_an_iterable_that_raises_on_one_rank_is_refused_on_every_rank(world):
+    """new_group's ranks, a mesh's shape or names, that raise on one rank as they are
+    read (anything, not just a TypeError) are that rank's fault, agreed like a bad value:
+    every rank raises before any group, and the next call is right."""
+    last = world.rank == world.size - 1
+    faulty = rf"refused on rank\(s\) {world.size - 1}"
+    with pytest.raises(mpicoll.InvalidArgumentError, match=faulty):
+        world.new_group(_failing_iterable(0) if last else range(world.size))
+    _next_call_is_right(world)
+    with pytest.raises(mpicoll.InvalidArgumentError, match=faulty):
+        world.mesh(_failing_iterable(world.size) if last else (world.size,))
+    _next_call_is_right(world)
+    with pytest.raises(mpicoll.InvalidArgumentError, match=faulty):
+        world.mesh((world.size,), _failing_iterable("a") if last else ("a",))
+    _next_call_is_right(world)
+
+
 def test_nodes_are_agreed_and_follow_ranks_per_node(world):
     import os
     import zlib

@@ -866,6 +866,29 @@ def test_async_op_at_init_on_one_rank_takes_part_and_raises(world):
                                   np.full(2, float(world.size)))
 
 
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather", "scan"])
+def test_a_bad_out_at_init_on_one_rank_is_refused_there_and_named_elsewhere(world, collective):
+    """An ``out=`` of another shape or dtype, a read-only one or no array on one rank is
+    refused at init (checked against the result this rank will get), where the others
+    raise a RemoteError naming it; a good ``out=`` is bound as it is; the next call is right."""
+    p, r = world.size, world.rank
+    x = np.ones((p, 2)) if collective == "reduce_scatter" else np.ones(2)
+    shape = (p, 2) if collective == "all_gather" else (2,)
+    read_only = np.empty(shape)
+    read_only.flags.writeable = False
+    for bad in (np.empty((3,) + shape), np.empty(shape, np.float32), read_only, [1.0, 2.0]):
+        if r == p - 1:
+            with pytest.raises(mpicoll.InvalidArgumentError, match="out"):
+                getattr(world, f"{collective}_init")(x, out=bad)
+        else:
+            with pytest.raises(mpicoll.RemoteError, match=f"refused on rank.s. {p - 1}"):
+                getattr(world, f"{collective}_init")(x, out=np.empty(shape))
+        np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, float(p)))
+    out = np.empty(shape)
+    with getattr(world, f"{collective}_init")(x, out=out) as plan:
+        assert plan() is out
+
+
 @pytest.mark.parametrize("root", [-1, 99])
 def test_a_bad_root_never_reaches_the_librarys_init(world, root):
     """A root that is no rank is the first start's to refuse (on every rank), never
