@@ -84,16 +84,22 @@ LOC_OPS = frozenset({ReduceOp.MINLOC, ReduceOp.MAXLOC})
 _KIND_NAMES = {"b": "bool", "i": "signed integer", "u": "unsigned integer",
                "f": "floating", "c": "complex"}
 
-# ml_dtypes' floating types (bfloat16, float8_*) have dtype kind "V" but NumPy ufunc loops
-# for add, multiply, minimum, maximum and divide: to the ops they are floating.
-_ML_FLOATS = frozenset(np.dtype(getattr(ml_dtypes, name)) for name in (
-    "bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
-    if hasattr(ml_dtypes, name))
+# ml_dtypes' types have dtype kind "V" but NumPy ufunc loops: its floating types
+# (bfloat16, float8_*, float6_*, float4_*) for add, multiply, minimum, maximum and divide,
+# to the ops floating; its narrow integers (int4, uint4, ...) the bitwise ones too, to the
+# ops signed or unsigned integers (those an installed ml_dtypes has)
+_ML_KINDS = {np.dtype(getattr(ml_dtypes, name)): kind for kind, names in (
+    ("f", ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+           "float8_e4m3b11fnuz", "float8_e4m3", "float8_e3m4", "float8_e8m0fnu",
+           "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn")),
+    ("i", ("int1", "int2", "int4")),
+    ("u", ("uint1", "uint2", "uint4"))) for name in names if hasattr(ml_dtypes, name)}
 
 
 def dtype_kind(dtype: np.dtype) -> str:
-    """NumPy's dtype kind, with ml_dtypes' floating types (bfloat16, ...) as "f"."""
-    return "f" if dtype in _ML_FLOATS else dtype.kind
+    """NumPy's dtype kind, with ml_dtypes' types as theirs: bfloat16 (and the other narrow
+    floats) "f", int4 "i", uint4 "u" (their kind in NumPy is "V")."""
+    return _ML_KINDS.get(dtype, dtype.kind)
 
 
 @dataclass(frozen=True, eq=False)

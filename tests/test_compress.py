@@ -132,3 +132,30 @@ def test_check_mode_takes_a_numpy_str_as_the_name_it_is():
         return comm.all_reduce(np.ones(2), compress=name).tolist()
 
     assert run_local(3, body, check=True) == [[3.0, 3.0]] * 3
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_fp16_out_of_range_on_one_rank_under_seterr_raise_local(size):
+    """A value beyond float16's range on one rank (inf on the wire) and one below its
+    normal range on another (a subnormal: the cast sets the underflow flag) with the
+    caller's ``np.errstate(all="raise")``: every algorithm rounds as IEEE does, on
+    every rank (no rank leaves the call alone, mid-call, the others waiting), every
+    send path alike (isend's too)."""
+    from mpicoll.local import run_local
+
+    for algorithm in [*REGISTRY["all_reduce"], "auto"]:
+        def body(comm, algorithm=algorithm):
+            x = np.full(8, 0.5, np.float32)
+            if comm.rank == 0:
+                x[0] = 1e6
+            if comm.rank == 1:
+                x[1] = 1e-6
+            with np.errstate(all="raise"):
+                return comm.all_reduce(x, algorithm=algorithm, compress="fp16")
+
+        rows = run_local(size, body, timeout=20)
+        for got in rows:
+            assert np.isinf(got[0]) and got[0] > 0, (algorithm, got)
+            want = np.full(7, 0.5 * size)
+            want[0] -= 0.5  # (rank 1's 1e-6 in place of its 0.5)
+            np.testing.assert_allclose(got[1:], want, rtol=2 * size * 2 ** -11)

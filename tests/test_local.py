@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+
+import ml_dtypes
 import numpy as np
 import pytest
 from reference import (
@@ -9,6 +12,7 @@ from reference import (
     DTYPE_OPS,
     DTYPES,
     LOC_DTYPE_OPS,
+    NUMPY_OPS,
     REDUCING,
     ROOTED,
     USER_OPS,
@@ -22,6 +26,7 @@ from reference import (
 import mpicoll
 from mpicoll.algorithms import REGISTRY
 from mpicoll.local import run_local
+from mpicoll.spec import SPECS
 
 SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 11, 16)
 SHAPES = ((0,), (1,), (5,), (37,), (2, 3))
@@ -248,3 +253,59 @@ def test_a_dtype_of_no_bytes_moves_through_every_algorithm(collective):
     for algorithm in names:
         for result in run_local(3, body, algorithm, timeout=10):
             assert result is None or result[1], (algorithm, result)
+
+
+# ml_dtypes' narrow types (those the installed ml_dtypes has): NumPy reduces them with
+# its ufuncs, so every algorithm does; values each can hold exactly (float8_e8m0fnu holds
+# powers of two only, no zero: no sum of one-hot rows)
+NARROW = [np.dtype(getattr(ml_dtypes, name)) for name in (
+    "float8_e4m3", "float8_e3m4", "float8_e8m0fnu", "float6_e2m3fn", "float6_e3m2fn",
+    "float4_e2m1fn", "int4", "uint4", "int2", "uint2") if hasattr(ml_dtypes, name)]
+
+
+def _narrow_input(rank, shape, dtype, op):
+    """Rank ``rank``'s input in ``dtype``: one-hot rows for sum (sums of 0s and a 1 per
+    element), small values that differ by rank for the orderings."""
+    index = np.arange(int(np.prod(shape))).reshape(shape)
+    if op == "sum":
+        return ((index + rank) % 5 == 0).astype(dtype)
+    if dtype == np.dtype(ml_dtypes.float8_e8m0fnu):
+        return (2.0 ** ((index + rank) % 3)).astype(dtype)
+    return ((index + 3 * rank) % 2).astype(dtype)  # (0 and 1: int2 holds -2..1)
+
+
+@pytest.mark.parametrize("collective,algorithm", CASES)
+def test_ml_dtypes_narrow_types_move_and_reduce(collective, algorithm):
+    """int4, uint4, float8_e4m3, float4_e2m1fn and kin: moved by every algorithm, reduced
+    by sum, min and max as NumPy reduces them, and broadcast to receivers that pass None
+    (their header names them by code)."""
+    spec = SPECS[collective]
+    ops = ("sum", "min", "max") if spec.reduces else ("sum",)
+
+    def body(comm):
+        p, rank = comm.size, comm.rank
+        for dtype in NARROW:
+            for op in ops:
+                if op == "sum" and dtype == np.dtype(ml_dtypes.float8_e8m0fnu):
+                    continue
+                shape = (p, 5) if spec.input_rows else (5,)
+                inputs = [_narrow_input(r, shape, dtype, op) for r in range(p)]
+                for root in (0, p - 1) if spec.rooted else (0,):
+                    given = {"algorithm": algorithm}
+                    if spec.reduces:
+                        given["op"] = op
+                    if spec.rooted:
+                        given["root"] = root
+                    x = inputs[rank] if rank == root or not spec.input_at_root_only else None
+                    got = getattr(comm, collective)(x, **given)
+                    expected = spec.reference(
+                        inputs, rank, root,
+                        lambda some, op=op: functools.reduce(NUMPY_OPS[op], some))
+                    what = f"{collective}/{algorithm} {dtype} {op} root={root} rank={rank}"
+                    if expected is None:
+                        assert got is None, what
+                    else:
+                        assert got.dtype == dtype and np.array_equal(
+                            got.astype(np.float64), expected.astype(np.float64)), what
+
+    run_local(4, body, timeout=30)

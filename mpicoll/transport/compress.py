@@ -135,7 +135,7 @@ class Compressing:
 
     def isend(self, buf: Any, dest: int) -> Any:
         wire = self._posted(buf)
-        wire[...] = buf
+        _narrow(wire, buf)
         buf[...] = wire
         return self._inner.isend(wire, dest)
 
