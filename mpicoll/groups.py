@@ -106,9 +106,9 @@ def split_lists(comm: Any, lists: Any, what: str, given: str, site: Any,
     """``comm`` split into one group per list of its ranks (disjoint lists, each in the
     order it gives; torch's ``split_group``), in one split: (this rank's Communicator and
     its list's ranks), or (None, []) where it is in no list. Every rank gives the same
-    lists: one rank's bad or different ones (or ``refused``: a reason of the caller's)
-    raise on every rank, before any group is made; so does ``other_backend`` (the caller
-    asked for another backend than ``comm``'s)."""
+    lists: one rank's bad or different ones raise on every rank, before any group is
+    made; so does ``other_backend`` on one rank (its caller asked for another backend
+    than ``comm``'s)."""
     _live(comm, what)
     try:
         rows = [[int(r) if _int(r) else -1 for r in ranks] for ranks in lists]
