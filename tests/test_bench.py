@@ -58,6 +58,10 @@ def test_sweep_writes_json_and_csv_with_nccl_tests_busbw(world, shared_dir):
             factor = RECORDS[r["collective"]].busbw_factor(world.size)
             assert math.isclose(r["busbw"], r["algbw"] * factor, rel_tol=1e-9)
         assert r["predicted_us"] >= 0
+        # nccl-tests' size is the whole buffer; its count each rank's part (each peer's)
+        parts = world.size if r["collective"] in (
+            "all_gather", "gather", "scatter", "reduce_scatter", "all_to_all") else 1
+        assert r["count"] * parts * 4 == r["size"], r
     algos = {r["algorithm"] for r in rows if r["collective"] == "all_reduce"}
     assert algos == {"mpi_library", "auto", *mpicoll.algorithms("all_reduce")}
     with open(out_csv) as f:

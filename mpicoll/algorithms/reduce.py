@@ -129,8 +129,9 @@ def rabenseifner_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, o
     """Rabenseifner: a recursive-halving reduce_scatter of p chunks, then a binomial
     gather of the chunks to the root; for large messages.
 
-    Steps: lg p2 + ceil(lg p) (+2 if folded); bytes: about 2 (p-1)/p n at the root.
-    Cost: (lg p2 + ceil(lg p) + 2*[p != p2])*alpha + 2*(p-1)/p*n*beta + (p-1)/p*n*gamma
+    Steps: lg p2 + ceil(lg p) (+2 if folded); bytes: about 2 (p-1)/p n at the root, and
+    where p is no power of two the fold's n more (its two phases' costs, summed).
+    Cost: (lg p2 + ceil(lg p) + 2*[p != p2])*alpha + (p2-1)/p2*n*(beta + gamma) + (p-1)/p*n*beta + [p != p2]*(n*(beta + gamma) + n/p*beta)
     """
     p, rank = t.size, t.rank
     bounds = chunk_bounds(src.size, p)

@@ -361,8 +361,8 @@ class Row:
     collective: str
     backend: str
     buffer: str
-    size: int
-    count: int
+    size: int  # nccl-tests' size: the whole buffer's bytes
+    count: int  # and its count: the elements of each rank's part (of each peer's, all_to_all)
     type: str
     redop: str
     root: int
@@ -434,7 +434,9 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
     for nbytes in sizes_:
         x = on_buffer(make_input(comm, collective, nbytes, dtype, args.op), args.buffer)
         count = x.size * comm.size if record.per_rank else x.size
-        size = count * dtype.itemsize
+        size = count * dtype.itemsize  # nccl-tests' size: the whole buffer, in bytes
+        if record.per_rank or record.rows:  # and its count: each rank's (or peer's) part,
+            count //= comm.size  # as nccl-tests prints it for gathers, scatters, all_to_all
         if size in sizes_timed:  # (sizes that come to the same whole elements: once)
             continue
         sizes_timed.add(size)

@@ -230,8 +230,8 @@ def nccl_lines(out_of_place: list[Any], in_place: list[Any], head: dict[str, Any
     placed = {(r.collective, r.algorithm, r.size): r for r in in_place}
     for collective, algorithm, mine in _blocks(out_of_place):
         lines += ["", f"# {collective}, algorithm {algorithm} ({head['ranks']} ranks)"
-                  + ("" if collective in INPLACE else "; no in-place form: run twice "
-                     "out of place"), *NCCL_HEADER]
+                  + ("" if collective in INPLACE else "; no in-place form: its in-place "
+                     "columns n/a"), *NCCL_HEADER]
         both = []
         for r in mine:
             other = placed.get((collective, algorithm, r.size))

@@ -75,7 +75,8 @@ def tune(comm: Communicator, args: argparse.Namespace, sizes: list[int],
     reads = "auto reads it" if saved == tuning.default_path().resolve() else \
         f"auto reads it with MPICOLL_TUNING={saved}"
     say(f"\n# wrote {saved}: {reads}")
-    say(f"# MPICH selection: MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE={mpich}")
+    say(f"# MPICH selection (MPICH 4.3 and later): "
+        f"MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE={mpich}")
     say(f"# Open MPI tuned: --mca coll_tuned_use_dynamic_rules 1 "
         f"--mca coll_tuned_dynamic_rules_filename {ompi}")
     return 0
