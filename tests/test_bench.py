@@ -141,6 +141,9 @@ def test_nccl_and_osu_layouts(world, capsys, layout):
         if layout == "nccl":
             assert "out-of-place" in out and "in-place" in out
             assert out.count("# Avg bus bandwidth    : ") == 2  # mpi_library and ring
+            rows = [line.split() for line in out.splitlines()
+                    if line.strip() and not line.startswith("#")]
+            assert rows and all(row[2] == "float" for row in rows)  # nccl-tests' type name
         else:
             assert "Avg Latency(us)" in out and "Min Latency(us)" in out
 

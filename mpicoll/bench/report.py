@@ -223,6 +223,10 @@ def average_busbw(rows: list[Any]) -> float:
     return sum(r.busbw for r in rows) / len(rows) if rows else 0.0
 
 
+# the type column as nccl-tests names its types (any other dtype: NumPy's name)
+_NCCL_TYPE_NAMES = {"float16": "half", "float32": "float", "float64": "double"}
+
+
 def nccl_lines(out_of_place: list[Any], in_place: list[Any], head: dict[str, Any]) -> list[str]:
     """nccl-tests' layout: per collective and algorithm, out-of-place and in-place columns
     in one table, then its average bus bandwidth (over both, as nccl-tests averages)."""
@@ -238,7 +242,8 @@ def nccl_lines(out_of_place: list[Any], in_place: list[Any], head: dict[str, Any
             both += [r] + ([other] if other else [])
             cells = (f"{other.time_us:>9.2f} {other.algbw:>7.2f} {other.busbw:>7.2f} "
                      f"{wrong(other):>6}" if other else f"{'n/a':>9} {'':>7} {'':>7} {'':>6}")
-            lines.append(f"  {r.size:>10} {r.count:>12} {r.type:>8} {r.redop:>6} {r.root:>5} "
+            kind = _NCCL_TYPE_NAMES.get(r.type, r.type)
+            lines.append(f"  {r.size:>10} {r.count:>12} {kind:>8} {r.redop:>6} {r.root:>5} "
                          f"{r.time_us:>9.2f} {r.algbw:>7.2f} {r.busbw:>7.2f} {wrong(r):>6} "
                          + cells)
         lines.append(f"# Avg bus bandwidth    : {average_busbw(both):.6g} ")
