@@ -331,3 +331,37 @@ def test_empty_results_are_no_memory_shared():
         return got.shape, comm.all_reduce(np.zeros((3, 0)), out=np.empty((3, 0))).shape
 
     assert run_local(2, body, timeout=10) == [((2, 0), (3, 0))] * 2
+
+
+class _TorchLike:
+    """A receive buffer of another array library (DLPack only), whose ``dtype`` and
+    ``shape`` are its library's, not NumPy's (as a torch tensor's ``torch.float32``)."""
+
+    def __init__(self, memory):
+        from dlpack_capsule import Tensor
+
+        self._tensor = Tensor(memory)
+        self.dtype, self.shape = f"lib.{memory.dtype.name}", ("lib", memory.shape)
+
+    def __dlpack__(self, **kwargs):
+        return self._tensor.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._tensor.__dlpack_device__()
+
+
+def test_check_mode_scatter_into_another_librarys_out():
+    """Check mode compares a receiver's out= as the array it is (its NumPy dtype and
+    shape), not the caller's object (a torch tensor's dtype is torch's): the scatter runs,
+    and a receiver's out= of another dtype raises on every rank."""
+    def body(comm):
+        x = np.arange(comm.size * 2, dtype="f4").reshape(comm.size, 2)
+        memory = np.zeros(2, "f4")
+        comm.scatter(x if comm.rank == 0 else None, 0, out=_TorchLike(memory))
+        assert memory.tolist() == x[comm.rank].tolist()
+        other = np.zeros(2, "f8" if comm.rank == comm.size - 1 else "f4")
+        with pytest.raises(mpicoll.MismatchError, match="dtype"):
+            comm.scatter(x if comm.rank == 0 else None, 0, out=_TorchLike(other))
+        return comm.all_reduce(np.ones(1)).tolist()
+
+    assert run_local(3, body, check=True, timeout=20) == [[3.0]] * 3

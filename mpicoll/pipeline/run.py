@@ -229,12 +229,15 @@ def scatter(c: CallState, call: Call, x: Any, root: Any, algorithm: Any, out: An
         if validate.rows(v, x, t.size, "scatter"):
             agree.header_of(x.dtype, x.shape[1:], header=header, device=type(x) is not np.ndarray)
             result = validate.out(v, out, x.shape[1:], x.dtype, like=x)
-    elif out is not None:  # a receiver's out= that is no array it can write: refused
-        # before the settle, where check mode tells every rank (its shape waits for the
-        # root's header, scatter_received)
+    received = None
+    if not is_root and out is not None:  # a receiver's out= that is no array it can
+        # write: refused before the settle, where check mode tells every rank (its shape
+        # waits for the root's header, scatter_received)
         received, _ = validate.array(v, out, "receive", "out", device_only=b.device_only)
         validate.writeable_receive(v, received, "out")
-    theirs = out if not is_root else None  # a non-root's out, compared in check mode
+    # a non-root's out, compared in check mode: as an array (a torch tensor's dtype is
+    # torch's; a refused out, None: nothing to compare)
+    theirs = received
     agree.settle(c, call, v, (algorithm, options), root=root,
                  dtype=x.dtype if is_root and x is not None else getattr(theirs, "dtype", None),
                  shape=x.shape[1:] if is_root and x is not None and x.ndim
