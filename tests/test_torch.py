@@ -144,6 +144,27 @@ def test_tensors_numpy_cannot_view_take_the_whole_path(world):
     np.testing.assert_array_equal(got.float().numpy(), np.full(5, p))
 
 
+def test_torchs_float8_types_and_its_sub_byte_placeholders(world):
+    """Every float8 type torch and ml_dtypes share reduces as NumPy's (its result a tensor
+    of the same dtype); torch's sub-byte integers (int4, uint1, ...: a byte an element,
+    exported as 8-bit integers) are refused on every rank, not given back as int8."""
+    p = world.size
+    for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+                 "float8_e8m0fnu"):
+        if not hasattr(torch, name):
+            continue
+        got = world.all_reduce(torch.ones(4).to(getattr(torch, name)), "max")
+        assert got.dtype == getattr(torch, name), name
+        np.testing.assert_array_equal(got.float().numpy(), np.ones(4))
+    for name in ("int4", "uint4", "uint1"):
+        if not hasattr(torch, name):
+            continue
+        placeholder = torch.ones(2, dtype=torch.uint8 if name[0] == "u" else torch.int8)
+        with pytest.raises(mpicoll.UnsupportedDtypeError, match="placeholder"):
+            world.all_reduce(placeholder.view(getattr(torch, name)))
+    np.testing.assert_array_equal(world.all_reduce(np.ones(1)), np.full(1, p))
+
+
 def test_a_kept_view_follows_the_tensor_it_views(world):
     """A small tensor's NumPy view is kept between calls (mpicoll.buffers.arrays.torch_numpy);
     a tensor changed in place (new memory, new shape, needing grad) is viewed again or

@@ -121,7 +121,13 @@ def same_memory(a: Any, b: Any) -> bool:
 
 # torch dtypes NumPy has no name of its own for: (the integer of their width, ml_dtypes')
 _TORCH_AS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "float8_e4m3fn"),
-             "float8_e5m2": ("uint8", "float8_e5m2")}
+             "float8_e5m2": ("uint8", "float8_e5m2"),
+             "float8_e4m3fnuz": ("uint8", "float8_e4m3fnuz"),
+             "float8_e5m2fnuz": ("uint8", "float8_e5m2fnuz"),
+             "float8_e8m0fnu": ("uint8", "float8_e8m0fnu")}
+# torch's sub-byte integers (int1..int7, uint1..uint7): placeholders, one element a byte,
+# whose DLPack export says int8 or uint8 (a result would come back as that: refused)
+_TORCH_SUB_BYTE = frozenset(f"{sign}int{bits}" for sign in ("", "u") for bits in range(1, 8))
 
 
 # small tensors' views, kept: id -> (the tensor, its data_ptr and shape then, the view,
@@ -199,7 +205,7 @@ def _torch_numpy(x: Any) -> np.ndarray | None:
         import torch
 
         width, kind = _TORCH_AS[name]
-        try:
+        try:  # (an older ml_dtypes without the kind: AttributeError, not viewed)
             return x.view(getattr(torch, width)).numpy().view(getattr(ml_dtypes, kind))
         except Exception:  # noqa: BLE001 - needs grad, or a view torch cannot make
             return None
@@ -244,7 +250,8 @@ def _ml_dtypes_as_torch() -> dict[np.dtype, tuple[str, str]]:
         import ml_dtypes
 
         for name, (width, kind) in _TORCH_AS.items():
-            _ML_AS_TORCH[np.dtype(getattr(ml_dtypes, kind))] = (width, name)
+            if hasattr(ml_dtypes, kind):  # (an older ml_dtypes lacks the newest)
+                _ML_AS_TORCH[np.dtype(getattr(ml_dtypes, kind))] = (width, name)
     return _ML_AS_TORCH
 
 
@@ -290,6 +297,11 @@ def _from_dlpack(x: Any, name: str) -> Any:
     """
     if getattr(x, "requires_grad", False):  # a torch tensor that needs grad: its memory
         x = x.detach()
+    if is_torch(x) and str(x.dtype).removeprefix("torch.") in _TORCH_SUB_BYTE:
+        raise UnsupportedDtypeError(
+            f"{name}: torch's {x.dtype} is a placeholder type (a byte an element, exported "
+            "as 8-bit integers, so a result would come back as those); use int8 or uint8, "
+            "or ml_dtypes' int4 and kin on NumPy arrays")
     lazy = _lazy_bit(x)
     if lazy:  # (torch's DLPack export leaves the negative bit out: the raw memory)
         raise InvalidArgumentError(
