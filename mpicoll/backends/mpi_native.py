@@ -407,8 +407,10 @@ def _typed_direct(t: MPITransport, collective: str, mop: MPI.Op, datatype: MPI.D
 def host_packet(t: MPITransport, packet: np.ndarray, root: int) -> Callable[[], None]:
     """MPI's own broadcast of one fixed host buffer (a Communicator's header packet) as
     one call whose arguments are made once: ``host_direct``'s broadcast on it, the same
-    message, without a Python frame around it (every small broadcast and scatter sends it)."""
-    return functools.partial(t.comm.Bcast, [packet, MPI.BYTE], root)
+    message, without a Python frame around it (every small broadcast and scatter sends it).
+    Its message is made once too, as mpi4py's own buffer with its count (mpi4py then reads
+    no NumPy array each call: 60 ns of a call that costs 1.7 us)."""
+    return functools.partial(t.comm.Bcast, [MPI.buffer(packet), packet.nbytes, MPI.BYTE], root)
 
 
 class _Kept:

@@ -618,7 +618,7 @@ def overhead(comm: Communicator, args: argparse.Namespace, say: Callable[..., No
         f"{'native(us)':>10} {'x':>5} {'plan(us)':>9} {'x':>5}"
         + (f" {'torch(us)':>9} {'x numpy':>7}" if torch is not None else ""))
     barrier = lambda: comm.barrier(algorithm="native")  # noqa: E731
-    worst = 0.0
+    worst, first = 0.0, True
     for collective in (*RECORDS, "barrier"):
         if "native" not in mpicoll.algorithms(collective, comm.backend):
             say(f"  {collective:>14} (the library has no {collective})")
@@ -645,10 +645,12 @@ def overhead(comm: Communicator, args: argparse.Namespace, say: Callable[..., No
                 # (a tensor over a copy of x: ml_dtypes' bfloat16 as torch's)
                 runs["torch"] = default_call(comm, collective, to_torch(x.copy()),
                                              args.op, args.root)
-        # a tenth of the calls first (not -w's few): the first row would otherwise pay for
-        # the machine's warming up (caches, clocks) alone
-        timed = time_interleaved(comm, runs, iters, max(args.warmup_iters, iters // 10),
-                                 barrier, "back-to-back")
+        # a tenth of the calls first (not -w's few), and before the first row all of them
+        # once, untimed: the first row would otherwise pay for the machine's warming up
+        # (caches, clocks, the ranks' first waits) alone
+        warmup = iters if first else max(args.warmup_iters, iters // 10)
+        first = False
+        timed = time_interleaved(comm, runs, iters, warmup, barrier, "back-to-back")
         us = {name: statistics.median(times) * 1e6 for name, times in timed.items()}
         ratio = {name: us[name] / us["library"] for name in us}
         worst = max(worst, ratio["default"])
