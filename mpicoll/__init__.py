@@ -35,6 +35,7 @@ from .errors import (
     MpicollError,
     OpError,
     RemoteError,
+    SettingMismatchError,
     UnsupportedDtypeError,
     UnsupportedOpError,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "Plan",
     "ReduceOp",
     "RemoteError",
+    "SettingMismatchError",
     "Request",
     "Status",
     "UnsupportedDtypeError",

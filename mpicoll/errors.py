@@ -43,6 +43,12 @@ class ConfigError(MpicollError, ValueError):
     """A tuning or model file, or an MPICOLL_* variable, cannot be read (named in the message)."""
 
 
+class SettingMismatchError(ConfigError, MismatchError):
+    """A setting of the whole job (check mode, tracing) differs between ranks: a
+    configuration error (``MPICOLL_CHECK``, ``MPICOLL_TRACE`` set on some ranks only) and
+    a mismatch (``check=``, ``trace=``) both, so either except clause catches it."""
+
+
 class ConcurrentCallError(MpicollError, RuntimeError):
     """Two threads called collectives on one Communicator at once (use ``comm.dup()``)."""
 

@@ -15,12 +15,15 @@ from .errors import AbortedError
 from .transport.local import LocalWorld
 
 
-def run_local(size: int, fn: Callable[..., Any], *args: Any, timeout: float = 60.0,
+def run_local(size: int, fn: Callable[..., Any], *args: Any, timeout: float | None = None,
               **communicator_kwargs: Any) -> list[Any]:
     """Run ``fn(comm, *args)`` on ``size`` thread-ranks and return each rank's result.
 
     ``comm`` is an ``mpicoll.Communicator`` on the local backend. If any rank raises, the
-    others stop waiting and the first exception (by rank) is raised here.
+    others stop waiting and the first exception (by rank) is raised here. ``timeout``:
+    seconds a blocking wait may take (a waiting receive then raises
+    ``CollectiveTimeoutError``); default ``MPICOLL_TIMEOUT`` where it is set (a malformed
+    one: ``ConfigError``), else a minute; 0: no limit.
     """
     world = LocalWorld(size, timeout)
     results: list[Any] = [None] * size

@@ -310,9 +310,14 @@ def test_mpicoll_check_malformed_is_refused_on_every_rank(monkeypatch):
 
 
 def test_check_mode_on_one_rank_only_is_refused_on_every_rank():
+    """A setting of the whole job on some ranks only: a ConfigError and a MismatchError
+    both (SettingMismatchError), whichever the caller's except clause names."""
     def body(comm):
-        with pytest.raises(mpicoll.MismatchError, match="check mode is on for rank"):
+        with pytest.raises(mpicoll.SettingMismatchError, match="check mode is on for rank") \
+                as raised:
             mpicoll.Communicator(comm.transport.duplicate(), "local", check=comm.rank == 0)
+        assert isinstance(raised.value, mpicoll.ConfigError)
+        assert isinstance(raised.value, mpicoll.MismatchError)
         return True
 
     assert run_local(3, body, timeout=10) == [True] * 3

@@ -365,3 +365,21 @@ def test_check_mode_scatter_into_another_librarys_out():
         return comm.all_reduce(np.ones(1)).tolist()
 
     assert run_local(3, body, check=True, timeout=20) == [[3.0]] * 3
+
+
+def test_run_local_reads_mpicoll_timeout(monkeypatch):
+    """MPICOLL_TIMEOUT bounds the thread-ranks' waits too, where run_local is given no
+    timeout (a malformed value: ConfigError); an explicit timeout= wins over it."""
+    def hang(comm):
+        if comm.rank == 0:
+            comm.recv(np.empty(1), 1, tag=5)  # rank 1 never sends
+        return True
+
+    monkeypatch.setenv("MPICOLL_TIMEOUT", "abc")
+    with pytest.raises(mpicoll.ConfigError, match="MPICOLL_TIMEOUT"):
+        run_local(2, hang)
+    monkeypatch.setenv("MPICOLL_TIMEOUT", "0.5")
+    assert run_local(2, lambda comm: comm.timeout) == [0.5, 0.5]
+    with pytest.raises(mpicoll.CollectiveTimeoutError, match="no message from rank 1"):
+        run_local(2, hang)
+    assert run_local(2, lambda comm: comm.timeout, timeout=7) == [7.0, 7.0]

@@ -39,6 +39,7 @@ from ..errors import (
     MpicollError,
     OpError,
     RemoteError,
+    SettingMismatchError,
 )
 from ..observe.recorder import DEFAULT_RECORDER, recorder_length, world_ranks
 from ..observe.tracing import trace_path, unwritable
@@ -406,7 +407,7 @@ def check_setting(value: Any) -> tuple[bool, MpicollError | None]:
 SETTINGS = ("check", "timeout", "MPICOLL_FLIGHT_RECORDER", "trace", "MPICOLL_CUDA_AWARE",
             "MPICOLL_DUMP_DIR", "MPICOLL_RANKS_PER_NODE")
 _REFUSED_CONFIG, _REFUSED_ARGUMENT = 1, 2  # a setting's field: ConfigError, InvalidArgumentError
-_TRACE_FILE, _TRACE_BY_ENV = 2, 4  # the trace field: 0 off, 1 recorded, 2 and a file; + 4
+_TRACE_FILE = 2  # the trace field: 0 off, 1 recorded, 2 and a file
 # + check, trace, node key, first refusal's text
 _SETTINGS_ROW = len(SETTINGS) + 4 + _TEXT_BYTES // 8
 # a node key: where it came from (and MPICOLL_RANKS_PER_NODE's k) above the node's number
@@ -422,7 +423,6 @@ class Settings:
         self.timeout = timeout
         self.recorder = DEFAULT_RECORDER  # flight-recorder entries
         self.trace: bool | str = False  # True: record; a path: and merge into that file
-        self.trace_by_env = False  # from MPICOLL_TRACE, not trace=
         self.cuda_aware: bool | None = None  # MPICOLL_CUDA_AWARE where it is set
         self.node_key = 0  # which node this rank is on (see node_key), as a number
         self.shared_node = 0  # and its shared-memory node (see shared_node)
@@ -528,7 +528,6 @@ def node_indices(keys: np.ndarray, shared: np.ndarray | None = None) -> tuple[in
 
 
 def _read_trace(s: Settings, backend: Backend, trace: Any) -> None:
-    s.trace_by_env = trace is None
     name, refusal = ("MPICOLL_TRACE", ConfigError) if trace is None else ("trace", InvalidArgumentError)
     value = os.environ.get("MPICOLL_TRACE", "") if trace is None else trace
     value = os.fspath(value) if isinstance(value, os.PathLike) else value
@@ -585,8 +584,8 @@ def settings(c: CallState, mine: Settings) -> None:
             config = isinstance(mine.refusals[name], ConfigError)
             row[i] = _REFUSED_CONFIG if config else _REFUSED_ARGUMENT
     row[n] = int(mine.check)
-    row[n + 1] = (0 if mine.trace is False else _TRACE_FILE if isinstance(mine.trace, str)
-                  else 1) | (_TRACE_BY_ENV if mine.trace_by_env else 0)
+    row[n + 1] = 0 if mine.trace is False else _TRACE_FILE if isinstance(mine.trace, str) \
+        else 1
     row[n + 2], row[n + 3] = mine.node_key, mine.shared_node
     first = next(iter(mine.refusals.values()), None)
     if first is not None:
@@ -608,16 +607,17 @@ def settings(c: CallState, mine: Settings) -> None:
             f"{text} (rank(s) {_ranks(ranks)})" for text, ranks in groups.items())) from first
     checks = rows[:, n]
     if (checks != checks[0]).any():
-        raise MismatchError(f"check: check mode is on for rank(s) {_ranks(np.flatnonzero(checks).tolist())} "
-                            "only; it must be the same on every rank (check= or MPICOLL_CHECK)")
-    traces = rows[:, n + 1] & 3
+        raise SettingMismatchError(
+            f"check: check mode is on for rank(s) {_ranks(np.flatnonzero(checks).tolist())} "
+            "only; it must be the same on every rank (check= or MPICOLL_CHECK)")
+    traces = rows[:, n + 1]
     if (traces != traces[0]).any():
         kinds = {0: "off", 1: "on", _TRACE_FILE: "on with a trace file"}
         detail = "; ".join(f"{kinds[k]} on rank(s) {_ranks(np.flatnonzero(traces == k).tolist())}"
                            for k in sorted(set(traces.tolist())))
-        kind = ConfigError if (rows[:, n + 1] & _TRACE_BY_ENV).any() else MismatchError
-        raise kind(f"trace: tracing must be the same on every rank (MPICOLL_TRACE or trace=; "
-                   f"rank 0 writes the file, at its path): {detail}")
+        raise SettingMismatchError(
+            f"trace: tracing must be the same on every rank (MPICOLL_TRACE or trace=; rank 0 "
+            f"writes the file, at its path): {detail}")
     c._node_of = node_indices(rows[:, n + 2], rows[:, n + 3])
     c._backend.transport.nodes = c._node_of  # what hierarchical algorithms split by
 
