@@ -10,6 +10,7 @@ is refused up front. ``reduce_local`` applies an op once, on this process only.
 from __future__ import annotations
 
 import enum
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -312,7 +313,21 @@ def _resolve_op(op: object, dtype: np.dtype) -> Op:
         raise UnsupportedDtypeError(
             f"op {member.value!r} cannot reduce dtype {dtype}: it takes {allowed} dtypes"
         )
+    if member in _LOGICAL and not _holds_zero(dtype):
+        raise UnsupportedDtypeError(
+            f"op {member.value!r} cannot reduce dtype {dtype}: its result is 1 or 0 of the "
+            "dtype, which has no 0 (powers of two only)")
     return _BUILTINS[member]
+
+
+_LOGICAL = frozenset((ReduceOp.LAND, ReduceOp.LOR, ReduceOp.LXOR))
+
+
+@functools.cache
+def _holds_zero(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` has a 0 (ml_dtypes' float8_e8m0fnu, powers of two, has none)."""
+    with np.errstate(all="ignore"):
+        return bool(np.zeros(1, dtype)[0] == 0)
 
 
 def loc_dtype(value: Any, index: Any = "i4") -> np.dtype:

@@ -117,6 +117,14 @@ def test_logical_ops_give_one_or_zero_of_the_dtype(op, dtype):
         assert np.array_equal(into, expected.astype(dt)), (op, dt, out, into)
 
 
+def test_logical_ops_refuse_a_dtype_without_zero():
+    """float8_e8m0fnu (powers of two, no 0) cannot hold a logical op's 0: refused, not
+    a NaN that the next combination would take for true."""
+    with pytest.raises(mpicoll.UnsupportedDtypeError, match="no 0"):
+        resolve_op("lxor", np.dtype(ml_dtypes.float8_e8m0fnu))
+    assert resolve_op("max", np.dtype(ml_dtypes.float8_e8m0fnu)) is not None
+
+
 LOC_REFUSED = [np.dtype("f8"), np.dtype([("value", "f8")]),
                np.dtype([("value", "c8"), ("index", "i4")]),
                np.dtype([("value", "f8"), ("index", "f4")]),
