@@ -147,7 +147,9 @@ class Backend(str):
 
 
 # the default group, its backend, and every group made since (destroy_process_group frees them)
-_STATE: dict[str, Any] = {"world": None, "backend": None, "groups": []}
+_STATE: dict[str, Any] = {"world": None, "backend": None, "groups": [], "made": 0}
+# ("made": the groups made since init_process_group, the default one included: every rank
+# counts each call that makes groups alike, member or not, as torch's group_count)
 
 
 def is_available() -> bool:
@@ -219,7 +221,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             f"the MPI launcher's{': ' + problem if problem else ''}; start the job with "
             "mpiexec or srun")
     world = ProcessGroup(comm, list(range(comm.size)), _asked(backend))
-    _STATE["world"], _STATE["backend"] = world, name
+    _STATE["world"], _STATE["backend"], _STATE["made"] = world, name, 1
     GroupMember.WORLD = _Group.WORLD = world
 
 
@@ -238,6 +240,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         if world is not None:
             world.comm.free()
         _STATE["world"] = _STATE["backend"] = None
+        _STATE["made"] = 0
         GroupMember.WORLD = _Group.WORLD = None
     elif isinstance(group, ProcessGroup):
         group.comm.free()
@@ -307,6 +310,7 @@ def new_group(ranks: Sequence[int] | None = None, timeout: Any = None, backend: 
                           for r in members):
         members = sorted(int(r) for r in members)  # as torch's; else refused on every rank
     comm = _world_on(backend, problem).new_group(members)
+    _STATE["made"] += 1  # (on every rank: the group is made, this rank in it or not)
     if comm is None:
         return GroupMember.NON_GROUP_MEMBER
     made = ProcessGroup(comm, [int(r) for r in members],
@@ -322,6 +326,16 @@ def _backend_name(backend: Any) -> str:
     if name not in ("mpi", "nccl"):
         raise InvalidArgumentError(f"backend: expected 'mpi' or 'nccl' (or 'gloo'), got {backend!r}")
     return name
+
+
+def _names_backend(backend: Any, name: str) -> bool:
+    """Whether torch's backend string names mpicoll's backend ``name`` ("gloo", "mpi",
+    "cpu:gloo,cuda:nccl": one device's each); never raises (an unknown one: False)."""
+    try:
+        parts = [part.split(":")[-1].strip() for part in str(backend).lower().split(",")]
+    except Exception:  # noqa: BLE001 - a caller's object whose str() fails: none named
+        return False
+    return name in {"mpi" if part == "gloo" else part for part in parts}
 
 
 _BACKEND_CODES = {"mpi": 1, "nccl": 2}
@@ -397,9 +411,11 @@ def get_node_local_rank(fallback_rank: int | None = None) -> int:
 
 
 def get_pg_count() -> int:
-    """The process groups made since init_process_group, the default one included, as
-    torch's (those destroyed since are not counted here)."""
-    return 0 if _STATE["world"] is None else 1 + len(_STATE["groups"])
+    """The calls that made process groups since init_process_group, the default group
+    included (new_group and split_group one each, a mesh one a dimension): the same on
+    every rank, whether in the groups or not, and never lowered by destroying one group,
+    as torch's group_count (0 before init_process_group and after destroying them all)."""
+    return _STATE["made"]
 
 
 def get_default_backend_for_device(device: Any) -> str:
@@ -459,16 +475,16 @@ def new_subgroups_by_enumeration(ranks_per_subgroup_list: Sequence[Sequence[int]
     is not in). A rank may be in one list at most. Every rank calls it, with the same lists."""
     problem = ""  # (refused on every rank: agreed with the backend, below)
     seen: set[int] = set()
-    try:
+    try:  # (whatever the caller's lists raise as they are read: refused on every rank)
         lists = [list(ranks) for ranks in ranks_per_subgroup_list]
+        for ranks in lists:
+            twice = seen.intersection(ranks)
+            if twice and not problem:
+                problem = (f"ranks_per_subgroup_list: rank {min(twice)} is in more than one "
+                           "subgroup")
+            seen.update(r for r in ranks if isinstance(r, (int, np.integer)))
     except Exception:  # noqa: BLE001 - as new_group's: refused on every rank
         lists, problem = [], "ranks_per_subgroup_list: expected a list of lists of ranks"
-    for ranks in lists:
-        twice = seen.intersection(ranks)
-        if twice and not problem:
-            problem = (f"ranks_per_subgroup_list: rank {min(twice)} is in more than one "
-                       "subgroup")
-        seen.update(r for r in ranks if isinstance(r, (int, np.integer)))
     _world_on(backend, problem, "new_subgroups_by_enumeration")
     me = get_rank()
     subgroups = [new_group(ranks, backend=backend) for ranks in lists]
@@ -486,9 +502,10 @@ def split_group(parent_pg: Any = None, split_ranks: Sequence[Sequence[int]] | No
     different lists (or another backend than the parent's) raise on every rank, before
     any group is made."""
     parent = _group(parent_pg)
-    other = backend is not None and _backend_name(backend) != parent.comm.backend
+    other = backend is not None and not _names_backend(backend, parent.comm.backend)
     sub, ranks = split_lists(parent.comm, split_ranks, "split_group", "split_ranks",
                              sys._getframe(1), other_backend=other)
+    _STATE["made"] += 1  # (on every rank, as new_group's)
     if sub is None:
         return None
     made = ProcessGroup(sub, [parent.ranks[r] for r in ranks], parent.asked)
@@ -600,6 +617,7 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
         groups[name] = ProcessGroup(mesh[name], [first + k * stride for k in range(shape[d])],
                                     world.asked)
         _STATE["groups"].append(groups[name])
+    _STATE["made"] += len(names)  # (one split a dimension, on every rank)
     ranks = np.array(world.ranks).reshape(shape)
     return DeviceMesh(device_type, ranks, groups, tuple(names), tuple(mesh.coordinates),
                       world.ranks[world.comm.rank], named=mesh_dim_names is not None)

@@ -1008,6 +1008,10 @@ def test_objects_point_to_point_and_subgroups_by_enumeration(initialized):
                 dist.recv_object_list([None], src=0)
     with pytest.raises(mpicoll.InvalidArgumentError, match="more than one subgroup"):
         dist.new_subgroups_by_enumeration([[0], [0]])
+    # a list holding what no rank is (unhashable) on one rank: refused on every rank
+    faulty = "ranks_per_subgroup_list" if rank == size - 1 else rf"refused on rank\(s\) \[{size - 1}\]"
+    with pytest.raises(mpicoll.InvalidArgumentError, match=faulty):
+        dist.new_subgroups_by_enumeration([[[0]]] if rank == size - 1 else [[0]])
     halves = [list(range(0, size, 2)), list(range(1, size, 2))]
     mine, groups = dist.new_subgroups_by_enumeration([h for h in halves if h])
     assert mine is groups[rank % 2] and dist.get_process_group_ranks(mine) == halves[rank % 2]
@@ -1046,6 +1050,11 @@ def test_split_group_as_torchs(initialized):
             dist.split_group(split_ranks=other)
         with pytest.raises(mpicoll.InvalidArgumentError, match="backend"):
             dist.split_group(split_ranks=[[0, 1]], backend="nccl" if rank == 0 else None)
+        with pytest.raises(mpicoll.InvalidArgumentError, match="backend"):  # (unknown)
+            dist.split_group(split_ranks=[[0, 1]], backend="ucc" if rank == 0 else None)
+    # torch's per-device form names the parent's backend
+    both = dist.split_group(split_ranks=[list(range(size))], backend="cpu:gloo,cuda:nccl")
+    assert dist.get_process_group_ranks(both) == list(range(size))
     alone = dist.split_group(split_ranks=[[r] for r in range(size)])
     assert dist.get_process_group_ranks(alone) == [rank]
     tensor = np.ones(1)
@@ -1086,3 +1095,10 @@ def test_torchs_other_names(initialized):
     group = dist.new_group(list(range(size)))
     assert dist.get_pg_count() == before + 1
     dist.destroy_process_group(group)
+    alone = dist.new_group([0])  # (non-members count it too, as torch's group_count)
+    counts = np.zeros((size, 1), np.int64)
+    dist.all_gather_into_tensor(counts, np.array([dist.get_pg_count()], np.int64))
+    assert counts[:, 0].tolist() == [before + 2] * size
+    if alone is not dist.GroupMember.NON_GROUP_MEMBER:
+        dist.destroy_process_group(alone)
+    assert dist.get_pg_count() == before + 2  # (destroying one does not lower it)

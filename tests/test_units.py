@@ -102,9 +102,14 @@ def test_logical_ops_give_one_or_zero_of_the_dtype(op, dtype):
     is 1 or 0 in the input's dtype, also where the result is written over an operand."""
     dt = np.dtype(dtype)
     kind = dtype_kind(dt)
-    a = {"b": [0, 0, 1, 1], "u": [0, 0, 1, 1, 1], "c": [0, 0, 1j, 0.5, 2 + 2j]}.get(
-        kind, [0, 0, -1, 0.5 if kind == "f" else 1, 1])
-    b = {"b": [0, 1, 0, 1], "c": [0, 1j, 0, -3, 0.5j]}.get(kind, [0, 1, 0, 1, 1])
+    # values a bitwise op would get wrong (2 and 3, -2 and 3); the 2-bit integers hold
+    # -2..1 or 0..3 only: 2 and 1, -2 and 1 there
+    tiny = kind in "iu" and dt.kind == "V" and ml_dtypes.iinfo(dt).max < 7
+    a = {"b": [0, 0, 1, 1], "u": [0, 0, 2, 3, 1], "c": [0, 0, 1j, 0.5, 2 + 2j]}.get(
+        kind, [0, 0, -2, 0.5 if kind == "f" else 3, 1])
+    b = {"b": [0, 1, 0, 1], "c": [0, 1j, 0, -3, 0.5j]}.get(kind, [0, 2, 0, 3, 1])
+    if tiny:
+        a, b = [0, 0, 2 if kind == "u" else -2, 1, 1], [0, 1, 0, 2 if kind == "u" else 1, 1]
     a, b = np.array(a, dt), np.array(b, dt)
     expected = TRUTH[op](a != 0, b != 0)
     assert expected.any() and not expected.all()

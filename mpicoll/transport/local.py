@@ -41,7 +41,7 @@ class LocalWorld:
         self.size = ranks
         # MPICOLL_TIMEOUT when set, else a minute (0: no limit); seconds >= 0 or ConfigError
         self.timeout = timeout_setting(None) if timeout is None and os.environ.get(
-            "MPICOLL_TIMEOUT") else timeout_setting(60.0 if timeout is None else timeout)
+            "MPICOLL_TIMEOUT", "").strip() else timeout_setting(60.0 if timeout is None else timeout)
         self.aborted = threading.Event()
         self.mailboxes = [[queue.SimpleQueue() for _ in range(size)] for _ in range(size)]
         self.board = PeerBoard()  # the program's own point-to-point messages
