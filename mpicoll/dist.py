@@ -15,7 +15,8 @@ or CUDA, through DLPack, without a copy). Each collective also takes ``algorithm
 What differs from torch: the job is started by an MPI launcher (mpiexec, srun), not by
 torchrun's rendezvous (``init_method`` is accepted and ignored; torch's ``RANK`` and
 ``WORLD_SIZE``, when set, must agree with MPI's); backends are "mpi" (CPU and GPU
-arrays; "gloo" is taken as "mpi") and "nccl" (GPU arrays); ``recv`` needs ``src`` or
+arrays; "gloo" and torch's per-device "cpu:gloo,cuda:nccl" are taken as "mpi") and
+"nccl" (GPU arrays); ``recv`` needs ``src`` or
 receives from any rank (not on "nccl") and returns the sender, as torch's.
 """
 
@@ -272,8 +273,10 @@ def get_backend(group: Any = None) -> str:
 
 
 def _asked(backend: Any) -> str | None:
-    """"gloo" where torch's backend name asks for gloo (mpicoll runs it over MPI)."""
-    return "gloo" if backend is not None and "gloo" in str(backend).lower() else None
+    """What get_backend answers where torch's backend name asks for gloo (mpicoll runs it
+    over MPI): "gloo", or the per-device string as given ("cpu:gloo,cuda:nccl")."""
+    name = "" if backend is None else str(backend).lower()
+    return None if "gloo" not in name else name if "," in name else "gloo"
 
 
 def get_rank(group: Any = None) -> int:
@@ -320,12 +323,17 @@ def new_group(ranks: Sequence[int] | None = None, timeout: Any = None, backend: 
 
 
 def _backend_name(backend: Any) -> str:
-    """torch's backend name as mpicoll's: "gloo" (or "cpu:gloo") and "mpi" are "mpi"."""
+    """torch's backend name as mpicoll's: "gloo" and "mpi" are "mpi"; a per-device string
+    (torch's "cpu:gloo,cuda:nccl") is "mpi" where it names gloo or mpi for a device (mpicoll's
+    MPI backend takes host and GPU arrays alike), else "nccl" where it names only NCCL."""
     name = str(backend).lower()
-    name = "mpi" if name in ("gloo", "cpu:gloo", "mpi") else name
-    if name not in ("mpi", "nccl"):
-        raise InvalidArgumentError(f"backend: expected 'mpi' or 'nccl' (or 'gloo'), got {backend!r}")
-    return name
+    parts = {part.split(":")[-1].strip() for part in name.split(",")}
+    if parts & {"gloo", "mpi"} and parts <= {"gloo", "mpi", "nccl"}:
+        return "mpi"
+    if parts == {"nccl"}:
+        return "nccl"
+    raise InvalidArgumentError(f"backend: expected 'mpi' or 'nccl' (or 'gloo', or torch's "
+                               f"per-device 'cpu:gloo,cuda:nccl'), got {backend!r}")
 
 
 def _names_backend(backend: Any, name: str) -> bool:

@@ -979,6 +979,15 @@ def test_torchs_work_and_barrier_names(initialized):
     dist.init_process_group("mpi")
     assert dist.get_backend() == "mpi"
     assert dist.get_backend(dist.new_group(list(range(size)), backend="gloo")) == "gloo"
+    dist.destroy_process_group()
+    # torch's per-device form runs on MPI (which takes host and GPU arrays alike)
+    dist.init_process_group("cpu:gloo,cuda:nccl")
+    assert dist.get_backend() == "cpu:gloo,cuda:nccl"
+    tensor = np.ones(2)
+    dist.all_reduce(tensor)
+    assert tensor.tolist() == [size] * 2
+    with pytest.raises(mpicoll.InvalidArgumentError, match="per-device"):
+        dist.new_group(list(range(size)), backend="cpu:ucc")
 
 
 def test_objects_point_to_point_and_subgroups_by_enumeration(initialized):
