@@ -322,28 +322,33 @@ def new_group(ranks: Sequence[int] | None = None, timeout: Any = None, backend: 
     return made
 
 
+def _named_backends(backend: Any) -> set[str]:
+    """The backends torch's backend string names, as mpicoll's ("gloo" is "mpi"): one for
+    "gloo", "mpi" or "nccl", one a device for a per-device "cpu:gloo,cuda:nccl"."""
+    parts = {part.split(":")[-1].strip() for part in str(backend).lower().split(",")}
+    return {"mpi" if part == "gloo" else part for part in parts}
+
+
 def _backend_name(backend: Any) -> str:
     """torch's backend name as mpicoll's: "gloo" and "mpi" are "mpi"; a per-device string
     (torch's "cpu:gloo,cuda:nccl") is "mpi" where it names gloo or mpi for a device (mpicoll's
     MPI backend takes host and GPU arrays alike), else "nccl" where it names only NCCL."""
-    name = str(backend).lower()
-    parts = {part.split(":")[-1].strip() for part in name.split(",")}
-    if parts & {"gloo", "mpi"} and parts <= {"gloo", "mpi", "nccl"}:
+    names = _named_backends(backend)
+    if "mpi" in names and names <= {"mpi", "nccl"}:
         return "mpi"
-    if parts == {"nccl"}:
+    if names == {"nccl"}:
         return "nccl"
     raise InvalidArgumentError(f"backend: expected 'mpi' or 'nccl' (or 'gloo', or torch's "
                                f"per-device 'cpu:gloo,cuda:nccl'), got {backend!r}")
 
 
 def _names_backend(backend: Any, name: str) -> bool:
-    """Whether torch's backend string names mpicoll's backend ``name`` ("gloo", "mpi",
-    "cpu:gloo,cuda:nccl": one device's each); never raises (an unknown one: False)."""
+    """Whether torch's backend string names mpicoll's backend ``name`` for one of its
+    devices; never raises (a caller's object whose str() fails: False)."""
     try:
-        parts = [part.split(":")[-1].strip() for part in str(backend).lower().split(",")]
+        return name in _named_backends(backend)
     except Exception:  # noqa: BLE001 - a caller's object whose str() fails: none named
         return False
-    return name in {"mpi" if part == "gloo" else part for part in parts}
 
 
 _BACKEND_CODES = {"mpi": 1, "nccl": 2}
