@@ -150,6 +150,14 @@ def on_buffer(x: np.ndarray, buffer: str) -> Any:
     return cupy.asarray(x)
 
 
+def nccl_size(record: Record, x: Any, p: int) -> tuple[int, int]:
+    """nccl-tests' size and count of a call on this rank's input ``x``: the whole
+    buffer's bytes (a gather's result, a scatter's rows), and the elements of each rank's
+    part (each peer's for all_to_all), as nccl-tests prints them."""
+    size = (x.size * p if record.per_rank else x.size) * x.dtype.itemsize
+    return size, x.size // p if record.rows else x.size
+
+
 def make_input(comm: Communicator, collective: str, nbytes: int, dtype: np.dtype,
                op: str) -> np.ndarray:
     """This rank's input for ``nbytes`` of ``collective`` (nccl-tests' meaning of size)."""
@@ -433,10 +441,7 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
     rows, wrong_total, sizes_timed = [], 0, set()
     for nbytes in sizes_:
         x = on_buffer(make_input(comm, collective, nbytes, dtype, args.op), args.buffer)
-        count = x.size * comm.size if record.per_rank else x.size
-        size = count * dtype.itemsize  # nccl-tests' size: the whole buffer, in bytes
-        if record.per_rank or record.rows:  # and its count: each rank's (or peer's) part,
-            count //= comm.size  # as nccl-tests prints it for gathers, scatters, all_to_all
+        size, count = nccl_size(record, x, comm.size)
         if size in sizes_timed:  # (sizes that come to the same whole elements: once)
             continue
         sizes_timed.add(size)

@@ -19,7 +19,7 @@ import numpy as np
 from mpicoll import Communicator, model, tuning
 from mpicoll.ops import resolve_op
 
-from . import RECORDS, Call, library_call, make_input, report, time_interleaved
+from . import RECORDS, Call, library_call, make_input, nccl_size, report, time_interleaved
 from .report import Progress, human
 
 
@@ -50,7 +50,7 @@ def tune(comm: Communicator, args: argparse.Namespace, sizes: list[int],
                                      lambda: comm.barrier(algorithm="native"), args.timing)
             times = {name: statistics.median(timed[name]) for name in names}
             best = min(times, key=times.get)
-            size = (x.size * comm.size if record.per_rank else x.size) * dtype.itemsize
+            size, _ = nccl_size(record, x, comm.size)
             winners.append((size, best))
             library = (f"MPI library {statistics.median(timed[report.MPI_LIBRARY]) * 1e6:.1f} us"
                        if report.MPI_LIBRARY in timed else "the MPI library cannot take it")
