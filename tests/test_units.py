@@ -709,3 +709,53 @@ def test_a_cut_short_receive_names_its_sender_where_mpi_left_the_status_empty():
     assert "from rank 2 (tag 7)" in str(_cut_short(truncated, buf, filled, -1, -1))
     other = MPI.Exception(MPI.ERR_OTHER)
     assert _cut_short(other, buf, empty, 0, 3) is other
+
+
+def test_a_receive_longer_than_its_buffer_mpi_did_not_report_is_said_so():
+    """MPICH's receive from ANY_SOURCE now and then completes a message longer than its
+    buffer with no MPI_ERR_TRUNCATE, its status holding the whole length: the status
+    tells it, and the request's wait (every wait) and test raise mpicoll's error, as for
+    one MPI reported; a status within the buffer is a receive as any."""
+    from mpi4py import MPI
+
+    from mpicoll.transport.mpi import PeerRequest, _check_length
+
+    def status_of(nbytes: int) -> MPI.Status:
+        status = MPI.Status()
+        status.Set_source(0)
+        status.Set_tag(4)
+        status.Set_elements(MPI.BYTE, nbytes)
+        return status
+
+    buf = np.zeros(2)
+    with pytest.raises(mpicoll.CollectiveError, match=r"from rank 0 \(tag 4\) is longer than "
+                                                      "the 16 bytes"):
+        _check_length(buf, status_of(32), -1, -1)
+    _check_length(buf, status_of(16), -1, -1)
+    _check_length(buf, status_of(8), -1, -1)
+
+    class Completed:  # an MPI request that completes with the status given
+        def __init__(self, nbytes: int) -> None:
+            self.nbytes = nbytes
+
+        def _fill(self, status: MPI.Status) -> None:
+            status.Set_source(0)
+            status.Set_tag(4)
+            status.Set_elements(MPI.BYTE, self.nbytes)
+
+        def Wait(self, status: MPI.Status) -> None:  # noqa: N802 - mpi4py's names
+            self._fill(status)
+
+        def Test(self, status: MPI.Status) -> bool:  # noqa: N802
+            self._fill(status)
+            return True
+
+    for finish in ("wait", "test"):
+        request = PeerRequest(Completed(32), buf, source=-1, tag=-1, receive=True)
+        for _ in range(2):
+            with pytest.raises(mpicoll.CollectiveError, match="is longer than the 16 bytes"):
+                getattr(request, finish)()
+            finish = "wait"  # (the error again at the next wait)
+    assert PeerRequest(Completed(16), buf, receive=True).wait().nbytes == 16
+    sent = PeerRequest(Completed(32), buf)  # (a send's request: its status says nothing)
+    assert sent.test()

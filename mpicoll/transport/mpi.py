@@ -407,6 +407,7 @@ class MPIPeers:
                            _any(tag, MPI.ANY_TAG), status)
         except MPI.Exception as exc:
             raise _cut_short(exc, buf, status, source, tag) from exc
+        _check_length(buf, status, source, tag)
         if landing is not buf:  # (a staged receive)
             _onto_device(buf, landing, status)
         return _status(status)
@@ -422,6 +423,7 @@ class MPIPeers:
                                _any(recv_tag, MPI.ANY_TAG), status)
         except MPI.Exception as exc:
             raise _cut_short(exc, recvbuf, status, source, recv_tag) from exc
+        _check_length(recvbuf, status, source, recv_tag)
         if landing is not recvbuf:
             _onto_device(recvbuf, landing, status)
         return _status(status)
@@ -449,7 +451,7 @@ class MPIPeers:
         return PeerRequest(self.comm.Irecv([landing, MPI.BYTE], _any(source, MPI.ANY_SOURCE),
                                            _any(tag, MPI.ANY_TAG)),
                            landing, None if landing is buf else buf, source, tag,
-                           orphans=self._orphans)
+                           orphans=self._orphans, receive=True)
 
     def reap(self) -> None:
         """Let go of the requests dropped unfinished (``PeerRequest.__del__``) that MPI
@@ -478,6 +480,16 @@ def _cut_short(exc: MPI.Exception, buf: Any, status: MPI.Status, source: int = -
     return cut_short(got if got >= 0 else source, got_tag if got_tag >= 0 else tag, buf.nbytes)
 
 
+def _check_length(buf: Any, status: MPI.Status, source: int, tag: int) -> None:
+    """A message longer than its buffer that MPI did not report: MPICH's receive from
+    ANY_SOURCE now and then completes with the message's whole length in its status and
+    no MPI_ERR_TRUNCATE. The status's length tells it; raised as MPI's error would be."""
+    if status.Get_count(MPI.BYTE) > buf.nbytes:
+        got, got_tag = status.Get_source(), status.Get_tag()
+        raise cut_short(got if got >= 0 else source, got_tag if got_tag >= 0 else tag,
+                        buf.nbytes)
+
+
 def _status(status: MPI.Status) -> Status:
     return Status(status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE))
 
@@ -493,8 +505,10 @@ class PeerRequest:
     """An MPI request of ``MPIPeers``: ``wait()`` (a receive's Status), ``test()``."""
 
     def __init__(self, request: MPI.Request, keep: Any, device: Any = None,
-                 source: int = -1, tag: int = -1, orphans: list | None = None) -> None:
+                 source: int = -1, tag: int = -1, orphans: list | None = None,
+                 receive: bool = False) -> None:
         self.request, self.keep, self.device = request, keep, device
+        self.receive = receive
         self.status = MPI.Status()
         self.finished = False
         self.error: Exception | None = None  # why it ended badly (raised at every wait)
@@ -521,6 +535,14 @@ class PeerRequest:
 
     def _finish(self) -> None:
         self.finished = True
+        if self.receive and self.status.Get_count(MPI.BYTE) > self.keep.nbytes:
+            buf = self.keep if self.device is None else self.device
+            self.keep = self.device = None
+            try:  # (MPI did not report it: the status's length tells it)
+                _check_length(buf, self.status, self.source, self.tag)
+            except CollectiveError as error:
+                self.error = error
+                raise
         if self.device is not None:  # a staged receive: now onto the GPU
             _onto_device(self.device, self.keep, self.status)
         self.keep = self.device = None
