@@ -109,6 +109,11 @@ def test_float_means_float32_in_the_output(world, shared_dir):
     (["-d", "U3"], "-d U3: a number type"),
     (["-d", "O"], "-d O: a number type"),
     (["--model", "/no/such/model.json"], "--model /no/such/model.json: no such file"),
+    # (more sizes than the step factor's estimate, each step rounded down to whole bytes)
+    (["-d", "int8", "-b", "100", "-e", "2095915", "-f", "1.01"],
+     "-f 1.01: 1059 sizes from -b 100 to -e 2095915; at most 1000"),
+    (["-b", "1", "-e", "1G", "-f", "1.0001"], "sizes from -b 1 to -e 1G; at most 1000"),
+    (["--plot", "/tmp/mpicoll-bench-figure.xyz"], "matplotlib writes no .xyz file"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(world, capsys, flags, message):
     with pytest.raises(SystemExit) as stop:
@@ -422,4 +427,35 @@ def test_scaling_takes_each_rows_own_prediction(world, shared_dir, capsys):
         records = scaling.load(shared_dir)
         assert {r["algorithm"]: r["predicted_us"] for r in records} == \
             {r["algorithm"]: r["predicted_us"] for r in rows}
+    world.barrier()
+
+
+def test_a_figure_without_matplotlib_is_refused_before_the_run(world, shared_dir, capsys,
+                                                                monkeypatch):
+    """--plot where matplotlib will not import: one line and exit 2 before any row is
+    timed (never hours of rows lost at the end); the scaling summary still writes its
+    CSV and table, says why there is no figure, and exits 2."""
+    import sys
+
+    from mpicoll.bench import scaling
+
+    path = os.path.join(shared_dir, f"ranks-{world.size}.json")
+    assert main(["all_reduce", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0", "--algo", "ring",
+                 "--json", path]) == 0
+    world.barrier()
+    capsys.readouterr()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # (import matplotlib: ImportError)
+    with pytest.raises(SystemExit) as stop:
+        main(["all_reduce", "-b", "1K", "-e", "1K", "--plot", os.path.join(shared_dir, "f.png")])
+    assert stop.value.code == 2
+    out, err = capsys.readouterr()
+    if world.rank == 0:
+        assert "drawing needs matplotlib" in err and err.count("\n") == 1, err
+        assert "ring" not in out  # (no row was timed)
+        png = os.path.join(shared_dir, "no-matplotlib.png")
+        assert scaling.main([shared_dir, "-o", png]) == 2
+        out, err = capsys.readouterr()
+        assert "drawing needs matplotlib" in err and "ring" in out
+        assert os.path.exists(os.path.join(shared_dir, "no-matplotlib.csv"))
+        assert not os.path.exists(png)
     world.barrier()

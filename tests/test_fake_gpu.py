@@ -194,6 +194,20 @@ def test_nccl_backend_barrier_averages_and_refusals(comm, fake_cupy):
         comm.all_reduce(fake_cupy.asarray(np.zeros(4, np.int32)), "bxor", algorithm="native")
     assert comm.all_reduce(fake_cupy.asarray(np.zeros(4, np.int32)), "bxor",
                            algorithm="ring").get().tolist() == [0] * 4
+    # an op NCCL lacks: auto runs mpicoll's own algorithm over NCCL (never native), as
+    # for a dtype NCCL lacks
+    ints = fake_cupy.asarray(np.full(4, 1 << comm.rank, np.int32))
+    every = (1 << comm.size) - 1
+    for op, want in (("bor", every), ("band", every if comm.size == 1 else 0),
+                     ("bxor", every), ("lor", 1), ("land", 1),
+                     (mpicoll.Op(np.bitwise_or, commutative=True), every)):
+        assert comm.auto_algorithm("all_reduce", 16, op, "int32") != "native"
+        assert comm.all_reduce(ints, op).get().tolist() == [want] * 4
+        rows = fake_cupy.asarray(np.full((comm.size, 4), 1 << comm.rank, np.int32))
+        assert comm.reduce_scatter(rows, op).get().tolist() == [want] * 4
+        got = comm.reduce(ints, op, root=0)
+        if comm.rank == 0:
+            assert got.get().tolist() == [want] * 4
     # NCCL has no scan: auto runs ours over NCCL (MPICH's recursive doubling)
     for collective in ("scan", "exscan"):
         assert comm.auto_algorithm(collective, 8, "sum", "f8") == "recursive_doubling"

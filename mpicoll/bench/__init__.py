@@ -72,11 +72,15 @@ def checked_sizes(parser: argparse.ArgumentParser, minbytes: str, maxbytes: str,
         parser.error(f"-b {minbytes} is larger than -e {maxbytes}")
     if not 1 < factor < math.inf:  # (nan fails it too)
         parser.error(f"-f {factor:g}: the step factor must be a number above 1")
+    # (the estimate first, so that a step factor near 1 never builds a huge list; then
+    # the sizes themselves, each step rounded down to whole bytes, which may be more)
     steps = math.log(max(end, 1) / max(begin, 1)) / math.log(factor)
-    if steps > MAX_SIZES:
-        parser.error(f"-f {factor:g}: {steps:.0f} sizes from -b {minbytes} to -e {maxbytes}; "
+    listed = sizes(begin, end, factor) if steps <= MAX_SIZES else None
+    if listed is None or len(listed) > MAX_SIZES:
+        count = f"{steps:.0f}" if listed is None else f"{len(listed)}"
+        parser.error(f"-f {factor:g}: {count} sizes from -b {minbytes} to -e {maxbytes}; "
                      f"at most {MAX_SIZES}: a larger step factor")
-    return sizes(begin, end, factor)
+    return listed
 
 
 MAX_SIZES = 1000  # sizes a sweep may have
@@ -845,7 +849,9 @@ def _unwritable_output(args: argparse.Namespace) -> str | None:
     missing), asked before the run so its hours are never lost at the end; None: it can."""
     for flag in ("json", "csv", "plot", "output"):
         path = getattr(args, flag, None)
-        problem = report.unwritable(path) if path else None
+        # (a figure: also an extension matplotlib writes, and matplotlib itself)
+        problem = None if not path else report.figure_path(path)[1] if flag == "plot" \
+            else report.unwritable(path)
         if problem:
             return f"--{flag} {path}: {problem}"
     if args.collective == "tune":  # (it adds to a tuning file, never writes over another)

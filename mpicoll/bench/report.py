@@ -327,7 +327,12 @@ CSV_RUN_COLUMNS = ("ranks", "hosts", "host_names", "dtype", "op", "timing", "ite
 def figure_path(path: str) -> tuple[str, str | None]:
     """Where matplotlib's ``savefig(path)`` writes (a name without an extension gets
     .png, as savefig appends it), and why it cannot (None: it can): an extension
-    matplotlib writes no file of, or a place ``unwritable`` refuses."""
+    matplotlib writes no file of, or a place ``unwritable`` refuses; matplotlib missing."""
+    try:
+        import matplotlib  # noqa: F401 - only whether it is there
+    except ImportError:
+        return path, ("drawing needs matplotlib: pip install matplotlib (mpicoll's plot "
+                      "extra, pip install -e '.[plot]')")
     extension = os.path.splitext(path)[1][1:].lower()
     if not extension:
         path += ".png"

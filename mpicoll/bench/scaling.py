@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from mpicoll import model
-from mpicoll.bench.report import LIBRARY_ROWS
+from mpicoll.bench.report import LIBRARY_ROWS, figure_path
 
 
 def load(directory: str) -> list[dict[str, Any]]:
@@ -117,15 +117,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{parser.prog}: no ranks-*.json in {args.directory}", file=sys.stderr)
         return 2
     png = args.output or os.path.join(args.directory, "scaling.png")
+    png, problem = figure_path(png)
     try:
         write_csv(records, os.path.splitext(png)[0] + ".csv")
-        plot(records, png)
+        if problem is None:
+            plot(records, png)
     except OSError as exc:
         parser.error(f"-o {png}: {exc.strerror or exc}")
     for record in records:
         print(f"{record['collective']:>14} {record['algorithm']:>20} {record['ranks']:>5} ranks "
               f"{record['nodes']:>3} node(s) {record['time_us']:>12.1f} us "
               f"(model {record['predicted_us']:.1f} us)")
+    if problem is not None:  # (the CSV and the table are made; the figure is not)
+        print(f"{parser.prog}: -o {png}: {problem}", file=sys.stderr)
+        return 2
     return 1 if any(r["wrong"] > 0 for r in records) else 0  # (-1: not checked)
 
 

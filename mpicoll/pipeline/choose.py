@@ -219,7 +219,8 @@ class Chooser:
         return registered.fn, registered
 
     def native_serves(self, op: Op | None, dtype: np.dtype | None) -> bool:
-        """Whether "native" can run this call (the library knows the dtype and op)."""
+        """Whether "native" can run this call (the library knows the dtype and op: NCCL
+        has no bitwise, logical or user's op, which then go to mpicoll's algorithms)."""
         if not self.backend.has_native:
             return False
         if op is None or dtype is None:
@@ -230,7 +231,7 @@ class Chooser:
             try:
                 self.backend.op_check(op, dtype)
                 ok = True
-            except UnsupportedDtypeError:
+            except (UnsupportedDtypeError, UnsupportedOpError):
                 ok = False
             self._native_ok[key] = ok
         return ok
