@@ -23,7 +23,9 @@ check mode does not fingerprint them (each start would be a step every rank make
 An ``add`` that refuses its array (another shape, no array) raises on its rank at once,
 but its slot goes as zeros, so every bucket still starts; ``wait`` ends each round with one
 small exchange, where every rank learns of such a refusal and raises (the others a
-RemoteError: their sums lack that rank's part), in check mode or not.
+RemoteError: their sums lack that rank's part), in check mode or not. An array a rank
+never added this round (no gradient this step, an add that raised) is such a refusal at
+``wait``: it goes as zeros, the buckets it held back start, and every rank raises.
 
 Buckets live where the arrays do: CuPy gradients fill device buckets (copied by a kernel
 on the current stream), NumPy ones host buckets; a bucket's arrays are all on the GPU or
@@ -60,6 +62,12 @@ DEFAULT_CAP_BYTES = 25 * 1024 * 1024  # DDP's bucket_cap_mb default
 class Bucketer:
     def __init__(self, comm: Any, arrays: Sequence[Any], *, cap_bytes: int = DEFAULT_CAP_BYTES,
                  op: Any = "sum", algorithm: str = "auto") -> None:
+        from .communicator import Communicator
+
+        if not isinstance(comm, Communicator):  # (the same on every rank: no message yet)
+            raise InvalidArgumentError(
+                f"comm: expected an mpicoll Communicator, got {type(comm).__name__} "
+                "(mpicoll.Communicator(mpi_comm) takes an mpi4py one)")
         self.op, self.algorithm = op, algorithm
         # a refusal is raised on every rank once the duplicate (collective) is made, and
         # the buckets' layout is agreed there: one rank's other arrays or cap_bytes would
@@ -158,27 +166,42 @@ class Bucketer:
             self._slot(i)[...] = 0
         self._filled[i] = True
         self._missing[self.bucket_of[i]] -= 1
+        self._start_full(sys._getframe(1))  # (a hang report names the caller's add)
+        if refusal is not None:
+            raise refusal
+
+    def _start_full(self, site: Any) -> None:
+        """Start every bucket now full, in bucket order (the order on every rank)."""
         while self._next < len(self.members) and self._missing[self._next] == 0:
             flat = self.buffers[self._next]
             self.works[self._next] = self.comm.all_reduce(
-                flat, self.op, algorithm=self.algorithm, out=flat, async_op=True,
-                _site=sys._getframe(1))  # (a hang report names the caller's add)
+                flat, self.op, algorithm=self.algorithm, out=flat, async_op=True, _site=site)
             self._next += 1
-        if refusal is not None:
-            raise refusal
 
     def wait(self) -> list[Any]:
         """Every array reduced (views of the buckets, in the order given, as the arrays'
         kind: torch tensors over them for torch's; valid until the next round's adds);
         then a new round of ``add`` may begin."""
-        missing = [i for i, filled in enumerate(self._filled) if not filled]
-        if missing:
-            raise InvalidArgumentError(f"wait: arrays {missing} were never added this round")
         failure = None
+        missing = [i for i, filled in enumerate(self._filled) if not filled]
+        if missing:  # (on this rank alone, maybe: an array with no gradient this step, an
+            # add that raised) as refused adds: zeros in their place, the buckets they
+            # held back started, and every rank raises below
+            self._refused = self._refused or InvalidArgumentError(
+                f"wait: arrays {missing} were never added this round (they went as zeros)")
+            for i in missing:
+                self._slot(i)[...] = 0
+                self._filled[i] = True
+                self._missing[self.bucket_of[i]] -= 1
+            try:
+                self._start_full(sys._getframe(1))
+            except MpicollError as exc:  # (its bucket is one never started, below)
+                failure = exc
         if self._next < len(self.members):  # its all_reduce was refused at add: the round
             # ends here, once the buckets started before it are done, failed
-            failure = InvalidArgumentError(f"wait: bucket {self._next} was never started this "
-                                           "round (add raised when it was full)")
+            failure = failure or InvalidArgumentError(
+                f"wait: bucket {self._next} was never started this round (add raised when it "
+                "was full)")
         for work in self.works[:self._next]:  # every one, even after one failed: the buckets
             try:                              # are free for the next round only once no
                 work.wait()                   # call still uses them

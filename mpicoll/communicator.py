@@ -28,7 +28,7 @@ from .pipeline import agree, run
 from .pipeline.choose import Chooser, check_collective
 from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
-from .pipeline.entry import announce, entry, freed, take_turn
+from .pipeline.entry import announce, entry, freed, resync_owed, take_turn
 from .pipeline.state import CallState, refuse_in_callback
 from .pipeline.validate import dtype_given
 from .plan import end_running_starts, init_method
@@ -191,8 +191,8 @@ class Communicator(CallState, PointToPoint, Groups):
 
     def _duplicate(self, site: Any, check: bool | None = None) -> Communicator:
         """``dup()`` for a caller that holds this Communicator's entry (made at ``site``)."""
-        if self.check:  # a step every rank makes here: a dup against another call raises
-            announce(self, "dup", site, None, algorithm="dup")
+        announce(self, "dup", site, None, algorithm="dup") if self.check else \
+            resync_owed(self, "dup", site)  # (check mode agrees it; else a resync owed first)
         call = Call(self._seq, "dup")
         call.at(site)
         with self._watch.aside(call):  # collective: it may wait (traced as this one is: its

@@ -279,14 +279,17 @@ class ProgressThread:
             # its done callbacks run with no call running (the calls queued behind wait
             # for them, and their waits' bounds count it); their errors are theirs
             self.running = call = None
+            # no longer pending before wait() can return: a thread given the Communicator
+            # once its owner's wait() returned may call at once (the done callbacks, run
+            # next, make no call on it)
+            with self.lock:
+                self.pending -= 1
+                if not self.pending:
+                    self.owner = None
             try:
                 work._set(result, error)
             finally:
                 work = result = error = None  # nothing of the call outlives it here
-                with self.lock:
-                    self.pending -= 1
-                    if not self.pending:
-                        self.owner = None
 
     def close(self, timeout: float | None = None) -> bool:
         """Finish what was submitted (within ``timeout`` seconds; None: no bound), then

@@ -94,7 +94,8 @@ def main(scenario: str) -> None:
         got = comm.all_reduce(np.full(4, comm.rank + 1.0), algorithm="native")
         print(f"RESULT rank {comm.rank}: {got[0]}", flush=True)  # must never print
         return
-    elif scenario in ("refuse_then_plan", "refuse_then_async"):
+    elif scenario in ("refuse_then_plan", "refuse_then_async", "refuse_then_dup",
+                      "refuse_then_bucketer"):
         # rank 1 refuses call #3 alone, then makes a plan (its vote is MPI's own
         # Allgather) or a first async call (its progress thread's duplicate is MPI's
         # Comm_dup): the owed check comes first, never MPI's collective the others' call
@@ -106,6 +107,10 @@ def main(scenario: str) -> None:
                 pass
             if scenario == "refuse_then_plan":
                 comm.all_reduce_init(x, algorithm="native")
+            elif scenario == "refuse_then_dup":  # (MPI_Comm_dup)
+                comm.dup()
+            elif scenario == "refuse_then_bucketer":  # (its duplicate of comm)
+                mpicoll.Bucketer(comm, [x])
             else:
                 comm.all_reduce(x, async_op=True).wait()
         else:

@@ -292,15 +292,19 @@ def test_a_bucketer_add_refused_on_one_rank_raises_at_every_ranks_wait(check):
     def body(comm):
         buckets = mpicoll.Bucketer(comm, [np.ones(2), np.ones(3), np.ones(4)], cap_bytes=40)
         last = comm.rank == comm.size - 1
-        for bad in (np.ones(5), "not an array"):
+        # (None: never added on that rank, as an array with no gradient this step: array
+        # 0's holds back every bucket there, which wait() then starts)
+        for wrong, bad in ((1, np.ones(5)), (1, "not an array"), (1, None), (0, None)):
             for i, n in enumerate((2, 3, 4)):
-                if last and i == 1:
-                    with pytest.raises(mpicoll.InvalidArgumentError, match="array 1"):
-                        buckets.add(i, bad)
+                if last and i == wrong:
+                    if bad is not None:
+                        with pytest.raises(mpicoll.InvalidArgumentError, match="array 1"):
+                            buckets.add(i, bad)
                 else:
                     buckets.add(i, np.full(n, comm.rank + 1.0))
             with pytest.raises(mpicoll.InvalidArgumentError if last else mpicoll.RemoteError,
-                               match="array 1" if last else "add refused an array on rank"):
+                               match=rf"array {wrong}|arrays \[{wrong}\] were never added"
+                               if last else "add refused an array on rank"):
                 buckets.wait()
         for i, n in enumerate((2, 3, 4)):
             buckets.add(i, np.full(n, comm.rank + 1.0))
@@ -311,6 +315,16 @@ def test_a_bucketer_add_refused_on_one_rank_raises_at_every_ranks_wait(check):
     total = 6.0  # ranks 1 + 2 + 3
     assert run_local(3, body, timeout=20, check=check) == \
         [[[total] * 2, [total] * 3, [total] * 4]] * 3
+
+
+def test_a_bucketer_of_what_is_not_a_communicator_is_refused():
+    """An mpi4py communicator (an MPI user's easy slip) or None: mpicoll's error."""
+    from mpi4py import MPI
+
+    for comm in (MPI.COMM_WORLD, None):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="expected an mpicoll "
+                                                               "Communicator"):
+            mpicoll.Bucketer(comm, [np.zeros(2)])
 
 
 def test_bucketer_local():
@@ -331,7 +345,8 @@ def test_bucketer_local():
                 np.testing.assert_allclose(g, want * factor, rtol=1e-6)
         buckets.add(0, grads[0])
         with pytest.raises(mpicoll.InvalidArgumentError, match="never added"):
-            buckets.wait()
+            buckets.wait()  # (every rank left the same arrays out: each raises its own)
+        buckets.add(0, grads[0])  # (that round ended: a new one)
         with pytest.raises(mpicoll.InvalidArgumentError, match="already added"):
             buckets.add(0, grads[0])
         with pytest.raises(mpicoll.InvalidArgumentError, match="shape"):

@@ -145,10 +145,12 @@ def test_a_lone_refusal_never_lets_the_next_call_match_the_others_native_call(tm
 
 
 @needs_mpiexec
-@pytest.mark.parametrize("scenario", ["refuse_then_plan", "refuse_then_async"])
+@pytest.mark.parametrize("scenario", ["refuse_then_plan", "refuse_then_async", "refuse_then_dup",
+                                      "refuse_then_bucketer"])
 def test_a_lone_refusal_then_a_plan_or_an_async_call_ends_with_a_report(scenario, tmp_path):
-    """Rank 1 refused a call alone: its next step, a plan's init or a first async call
-    (a progress thread's duplicate, MPI's own collective), first checks that the others
+    """Rank 1 refused a call alone: its next step, a plan's init, a first async call
+    (a progress thread's duplicate, MPI's own collective), a dup() or a Bucketer (its
+    duplicate of comm), first checks that the others
     refused too: the job ends through the timeout with reports, never MPI's 'Message
     truncated' abort nor a result of mismatched calls."""
     done, elapsed = job(scenario, str(tmp_path))

@@ -335,6 +335,29 @@ def test_threads_that_take_turns_may_share_async_calls(world):
     comm.free()
 
 
+def test_a_thread_may_call_once_the_others_wait_returned_while_its_callbacks_run(world):
+    """wait() returns once the call is done: the thread it hands the Communicator to may
+    call at once, while the finished call's done callbacks still run (a slow one on
+    rank 0 here), not be refused on that rank alone (the others then waited for it)."""
+    import time
+
+    comm = world.dup()
+    first = comm.all_reduce(np.ones(2), async_op=True)
+    if comm.rank == 0:
+        first.add_done_callback(lambda _: time.sleep(0.5))
+    first.wait()
+    results = []
+
+    def other():
+        results.append(comm.all_reduce(np.full(2, 2.0), async_op=True).wait())
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert [r.tolist() for r in results] == [[2.0 * world.size] * 2]
+    comm.free()
+
+
 def test_check_mode_one_rank_async_the_others_blocking_raises_everywhere():
     if mpicoll.Communicator().size < 2:
         pytest.skip("needs two ranks")
