@@ -36,3 +36,18 @@ quiet_pip --upgrade pip
 quiet_pip -e ".[${MPICOLL_EXTRAS:-mpich,test}]"
 .venv/bin/python -c "import mpicoll, mpi4py; from mpi4py import MPI" \
     || { echo "setup: mpicoll or mpi4py does not import" >&2; exit 1; }
+# what the extras asked for and the README's commands use (a failed pip step above only
+# said so; an older .venv may still serve, or not)
+case ",${MPICOLL_EXTRAS:-mpich,test}," in *,mpich,*)
+    [ -x .venv/bin/mpiexec ] \
+        || { echo "setup: .venv/bin/mpiexec is missing (the mpich extra); see $log" >&2; exit 1; } ;;
+esac
+case ",${MPICOLL_EXTRAS:-mpich,test}," in *,test,*)
+    { .venv/bin/python -c "import pytest, pytest_mpi, matplotlib" 2>/dev/null \
+        && [ -x .venv/bin/ruff ]; } \
+        || { echo "setup: the test extra (pytest, pytest-mpi, ruff, matplotlib) is not all there; see $log" >&2
+             exit 1; } ;;
+esac
+# MPICH's mpiexec (hydra) reaches its proxies by this machine's name
+getent hosts "$(hostname)" >/dev/null 2>&1 \
+    || echo "setup: warning: this machine's name ($(hostname)) does not resolve; mpiexec may fail (add it to /etc/hosts)" >&2

@@ -44,8 +44,16 @@ install_packages() {
         slurmctld slurmd slurm-client munge >/dev/null
 }
 
-# a pid file's process, if it is still alive
-alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# a pid file's process, if it is still alive and one of this cluster's daemons (a stale
+# pid file's number may since name another process, never to be signalled)
+alive() {
+    local pid
+    [ -s "$1" ] && pid=$(cat "$1") && kill -0 "$pid" 2>/dev/null || return 1
+    case "$(cat "/proc/$pid/comm" 2>/dev/null)" in
+        munged | slurmctld | slurmd) return 0 ;;
+        *) return 1 ;;
+    esac
+}
 
 write_config() {
     local host
@@ -104,10 +112,12 @@ EOF
     echo "Name=gpu File=$DIR/dev/gpu[0-$((GPUS - 1))]" > "$DIR/gres.conf"
 }
 
+# the two nodes up: idle (or, with $1 = busy, running jobs too)
 wait_ready() {
-    local i
+    local i up='^idle$'
+    [ "${1:-}" = busy ] && up='^(idle|alloc|mix|comp)'
     for i in $(seq 1 60); do
-        if SLURM_CONF=$CONF sinfo -h -N -o "%N %t" 2>/dev/null | awk '$2 == "idle" {n++} END {exit n != 2}'; then
+        if SLURM_CONF=$CONF sinfo -h -N -o "%N %t" 2>/dev/null | awk -v up="$up" '$2 ~ up {n++} END {exit n != 2}'; then
             return 0
         fi
         sleep 0.5
@@ -122,6 +132,8 @@ start() {
     [ "$(id -u)" = 0 ] || die "run as root: slurmd starts jobs as their users"
     command -v slurmctld >/dev/null || die "SLURM is not installed: bash scripts/slurm-cluster.sh install"
     if alive "$DIR/slurmctld.pid"; then
+        # (its nodes too: a dead slurmd would leave every sbatch --wait pending)
+        wait_ready busy || die "a cluster runs in $DIR but its nodes are not up; bash scripts/slurm-cluster.sh stop, then start"
         echo "slurm-cluster: already running; export SLURM_CONF=$CONF" >&2
         echo "$CONF"
         return 0

@@ -14,8 +14,14 @@ PY=.venv/bin/python
 # skip. MPICOLL_GPU_API=0 leaves them out (they then skip, with the reason).
 if [ "${MPICOLL_GPU_API:-1}" != 0 ]; then
     echo "== pip install -e .[gpu_api] (CuPy and NCCL wheels)"
-    $PY -m pip install -q --disable-pip-version-check -e ".[gpu_api]" 2>&1 \
-        | grep -v "^WARNING: Location" || true
+    # (pip's own status decides: a failed download stops here, with pip's words)
+    if ! $PY -m pip install -q --disable-pip-version-check -e ".[gpu_api]" \
+            >.venv/gpu_api.log 2>&1; then
+        grep -v "^WARNING: Location" .venv/gpu_api.log >&2 || true
+        echo "== pip install -e .[gpu_api] failed (MPICOLL_GPU_API=0 leaves the CuPy/NCCL API tests out)" >&2
+        exit 1
+    fi
+    grep -v "^WARNING: Location" .venv/gpu_api.log || true
     export MPICOLL_REQUIRE_GPU_API=${MPICOLL_REQUIRE_GPU_API:-1}
 fi
 MPIEXEC=.venv/bin/mpiexec
