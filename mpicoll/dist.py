@@ -41,7 +41,13 @@ from .groups import agreed_rows, split_lists
 from .observe.watchdog import report
 from .p2p import ANY, Status
 from .p2p import P2POp as _P2POp
-from .pipeline.state import in_done_callback, waits_for_itself
+from .pipeline.state import (
+    entering_done_callback,
+    in_done_callback,
+    leaving_done_callback,
+    waits_for_itself,
+)
+from .work import on_progress_thread
 
 __all__ = [
     "Backend", "DeviceMesh", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError",
@@ -838,8 +844,8 @@ class Future:
         return self._ended.is_set()
 
     def wait(self) -> Any:
-        if not self._ended.is_set() and in_done_callback():  # (the thread to end it)
-            raise waits_for_itself("Future.wait()")
+        if not self._ended.is_set() and in_done_callback() and on_progress_thread():
+            raise waits_for_itself("Future.wait()")  # (the thread that would end it)
         self._ended.wait()
         return self.value()
 
@@ -867,14 +873,17 @@ class Future:
             self._call(callback)
 
     def _call(self, callback: Any) -> None:
-        try:  # (as torch's: a callback's error is reported, and the others still run)
-            callback(self)
+        entering_done_callback()  # (here too where the future had ended: its collectives
+        try:  # refused wherever it runs.) As torch's: a callback's error is reported, and
+            callback(self)  # the others still run
         except Exception as exc:  # noqa: BLE001 - never into the thread that ended the call
             text = f"mpicoll.dist.Future: a callback raised {type(exc).__name__}: {exc}"
             try:
                 warnings.warn(text, RuntimeWarning, stacklevel=2)
             except Exception:  # noqa: BLE001 - warnings as errors: said, the others run on
                 report(text)
+        finally:
+            leaving_done_callback()
 
     def add_done_callback(self, callback: Any) -> None:
         with self._lock:

@@ -168,12 +168,18 @@ class Work:
 _LOCAL = threading.local()  # .progress: this thread is a ProgressThread's
 
 
+def on_progress_thread() -> bool:
+    """Whether this thread is a ProgressThread's (which runs the calls it would wait for)."""
+    return getattr(_LOCAL, "progress", False)
+
+
 def _run_callback(callback: Callable[[Work], None], work: Work) -> None:
-    """``callback(work)``; on a progress thread, marked as a done callback there (a
-    collective call it makes is refused: ``pipeline.state.in_done_callback``)."""
-    on_progress = getattr(_LOCAL, "progress", False)
-    if on_progress:
-        entering_done_callback()
+    """``callback(work)``, marked as a done callback (a collective call it makes is
+    refused: ``pipeline.state.in_done_callback``) wherever it runs: on the progress
+    thread, or at once in the caller's thread where the call had finished when it was
+    added (which of the two is a matter of timing on each rank: the refusal is not)."""
+    on_progress = on_progress_thread()
+    entering_done_callback()
     try:
         callback(work)
     except BaseException as exc:  # noqa: BLE001 - never into the thread that finished the call
@@ -191,8 +197,7 @@ def _run_callback(callback: Callable[[Work], None], work: Work) -> None:
 
             report(text)
     finally:
-        if on_progress:
-            leaving_done_callback()
+        leaving_done_callback()
 
 
 def _bounded(seconds: float) -> float | None:

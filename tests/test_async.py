@@ -180,6 +180,38 @@ def test_a_done_callback_that_waits_frees_or_dups_is_refused_not_deadlocked():
         ((2.0, 4.0, 2.0), [], False)]
 
 
+def test_a_collective_in_a_done_callback_is_refused_wherever_the_callback_runs():
+    """A callback added once the call had finished runs at once in the caller's thread
+    (rank 0 here), one added before on the progress thread (rank 1, whose call waits for
+    rank 0's): which of the two is timing, so a collective made in it is refused in both
+    (it was run on rank 0 alone, pairing with rank 1's next call), and the next calls
+    are right. A dist future's then() alike."""
+    import mpicoll.dist as dist
+
+    def body(comm):
+        seen = []
+
+        def collective(work):
+            try:
+                comm.all_reduce(np.full(2, 10.0))
+            except mpicoll.ConcurrentCallError as exc:
+                seen.append("done callback" in str(exc))
+
+        if comm.rank == 0:
+            time.sleep(0.3)  # (rank 1 adds its callback while its call waits for this one)
+        work = comm.all_reduce(np.ones(2), async_op=True)
+        if comm.rank == 0:
+            work.wait()  # finished: the callback runs at once, here
+        work.add_done_callback(collective)
+        work.wait()
+        future = dist.Future()  # (a dist future ended before then(): at once too)
+        future.set_result(None)
+        future.then(collective).wait()
+        return seen, comm.all_reduce(np.full(3, 1.0 + comm.rank)).tolist()
+
+    assert run_local(2, body, timeout=20) == [([True, True], [3.0] * 3)] * 2
+
+
 def test_the_default_wait_counts_from_the_calls_start_not_from_the_wait(monkeypatch):
     """Four barriers queued at once, rank 1 late to each by 0.6 s (under the timeout of
     1 s): rank 0's wait for the last, made at once, must not count the time the three

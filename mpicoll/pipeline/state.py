@@ -120,7 +120,8 @@ _CALLBACKS_LOCK = threading.Lock()
 
 
 def entering_done_callback() -> None:
-    """This progress thread starts a done callback (``mpicoll.work``)."""
+    """This thread starts a done callback (``mpicoll.work``: on a progress thread, or
+    in the caller's thread where the call had finished already)."""
     me = threading.get_ident()
     with _CALLBACKS_LOCK:
         CALLBACK_THREADS[me] = CALLBACK_THREADS.get(me, 0) + 1
@@ -136,12 +137,12 @@ def leaving_done_callback() -> None:
 
 
 def in_done_callback() -> bool:
-    """Whether this thread is in a done callback on a progress thread."""
+    """Whether this thread is in a done callback."""
     return threading.get_ident() in CALLBACK_THREADS
 
 
 def refuse_in_callback(what: str) -> None:
-    """Raise ``refused_in_callback(what)`` in a done callback on a progress thread."""
+    """Raise ``refused_in_callback(what)`` in a done callback."""
     if CALLBACK_THREADS and in_done_callback():
         raise refused_in_callback(what)
 
@@ -155,10 +156,12 @@ def waits_for_itself(what: str) -> ConcurrentCallError:
 
 
 def refused_in_callback(what: str) -> ConcurrentCallError:
-    """What a call made in a done callback on a progress thread raises (on every rank
-    alike: each runs the same callback), before it takes a number."""
+    """What a call made in a done callback raises (on every rank alike: each runs the
+    same callback, on its progress thread or at once where the call had finished),
+    before it takes a number."""
     return ConcurrentCallError(
         f"{what}: made in a done callback (a future's then() or add_done_callback), which "
-        "runs on the progress thread that ended the asynchronous call; its calls would "
-        "interleave with your thread's in an order that differs between ranks. Make the "
-        "call in your own thread, after the future's wait()")
+        "runs on the progress thread that ended the asynchronous call (or at once, on a "
+        "rank where it had ended); its calls would interleave with your thread's in an "
+        "order that differs between ranks. Make the call in your own thread, after the "
+        "future's wait()")
