@@ -19,6 +19,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .buffers import ML_DTYPE_KINDS
 from .buffers.arrays import as_array, may_share_memory, same_memory
 from .errors import InvalidArgumentError, OpError, UnsupportedDtypeError
 
@@ -89,12 +90,8 @@ _KIND_NAMES = {"b": "bool", "i": "signed integer", "u": "unsigned integer",
 # (bfloat16, float8_*, float6_*, float4_*) for add, multiply, minimum, maximum and divide,
 # to the ops floating; its narrow integers (int4, uint4, ...) the bitwise ones too, to the
 # ops signed or unsigned integers (those an installed ml_dtypes has)
-_ML_KINDS = {np.dtype(getattr(ml_dtypes, name)): kind for kind, names in (
-    ("f", ("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
-           "float8_e4m3b11fnuz", "float8_e4m3", "float8_e3m4", "float8_e8m0fnu",
-           "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn")),
-    ("i", ("int1", "int2", "int4")),
-    ("u", ("uint1", "uint2", "uint4"))) for name in names if hasattr(ml_dtypes, name)}
+_ML_KINDS = {np.dtype(getattr(ml_dtypes, name)): kind
+             for name, kind in ML_DTYPE_KINDS.items() if hasattr(ml_dtypes, name)}
 
 
 def dtype_kind(dtype: np.dtype) -> str:

@@ -495,3 +495,40 @@ def test_ctrl_c_landing_anywhere_in_calls_never_leaves_the_communicator_taken(wo
     assert plan().tolist() == [1.0] * 4 and comm.all_reduce(x).tolist() == [1.0] * 4
     plan.free()
     comm.free()
+
+
+@pytest.mark.parametrize("count", [8, 4096])  # (in the header's packet, and by an algorithm)
+def test_a_dtype_a_receiver_cannot_read_is_refused_there_after_taking_part(world, monkeypatch,
+                                                                         count):
+    """A receiver whose ml_dtypes lacks the root's type (an older version: its code is
+    known, the type is not): broadcast, scatter and scatter_v with x=None refuse it there,
+    after taking part, never another dtype of that code; the next calls are right."""
+    import ml_dtypes
+
+    import mpicoll.buffers as buffers
+
+    if world.size < 2:
+        pytest.skip("needs a receiver")
+    int2 = np.dtype(ml_dtypes.int2)
+    code = buffers.dtype_code(int2)
+    if world.rank == 1:  # (this rank's ml_dtypes has no int2)
+        table = list(buffers.DTYPE_TABLE)
+        table[code] = None
+        monkeypatch.setattr(buffers, "DTYPE_TABLE", tuple(table))
+    x = np.arange(count).astype(int2) if world.rank == 0 else None
+    rows = np.zeros((world.size, count), int2) if world.rank == 0 else None
+    calls = {
+        "broadcast": lambda: world.broadcast(x, 0),
+        "scatter": lambda: world.scatter(rows, 0),
+        "scatter_v": lambda: world.scatter_v(
+            rows.reshape(-1) if rows is not None else None,
+            [count] * world.size if world.rank == 0 else None, 0),
+    }
+    for name, call in calls.items():
+        if world.rank == 1:
+            with pytest.raises(mpicoll.UnsupportedDtypeError, match="ml_dtypes' int2"):
+                call()
+        else:
+            got = call()
+            assert got.dtype == int2, name
+        np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, world.size))

@@ -118,17 +118,23 @@ def result_buffer(out: Any, shape: tuple[int, ...], dtype: np.dtype, name: str =
 
 # Dtypes that a header can name by a small integer (broadcast/scatter with None); any
 # other dtype travels as its description (``dtype_text``). ml_dtypes' types need a code:
-# their description is only "this many bytes" (kind V).
-DTYPE_TABLE: tuple[np.dtype, ...] = tuple(np.dtype(c) for c in (
-    "?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8",
-    "f2", "f4", "f8", "g", "c8", "c16", "G",
-)) + (np.dtype(ml_dtypes.bfloat16),) + tuple(
-    np.dtype(getattr(ml_dtypes, name)) for name in (
-        "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
-        "float8_e4m3b11fnuz", "float8_e4m3", "float8_e3m4", "float8_e8m0fnu",
-        "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn", "int2", "int4", "uint2", "uint4")
-    if hasattr(ml_dtypes, name))
-_DTYPE_CODES = {dt: i for i, dt in enumerate(DTYPE_TABLE)}
+# their description is only "this many bytes" (kind V). Each code is fixed, whatever
+# this rank's ml_dtypes has: a name an older ml_dtypes lacks keeps its place, as None
+# (ranks with two versions of ml_dtypes still read each other's codes alike; a code this
+# rank lacks is refused). New names go at the end.
+# (each with its kind as ``ops.dtype_kind`` says it: floating, signed or unsigned)
+ML_DTYPE_KINDS = {
+    **dict.fromkeys(("bfloat16", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                     "float8_e5m2fnuz", "float8_e4m3b11fnuz", "float8_e4m3", "float8_e3m4",
+                     "float8_e8m0fnu", "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn"), "f"),
+    "int2": "i", "int4": "i", "uint2": "u", "uint4": "u", "int1": "i", "uint1": "u"}
+ML_DTYPE_NAMES = tuple(ML_DTYPE_KINDS)
+_NUMPY_CODES = ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8",
+                "f2", "f4", "f8", "g", "c8", "c16", "G")
+DTYPE_TABLE: tuple[np.dtype | None, ...] = tuple(np.dtype(c) for c in _NUMPY_CODES) + tuple(
+    np.dtype(getattr(ml_dtypes, name)) if hasattr(ml_dtypes, name) else None
+    for name in ML_DTYPE_NAMES)
+_DTYPE_CODES = {dt: i for i, dt in enumerate(DTYPE_TABLE) if dt is not None}
 
 
 def dtype_code(dtype: np.dtype) -> int:
@@ -160,4 +166,10 @@ def dtype_from_text(text: str) -> np.dtype:
 def dtype_from_code(code: int) -> np.dtype:
     if not 0 <= code < len(DTYPE_TABLE):
         raise UnsupportedDtypeError(f"dtype code {code} is not in mpicoll's dtype table")
-    return DTYPE_TABLE[code]
+    dtype = DTYPE_TABLE[code]
+    if dtype is None:
+        name = ML_DTYPE_NAMES[code - len(_NUMPY_CODES)]
+        raise UnsupportedDtypeError(
+            f"dtype code {code}: ml_dtypes' {name}, which this rank's ml_dtypes "
+            f"{getattr(ml_dtypes, '__version__', '?')} lacks (a newer one has it)")
+    return dtype

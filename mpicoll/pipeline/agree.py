@@ -40,6 +40,7 @@ from ..errors import (
     OpError,
     RemoteError,
     SettingMismatchError,
+    UnsupportedDtypeError,
 )
 from ..observe.recorder import DEFAULT_RECORDER, recorder_length, world_ranks
 from ..observe.tracing import trace_path, unwritable
@@ -332,18 +333,33 @@ def header_of(dtype: np.dtype | None, shape: tuple[int, ...] | None, status: int
     return header
 
 
-def unpack_header(header: np.ndarray, root: int, call: Call,
+def unpack_header(header: np.ndarray, root: int, call: Call | None, v: Verdict | None = None,
                   ) -> tuple[np.dtype, tuple[int, ...], bool]:
     """(dtype, shape, on the GPU) from a root's header; a root's refusal raises
-    RemoteError here (the root raises its own)."""
-    status, code, _, ndim = header[:4].tolist()
+    RemoteError here (the root raises its own). A dtype this rank cannot read as the
+    root's (a code its ml_dtypes lacks, another itemsize: two versions of a library)
+    raises; with ``v``, it is this rank's refusal instead, and the dtype given back is
+    raw items of the root's itemsize, so that the receiver takes part, then raises."""
+    status, code, itemsize, ndim = header[:4].tolist()
     if status != OK:
-        raise RemoteError(f"{call.name()}: root {root} refused the call: "
-                          f"{REFUSALS.get(status, 'status ' + str(status))}")
+        raise RemoteError(f"{(call.name() + ': ') if call else ''}root {root} refused the "
+                          f"call: {REFUSALS.get(status, 'status ' + str(status))}")
     device, ndim = bool(ndim & ON_DEVICE), ndim & (ON_DEVICE - 1)
-    dtype = dtype_from_code(code) if code >= 0 else \
-        dtype_from_text(_untext(header[4 + ndim:HEADER_LEN]))
-    return dtype, tuple(header[4:4 + ndim].tolist()), device
+    shape = tuple(header[4:4 + ndim].tolist())
+    try:
+        dtype = dtype_from_code(code) if code >= 0 else \
+            dtype_from_text(_untext(header[4 + ndim:HEADER_LEN]))
+        if dtype.itemsize != itemsize:
+            raise UnsupportedDtypeError(
+                f"the root's dtype code {code} is {itemsize} bytes an item, this rank's "
+                f"{dtype} {dtype.itemsize}: the ranks' libraries (ml_dtypes) differ")
+    except UnsupportedDtypeError as exc:
+        if v is None or not 0 < itemsize < 1 << 20:
+            raise
+        v.refuse("receive", UnsupportedDtypeError(
+            f"x: the root {root} sends a dtype this rank cannot read: {exc}"))
+        return np.dtype((np.void, itemsize)), shape, device
+    return dtype, shape, device
 
 
 # -- the v-variants' tables --------------------------------------------------------------

@@ -161,7 +161,7 @@ def broadcast_received(c: CallState, call: Call, x: Any, root: int, algorithm: A
     b = c._backend
     t, v = b.transport, v or Verdict()
     packet, header, limit = c._packet, c._packet_header, b.packed_bytes
-    dtype, shape, device = agree.unpack_header(header, root, call)
+    dtype, shape, device = agree.unpack_header(header, root, call, v)
     nbytes = math.prod(shape) * dtype.itemsize
     packed = nbytes <= limit
     fn = None if packed else c._chooser.function("broadcast", algorithm, nbytes, options=options)
@@ -172,7 +172,7 @@ def broadcast_received(c: CallState, call: Call, x: Any, root: int, algorithm: A
                 like = device_like()
             except MpicollError as exc:
                 v.refuse("receive", exc)
-    elif x is not None and (x.shape != shape or x.dtype != dtype):
+    elif x is not None and v.receive is None and (x.shape != shape or x.dtype != dtype):
         v.refuse("receive", InvalidArgumentError(
             f"x: the receive buffer has shape {x.shape} and dtype {x.dtype}, but the root "
             f"sends shape {shape} and dtype {dtype}"))
@@ -212,7 +212,7 @@ def _root_header(c: CallState, call: Call, v: Verdict, is_root: bool, header: np
         raise v.input
     if is_root and header[0] != agree.OK:
         raise InvalidArgumentError(f"x: {agree.REFUSALS[int(header[0])]}")
-    return agree.unpack_header(header, root, call)
+    return agree.unpack_header(header, root, call, v)
 
 
 def scatter(c: CallState, call: Call, x: Any, root: Any, algorithm: Any, out: Any,
@@ -289,7 +289,7 @@ def scatter_received(c: CallState, call: Call, root: int, algorithm: Any, out: A
     b = c._backend
     t, v = b.transport, v or Verdict()
     header = c._packet_header
-    dtype, shape, device = agree.unpack_header(header, root, call)
+    dtype, shape, device = agree.unpack_header(header, root, call, v)
     count = math.prod(shape)
     bounds = even_bounds(count, t.size)
     in_packet = bool(header[3] & agree.IN_PACKET)
