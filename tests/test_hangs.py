@@ -454,6 +454,24 @@ def test_a_monitored_barrier_may_wait_longer_than_the_communicators_timeout(tmp_
     assert not reports(done.stderr)
 
 
+def test_a_monitored_barrier_without_timeout_waits_rank_0s_timeout_on_every_rank():
+    """No timeout=: every rank waits rank 0's Communicator timeout (agreed when it was
+    made), not its own: rank 1's own 1 s would have it give up on rank 0's answer while
+    rank 2, 3 s late, was within rank 0's 30 s, blaming rank 0 (which then blamed itself)."""
+    def body(comm):
+        mine = 1.0 if comm.rank == 1 else 30.0
+        sub = mpicoll.Communicator(backend=comm._backend.duplicate(), timeout=mine)
+        assert sub.timeout == mine and sub._rank0_timeout == 30.0
+        if comm.rank == 2:
+            time.sleep(3.5)
+        sub.monitored_barrier()
+        got = sub.all_reduce(np.ones(2))[0]
+        sub.free()
+        return got
+
+    assert run_local(3, body, timeout=60) == [3.0] * 3
+
+
 def test_local_monitored_barrier_names_every_late_rank():
     def body(comm):
         if comm.rank in (1, 3):

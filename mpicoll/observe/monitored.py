@@ -31,8 +31,8 @@ GAVE_UP = 2  # a rank's second note to rank 0: it stopped waiting for rank 0's a
 def monitored_barrier(c: Any, call: Any, timeout: float | None, wait_all_ranks: bool) -> None:
     """The body of ``Communicator.monitored_barrier`` (see the module's docstring)."""
     verdict = Verdict()
-    if timeout is None:
-        timeout = c.timeout or float("inf")
+    if timeout is None:  # (rank 0's, agreed when the Communicator was made: each rank's
+        timeout = c._rank0_timeout or float("inf")  # own would blame the wrong rank)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         verdict.refuse("params", InvalidArgumentError(
             f"timeout: expected seconds > 0, got {timeout!r}"))

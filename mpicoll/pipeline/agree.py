@@ -425,7 +425,7 @@ SETTINGS = ("check", "timeout", "MPICOLL_FLIGHT_RECORDER", "trace", "MPICOLL_CUD
 _REFUSED_CONFIG, _REFUSED_ARGUMENT = 1, 2  # a setting's field: ConfigError, InvalidArgumentError
 _TRACE_FILE = 2  # the trace field: 0 off, 1 recorded, 2 and a file
 # + check, trace, node key, first refusal's text
-_SETTINGS_ROW = len(SETTINGS) + 4 + _TEXT_BYTES // 8
+_SETTINGS_ROW = len(SETTINGS) + 5 + _TEXT_BYTES // 8
 # a node key: where it came from (and MPICOLL_RANKS_PER_NODE's k) above the node's number
 _BY_BLOCKS, _BY_SLURM, _BY_HOST, _SOURCE_SHIFT, _K_SHIFT = 1, 2, 3, 56, 36
 
@@ -590,7 +590,8 @@ def settings(c: CallState, mine: Settings) -> None:
     check mode, the trace's kind, the text of the rank's first refusal): a malformed
     setting on any rank raises the same error on every rank, naming it and the ranks;
     check mode and tracing (they add messages) must be alike everywhere. The timeout,
-    the flight recorder and CUDA-awareness shape no message: they may differ per rank."""
+    the flight recorder and CUDA-awareness shape no message: they may differ per rank
+    (rank 0's timeout is kept as ``_rank0_timeout``, for what every rank decides alike)."""
     t = c._backend.control
     n = len(SETTINGS)
     table = np.zeros(t.size * _SETTINGS_ROW, np.int64)
@@ -603,9 +604,10 @@ def settings(c: CallState, mine: Settings) -> None:
     row[n + 1] = 0 if mine.trace is False else _TRACE_FILE if isinstance(mine.trace, str) \
         else 1
     row[n + 2], row[n + 3] = mine.node_key, mine.shared_node
+    row[n + 4] = round(min(mine.timeout or 0, 1e12) * 1e6)  # (microseconds; 0: no limit)
     first = next(iter(mine.refusals.values()), None)
     if first is not None:
-        row[n + 4:] = _text(" ".join(str(first).split()), _TEXT_BYTES)
+        row[n + 5:] = _text(" ".join(str(first).split()), _TEXT_BYTES)
     t.begin()
     all_gather(c, table, _SETTINGS_ROW)
     rows = table.reshape(t.size, _SETTINGS_ROW)
@@ -614,7 +616,7 @@ def settings(c: CallState, mine: Settings) -> None:
         groups: dict[str, list[int]] = {}
         for r in np.flatnonzero(refused.any(axis=1)).tolist():
             names = [SETTINGS[i] for i in np.flatnonzero(refused[r]).tolist()]
-            text = _untext(rows[r, n + 4:])
+            text = _untext(rows[r, n + 5:])
             if len(names) > 1:
                 text += f" (and its {', '.join(names[1:])})"
             groups.setdefault(text, []).append(r)
@@ -634,6 +636,7 @@ def settings(c: CallState, mine: Settings) -> None:
         raise SettingMismatchError(
             f"trace: tracing must be the same on every rank (MPICOLL_TRACE or trace=; rank 0 "
             f"writes the file, at its path): {detail}")
+    c._rank0_timeout = float(rows[0, n + 4]) / 1e6
     c._node_of = node_indices(rows[:, n + 2], rows[:, n + 3])
     c._backend.transport.nodes = c._node_of  # what hierarchical algorithms split by
 

@@ -74,7 +74,10 @@ class CallState:
         _node_of: each rank's node index, agreed (``agree.nodes``).
         _freed: ``free()`` was called: every later call refuses (``entry``), plans too.
         check: check mode, agreed (``agree.settings``).
-        timeout: seconds a call may take before the watchdog reports it.
+        timeout: seconds a call may take before the watchdog reports it (this rank's:
+            it may differ per rank, as the watchdog's clock is each rank's own).
+        _rank0_timeout: rank 0's timeout, the same on every rank (``agree.settings``):
+            what a call whose outcome every rank decides alike waits (monitored_barrier).
     """
 
     _backend: Backend
@@ -91,6 +94,7 @@ class CallState:
     _node_of: list[int]
     check: bool
     timeout: float
+    _rank0_timeout: float
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
