@@ -13,7 +13,12 @@ def config_file(variable: str, name: str) -> Path:
     (``~/.config/mpicoll/<name>``)."""
     if os.environ.get(variable):
         return Path(os.environ[variable])
-    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    base = os.environ.get("XDG_CONFIG_HOME")
+    if not base:
+        try:
+            base = Path.home() / ".config"
+        except (RuntimeError, KeyError):  # no home folder (a user with no passwd entry
+            base = Path("/nonexistent/.config")  # and no HOME): Debian's home of such users
     return Path(base) / "mpicoll" / name
 
 

@@ -81,6 +81,16 @@ def test_a_malformed_model_parameter_is_refused_when_read(tmp_path, monkeypatch,
         run_local(2, lambda comm: comm.size)
 
 
+@pytest.mark.parametrize("variable", ["MPICOLL_TUNING", "MPICOLL_MODEL"])
+def test_a_file_nested_deeper_than_json_reads_is_a_config_error(tmp_path, monkeypatch, variable):
+    """(json's RecursionError, never raw)"""
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100000 + "]" * 100000)
+    monkeypatch.setenv(variable, str(path))
+    with pytest.raises(mpicoll.ConfigError, match=f"file {path}"):
+        run_local(2, lambda comm: comm.size)
+
+
 @pytest.mark.parametrize("winners", [
     [(8, "ring"), (512, "native"), (32768, "ring")],
     [(0, "ring"), (0, "native"), (16, "native"), (16, "ring"), (64, "ring")],  # rounded sizes

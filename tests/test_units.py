@@ -785,3 +785,35 @@ def test_a_receive_longer_than_its_buffer_mpi_did_not_report_is_said_so():
     assert PeerRequest(Completed(16), buf, receive=True).wait().nbytes == 16
     sent = PeerRequest(Completed(32), buf)  # (a send's request: its status says nothing)
     assert sent.test()
+
+
+def test_ranks_per_node_that_differs_names_each_value_and_its_ranks():
+    from mpicoll.pipeline import agree
+
+    def blocks(k: int, job_rank: int) -> int:
+        return (agree._BY_BLOCKS << agree._SOURCE_SHIFT) | (k << agree._K_SHIFT) | (job_rank // k)
+
+    keys = np.array([blocks(2, 0), blocks(2, 1), blocks(3, 2), 0], np.int64)
+    with pytest.raises(mpicoll.ConfigError, match=r"it is 2 on rank\(s\) 0-1; 3 on rank\(s\) 2; "
+                                                  r"unset on rank\(s\) 3"):
+        agree.node_indices(keys)
+    assert agree.node_indices(np.array([blocks(2, r) for r in range(5)], np.int64)) == \
+        (0, 0, 1, 1, 2)
+
+
+def test_no_home_folder_means_no_tuning_or_model_file(monkeypatch):
+    """A user with no home (no passwd entry, no HOME) reads no file of its own, never a
+    raw RuntimeError (on rank 0 it left the others waiting)."""
+    from pathlib import Path
+
+    from mpicoll import config, selection
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    for name in ("XDG_CONFIG_HOME", "MPICOLL_TUNING", "MPICOLL_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    path = config.config_file("MPICOLL_TUNING", "tuning.json")
+    assert config.read_config(path) is None
+    assert selection.read_texts() is not None  # (every file missing: nothing raised)

@@ -87,7 +87,7 @@ def parse_params(text: str, path: str) -> Params:
                 raise ValueError(f"'ranks' must be a number of ranks >= 0, got {ranks!r}")
             fields["ranks"] = ranks
         return Params(**fields, source=str(path))
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:  # (nested too deep for json)
         raise ConfigError(f"model file {path}: {exc}") from None
 
 

@@ -492,7 +492,8 @@ def node_key(backend: Backend) -> int:
     job_rank = _job_rank(backend)
     if text:
         if not (text.isascii() and text.isdigit()) or not 1 <= int(text) < 1 << 20:
-            raise ConfigError(f"MPICOLL_RANKS_PER_NODE: expected a number of ranks >= 1, got {text!r}")
+            raise ConfigError("MPICOLL_RANKS_PER_NODE: expected a number of ranks from 1 to "
+                              f"{(1 << 20) - 1}, got {text!r}")
         k = int(text)
         return (_BY_BLOCKS << _SOURCE_SHIFT) | (k << _K_SHIFT) | (job_rank // k)
     name = os.environ.get("SLURMD_NODENAME")
@@ -510,16 +511,18 @@ def _job_rank(backend: Backend) -> int:
 
 
 def shared_node(backend: Backend) -> int:
-    """A number naming this rank's shared-memory node: the lowest job rank of the ranks
-    that MPI_COMM_TYPE_SHARED puts with it (collective: every rank of the Communicator
-    being made calls it, whatever its settings); threads of the local backend share one."""
+    """A number naming this rank's shared-memory node: the lowest rank in the
+    Communicator of the ranks that MPI_COMM_TYPE_SHARED puts with it (its rank there,
+    not in MPI_COMM_WORLD: a Communicator over processes of two worlds, spawned and
+    merged, has two of each world rank); collective: every rank of the Communicator being
+    made calls it, whatever its settings. Threads of the local backend share one."""
     if backend.ranks_are_threads:
         return _BY_HOST << _SOURCE_SHIFT
     from mpi4py import MPI
 
     node = backend.control.comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        lowest = np.array([_job_rank(backend)], np.int64)
+        lowest = np.array([backend.control.comm.Get_rank()], np.int64)
         node.Allreduce(MPI.IN_PLACE, lowest, MPI.MIN)
     finally:
         node.Free()
@@ -535,8 +538,12 @@ def node_indices(keys: np.ndarray, shared: np.ndarray | None = None) -> tuple[in
     blocks = keys >> _K_SHIFT
     by_blocks = sources == _BY_BLOCKS
     if by_blocks.any() and (not by_blocks.all() or (blocks != blocks[0]).any()):
-        raise ConfigError("MPICOLL_RANKS_PER_NODE: it must be the same on every rank (set on "
-                          "some ranks only, or to different numbers)")
+        given: dict[str, list[int]] = {}
+        for r, (source, block) in enumerate(zip(sources.tolist(), blocks.tolist(), strict=True)):
+            k = block & ((1 << (_SOURCE_SHIFT - _K_SHIFT)) - 1)
+            given.setdefault(str(k) if source == _BY_BLOCKS else "unset", []).append(r)
+        raise ConfigError("MPICOLL_RANKS_PER_NODE: it must be the same on every rank; it is "
+                          + "; ".join(f"{k} on rank(s) {_ranks(ranks)}" for k, ranks in given.items()))
     if shared is not None and not by_blocks.any() and not (sources == _BY_SLURM).all():
         keys = shared  # (SLURM's node on every rank, or on none)
     first: dict[int, int] = {}

@@ -88,8 +88,8 @@ def parse_tuning(text: str, path: str) -> tuning.TuningTable:
                 if collective not in REGISTRY:
                     raise ValueError(f"tables[{ranks!r}]: unknown collective {collective!r}")
                 _check_ranges(ranges, collective, f"tables[{ranks!r}][{collective!r}]")
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"tuning file {path}: {exc}") from None
+    except (ValueError, TypeError, AttributeError, RecursionError) as exc:  # (nested
+        raise ConfigError(f"tuning file {path}: {exc}") from None  # too deep for json)
     return table
 
 
