@@ -658,6 +658,9 @@ def tables(c: CallState) -> selection.Tables:
             payload = json.dumps(selection.read_texts()).encode()
         except ConfigError as exc:  # unreadable: the others learn it from the payload
             payload = json.dumps({"error": str(exc)}).encode()
+        except Exception as exc:  # noqa: BLE001 - anything else too: never raised here
+            payload = json.dumps(  # alone, with the others waiting for the payload
+                {"error": f"the tuning and model files: {type(exc).__name__}: {exc}"}).encode()
     size = np.array([len(payload)], np.int64)
     t.begin()
     broadcast(c, size, 0)
