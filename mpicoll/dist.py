@@ -839,6 +839,11 @@ class Future:
         self._value: Any = None
         self._error: BaseException | None = None
         self._callbacks: list[Any] | None = []
+        # a call's future (get_future(), and what then() chains on it): its callbacks are
+        # done callbacks wherever they run, so a collective made in one is refused on
+        # every rank (the progress thread, or at once where the call had ended: timing);
+        # a future of the caller's own, ended in its own thread, runs them as they are
+        self._of_call = False
 
     def done(self) -> bool:
         return self._ended.is_set()
@@ -873,9 +878,10 @@ class Future:
             self._call(callback)
 
     def _call(self, callback: Any) -> None:
-        entering_done_callback()  # (here too where the future had ended: its collectives
-        try:  # refused wherever it runs.) As torch's: a callback's error is reported, and
-            callback(self)  # the others still run
+        if self._of_call:
+            entering_done_callback()
+        try:  # (as torch's: a callback's error is reported, and the others still run)
+            callback(self)
         except Exception as exc:  # noqa: BLE001 - never into the thread that ended the call
             text = f"mpicoll.dist.Future: a callback raised {type(exc).__name__}: {exc}"
             try:
@@ -883,7 +889,8 @@ class Future:
             except Exception:  # noqa: BLE001 - warnings as errors: said, the others run on
                 report(text)
         finally:
-            leaving_done_callback()
+            if self._of_call:
+                leaving_done_callback()
 
     def add_done_callback(self, callback: Any) -> None:
         with self._lock:
@@ -894,6 +901,7 @@ class Future:
 
     def then(self, callback: Any) -> Future:
         chained = Future()
+        chained._of_call = self._of_call
 
         def run(done: Future) -> None:
             try:
@@ -908,13 +916,57 @@ class Future:
 
 
 def _future_for(value: list[Any]) -> Any:
-    """torch's Future where torch is in use and the outputs are torch tensors (or none:
-    a barrier's), else mpicoll's."""
+    """A call's future: torch's where torch is in use and the outputs are torch tensors
+    (or none: a barrier's), else mpicoll's; its callbacks done callbacks wherever they
+    run (``Future._of_call``)."""
     torch = sys.modules.get("torch")
     items = [v for item in value for v in (item if isinstance(item, (list, tuple)) else (item,))]
     if torch is not None and all(isinstance(v, torch.Tensor) for v in items):
-        return torch.futures.Future()
-    return Future()
+        return _call_future_class(torch)()
+    future = Future()
+    future._of_call = True
+    return future
+
+
+_CALL_FUTURE: list[Any] = []  # the torch Future subclass below, made once torch is in use
+
+
+def _call_future_class(torch: Any) -> Any:
+    """torch's ``Future`` for a call's future: a callback (``add_done_callback``,
+    ``then``, and the callbacks of what ``then`` chains) runs as a done callback wherever
+    torch runs it: in the thread that ends the call, or inline where it had ended (torch
+    runs a callback added to a completed future at once), so a collective made in one is
+    refused on every rank, as ``Future._of_call``'s."""
+    if _CALL_FUTURE:
+        return _CALL_FUTURE[0]
+
+    class CallFuture(torch.futures.Future):  # type: ignore[misc,name-defined]
+        def add_done_callback(self, callback: Any) -> None:
+            def marked(done: Any) -> None:
+                entering_done_callback()
+                try:
+                    callback(done)
+                finally:
+                    leaving_done_callback()
+
+            super().add_done_callback(marked)
+
+        def then(self, callback: Any) -> Any:
+            chained = CallFuture()
+
+            def run(done: Any) -> None:  # (as torch's then: the callback's error is the
+                try:                      # chained future's)
+                    value = callback(done)
+                except Exception as exc:  # noqa: BLE001
+                    chained.set_exception(exc)
+                    return
+                chained.set_result(value)
+
+            self.add_done_callback(run)
+            return chained
+
+    _CALL_FUTURE.append(CallFuture)
+    return CallFuture
 
 
 def _nothing(result: Any) -> None:

@@ -115,7 +115,7 @@ EOF
 # the two nodes up: idle (or, with $1 = busy, running jobs too)
 wait_ready() {
     local i up='^idle$'
-    [ "${1:-}" = busy ] && up='^(idle|alloc|mix|comp)'
+    [ "${1:-}" = busy ] && up='^(idle|alloc|mix|comp)$'  # (not idle*: not responding)
     for i in $(seq 1 60); do
         if SLURM_CONF=$CONF sinfo -h -N -o "%N %t" 2>/dev/null | awk -v up="$up" '$2 ~ up {n++} END {exit n != 2}'; then
             return 0
@@ -132,7 +132,13 @@ start() {
     [ "$(id -u)" = 0 ] || die "run as root: slurmd starts jobs as their users"
     command -v slurmctld >/dev/null || die "SLURM is not installed: bash scripts/slurm-cluster.sh install"
     if alive "$DIR/slurmctld.pid"; then
-        # (its nodes too: a dead slurmd would leave every sbatch --wait pending)
+        # (its nodes too: a dead slurmd would leave every sbatch --wait pending; slurmctld
+        # takes a while to see one dead, so its pid first)
+        local node
+        for node in "${NODES[@]}"; do
+            alive "$DIR/slurmd-$node.pid" \
+                || die "a cluster runs in $DIR but its node $node's slurmd does not; bash scripts/slurm-cluster.sh stop, then start"
+        done
         wait_ready busy || die "a cluster runs in $DIR but its nodes are not up; bash scripts/slurm-cluster.sh stop, then start"
         echo "slurm-cluster: already running; export SLURM_CONF=$CONF" >&2
         echo "$CONF"

@@ -806,9 +806,19 @@ def test_a_call_in_a_future_callback_is_refused_on_every_rank(initialized):
     }
     dist.all_reduce(tensor)
     for callback in inner.values():
-        chained = dist.all_reduce(np.ones(1), async_op=True).get_future().then(callback)
-        with pytest.raises(mpicoll.ConcurrentCallError, match="done callback"):
-            chained.wait()
+        for ended in (False, True):  # (ended: then() runs it at once, in this thread)
+            work = dist.all_reduce(np.ones(1), async_op=True)
+            future = work.get_future()
+            if ended:
+                future.wait()
+            chained = future.then(callback)
+            with pytest.raises(mpicoll.ConcurrentCallError, match="done callback"):
+                chained.wait()
+            with pytest.raises(mpicoll.ConcurrentCallError, match="done callback"):
+                future.then(lambda f: None).then(callback).wait()  # (what then() chains)
+    mine = dist.Future()  # a future of the caller's own, ended in its thread: its
+    mine.set_result(None)  # callbacks are its own code, as any (the same on every rank)
+    assert mine.then(lambda f: dist.all_reduce(np.ones(1))).wait() is None
     after = np.ones(3)
     dist.all_reduce(after)
     assert after.tolist() == [size] * 3

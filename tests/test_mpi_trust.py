@@ -532,3 +532,22 @@ def test_a_dtype_a_receiver_cannot_read_is_refused_there_after_taking_part(world
             got = call()
             assert got.dtype == int2, name
         np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, world.size))
+
+
+def test_a_monitored_barrier_with_no_limit_on_rank_0_is_never_ended_by_another_ranks_watchdog():
+    """Rank 0's Communicator has no timeout (0), the others 1 s; no timeout=: every rank
+    waits as rank 0 does, without limit, so a rank 2.5 s late ends the barrier in time on
+    every rank, and no rank's watchdog ends the job meanwhile."""
+    import time
+
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.size < 3:
+        pytest.skip("needs a waiting rank besides rank 0 and the late one")
+    rank = MPI.COMM_WORLD.rank
+    comm = mpicoll.Communicator(MPI.COMM_WORLD, timeout=0 if rank == 0 else 1)
+    if rank == comm.size - 1:
+        time.sleep(2.5)
+    comm.monitored_barrier()
+    np.testing.assert_array_equal(comm.all_reduce(np.ones(2)), np.full(2, comm.size))
+    comm.free()

@@ -354,6 +354,46 @@ def test_dist_futures_of_tensors_are_torchs_as_ddp_comm_hooks_chain_them():
         dist.destroy_process_group()
 
 
+def test_a_collective_in_a_torch_futures_callback_is_refused_wherever_it_runs():
+    """torch runs a callback added to a completed future at once, in the caller's
+    thread: a collective made in a call's future's callback (add_done_callback, then, and
+    what then chains) is refused there too, as on the progress thread: on every rank."""
+    import mpicoll.dist as dist
+
+    dist.init_process_group("mpi")
+    try:
+        size = dist.get_world_size()
+        import threading
+
+        def collective(f):
+            return dist.all_reduce(torch.ones(1))
+
+        for ended in (False, True):
+            future = dist.all_reduce(torch.ones(2), async_op=True).get_future()
+            if ended:
+                future.wait()
+            refused, ran = [], threading.Event()
+
+            def hook(f, refused=refused, ran=ran):
+                try:
+                    collective(f)
+                except mpicoll.ConcurrentCallError:
+                    refused.append(True)
+                ran.set()
+
+            future.add_done_callback(hook)
+            with pytest.raises(mpicoll.ConcurrentCallError, match="done callback"):
+                future.then(collective).wait()
+            with pytest.raises(mpicoll.ConcurrentCallError, match="done callback"):
+                future.then(lambda f: f.value()[0]).then(collective).wait()
+            assert ran.wait(30) and refused == [True]
+        after = torch.ones(3)
+        dist.all_reduce(after)
+        assert after.tolist() == [size] * 3
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_bucketer_of_tensors_gives_tensors_back(world):
     """Bucketer.wait() gives each result as its array's kind: torch tensors over the
     buckets (valid until the next round's adds, as NumPy's views are)."""

@@ -39,8 +39,9 @@ def monitored_barrier(c: Any, call: Any, timeout: float | None, wait_all_ranks: 
     t, watch = c._backend.control, c._watch
     missing = np.full(t.size, -1, np.int64)  # the ranks that did not arrive, then -1s
     saved = watch.timeout  # the call's own timeout governs it, past the Communicator's
-    if saved and verdict.first is None and timeout != float("inf"):  # (the watchdog ends
-        watch.timeout = max(saved, 2 * timeout + 1 + GRACE)           # it if that fails)
+    if saved and verdict.first is None:  # (the watchdog ends it if that fails; where the
+        # timeout is none, rank 0's, this rank's watchdog must not end what rank 0 waits)
+        watch.timeout = 0 if timeout == float("inf") else max(saved, 2 * timeout + 1 + GRACE)
     try:
         # check mode compares the call first (every rank waits for the last there: each
         # tells how long it waited, and a rank that came later than the others by more
