@@ -358,7 +358,9 @@ def unpack_header(header: np.ndarray, root: int, call: Call | None, v: Verdict |
             raise
         v.refuse("receive", UnsupportedDtypeError(
             f"x: the root {root} sends a dtype this rank cannot read: {exc}"))
-        return np.dtype((np.void, itemsize)), shape, device
+        # (an unsigned int of that size where there is one: CuPy has no void items)
+        raw = f"u{itemsize}" if itemsize in (1, 2, 4, 8) else (np.void, itemsize)
+        return np.dtype(raw), shape, device
     return dtype, shape, device
 
 
