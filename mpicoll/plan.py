@@ -553,8 +553,10 @@ def _agreed_at_init(arguments: dict[str, Any] | None, size: int) -> tuple:
     if isinstance(root, bool) or not isinstance(root, (int, np.integer)) \
             or not 0 <= root < size:
         root = agree.ANY
-    return ((arguments.get("algorithm", "auto"), arguments.get("options") or {}),
-            arguments.get("op"), root)
+    options = arguments.get("options") or {}
+    if arguments.get("compress") is not None:  # (compared as a call's: with the options)
+        options = {**options, "compress": arguments["compress"]}
+    return ((arguments.get("algorithm", "auto"), options), arguments.get("op"), root)
 
 
 def _check_algorithm(comm: Communicator, collective: str, arguments: dict[str, Any] | None,
@@ -595,6 +597,12 @@ def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, fr
             _check_algorithm(comm, collective, arguments, algorithm)
         if args and args[0] is not None:
             as_array(args[0], "x")
+        if collective == "all_reduce" and arguments is not None and \
+                arguments.get("compress") is not None:  # (refused now, as a call's)
+            from .pipeline.run import compress_refusal
+
+            refusal = refusal or compress_refusal(arguments["compress"], arguments["x"],
+                                                  arguments["op"], algorithm)
         result = _bound_result(comm, collective, args, kwargs)
         if result is not None:
             kwargs["out"] = result

@@ -67,11 +67,48 @@ def test_compressed_in_place_and_avg(world):
     (np.ones(4, np.float32), {"compress": "int8"}, "expected one of"),
     (np.ones(4, np.float32), {"compress": ["bf16"]}, "expected one of"),  # (unhashable)
     (np.ones(4, np.float32), {"compress": "bf16", "algorithm": "native"}, "native"),
+    # (a value too small for the wire would travel as zero: false, where it is true)
+    (np.full(4, 1e-8, np.float32), {"op": "land", "compress": "fp16"}, "tells zero from"),
+    (np.full(4, 1e-300), {"op": "lor", "compress": "bf16"}, "tells zero from"),
 ])
 def test_refusals_on_every_rank_then_the_next_call(world, x, kwargs, text):
     with pytest.raises(mpicoll.InvalidArgumentError, match=text):
         world.all_reduce(x, **kwargs)
     np.testing.assert_array_equal(world.all_reduce(np.ones(3)), np.full(3, world.size))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("kwargs", "text"), [
+    ({"compress": "zz"}, "expected one of"),
+    ({"compress": "bf16", "algorithm": "native"}, "native"),
+    ({"compress": "fp16", "op": "land"}, "tells zero from"),
+])
+def test_a_plan_refuses_compress_at_init_on_every_rank(world, kwargs, text):
+    """compress= is checked when the plan is made, as a call's (refused on the last
+    rank alone here: there its error, elsewhere a RemoteError), never at a first start
+    the others wait in; the next calls are right."""
+    last = world.rank == world.size - 1
+    given = kwargs if last else {k: v for k, v in kwargs.items() if k != "compress"}
+    with pytest.raises(mpicoll.InvalidArgumentError if last else mpicoll.RemoteError,
+                       match=text if last else "refused on rank"):
+        world.all_reduce_init(np.ones(4, np.float32), **given)
+    np.testing.assert_array_equal(world.all_reduce(np.ones(3)), np.full(3, world.size))
+
+
+@pytest.mark.mpi
+def test_check_mode_compares_a_plans_compress_at_init(world):
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    checked = mpicoll.Communicator(check=True)
+    try:
+        x = np.ones(8, np.float32)
+        with pytest.raises(mpicoll.MismatchError):
+            checked.all_reduce_init(x, compress="bf16" if world.rank == 0 else "fp16",
+                                    algorithm="ring")
+        with checked.all_reduce_init(x, compress="fp16", algorithm="ring") as plan:
+            np.testing.assert_array_equal(plan(), np.full(8, world.size))
+    finally:
+        checked.free()
 
 
 @pytest.mark.mpi

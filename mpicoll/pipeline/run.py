@@ -20,6 +20,7 @@ import numpy as np
 
 from ..buffers import counts_bounds, dtype_code, even_bounds, flat
 from ..buffers.arrays import (
+    as_array,
     assign_from_host,
     device_like,
     empty,
@@ -29,7 +30,7 @@ from ..buffers.arrays import (
     to_host,
 )
 from ..errors import InvalidArgumentError, MpicollError
-from ..ops import guarded_ops, resolve_op
+from ..ops import Op, guarded_ops, resolve_op
 from ..spec import SPECS
 from ..transport.compress import WIRE, Compressing, wire_dtype
 from . import agree, validate
@@ -462,7 +463,7 @@ def all_reduce(c: CallState, call: Call, x: Any, op: Any, algorithm: Any, out: A
         x, back = validate.array(v, x, device_only=c._backend.device_only)
     opd = _op(v, op, x)
     fn = result = None
-    wire = None if compress is None else _wire(v, compress, x, algorithm)
+    wire = None if compress is None else _wire(v, compress, x, algorithm, opd)
     if opd is not None and (compress is None or wire is not None):
         try:  # compressed: chosen for the bytes on the wire, where the library cannot go
             fn = c._chooser.function("all_reduce", algorithm, x.nbytes, opd, options,
@@ -508,7 +509,8 @@ def all_reduce(c: CallState, call: Call, x: Any, op: Any, algorithm: Any, out: A
     return out if out is not None else result if back is same else back(result)
 
 
-def _wire(v: Verdict, compress: Any, x: Any, algorithm: Any) -> np.dtype | None:
+def _wire(v: Verdict, compress: Any, x: Any, algorithm: Any, op: Op | None = None,
+          ) -> np.dtype | None:
     """The wire dtype of ``compress=`` (None, with the refusal kept in ``v``)."""
     if not isinstance(compress, str) or compress not in WIRE:  # (a list is unhashable)
         v.refuse("params", InvalidArgumentError(
@@ -516,6 +518,10 @@ def _wire(v: Verdict, compress: Any, x: Any, algorithm: Any) -> np.dtype | None:
     elif x is not None and x.dtype not in (np.float32, np.float64):
         v.refuse("params", InvalidArgumentError(
             f"compress: float32 or float64 data only, got {x.dtype}"))
+    elif op is not None and op.builtin and op.name in ("land", "lor", "lxor"):
+        v.refuse("params", InvalidArgumentError(
+            f"compress: op {op.name!r} tells zero from nonzero, and a value too small for "
+            f"the {compress} wire would travel as zero; compress sum, avg, min, max, prod"))
     elif algorithm == "native":
         v.refuse("params", InvalidArgumentError(
             "compress: the library's own all_reduce ('native') sends x's own values; "
@@ -658,3 +664,15 @@ def _pairwise() -> Any:
     from ..algorithms import REGISTRY
 
     return REGISTRY["all_to_all"]["pairwise"].fn
+
+
+def compress_refusal(compress: Any, x: Any, op: Any, algorithm: Any) -> MpicollError | None:
+    """What all_reduce refuses of ``compress=`` on these values (a plan asks at init)."""
+    v = Verdict()
+    try:
+        x, _ = as_array(x, "x")
+        opd = resolve_op(op, x.dtype)
+    except MpicollError:
+        x = opd = None  # (the start refuses x and op themselves, as a call's)
+    _wire(v, compress, x, algorithm, opd)
+    return v.first
