@@ -401,3 +401,30 @@ def test_a_trace_written_at_exit_waits_for_the_progress_threads_calls(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "Exception ignored" not in done.stderr, done.stderr
     assert (tmp_path / "b.json").exists()
+
+
+def test_traced_progress_threads_of_several_communicators_end_in_one_order_at_exit(tmp_path):
+    """Traced communicators, each with a progress thread (its duplicate traced too), on
+    3 ranks, and the job ends without freeing them: at exit every rank frees the
+    duplicates (each a collective: its trace's merge) in the order they were made, not
+    in the order of a set of them (which differs per rank: the merges waited for each
+    other until the watchdog ended the job)."""
+    import shutil
+
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+    if mpiexec is None:
+        pytest.skip("no mpiexec next to Python")
+    script = tmp_path / "several.py"
+    script.write_text(
+        "import numpy as np, mpicoll\n"
+        "comm = mpicoll.Communicator()\n"
+        "subs = [comm, comm.dup(), comm.split(comm.rank % 2), comm.new_group([0, 2])]\n"
+        "for c in subs:\n"
+        "    if c is not None:\n"
+        "        c.all_reduce(np.ones(4), async_op=True).wait()\n")
+    done = subprocess.run(["timeout", "-k", "5", "100", mpiexec, "-n", "3", sys.executable,
+                           "-m", "mpi4py", str(script)], capture_output=True, text=True,
+                          env={**os.environ, "MPICOLL_TIMEOUT": "10",
+                               "MPICOLL_TRACE": str(tmp_path / "t.json")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "t.json").exists()
