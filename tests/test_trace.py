@@ -428,3 +428,30 @@ def test_traced_progress_threads_of_several_communicators_end_in_one_order_at_ex
                                "MPICOLL_TRACE": str(tmp_path / "t.json")})
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "t.json").exists()
+
+
+def test_a_trace_that_cannot_be_written_at_exit_is_one_line_not_a_traceback(tmp_path):
+    """Rank 0 cannot write the trace at exit (its folder went): every rank says in one
+    line that the trace is lost, no 'Exception ignored in atexit' traceback."""
+    import shutil
+
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+    if mpiexec is None:
+        pytest.skip("no mpiexec next to Python")
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    script = tmp_path / "gone.py"
+    script.write_text(
+        "import shutil, numpy as np, mpicoll\n"
+        "c = mpicoll.Communicator()\n"
+        "c.all_reduce(np.ones(4))\n"
+        "c.barrier()\n"
+        f"shutil.rmtree({str(folder)!r}) if c.rank == 0 else None\n")
+    done = subprocess.run(["timeout", "-k", "5", "100", mpiexec, "-n", "2", sys.executable,
+                           str(script)], capture_output=True, text=True,
+                          env={**os.environ, "MPICOLL_TIMEOUT": "10",
+                               "MPICOLL_TRACE": str(folder / "t.json")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, \
+        done.stderr[-3000:]
+    assert "is lost at exit" in done.stderr, done.stderr[-3000:]

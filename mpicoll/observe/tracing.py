@@ -388,6 +388,12 @@ class TraceFile:
         self.merge(path, ConfigError)
 
     def at_exit(self) -> None:
-        if self.path is not None and self.before_exit is not None:
-            self.before_exit()
-        self.write(at_exit=True)
+        path = self.path
+        try:
+            if path is not None and self.before_exit is not None:
+                self.before_exit()
+            self.write(at_exit=True)
+        except Exception as exc:  # noqa: BLE001 - at exit: one line, never a traceback
+            from .watchdog import report  # (rank 0 could not write it: every rank knows)
+
+            report(f"mpicoll: the trace for {path} is lost at exit: {exc}")
