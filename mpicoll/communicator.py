@@ -115,7 +115,7 @@ class Communicator(CallState, PointToPoint, Groups):
         if mine.trace:
             self._tracer = self._chooser.tracer = attach(self._backend, self.rank, self.size)
         self._trace_file = (TraceFile(mine.trace, self._merge_trace,  # merged at free() or exit
-                                      (self._watch.members or [0])[0], finish_at_exit) if isinstance(mine.trace, str) else None)
+                                      (self._watch.members or [0])[0], finish_at_exit, self._exit_key) if isinstance(mine.trace, str) else None)
         # broadcast's first message: the header, and the data when it fits
         self._packet = np.zeros(agree.HEADER_BYTES + max(self._backend.packed_bytes, 0), np.uint8)
         self._packet_header = self._packet[:agree.HEADER_BYTES].view(np.int64)

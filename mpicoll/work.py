@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import numbers
 import queue
 import threading
@@ -229,7 +228,6 @@ class Site:
 
 
 _RUNNING: weakref.WeakSet = weakref.WeakSet()  # progress threads not yet closed
-_MADE = itertools.count()  # progress threads made in this process, in order
 
 
 class ProgressThread:
@@ -246,10 +244,6 @@ class ProgressThread:
         self.pending = 0  # submitted and not finished
         self.running: Work | None = None  # the call it runs now
         self.owner: int | None = None  # the thread whose calls are pending
-        # (its place among this process's progress threads: each was made by a collective
-        # of its parent, so ranks that share two made them in one order, and close them
-        # at exit in that order: freeing one is a collective too, its trace's merge)
-        self.number = next(_MADE)
         self._thread = threading.Thread(target=self._run, name="mpicoll-progress", daemon=True)
         self._thread.start()
         _RUNNING.add(self)
@@ -339,9 +333,10 @@ def finish_at_exit() -> None:
                              "to end the running starts of this rank's plans (at exit)"), \
                     contextlib.suppress(Exception):
                 t.end_persistent()
-    # in the order they were made, the same on every rank that shares them (a WeakSet's
-    # order is its members' addresses: ranks then freed their duplicates in other orders)
-    for progress in sorted(_RUNNING, key=lambda p: p.number):
+    # in their duplicates' agreed exit order, the same on every rank that shares two
+    # (closing one frees its duplicate, a collective: its trace's merge; a WeakSet's
+    # order is addresses, and the order threads made them in may differ per rank)
+    for progress in sorted(_RUNNING, key=lambda p: p.comm._exit_key):
         timeout = progress.comm.timeout
         # the watchdog times the running call and ends the job at its timeout; the
         # bound here only covers calls still queued behind it

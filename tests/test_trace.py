@@ -455,3 +455,67 @@ def test_a_trace_that_cannot_be_written_at_exit_is_one_line_not_a_traceback(tmp_
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, \
         done.stderr[-3000:]
     assert "is lost at exit" in done.stderr, done.stderr[-3000:]
+
+
+def test_progress_threads_made_at_once_by_threads_end_in_one_order_at_exit(tmp_path):
+    """One dup per thread, each thread's first async call making its progress thread (a
+    traced duplicate) at once, in another order on each rank (a delay that differs per
+    rank): at exit the duplicates are freed (each a collective: its trace's merge) in
+    their agreed order, not the order each rank made them in, and the job ends."""
+    import shutil
+
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+    if mpiexec is None:
+        pytest.skip("no mpiexec next to Python")
+    script = tmp_path / "threads.py"
+    script.write_text(
+        "import threading, time, numpy as np, mpicoll\n"
+        "comm = mpicoll.Communicator()\n"
+        "dups = [comm.dup() for _ in range(4)]\n"
+        "def work(i, d):\n"
+        "    time.sleep(0.2 * ((i + comm.rank) % 4))\n"
+        "    d.all_reduce(np.ones(4), async_op=True).wait()\n"
+        "threads = [threading.Thread(target=work, args=(i, d)) for i, d in enumerate(dups)]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n")
+    done = subprocess.run(["timeout", "-k", "5", "100", mpiexec, "-n", "3", sys.executable,
+                           "-m", "mpi4py", str(script)], capture_output=True, text=True,
+                          env={**os.environ, "MPICOLL_TIMEOUT": "10",
+                               "MPICOLL_TRACE": str(tmp_path / "t.json")})
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_trace_files_merge_at_exit_in_their_communicators_agreed_order(monkeypatch):
+    """At exit the trace files never merged are merged in their Communicators' exit key
+    order (agreed on every rank of each), not atexit's reverse order of making them."""
+    merged = []
+
+    class File:
+        def __init__(self, key):
+            self.key = key
+
+        def at_exit(self):
+            merged.append(self.key)
+
+    monkeypatch.setattr(tracing, "_UNMERGED", [File((1, 7, 3)), File((0, 5, 9)),
+                                                File((0, 5, 2)), File((2, 1, 0))])
+    tracing.merge_at_exit()
+    assert merged == [(0, 5, 2), (0, 5, 9), (1, 7, 3), (2, 1, 0)]
+
+
+def test_every_communicators_exit_key_is_agreed_and_its_own():
+    """A Communicator's exit key (its place in what every rank does at exit) is the same
+    on every rank of it, and no two Communicators a rank holds share one, whichever
+    thread-rank made them first."""
+    def body(comm):
+        import time
+
+        time.sleep(0.05 * (comm.size - comm.rank))  # (the ranks make them in other orders)
+        made = [comm, comm.dup(), comm.split(comm.rank % 2), comm.dup()]
+        keys = [c._exit_key for c in made]
+        assert len(set(keys)) == len(keys)
+        return keys
+
+    keys = run_local(3, body, timeout=20)
+    assert keys[0][0] == keys[1][0] == keys[2][0] and keys[0][1] == keys[1][1] == keys[2][1]
+    assert keys[0][2] == keys[2][2] != keys[1][2]  # (a split's: ranks 0 and 2 share one)

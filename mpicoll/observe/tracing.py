@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import functools
 import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -351,30 +352,50 @@ def write_merged(tracer: Tracer, transport: Any, path: str) -> str | None:
     return transport.comm.bcast(failure, 0)
 
 
+_HOOKED: list[bool] = []  # merge_at_exit registered
+_UNMERGED: list[TraceFile] = []  # trace files to merge at exit (never freed so far)
+_UNMERGED_LOCK = threading.Lock()
+
+
+def merge_at_exit() -> None:
+    """At exit (one atexit hook): every trace file not merged yet, in its Communicator's
+    agreed exit order (``_exit_key``): each merge is a collective, so every rank that
+    shares two Communicators merges them in one order (atexit's own order, the reverse
+    of each rank's making them, may differ where threads made them at once)."""
+    with _UNMERGED_LOCK:
+        files = sorted(_UNMERGED, key=lambda f: f.key)
+    for file in files:
+        file.at_exit()
+
+
 class TraceFile:
     """A Communicator's trace file (``MPICOLL_TRACE`` or ``trace=path``): merged into
     once, by ``write()`` at ``free()``, or at exit if it was never freed; never after."""
 
     def __init__(self, path: str, merge: Any, writer: int = 0,
-                 before_exit: Any = None) -> None:
-        import atexit
-
+                 before_exit: Any = None, key: tuple = ()) -> None:
         self.path: str | None = trace_path(path, writer)  # path, path.2.json, ...
         self.merge = merge  # the Communicator's: merge(path, error class), watched
         # at exit, what must end before the merge (the Communicator's: every progress
         # thread's calls, whose thread holds its communicator: the merge, a collective,
         # would be refused on this rank while the others wait in it)
         self.before_exit = before_exit
-        atexit.register(self.at_exit)
+        self.key = key  # its place at exit (the Communicator's agreed _exit_key)
+        with _UNMERGED_LOCK:
+            if not _HOOKED:
+                import atexit
+
+                atexit.register(merge_at_exit)
+                _HOOKED.append(True)
+            _UNMERGED.append(self)
 
     def write(self, at_exit: bool = False) -> None:
         path, self.path = self.path, None
         if path is None:
             return
-        if not at_exit:
-            import atexit
-
-            atexit.unregister(self.at_exit)
+        with _UNMERGED_LOCK:
+            if self in _UNMERGED:
+                _UNMERGED.remove(self)
         from mpi4py import MPI
 
         if MPI.Is_finalized():

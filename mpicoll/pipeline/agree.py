@@ -21,6 +21,7 @@ Host messages are small int64 arrays (no pickle), on the backend's control trans
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import zlib
@@ -427,7 +428,8 @@ SETTINGS = ("check", "timeout", "MPICOLL_FLIGHT_RECORDER", "trace", "MPICOLL_CUD
 _REFUSED_CONFIG, _REFUSED_ARGUMENT = 1, 2  # a setting's field: ConfigError, InvalidArgumentError
 _TRACE_FILE = 2  # the trace field: 0 off, 1 recorded, 2 and a file
 # + check, trace, node key, first refusal's text
-_SETTINGS_ROW = len(SETTINGS) + 5 + _TEXT_BYTES // 8
+_SETTINGS_ROW = len(SETTINGS) + 8 + _TEXT_BYTES // 8
+_MADE_HERE = itertools.count()  # Communicators made in this process (their exit key)
 # a node key: where it came from (and MPICOLL_RANKS_PER_NODE's k) above the node's number
 _BY_BLOCKS, _BY_SLURM, _BY_HOST, _SOURCE_SHIFT, _K_SHIFT = 1, 2, 3, 56, 36
 
@@ -614,9 +616,10 @@ def settings(c: CallState, mine: Settings) -> None:
         else 1
     row[n + 2], row[n + 3] = mine.node_key, mine.shared_node
     row[n + 4] = round(min(mine.timeout or 0, 1e12) * 1e6)  # (microseconds; 0: no limit)
+    row[n + 5:n + 8] = _job_rank(c._backend), os.getpid(), next(_MADE_HERE)
     first = next(iter(mine.refusals.values()), None)
     if first is not None:
-        row[n + 5:] = _text(" ".join(str(first).split()), _TEXT_BYTES)
+        row[n + 8:] = _text(" ".join(str(first).split()), _TEXT_BYTES)
     t.begin()
     all_gather(c, table, _SETTINGS_ROW)
     rows = table.reshape(t.size, _SETTINGS_ROW)
@@ -625,7 +628,7 @@ def settings(c: CallState, mine: Settings) -> None:
         groups: dict[str, list[int]] = {}
         for r in np.flatnonzero(refused.any(axis=1)).tolist():
             names = [SETTINGS[i] for i in np.flatnonzero(refused[r]).tolist()]
-            text = _untext(rows[r, n + 5:])
+            text = _untext(rows[r, n + 8:])
             if len(names) > 1:
                 text += f" (and its {', '.join(names[1:])})"
             groups.setdefault(text, []).append(r)
@@ -646,6 +649,11 @@ def settings(c: CallState, mine: Settings) -> None:
             f"trace: tracing must be the same on every rank (MPICOLL_TRACE or trace=; rank 0 "
             f"writes the file, at its path): {detail}")
     c._rank0_timeout = float(rows[0, n + 4]) / 1e6
+    # this Communicator's place in what every rank does at exit (its trace's merge, its
+    # progress thread's close: collectives), the same on every rank of it and unique
+    # among the Communicators a rank shares with another: the lowest job rank's
+    # (job rank, pid, how many it had made before)
+    c._exit_key = tuple(rows[int(np.argmin(rows[:, n + 5])), n + 5:n + 8].tolist())
     c._node_of = node_indices(rows[:, n + 2], rows[:, n + 3])
     c._backend.transport.nodes = c._node_of  # what hierarchical algorithms split by
 

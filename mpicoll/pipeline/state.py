@@ -78,6 +78,8 @@ class CallState:
             it may differ per rank, as the watchdog's clock is each rank's own).
         _rank0_timeout: rank 0's timeout, the same on every rank (``agree.settings``):
             what a call whose outcome every rank decides alike waits (monitored_barrier).
+        _exit_key: this Communicator's place in the collectives every rank makes at exit
+            (trace merges, progress threads' closes), agreed (``agree.settings``).
     """
 
     _backend: Backend
@@ -95,6 +97,7 @@ class CallState:
     check: bool
     timeout: float
     _rank0_timeout: float
+    _exit_key: tuple[int, ...]
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
