@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -223,19 +224,34 @@ def test_mpi_trace_written_merged_and_read(tmp_path_factory):
     comm.free()
 
 
-def _traced_job(tmp_path, ranks: int, body: str):
+def _run_traced(tmp_path, ranks: int, body: str, trace: Any,
+                timeout: float | None = None) -> subprocess.CompletedProcess:
     """``body`` (after numpy and mpicoll's imports) run at ``ranks`` ranks under
-    MPICOLL_TRACE=tmp_path/trace.json, which it returns; the job must succeed."""
-    from test_examples import mpiexec
+    MPICOLL_TRACE=``trace`` (and MPICOLL_TIMEOUT=``timeout`` where given): what it did."""
+    from test_examples import MPIEXEC, mpiexec
 
+    if MPIEXEC is None:
+        pytest.skip("no mpiexec next to Python or on PATH")
     script = tmp_path / "traced.py"
     script.write_text("import numpy as np, mpicoll\n" + body)
-    path = tmp_path / "trace.json"
-    os.environ["MPICOLL_TRACE"] = str(path)
+    given = {"MPICOLL_TRACE": str(trace), **({"MPICOLL_TIMEOUT": str(timeout)} if timeout else {})}
+    saved = {name: os.environ.get(name) for name in given}
+    os.environ.update(given)
     try:
-        done = mpiexec(ranks, "-m", "mpi4py", str(script), timeout=120)
+        return mpiexec(ranks, "-m", "mpi4py", str(script), timeout=120)
     finally:
-        del os.environ["MPICOLL_TRACE"]
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+
+
+def _traced_job(tmp_path, ranks: int, body: str):
+    """``_run_traced`` under MPICOLL_TRACE=tmp_path/trace.json, which it returns; the job
+    must succeed."""
+    path = tmp_path / "trace.json"
+    done = _run_traced(tmp_path, ranks, body, path)
     assert done.returncode == 0, done.stderr
     return path
 
@@ -406,26 +422,16 @@ def test_a_trace_written_at_exit_waits_for_the_progress_threads_calls(tmp_path):
 def test_traced_progress_threads_of_several_communicators_end_in_one_order_at_exit(tmp_path):
     """Traced communicators, each with a progress thread (its duplicate traced too), on
     3 ranks, and the job ends without freeing them: at exit every rank frees the
-    duplicates (each a collective: its trace's merge) in the order they were made, not
+    duplicates (each a collective: its trace's merge) in their agreed exit order, not
     in the order of a set of them (which differs per rank: the merges waited for each
     other until the watchdog ended the job)."""
-    import shutil
-
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
-    if mpiexec is None:
-        pytest.skip("no mpiexec next to Python")
-    script = tmp_path / "several.py"
-    script.write_text(
-        "import numpy as np, mpicoll\n"
+    done = _run_traced(
+        tmp_path, 3,
         "comm = mpicoll.Communicator()\n"
         "subs = [comm, comm.dup(), comm.split(comm.rank % 2), comm.new_group([0, 2])]\n"
         "for c in subs:\n"
         "    if c is not None:\n"
-        "        c.all_reduce(np.ones(4), async_op=True).wait()\n")
-    done = subprocess.run(["timeout", "-k", "5", "100", mpiexec, "-n", "3", sys.executable,
-                           "-m", "mpi4py", str(script)], capture_output=True, text=True,
-                          env={**os.environ, "MPICOLL_TIMEOUT": "10",
-                               "MPICOLL_TRACE": str(tmp_path / "t.json")})
+        "        c.all_reduce(np.ones(4), async_op=True).wait()\n", tmp_path / "t.json", 10)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "t.json").exists()
 
@@ -433,24 +439,15 @@ def test_traced_progress_threads_of_several_communicators_end_in_one_order_at_ex
 def test_a_trace_that_cannot_be_written_at_exit_is_one_line_not_a_traceback(tmp_path):
     """Rank 0 cannot write the trace at exit (its folder went): every rank says in one
     line that the trace is lost, no 'Exception ignored in atexit' traceback."""
-    import shutil
-
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
-    if mpiexec is None:
-        pytest.skip("no mpiexec next to Python")
     folder = tmp_path / "gone"
     folder.mkdir()
-    script = tmp_path / "gone.py"
-    script.write_text(
-        "import shutil, numpy as np, mpicoll\n"
+    done = _run_traced(
+        tmp_path, 2,
+        "import shutil\n"
         "c = mpicoll.Communicator()\n"
         "c.all_reduce(np.ones(4))\n"
         "c.barrier()\n"
-        f"shutil.rmtree({str(folder)!r}) if c.rank == 0 else None\n")
-    done = subprocess.run(["timeout", "-k", "5", "100", mpiexec, "-n", "2", sys.executable,
-                           str(script)], capture_output=True, text=True,
-                          env={**os.environ, "MPICOLL_TIMEOUT": "10",
-                               "MPICOLL_TRACE": str(folder / "t.json")})
+        f"shutil.rmtree({str(folder)!r}) if c.rank == 0 else None\n", folder / "t.json", 10)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, \
         done.stderr[-3000:]
@@ -462,14 +459,9 @@ def test_progress_threads_made_at_once_by_threads_end_in_one_order_at_exit(tmp_p
     traced duplicate) at once, in another order on each rank (a delay that differs per
     rank): at exit the duplicates are freed (each a collective: its trace's merge) in
     their agreed order, not the order each rank made them in, and the job ends."""
-    import shutil
-
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
-    if mpiexec is None:
-        pytest.skip("no mpiexec next to Python")
-    script = tmp_path / "threads.py"
-    script.write_text(
-        "import threading, time, numpy as np, mpicoll\n"
+    done = _run_traced(
+        tmp_path, 3,
+        "import threading, time\n"
         "comm = mpicoll.Communicator()\n"
         "dups = [comm.dup() for _ in range(4)]\n"
         "def work(i, d):\n"
@@ -477,11 +469,7 @@ def test_progress_threads_made_at_once_by_threads_end_in_one_order_at_exit(tmp_p
         "    d.all_reduce(np.ones(4), async_op=True).wait()\n"
         "threads = [threading.Thread(target=work, args=(i, d)) for i, d in enumerate(dups)]\n"
         "[t.start() for t in threads]\n"
-        "[t.join() for t in threads]\n")
-    done = subprocess.run(["timeout", "-k", "5", "100", mpiexec, "-n", "3", sys.executable,
-                           "-m", "mpi4py", str(script)], capture_output=True, text=True,
-                          env={**os.environ, "MPICOLL_TIMEOUT": "10",
-                               "MPICOLL_TRACE": str(tmp_path / "t.json")})
+        "[t.join() for t in threads]\n", tmp_path / "t.json", 10)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
