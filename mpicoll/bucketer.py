@@ -164,11 +164,15 @@ class Bucketer:
         except MpicollError as exc:  # this rank takes part on zeros, then raises; wait()
             refusal = self._refused = self._refused or exc  # tells every rank
             self._slot(i)[...] = 0
-        self._filled[i] = True
-        self._missing[self.bucket_of[i]] -= 1
+        self._filled_in(i)
         self._start_full(sys._getframe(1))  # (a hang report names the caller's add)
         if refusal is not None:
             raise refusal
+
+    def _filled_in(self, i: int) -> None:
+        """Array ``i``'s slot is filled this round (its bucket one array nearer full)."""
+        self._filled[i] = True
+        self._missing[self.bucket_of[i]] -= 1
 
     def _start_full(self, site: Any) -> None:
         """Start every bucket now full, in bucket order (the order on every rank)."""
@@ -191,8 +195,7 @@ class Bucketer:
                 f"wait: arrays {missing} were never added this round (they went as zeros)")
             for i in missing:
                 self._slot(i)[...] = 0
-                self._filled[i] = True
-                self._missing[self.bucket_of[i]] -= 1
+                self._filled_in(i)
             try:
                 self._start_full(sys._getframe(1))
             except MpicollError as exc:  # (its bucket is one never started, below)

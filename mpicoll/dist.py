@@ -902,17 +902,22 @@ class Future:
     def then(self, callback: Any) -> Future:
         chained = Future()
         chained._of_call = self._of_call
-
-        def run(done: Future) -> None:
-            try:
-                value = callback(done)
-            except Exception as exc:  # noqa: BLE001 - the chained future's error
-                chained.set_exception(exc)
-                return
-            chained.set_result(value)
-
-        self.add_done_callback(run)
+        self.add_done_callback(_chaining(callback, chained))
         return chained
+
+
+def _chaining(callback: Any, chained: Any) -> Any:
+    """``then(callback)``'s done callback: ``chained`` ends with what ``callback`` gives
+    back, or the error it raises (as torch's then)."""
+    def run(done: Any) -> None:
+        try:
+            value = callback(done)
+        except Exception as exc:  # noqa: BLE001 - the chained future's error
+            chained.set_exception(exc)
+            return
+        chained.set_result(value)
+
+    return run
 
 
 def _future_for(value: list[Any]) -> Any:
@@ -953,16 +958,7 @@ def _call_future_class(torch: Any) -> Any:
 
         def then(self, callback: Any) -> Any:
             chained = CallFuture()
-
-            def run(done: Any) -> None:  # (as torch's then: the callback's error is the
-                try:                      # chained future's)
-                    value = callback(done)
-                except Exception as exc:  # noqa: BLE001
-                    chained.set_exception(exc)
-                    return
-                chained.set_result(value)
-
-            self.add_done_callback(run)
+            self.add_done_callback(_chaining(callback, chained))
             return chained
 
     _CALL_FUTURE.append(CallFuture)

@@ -389,7 +389,7 @@ class TraceFile:
                 _HOOKED.append(True)
             _UNMERGED.append(self)
 
-    def write(self, at_exit: bool = False) -> None:
+    def write(self) -> None:
         path, self.path = self.path, None
         if path is None:
             return
@@ -413,7 +413,7 @@ class TraceFile:
         try:
             if path is not None and self.before_exit is not None:
                 self.before_exit()
-            self.write(at_exit=True)
+            self.write()
         except Exception as exc:  # noqa: BLE001 - at exit: one line, never a traceback
             from .watchdog import report  # (rank 0 could not write it: every rank knows)
 

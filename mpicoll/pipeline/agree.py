@@ -427,7 +427,8 @@ SETTINGS = ("check", "timeout", "MPICOLL_FLIGHT_RECORDER", "trace", "MPICOLL_CUD
             "MPICOLL_DUMP_DIR", "MPICOLL_RANKS_PER_NODE")
 _REFUSED_CONFIG, _REFUSED_ARGUMENT = 1, 2  # a setting's field: ConfigError, InvalidArgumentError
 _TRACE_FILE = 2  # the trace field: 0 off, 1 recorded, 2 and a file
-# + check, trace, node key, first refusal's text
+# + check, trace, node key, shared node, timeout (us), exit key (job rank, pid, count),
+# first refusal's text
 _SETTINGS_ROW = len(SETTINGS) + 8 + _TEXT_BYTES // 8
 _MADE_HERE = itertools.count()  # Communicators made in this process (their exit key)
 # a node key: where it came from (and MPICOLL_RANKS_PER_NODE's k) above the node's number
