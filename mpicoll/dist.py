@@ -515,13 +515,20 @@ def split_group(parent_pg: Any = None, split_ranks: Sequence[Sequence[int]] | No
                 timeout: Any = None, pg_options: Any = None, group_desc: Any = None,
                 backend: Any = None) -> ProcessGroup | None:
     """The parent group (default: the whole job) split into disjoint groups, one per list
-    of ``split_ranks`` (ranks of the parent group, as torch's; each list in the order it
-    gives), in one split (MPI_Comm_split): this rank's group, or None where it is in no
+    of ``split_ranks`` (ranks of the parent group, as torch's; each list sorted, as
+    torch's: its group's ranks in rank order), in one split (MPI_Comm_split): this rank's group, or None where it is in no
     list. Every rank of the parent calls it with the same lists; one rank's bad or
     different lists (or another backend than the parent's) raise on every rank, before
     any group is made."""
     parent = _group(parent_pg)
     other = backend is not None and not _names_backend(backend, parent.comm.backend)
+    try:  # each list sorted, as torch's (ranks of each group in rank order); a list that
+        # cannot be (not integers) goes as given, refused on every rank by split_lists
+        split_ranks = [sorted(int(r) for r in ranks) if all(
+            isinstance(r, (int, np.integer)) and not isinstance(r, bool) for r in ranks)
+            else ranks for ranks in split_ranks]
+    except Exception:  # noqa: BLE001 - an iterable that raises: as split_lists finds it
+        pass
     sub, ranks = split_lists(parent.comm, split_ranks, "split_group", "split_ranks",
                              sys._getframe(1), other_backend=other)
     _STATE["made"] += 1  # (on every rank, as new_group's)
@@ -1647,8 +1654,8 @@ def _received_whole(tensor: Any, status: Status, g: ProcessGroup, what: str) -> 
 
 class _P2PWork(Work):
     """torch's Work of an isend/irecv: ``wait(timeout)``, ``is_completed()``,
-    ``source_rank()`` (an irecv's sender, a global rank, as torch's; ``source()`` the
-    same), ``result()`` (``[tensor]``, once done)."""
+    ``source_rank()`` (an irecv's sender, its rank in the Work's group, as torch's gloo
+    backend gives it; ``source()`` the same), ``result()`` (``[tensor]``, once done)."""
 
     def __init__(self, request: Any, group: ProcessGroup, received: Any = None,
                  tensor: Any = None) -> None:
@@ -1672,8 +1679,7 @@ class _P2PWork(Work):
     def source(self) -> int:
         if self._received is None:
             raise InvalidArgumentError("source(): a send's Work has no source (an irecv's has)")
-        sender = self._request.wait()
-        return self._group.ranks[sender]
+        return self._request.wait()  # (the sender's rank in the group, as gloo's)
 
     source_rank = source  # torch's name
 

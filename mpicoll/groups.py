@@ -163,27 +163,42 @@ def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int
            site: Any, what: str = "split", given: str = "") -> Any:
     # agree: every rank's (faults, color, key, fingerprint) in one numbered all_gather
     # (``fingerprint``: of what ``what`` was ``given``, which every rank must give alike)
+    # (and which of split, new_group, mesh, split_group each rank makes: ``what``)
     mine = np.array([faults, -1 if color is None or faults else int(color),
-                     0 if faults else int(key), fingerprint], np.int64)
+                     0 if faults else int(key), fingerprint, zlib.crc32(what.encode())],
+                    np.int64)
     table = agreed_rows(comm, mine, site, "split", held=True)
     bad = np.flatnonzero(table[:, 0]).tolist()
     if bad:
         reasons = sorted({_REASONS[f] for r in bad for f in _REASONS if table[r, 0] & f})
         raise InvalidArgumentError(f"{what}: refused on rank(s) {', '.join(map(str, bad))}: "
                                    f"{'; '.join(reasons)}")
-    values, counts = np.unique(table[:, 3], return_counts=True)
-    if len(values) > 1:  # named: the ranks apart from the most (rank 0's, in a tie)
-        most = table[0, 3] if counts.max() == counts[values == table[0, 3]][0] else \
-            values[counts.argmax()]
-        differ, agree = (", ".join(map(str, np.flatnonzero(same).tolist()))
-                         for same in (table[:, 3] != most, table[:, 3] == most))
-        raise MismatchError(f"{what}: rank(s) {differ} give other {given} than rank(s) "
-                            f"{agree}; every rank must pass the same {given}")
+    for column in (4, 3):  # the call each rank makes, then what it gives
+        differ = _apart(table[:, column])
+        if differ is None:
+            continue
+        differ, agree = differ
+        raise MismatchError(
+            f"{what}: rank(s) {differ} make another call than rank(s) {agree} (of split, "
+            "new_group, mesh and split_group); every rank makes the same one" if column == 4
+            else f"{what}: rank(s) {differ} give other {given} than rank(s) {agree}; every "
+            f"rank must pass the same {given}")
     colors, keys = table[:, 1], table[:, 2]
     call = Call(comm._seq, "split")
     call.at(site)
     with comm._watch.aside(call):  # collective: it may wait
         return _make(comm, color, key, colors, keys)
+
+
+def _apart(values: np.ndarray) -> tuple[str, str] | None:
+    """Where every rank's value is not the same: the ranks apart from the most (from
+    rank 0's, in a tie) and the ranks of the most, as text; else None."""
+    kinds, counts = np.unique(values, return_counts=True)
+    if len(kinds) == 1:
+        return None
+    most = values[0] if counts.max() == counts[kinds == values[0]][0] else kinds[counts.argmax()]
+    return tuple(", ".join(map(str, np.flatnonzero(same).tolist()))  # type: ignore[return-value]
+                 for same in (values != most, values == most))
 
 
 @contextlib.contextmanager

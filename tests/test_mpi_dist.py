@@ -963,7 +963,7 @@ def test_a_failed_works_is_completed_does_not_raise(initialized):
 
 def test_torchs_work_and_barrier_names(initialized):
     """What tutorials call on torch's Work and barrier: an irecv's ``source_rank()`` (the
-    sender's global rank), ``result()`` of point-to-point and collective Work (the
+    sender's rank in the group, as gloo's gives it), ``result()`` of point-to-point and collective Work (the
     output tensors), ``barrier(timeout=...)``, and ``get_backend()`` naming the backend
     asked for ("gloo", which runs over MPI here; "mpi" when that was asked)."""
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -983,6 +983,14 @@ def test_torchs_work_and_barrier_names(initialized):
             work = dist.irecv(into, src=None, tag=9)
             assert work.source_rank() == 1 and work.result() == [into]
             assert into.tolist() == [5.0, 5.0]
+    if size >= 3:  # on a group: the sender's rank in it, as gloo's (new_group sorts
+        group = dist.new_group([2, 1])  # [2, 1] to [1, 2]: rank 2 is its group rank 1)
+        if rank == 2:
+            dist.isend(np.full(1, 7.0), dst=1, group=group, tag=3).wait()
+        elif rank == 1:
+            into = np.zeros(1)
+            work = dist.irecv(into, group=group, tag=3)
+            assert work.source_rank() == 1 and into.tolist() == [7.0]
     assert dist.get_backend(dist.new_group(list(range(size)))) == "gloo"  # (as the world)
     assert dist.get_backend(dist.new_group(list(range(size)), backend="mpi")) == "mpi"
     dist.destroy_process_group()
@@ -1041,14 +1049,15 @@ def test_objects_point_to_point_and_subgroups_by_enumeration(initialized):
 
 def test_split_group_as_torchs(initialized):
     """split_group: one split of the parent into the lists' groups (parent group ranks,
-    each list's order its group's), None where a rank is in no list; one rank's bad or
+    each list sorted, as torch's), None where a rank is in no list; one rank's bad or
     different lists raise on every rank before any group, and the next split is right."""
     rank, size = dist.get_rank(), dist.get_world_size()
-    # the evens, then the odds in reverse order (their group ranks follow the list's)
+    # the evens, then the odds in reverse order (their group ranks in rank order: torch
+    # sorts each list)
     evens, odds = list(range(0, size, 2)), list(range(size - 1 if size % 2 == 0 else
                                                       size - 2, 0, -2))
     mine = dist.split_group(split_ranks=[lists for lists in (evens, odds) if lists])
-    listed = evens if rank % 2 == 0 else odds
+    listed = evens if rank % 2 == 0 else sorted(odds)
     assert dist.get_process_group_ranks(mine) == listed
     assert dist.get_rank(mine) == listed.index(rank)
     tensor = np.full(1, float(rank))

@@ -95,6 +95,48 @@ def test_groups_nest_and_keep_their_own_calls(world):
 # -- point-to-point ------------------------------------------------------------------------
 
 
+def test_ranks_making_different_grouping_calls_raise_everywhere(world):
+    """One rank makes another of split, new_group and mesh than the others: every rank
+    raises, naming the ranks that differ, before any group; then the next call is right."""
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    last = world.size - 1
+    with pytest.raises(mpicoll.MismatchError,
+                       match=rf"rank\(s\) {last} make another call than rank\(s\) 0"):
+        if world.rank == last:
+            world.new_group(list(range(world.size)))
+        else:
+            world.split(0)
+    _next_call_is_right(world)
+
+
+def test_running_out_of_mpi_communicators_is_said_on_every_rank(world):
+    """A program that makes communicators and never frees them (here raw MPI_Comm_dups,
+    as fast as MPI makes them): once MPI has none left, a split, a dup and a new
+    Communicator raise mpicoll's error on every rank, saying what to free (not MPI's raw
+    exception); the parent still works, and groups are made again once freed."""
+    from mpi4py import MPI
+
+    held = []
+    try:
+        while len(held) < 100000:
+            try:
+                held.append(MPI.COMM_WORLD.Dup())
+            except MPI.Exception:
+                break
+        for make in (lambda: world.split(0), world.dup, mpicoll.Communicator):
+            with pytest.raises(mpicoll.CollectiveError, match="free the Communicators"):
+                make()
+            _next_call_is_right(world)
+    finally:
+        for comm in held:
+            comm.Free()
+    again = world.split(0)
+    _next_call_is_right(again)
+    again.free()
+    _next_call_is_right(world)
+
+
 def test_a_ring_of_sends_and_receives_with_tags(world):
     if world.size < 2:
         pytest.skip("needs a peer")

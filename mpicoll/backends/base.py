@@ -108,8 +108,11 @@ class Backend:
         agreed. Here: MPI_Comm_split of the control communicator, then ``sub``."""
         from mpi4py import MPI
 
+        from ..transport.mpi import new_comm
+
         parent = self.control.comm  # the private duplicate: every rank is at this same point
-        sub = parent.Split(MPI.UNDEFINED if color is None else int(color), int(key))
+        sub = new_comm(lambda: parent.Split(MPI.UNDEFINED if color is None else int(color),
+                                            int(key)), "split")
         if sub == MPI.COMM_NULL:
             return None
         try:  # every rank keeps what it runs on (NCCL: its GPU), whatever its rank in the group

@@ -39,6 +39,23 @@ _RETIRED = [0]  # the highest tag of transports already freed
 _LIVE_LOCK = threading.Lock()  # (threads make and free Communicators of other parents)
 
 
+def new_comm(make: Any, what: str) -> Any:
+    """``make()``, a collective that makes an MPI communicator (MPI_Comm_dup, _split),
+    with MPI's failure named as mpicoll's: the MPI library has run out of communicators
+    (MPICH has about two thousand; each mpicoll Communicator holds two) where a program
+    makes groups and never frees them. Every rank fails alike (MPI agrees the new
+    communicator's context id over all of them), the parent staying usable."""
+    try:
+        return make()
+    except MPI.Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CollectiveError(
+            f"{what}: the MPI library could not make a communicator ({first}). MPI has a "
+            "limited number of them (MPICH about 2000; each mpicoll Communicator holds "
+            "two): free the Communicators and groups no longer used (comm.free(), "
+            "mesh.free(), dist.destroy_process_group(group))") from exc
+
+
 def _highest_tag() -> int:
     with _LIVE_LOCK:
         return max([_RETIRED[0], *(t.tag for t in list(_LIVE))])
@@ -54,7 +71,7 @@ class MPITransport(Workspace):
 
     def __init__(self, comm: MPI.Intracomm) -> None:
         super().__init__()
-        self.comm = comm.Dup()
+        self.comm = new_comm(comm.Dup, "Communicator")
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         tag_ub = self.comm.Get_attr(MPI.TAG_UB)
@@ -376,7 +393,7 @@ class MPIPeers:
     (CUDA-aware, or copied through host memory)."""
 
     def __init__(self, transport: MPITransport) -> None:
-        self.comm = transport.comm.Dup()
+        self.comm = new_comm(transport.comm.Dup, "Communicator")
         self.transport = transport
         # requests dropped before they finished: kept, with the memory MPI still reads or
         # writes (a strided send's copy, a staged message's host buffer), until it is done

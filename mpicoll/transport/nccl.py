@@ -305,7 +305,10 @@ class NCCLPeers:
 
         self._nccl = nccl
         self.device = device  # the backend's GPU: a pair is made on it, whatever thread
-        self.comm = comm.Dup()  # the unique ids' messages: no collective uses it
+        from .mpi import new_comm
+
+        self.comm = new_comm(comm.Dup, "Communicator")  # the unique ids' messages: no
+        #                                                 collective uses it
         self.rank = self.comm.Get_rank()
         tag_ub = self.comm.Get_attr(MPI.TAG_UB)
         self.max_tag = int(tag_ub) if tag_ub else 32767
