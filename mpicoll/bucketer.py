@@ -61,7 +61,7 @@ DEFAULT_CAP_BYTES = 25 * 1024 * 1024  # DDP's bucket_cap_mb default
 
 class Bucketer:
     def __init__(self, comm: Any, arrays: Sequence[Any], *, cap_bytes: int = DEFAULT_CAP_BYTES,
-                 op: Any = "sum", algorithm: str = "auto") -> None:
+                 op: Any = "sum", algorithm: str = "auto", **unknown: Any) -> None:
         from .communicator import Communicator
 
         if not isinstance(comm, Communicator):  # (the same on every rank: no message yet)
@@ -72,10 +72,13 @@ class Bucketer:
         # a refusal is raised on every rank once the duplicate (collective) is made, and
         # the buckets' layout is agreed there: one rank's other arrays or cap_bytes would
         # pair its buckets' messages with the others' other buckets
-        refusal = None
+        refusal = None if not unknown else InvalidArgumentError(  # (refused on every rank)
+            f"{', '.join(unknown)}: Bucketer takes no such argument (its keywords: "
+            "cap_bytes, op, algorithm)")
         if isinstance(cap_bytes, (bool, np.bool_)) or not isinstance(cap_bytes, (int, np.integer)) \
                 or cap_bytes <= 0:
-            refusal = InvalidArgumentError(f"cap_bytes: expected a positive int, got {cap_bytes!r}")
+            refusal = refusal or InvalidArgumentError(
+                f"cap_bytes: expected a positive int, got {cap_bytes!r}")
         backs: list[Any] = []  # how each result goes back as its array's kind (torch's)
         try:
             given = [as_array(a, f"arrays[{i}]") for i, a in enumerate(arrays)]

@@ -60,6 +60,8 @@ from .pipeline.entry import (
     take_turn,
     watched_step,
 )
+from .pipeline.validate import Verdict, stream_refusal
+from .pipeline.validate import root as validate_root
 from .spec import SPECS
 from .work import Site, Work, as_seconds, start_progress, submit
 
@@ -563,18 +565,44 @@ def _check_algorithm(comm: Communicator, collective: str, arguments: dict[str, A
                      algorithm: Any) -> None:
     """Refuse a plan's unknown algorithm, or a tuning option it does not take or takes
     another value of, as its first start would (the same errors)."""
-    name = _ALGORITHMS_OF.get(collective, collective)
-    _, registered = comm._chooser._lookup(name, algorithm)
-    if arguments is None:  # the first start refuses them, as a call's parameters
+    if arguments is None:  # (refused by _parameter_refusal)
         return
     # (out= where the collective takes none is no tuning option: the start refuses it)
     options = {k: v for k, v in (arguments.get("options") or {}).items() if k != "out"}
+    if algorithm == "auto":
+        if options:  # (the call's own words)
+            raise InvalidArgumentError(
+                f"{', '.join(options)}: tuning options need a named algorithm, not 'auto'")
+        return
+    name = _ALGORITHMS_OF.get(collective, collective)
+    _, registered = comm._chooser._lookup(name, algorithm)
     if registered is None:
         if options:
             raise InvalidArgumentError(f"{', '.join(options)}: 'native' takes no tuning options")
         return
     if options:
         comm._chooser._options(name, algorithm, registered, options)
+
+
+def _parameter_refusal(comm: Communicator, collective: str, args: tuple, kwargs: dict,
+                       arguments: dict[str, Any] | None) -> MpicollError | None:
+    """What the first start would refuse in a plan's parameters, whatever the data: a
+    root that is no rank, a ``stream=`` that is no usable CUDA stream, arguments that do
+    not bind to the collective's (a keyword it lacks, one too many)."""
+    if arguments is None:
+        try:
+            decided.SIGNATURES[collective].bind(
+                None, None, *args, **{k: v for k, v in kwargs.items() if k != "stream"})
+        except TypeError as exc:
+            return InvalidArgumentError(f"{collective}_init: {exc}")
+        return None
+    if "root" in arguments:
+        verdict = Verdict()
+        validate_root(verdict, arguments["root"], comm.size)
+        if verdict.params is not None:
+            return verdict.params
+    stream = kwargs.get("stream")
+    return None if stream is None else stream_refusal(stream)
 
 
 def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, frame: Any) -> Plan:
@@ -593,8 +621,11 @@ def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, fr
     arguments = _arguments(collective, args, kwargs)
     try:
         algorithm = kwargs.get("algorithm", "auto")
-        if algorithm != "auto":  # a named algorithm and its options: refused now, not at start
-            _check_algorithm(comm, collective, arguments, algorithm)
+        # what the first start would refuse of the parameters alone, refused now, where
+        # every rank learns it (a start one rank refuses alone leaves the others in it):
+        # the algorithm and its options, the root, the stream, arguments that do not bind
+        _check_algorithm(comm, collective, arguments, algorithm)
+        refusal = refusal or _parameter_refusal(comm, collective, args, kwargs, arguments)
         if args and args[0] is not None:
             as_array(args[0], "x")
         if collective == "all_reduce" and arguments is not None and \

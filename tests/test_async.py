@@ -236,7 +236,7 @@ def test_a_wait_longer_than_threading_can_wait_means_no_limit(timeout):
 
 
 @pytest.mark.parametrize("wrong", ["array", "cap_bytes", "layout", "dtype", "op",
-                                   "bad_op", "op_for_dtype", "algorithm"])
+                                   "bad_op", "op_for_dtype", "algorithm", "keyword"])
 def test_a_bucketer_one_rank_makes_wrong_raises_on_every_rank_and_the_next_call_runs(wrong):
     """Making a Bucketer is collective: one rank's refused arguments, or its other layout
     of the buckets (which would pair its buckets' messages with the others' other
@@ -260,8 +260,9 @@ def test_a_bucketer_one_rank_makes_wrong_raises_on_every_rank_and_the_next_call_
         error = mpicoll.MismatchError if wrong in ("layout", "dtype", "op") else \
             mpicoll.UnsupportedDtypeError if odd and wrong == "op_for_dtype" else \
             mpicoll.InvalidArgumentError
-        with pytest.raises(error, match="arrays|cap_bytes|op|avg|algorithm"):
-            mpicoll.Bucketer(comm, arrays, cap_bytes=cap, op=op, algorithm=algorithm)
+        extra = {"bucket_cap_mb": 25} if odd and wrong == "keyword" else {}  # (DDP's name)
+        with pytest.raises(error, match="arrays|cap_bytes|op|avg|algorithm|bucket_cap_mb"):
+            mpicoll.Bucketer(comm, arrays, cap_bytes=cap, op=op, algorithm=algorithm, **extra)
         return comm.all_reduce(np.ones(2))[0]
 
     assert run_local(3, body, timeout=20) == [3.0] * 3

@@ -866,6 +866,39 @@ def test_async_op_at_init_on_one_rank_takes_part_and_raises(world):
                                   np.full(2, float(world.size)))
 
 
+@pytest.mark.parametrize("collective, bad, words", [
+    ("broadcast", {"root": 99}, "root: 99 is out of range"),
+    ("gather", {"root": -1}, "root: -1 is out of range"),
+    ("reduce", {"root": True}, "root: expected an int"),
+    ("broadcast", {"stream": 5}, "stream: expected a cupy.cuda.Stream"),
+    ("all_reduce", {"stream": "s"}, "stream: expected a cupy.cuda.Stream"),
+    ("broadcast", {"bogus": 1}, "bogus: tuning options need a named algorithm"),
+    ("all_gather", {"radix": 2}, "radix: tuning options need a named algorithm"),
+    ("all_reduce", {"algorithm": "ring", "radix": 2}, "takes no option 'radix'"),
+    ("scan", {"bogus": 1, "algorithm": "native"}, "'native' takes no tuning options"),
+])
+def test_parameters_one_rank_gives_are_refused_at_init_and_named_elsewhere(
+        world, collective, bad, words):
+    """What the first start would refuse of the parameters alone (a root that is no
+    rank, a stream that is none, options auto or the algorithm does not take), given on
+    one rank only: refused at init there, a RemoteError naming it on the others, so no
+    rank's start meets another's next call; then a good plan and the next call are right."""
+    p, r = world.size, world.rank
+    x = np.full(2, r + 1.0)
+    make = getattr(world, f"{collective}_init")
+    if r == p - 1:
+        with pytest.raises(mpicoll.InvalidArgumentError, match=words):
+            make(x, **bad)
+    else:
+        with pytest.raises(mpicoll.RemoteError, match=f"refused on rank.s. {p - 1}"):
+            make(x)
+    with make(x) as plan:
+        got = plan()
+    if collective == "broadcast":
+        np.testing.assert_array_equal(got, np.ones(2))
+    np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, float(p)))
+
+
 @pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather", "scan"])
 def test_a_bad_out_at_init_on_one_rank_is_refused_there_and_named_elsewhere(world, collective):
     """An ``out=`` of another shape or dtype, a read-only one or no array on one rank is
@@ -891,14 +924,13 @@ def test_a_bad_out_at_init_on_one_rank_is_refused_there_and_named_elsewhere(worl
 
 @pytest.mark.parametrize("root", [-1, 99])
 def test_a_bad_root_never_reaches_the_librarys_init(world, root):
-    """A root that is no rank is the first start's to refuse (on every rank), never
-    MPI_Reduce_init's: MPI's failure there would keep every later plan of the
+    """A root that is no rank is refused at init (on every rank), never by
+    MPI_Reduce_init: MPI's failure there would keep every later plan of the
     Communicator off the persistent requests."""
     comm = world.dup()
     x = np.ones(2)
-    plan = comm.reduce_init(x, "sum", root, algorithm="native")
     with pytest.raises(mpicoll.MpicollError, match="root"):
-        plan()
+        comm.reduce_init(x, "sum", root, algorithm="native")
     assert comm._backend.transport.persists
     later = comm.all_reduce_init(x, algorithm="native")
     assert (later._request is not None) == _persistent(world)
