@@ -142,6 +142,9 @@ def test_a_lone_refusal_never_lets_the_next_call_match_the_others_native_call(tm
     assert "RESULT" not in done.stdout, done.stdout
     found = reports(done.stderr)
     assert any("rank 1" in r and "call #4" in r for r in found), found
+    # the refusing rank's report says what it waits for and why: the refusal its own
+    assert any("rank 1 (" in r and "settling call #3, which this rank refused alone" in r
+               for r in found), found
 
 
 @needs_mpiexec

@@ -258,6 +258,10 @@ class Watch:
     def describe_current(self, now: float) -> str:
         rec, call = self.current, self.current.call
         what = f"call #{call.seq} {call.collective}"
+        if rec.note and any(rec is entry for entry in self.ring):  # a numbered call's own
+            # step with a note (the resync a refusal alone left owed)
+            return (f"{what} ({call.site}) has run {now - self.started:.1f} s "
+                    f"(timeout {self.timeout:g} s); {rec.note}")
         if rec.note:
             after = f" after call #{call.seq}" if call.seq else ""  # (0: before any call)
             return (f"{call.collective}{after} ({call.site}) has run "

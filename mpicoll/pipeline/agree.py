@@ -255,11 +255,17 @@ def resync(c: CallState, call: Call) -> None:
     table[t.rank] = refused
     saved = t.tag
     t.tag = saved + t.side_tags
+    rec = c._watch.current  # what the watchdog says of the wait, should it be overdue
+    note, rec.note = rec.note, (
+        f"settling call #{refused}, which this rank refused alone: waiting for every rank's "
+        "account of it (a rank that did not refuse it is still in it or has left it: an "
+        "argument only this rank gave, such as a root or counts, refused here alone; give "
+        "every rank the same, or run with MPICOLL_CHECK=1 to have every rank raise)")
     try:  # point-to-point messages on those tags: never the library's own collective,
         # which MPI would match with a collective the others still wait in
         REGISTRY["all_gather"]["recursive_doubling"].fn(t, table, even_bounds(1, t.size))
     finally:
-        t.tag = saved
+        t.tag, rec.note = saved, note
     if (table != refused).any():
         detail = ", ".join(f"rank {r}: #{n}" if n else f"rank {r}: none"
                            for r, n in enumerate(table.tolist()))
