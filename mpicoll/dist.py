@@ -524,6 +524,7 @@ def split_group(parent_pg: Any = None, split_ranks: Sequence[Sequence[int]] | No
     other = backend is not None and not _names_backend(backend, parent.comm.backend)
     try:  # each list sorted, as torch's (ranks of each group in rank order); a list that
         # cannot be (not integers) goes as given, refused on every rank by split_lists
+        split_ranks = [list(ranks) for ranks in split_ranks]  # (each read once: iterators)
         split_ranks = [sorted(int(r) for r in ranks) if all(
             isinstance(r, (int, np.integer)) and not isinstance(r, bool) for r in ranks)
             else ranks for ranks in split_ranks]

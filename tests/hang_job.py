@@ -80,6 +80,19 @@ def main(scenario: str) -> None:
         if culprit:
             time.sleep(3 * timeout)
         mpicoll.Communicator()
+    elif scenario.startswith("short_input:"):
+        # call #3: rank 1's x is one element short (its buffer, which only it sees);
+        # a rank that gets a result says whether it is right: none may be wrong
+        n = x.size - 1 if culprit else x.size
+        try:
+            got = comm.all_reduce(np.full(n, comm.rank + 1.0),
+                                  algorithm=scenario.split(":")[1])
+        except mpicoll.MpicollError as exc:
+            print(f"RAISED rank {comm.rank}: {type(exc).__name__}: {exc}", flush=True)
+        else:
+            right = got.size == x.size and bool((got == sum(range(1, comm.size + 1))).all())
+            print(f"RESULT rank {comm.rank}: {'right' if right else 'wrong'}", flush=True)
+        comm.all_reduce(x, algorithm="ring")
     elif culprit and scenario == "mismatch":
         comm.all_gather(x, algorithm="ring")
     elif scenario == "refuse_native":

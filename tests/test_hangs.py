@@ -143,8 +143,21 @@ def test_a_lone_refusal_never_lets_the_next_call_match_the_others_native_call(tm
     found = reports(done.stderr)
     assert any("rank 1" in r and "call #4" in r for r in found), found
     # the refusing rank's report says what it waits for and why: the refusal its own
-    assert any("rank 1 (" in r and "settling call #3, which this rank refused alone" in r
+    assert any("rank 1 (" in r and "settling call #3, which this rank refused or failed alone" in r
                for r in found), found
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "ring", "rabenseifner"])
+def test_a_buffer_one_rank_gives_short_is_never_a_silent_wrong_result(algorithm, tmp_path):
+    """Rank 1's x is one element shorter than the others' (a size only it sees): the
+    ranks that receive its shorter messages (or send it longer ones) raise, and the
+    others wait until the timeout ends the job; no rank returns a result, wrong or not."""
+    done, elapsed = job(f"short_input:{algorithm}", str(tmp_path))
+    assert done.returncode == EXIT_TIMEOUT, done.stdout[-2000:] + done.stderr[-3000:]
+    assert elapsed < TIMEOUT + 10
+    assert "wrong" not in done.stdout, done.stdout
+    assert "RAISED rank" in done.stdout, done.stdout
 
 
 @needs_mpiexec

@@ -257,10 +257,10 @@ def resync(c: CallState, call: Call) -> None:
     t.tag = saved + t.side_tags
     rec = c._watch.current  # what the watchdog says of the wait, should it be overdue
     note, rec.note = rec.note, (
-        f"settling call #{refused}, which this rank refused alone: waiting for every rank's "
-        "account of it (a rank that did not refuse it is still in it or has left it: an "
-        "argument only this rank gave, such as a root or counts, refused here alone; give "
-        "every rank the same, or run with MPICOLL_CHECK=1 to have every rank raise)")
+        f"settling call #{refused}, which this rank refused or failed alone: waiting for "
+        "every rank's account of it (a rank that did not is still in it or has left it: an "
+        "argument only this rank gave, such as a root, counts or a shape; give every rank "
+        "the same, or run with MPICOLL_CHECK=1 to have every rank raise)")
     try:  # point-to-point messages on those tags: never the library's own collective,
         # which MPI would match with a collective the others still wait in
         REGISTRY["all_gather"]["recursive_doubling"].fn(t, table, even_bounds(1, t.size))

@@ -48,9 +48,10 @@ def new_comm(make: Any, what: str) -> Any:
     try:
         return make()
     except MPI.Exception as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        last = lines[-1] if lines else type(exc).__name__  # (MPICH's stack: the cause last)
         raise CollectiveError(
-            f"{what}: the MPI library could not make a communicator ({first}). MPI has a "
+            f"{what}: the MPI library could not make a communicator ({last}). MPI has a "
             "limited number of them (MPICH about 2000; each mpicoll Communicator holds "
             "two): free the Communicators and groups no longer used (comm.free(), "
             "mesh.free(), dist.destroy_process_group(group))") from exc
@@ -95,6 +96,12 @@ class MPITransport(Workspace):
         self.wait_kind: str | None = None  # "send", "recv", "sendrecv", "waitall"
         self.wait_peer = self.wait_dest = self.wait_count = -1
         self._notes: list[tuple[MPI.Request, np.ndarray]] = []  # post()'s sends in flight
+        # every receive's length is checked: a message shorter than its buffer (MPI says
+        # nothing) comes of ranks that gave other counts or shapes, and would leave the
+        # buffer's tail as it was, a result silently wrong
+        self._status = MPI.Status()
+        self._statuses: list[MPI.Status] = []  # waitall's, reused
+        self._receives: list[tuple[MPI.Request, int, int]] = []  # irecvs: (request, bytes, from)
         self._persistent: list[MPI.Prequest] = []  # persistent requests of plans
         self._retired: list[MPI.Prequest] = []  # theirs whose plans were dropped
         self._buffers: dict[int, tuple] = {}  # each persistent request's buffer specs
@@ -107,6 +114,8 @@ class MPITransport(Workspace):
             # host buffers only, as most calls (every call on the hot path): the
             # watchdog's slots and the workspace, as _start_call resets them
             self.step, self.wait_kind = 0, None
+            if self._receives:  # (a failed call's, never waited for)
+                self._receives = []
             tops = self._tops
             if tops[0]:
                 tops[0] = 0
@@ -114,6 +123,7 @@ class MPITransport(Workspace):
                 self._free_retired()
             return
         self._start_call(like)
+        self._receives = []
         if self._copies:  # staged receives a failed call never waited for
             self._drop_copies()
         if self._staging is not None and self._staging.capacity:
@@ -152,24 +162,34 @@ class MPITransport(Workspace):
     def recv(self, buf: Any, source: int) -> None:
         self.step += 1
         self.wait_kind, self.wait_peer = "recv", source
+        status = self._status
         if type(buf) is np.ndarray:
-            self.comm.Recv([buf, MPI.BYTE], source, self.tag)
+            self.comm.Recv([buf, MPI.BYTE], source, self.tag, status)
+            if status.Get_count(MPI.BYTE) != buf.nbytes:
+                raise _short(status, buf.nbytes, source)
         else:
             landing = self._incoming(buf)
-            self.comm.Recv([landing, MPI.BYTE], source, self.tag)
+            self.comm.Recv([landing, MPI.BYTE], source, self.tag, status)
+            if status.Get_count(MPI.BYTE) != landing.nbytes:
+                raise _short(status, landing.nbytes, source)
             self._arrived(landing, buf)
 
     def sendrecv(self, sendbuf: Any, dest: int, recvbuf: Any, source: int) -> None:
         self.step += 1
         self.wait_kind, self.wait_peer, self.wait_dest = "sendrecv", source, dest
+        status = self._status
         if type(sendbuf) is np.ndarray and type(recvbuf) is np.ndarray:
             self.comm.Sendrecv([sendbuf, MPI.BYTE], dest, self.tag,
-                               [recvbuf, MPI.BYTE], source, self.tag)
+                               [recvbuf, MPI.BYTE], source, self.tag, status)
+            if status.Get_count(MPI.BYTE) != recvbuf.nbytes:
+                raise _short(status, recvbuf.nbytes, source)
             return
         outgoing = sendbuf if type(sendbuf) is np.ndarray else self._outgoing(sendbuf)
         landing = recvbuf if type(recvbuf) is np.ndarray else self._incoming(recvbuf)
         self.comm.Sendrecv([outgoing, MPI.BYTE], dest, self.tag,
-                           [landing, MPI.BYTE], source, self.tag)
+                           [landing, MPI.BYTE], source, self.tag, status)
+        if status.Get_count(MPI.BYTE) != landing.nbytes:
+            raise _short(status, landing.nbytes, source)
         if landing is not recvbuf:
             self._arrived(landing, recvbuf)
 
@@ -182,9 +202,12 @@ class MPITransport(Workspace):
     def irecv(self, buf: Any, source: int) -> MPI.Request:
         self.wait_peer = source
         if type(buf) is np.ndarray:
-            return self.comm.Irecv([buf, MPI.BYTE], source, self.tag)
+            request = self.comm.Irecv([buf, MPI.BYTE], source, self.tag)
+            self._receives.append((request, buf.nbytes, source))
+            return request
         landing = self._incoming(buf)
         request = self.comm.Irecv([landing, MPI.BYTE], source, self.tag)
+        self._receives.append((request, landing.nbytes, source))
         if landing is not buf:
             self._copies.append((request, landing, buf))
         return request
@@ -193,7 +216,12 @@ class MPITransport(Workspace):
         requests = list(requests)
         self.step += 1
         self.wait_kind, self.wait_count = "waitall", len(requests)
-        MPI.Request.Waitall(requests)
+        if not self._receives:  # sends alone
+            MPI.Request.Waitall(requests)
+        else:
+            statuses = self._statuses
+            MPI.Request.Waitall(requests, statuses)  # (mpi4py fills its first ones)
+            self._check_receives(requests, statuses)
         if self._copies:  # staged receives among them: now copy them to the device
             waited = {id(r) for r in requests}
             pending = []
@@ -203,6 +231,22 @@ class MPITransport(Workspace):
                 else:
                     pending.append((request, landing, buf))
             self._copies = pending
+
+    def _check_receives(self, requests: list[MPI.Request], statuses: list[MPI.Status]) -> None:
+        """The lengths of the receives among ``requests`` (just waited for), as ``recv``
+        checks its own; those not among them stay for a later waitall."""
+        pending = []
+        for received in self._receives:
+            request = received[0]
+            for k, r in enumerate(requests):
+                if r is request:
+                    if statuses[k].Get_count(MPI.BYTE) != received[1]:
+                        self._receives = []
+                        raise _short(statuses[k], received[1], received[2])
+                    break
+            else:
+                pending.append(received)
+        self._receives = pending
 
     def _drop_copies(self) -> None:
         """Cancel the staged receives a failed call left posted, and wait for them, so
@@ -495,6 +539,18 @@ def _cut_short(exc: MPI.Exception, buf: Any, status: MPI.Status, source: int = -
         return exc
     got, got_tag = status.Get_source(), status.Get_tag()
     return cut_short(got if got >= 0 else source, got_tag if got_tag >= 0 else tag, buf.nbytes)
+
+
+def _short(status: MPI.Status, nbytes: int, source: int) -> CollectiveError:
+    """A collective's message of another length than this rank's buffer for it: the
+    ranks gave the call other counts or shapes (longer ones MPI reports itself, as
+    truncated)."""
+    got = status.Get_count(MPI.BYTE)
+    sender = status.Get_source()
+    return CollectiveError(
+        f"the message from rank {sender if sender >= 0 else source} had {got} bytes where "
+        f"this rank expected {nbytes}: the ranks gave the call other counts or shapes "
+        "(every rank gives the same; MPICOLL_CHECK=1 names the difference)")
 
 
 def _check_length(buf: Any, status: MPI.Status, source: int, tag: int) -> None:
