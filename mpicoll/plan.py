@@ -60,7 +60,8 @@ from .pipeline.entry import (
     take_turn,
     watched_step,
 )
-from .pipeline.validate import Verdict, stream_refusal
+from .pipeline.validate import Verdict, reduction_op, stream_refusal
+from .pipeline.validate import array as validate_array
 from .pipeline.validate import root as validate_root
 from .spec import SPECS
 from .work import Site, Work, as_seconds, start_progress, submit
@@ -586,9 +587,10 @@ def _check_algorithm(comm: Communicator, collective: str, arguments: dict[str, A
 
 def _parameter_refusal(comm: Communicator, collective: str, args: tuple, kwargs: dict,
                        arguments: dict[str, Any] | None) -> MpicollError | None:
-    """What the first start would refuse in a plan's parameters, whatever the data: a
-    root that is no rank, a ``stream=`` that is no usable CUDA stream, arguments that do
-    not bind to the collective's (a keyword it lacks, one too many)."""
+    """What the first start would refuse at once on this rank: a root that is no rank, a
+    ``stream=`` that is no usable CUDA stream, arguments that do not bind to the
+    collective's (a keyword it lacks, one too many), an x that is no array it takes
+    where every rank gives one as input, an op that cannot reduce it."""
     if arguments is None:
         try:
             decided.SIGNATURES[collective].bind(
@@ -602,7 +604,18 @@ def _parameter_refusal(comm: Communicator, collective: str, args: tuple, kwargs:
         if verdict.params is not None:
             return verdict.params
     stream = kwargs.get("stream")
-    return None if stream is None else stream_refusal(stream)
+    if stream is not None and (refusal := stream_refusal(stream)) is not None:
+        return refusal
+    spec = SPECS.get(collective)
+    if spec is None or spec.input_at_root_only or "x" not in arguments:
+        return None  # (a root's input travels in its header: every rank learns it there)
+    # x, where every rank gives it as input (a refusal the call would raise at once,
+    # alone), and the op it is reduced with
+    verdict = Verdict()
+    x, _ = validate_array(verdict, arguments["x"], device_only=comm._backend.device_only)
+    if spec.reduces and x is not None:
+        reduction_op(verdict, arguments.get("op"), x)
+    return verdict.params or verdict.input
 
 
 def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, frame: Any) -> Plan:

@@ -876,6 +876,11 @@ def test_async_op_at_init_on_one_rank_takes_part_and_raises(world):
     ("all_gather", {"radix": 2}, "radix: tuning options need a named algorithm"),
     ("all_reduce", {"algorithm": "ring", "radix": 2}, "takes no option 'radix'"),
     ("scan", {"bogus": 1, "algorithm": "native"}, "'native' takes no tuning options"),
+    ("reduce", {"op": "summ"}, "unknown reduction op 'summ'"),
+    ("all_reduce", {"op": "band"}, "op 'band' cannot reduce dtype float64"),
+    ("exscan", {"x": "not an array"}, "x: expected a NumPy or CuPy array"),
+    ("gather", {"x": None}, "x: expected an array, got None"),
+    ("all_gather", {"x": np.array([object()])}, "dtype object"),
 ])
 def test_parameters_one_rank_gives_are_refused_at_init_and_named_elsewhere(
         world, collective, bad, words):
@@ -887,8 +892,9 @@ def test_parameters_one_rank_gives_are_refused_at_init_and_named_elsewhere(
     x = np.full(2, r + 1.0)
     make = getattr(world, f"{collective}_init")
     if r == p - 1:
-        with pytest.raises(mpicoll.InvalidArgumentError, match=words):
-            make(x, **bad)
+        bad = dict(bad)
+        with pytest.raises(mpicoll.MpicollError, match=words):
+            make(bad.pop("x", x), **bad)
     else:
         with pytest.raises(mpicoll.RemoteError, match=f"refused on rank.s. {p - 1}"):
             make(x)

@@ -67,16 +67,7 @@ def _input(t: Any, src: Any, dst: Any = None) -> Any:
     return src
 
 
-def _op(verdict: Verdict, op: Any, x: Any) -> Any:
-    if x is None:
-        return None
-    try:
-        return resolve_op(op, x.dtype)
-    except MpicollError as exc:
-        verdict.refuse("params", exc)
-    except Exception as exc:  # noqa: BLE001 - an unhashable or odd op object
-        verdict.refuse("params", InvalidArgumentError(f"op: {type(exc).__name__}: {exc}"))
-    return None
+_op = validate.reduction_op
 
 
 def _reducing(c: CallState, call: Call, opd: Any, fn: Any, *args: Any) -> None:

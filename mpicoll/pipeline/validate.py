@@ -19,6 +19,7 @@ import numpy as np
 from ..buffers import overlapping, overlaps_itself, result_buffer
 from ..buffers.arrays import as_array, empty, off_current_gpu, same
 from ..errors import InvalidArgumentError, MpicollError, UnsupportedDtypeError
+from ..ops import resolve_op
 
 MAX_DIMS = 64 if int(np.__version__.split(".")[0]) >= 2 else 32  # NumPy's limit on dimensions
 
@@ -103,6 +104,20 @@ def array(verdict: Verdict, x: Any, where: str = "input", name: str = "x",
         verdict.refuse(where, InvalidArgumentError(f"{name}: {elsewhere}"))
         return None, same
     return x, back
+
+
+def reduction_op(verdict: Verdict, op: Any, x: Any) -> Any:
+    """``op`` resolved for x's dtype (``ops.resolve_op``), or None with the refusal kept
+    (None too where x is)."""
+    if x is None:
+        return None
+    try:
+        return resolve_op(op, x.dtype)
+    except MpicollError as exc:
+        verdict.refuse("params", exc)
+    except Exception as exc:  # noqa: BLE001 - an unhashable or odd op object
+        verdict.refuse("params", InvalidArgumentError(f"op: {type(exc).__name__}: {exc}"))
+    return None
 
 
 def root(verdict: Verdict, root: Any, size: int) -> int:
