@@ -254,6 +254,9 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         groups = _STATE["groups"]  # (not kept: a loop of new_group and destroy would keep
         if group in groups:  # every freed group, and its workspace, to the end)
             groups.remove(group)
+    elif group is not GroupMember.NON_GROUP_MEMBER:  # (a rank outside it: nothing to free)
+        raise InvalidArgumentError(f"destroy_process_group: expected a process group (or "
+                                   f"None: all of them), got {type(group).__name__}")
 
 
 def _group(group: Any) -> ProcessGroup:

@@ -38,6 +38,10 @@ def test_destroy_process_group_frees_every_group_made():
     size = dist.get_world_size()
     group = dist.new_group(list(range(size)))
     mesh = dist.init_device_mesh("cpu", (size,), mesh_dim_names=("dp",))
+    with pytest.raises(mpicoll.InvalidArgumentError, match="expected a process group"):
+        dist.destroy_process_group("dp")  # (no group: nothing freed, every rank told)
+    dist.destroy_process_group(dist.new_group([0]) if size > 1 else
+                               dist.GroupMember.NON_GROUP_MEMBER)  # (outside it: nothing)
     dist.destroy_process_group()
     for g in (group, mesh.get_group("dp")):
         with pytest.raises(mpicoll.InvalidArgumentError, match="freed"):
