@@ -101,6 +101,8 @@ class ProcessGroup:
 
     def __init__(self, comm: Communicator, ranks: list[int], asked: str | None = None) -> None:
         self.comm, self.ranks = comm, ranks
+        if ranks != list(range(len(ranks))):  # its errors say the global ranks too
+            comm._rank_names = list(ranks)
         self.asked = asked  # "gloo" where the group was asked for gloo (run over MPI)
         self._local = {g: i for i, g in enumerate(ranks)}
 

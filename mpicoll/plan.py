@@ -57,6 +57,7 @@ from .pipeline.entry import (
     prepare_start,
     public_signature,
     resync_owed,
+    said_in_ranks,
     take_turn,
     watched_step,
 )
@@ -701,8 +702,9 @@ def _agreed_refusal(comm: Communicator, collective: str, refusal: MpicollError |
     refused = np.flatnonzero(table).tolist()
     if refusal is not None or not refused:
         return refusal
-    return RemoteError(f"{collective}_init: refused on rank(s) {', '.join(map(str, refused))} "
-                       "(its arguments); every rank gives what the others can take")
+    return said_in_ranks(comm, RemoteError(
+        f"{collective}_init: refused on rank(s) {', '.join(map(str, refused))} (its "
+        "arguments); every rank gives what the others can take"))
 
 
 def _persist_at_init(comm: Communicator, collective: str, args: tuple, kwargs: dict,

@@ -1051,6 +1051,27 @@ def test_objects_point_to_point_and_subgroups_by_enumeration(initialized):
     assert tensor[0] == len(halves[rank % 2])
 
 
+def test_a_groups_refusal_names_the_global_ranks_too(initialized):
+    """On a group whose ranks are not the job's (torch's users name global ranks: src=3),
+    a refusal's words say which global rank each group rank it names is."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size < 4:
+        pytest.skip("needs a group of other ranks than the job's first")
+    group = dist.new_group([0, 2, 3])
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        return
+    out = np.zeros(1)
+    bad = [np.ones(1)] * 2 if rank == 3 else None  # (two tensors for three ranks, at src)
+    with pytest.raises(mpicoll.MpicollError) as raised:
+        dist.scatter(out, bad, src=3, group=group)
+    if rank != 3:
+        assert "root 2 refused" in str(raised.value), raised.value
+        assert "as the job's ranks, 0: 0, 1: 2, 2: 3" in str(raised.value), raised.value
+    t = np.ones(1)
+    dist.all_reduce(t, group=group)
+    assert t.tolist() == [3.0]
+
+
 def test_split_group_as_torchs(initialized):
     """split_group: one split of the parent into the lists' groups (parent group ranks,
     each list sorted, as torch's), None where a rank is in no list; one rank's bad or

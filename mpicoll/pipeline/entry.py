@@ -331,16 +331,29 @@ def ended(c: CallState, name: str, exc: Exception) -> MpicollError:
     if isinstance(exc, (OpError, CollectiveError)):
         c._refused_alone = c._seq  # failed mid-call here: the others may wait in it
         watch.failed(exc)
-        return exc
+        return said_in_ranks(c, exc)
     if isinstance(exc, MpicollError):
         watch.failed(exc, refused=True)
-        return exc
+        return said_in_ranks(c, exc)
     c._refused_alone = c._seq
     watch.failed(exc)
     error = CollectiveError(f"{name} (call #{c._seq}) failed on rank {c.rank}: "
                             f"{type(exc).__name__}: {exc}")
     error.__cause__ = exc
-    return error
+    return said_in_ranks(c, error)
+
+
+def said_in_ranks(c: CallState, exc: MpicollError) -> MpicollError:
+    """``exc``, its words followed by the ranks they name as ``c._rank_names`` names them
+    (an mpicoll.dist group's: the global ranks), once; as it is where there are none."""
+    names = c._rank_names
+    if names is None or getattr(exc, "_ranks_said", False) or not exc.args:
+        return exc
+    shown = ", ".join(f"{i}: {g}" for i, g in enumerate(names[:16]))
+    exc.args = (f"{exc.args[0]} (ranks named are this group's; as the job's ranks, "
+                f"{shown}{', ...' if len(names) > 16 else ''})", *exc.args[1:])
+    exc._ranks_said = True  # type: ignore[attr-defined]
+    return exc
 
 
 def _both(first: Callable[[], Any], then: Callable[[], Any]) -> Callable[[], None]:

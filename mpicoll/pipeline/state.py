@@ -98,10 +98,14 @@ class CallState:
     timeout: float
     _rank0_timeout: float
     _exit_key: tuple[int, ...]
+    _rank_names: list[int] | None
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._watch = self._tracer = self._decisions = None
+        # the ranks its errors name, said as these (by rank) too: mpicoll.dist's groups,
+        # whose users name the job's global ranks; None: its own ranks alone
+        self._rank_names = None
         self._seq = 0
         self._refused_alone = 0
         self._freed = False
