@@ -173,16 +173,15 @@ def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int
         reasons = sorted({_REASONS[f] for r in bad for f in _REASONS if table[r, 0] & f})
         raise InvalidArgumentError(f"{what}: refused on rank(s) {', '.join(map(str, bad))}: "
                                    f"{'; '.join(reasons)}")
-    for column in (4, 3):  # the call each rank makes, then what it gives
-        differ = _apart(table[:, column])
-        if differ is None:
-            continue
-        differ, agree = differ
+    apart = _apart(table[:, 4])  # the call each rank makes
+    if apart is not None:
         raise MismatchError(
-            f"{what}: rank(s) {differ} make another call than rank(s) {agree} (of split, "
-            "new_group, mesh and split_group); every rank makes the same one" if column == 4
-            else f"{what}: rank(s) {differ} give other {given} than rank(s) {agree}; every "
-            f"rank must pass the same {given}")
+            f"{what}: rank(s) {apart[0]} make another call than rank(s) {apart[1]} (of "
+            "split, new_group, mesh and split_group); every rank makes the same one")
+    apart = _apart(table[:, 3])  # what each rank gives it
+    if apart is not None:
+        raise MismatchError(f"{what}: rank(s) {apart[0]} give other {given} than rank(s) "
+                            f"{apart[1]}; every rank must pass the same {given}")
     colors, keys = table[:, 1], table[:, 2]
     call = Call(comm._seq, "split")
     call.at(site)
