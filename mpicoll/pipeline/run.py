@@ -20,7 +20,6 @@ import numpy as np
 
 from ..buffers import counts_bounds, dtype_code, even_bounds, flat
 from ..buffers.arrays import (
-    as_array,
     assign_from_host,
     device_like,
     empty,
@@ -30,7 +29,7 @@ from ..buffers.arrays import (
     to_host,
 )
 from ..errors import InvalidArgumentError, MpicollError
-from ..ops import Op, guarded_ops, resolve_op
+from ..ops import Op, guarded_ops
 from ..spec import SPECS
 from ..transport.compress import WIRE, Compressing, wire_dtype
 from . import agree, validate
@@ -659,11 +658,8 @@ def _pairwise() -> Any:
 
 def compress_refusal(compress: Any, x: Any, op: Any, algorithm: Any) -> MpicollError | None:
     """What all_reduce refuses of ``compress=`` on these values (a plan asks at init)."""
-    v = Verdict()
-    try:
-        x, _ = as_array(x, "x")
-        opd = resolve_op(op, x.dtype)
-    except MpicollError:
-        x = opd = None  # (the start refuses x and op themselves, as a call's)
+    v, aside = Verdict(), Verdict()  # (x and op themselves: refused as a call's are)
+    x, _ = validate.array(aside, x)
+    opd = validate.reduction_op(aside, op, x)
     _wire(v, compress, x, algorithm, opd)
     return v.first
