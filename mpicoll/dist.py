@@ -68,18 +68,18 @@ __all__ = [
 
 
 # torch's errors as mpicoll's, so that torch's callers' except clauses catch what mpicoll
-# raises: DistError, any mpicoll error; DistBackendError, a call ended by the watchdog's
+# raises: DistError, any mpicoll error (a RuntimeError, as torch's); DistBackendError, a call ended by the watchdog's
 # timeout or an abort (torch's NCCL watchdog raises it for those). mpicoll has no store
 # and no network rendezvous of its own, so nothing raises the last two.
 DistError = MpicollError
 DistBackendError = AbortedError
 
 
-class DistNetworkError(MpicollError, RuntimeError):
+class DistNetworkError(MpicollError):
     """torch's name; mpicoll's rendezvous is the MPI launcher's: never raised."""
 
 
-class DistStoreError(MpicollError, RuntimeError):
+class DistStoreError(MpicollError):
     """torch's name; mpicoll has no key-value store: never raised."""
 
 
@@ -1693,6 +1693,24 @@ class _P2PWork(Work):
         """``[tensor]``, the message's tensor, as torch's ``Work.result()`` (waits)."""
         self.wait()
         return [] if self._tensor is None else [self._tensor]
+
+    def exception(self) -> BaseException | None:
+        """The error of a message that ended in one (None: none, or not done yet)."""
+        try:
+            if not self._request.test():
+                return None
+            self.wait()
+        except MpicollError as exc:
+            return exc
+        return None
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def get_future(self) -> Any:
+        """torch's point-to-point Work has no future (gloo's and NCCL's raise): wait()."""
+        raise InvalidArgumentError("get_future(): a point-to-point message's Work has no "
+                                   "future (as torch's); use wait() or is_completed()")
 
 
 def isend(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0,

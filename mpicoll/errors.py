@@ -5,13 +5,15 @@ program raises the same error and no rank is left waiting; a refusal only one ra
 see is raised after that rank took part (where it receives) or at once (where it
 contributes), as mpicoll.pipeline describes. The classes subclass the
 built-in exception a Python user would expect (``ValueError``/``TypeError``) so that
-``except ValueError`` keeps working.
+``except ValueError`` keeps working, and every one is a ``RuntimeError`` too, as
+mpi4py's ``MPI.Exception`` and torch.distributed's errors are (``except RuntimeError``
+around a torch program's collectives catches mpicoll.dist's refusals as gloo's).
 """
 
 from __future__ import annotations
 
 
-class MpicollError(Exception):
+class MpicollError(RuntimeError):
     """Base class of every exception mpicoll raises on purpose."""
 
 
@@ -35,7 +37,7 @@ class RemoteError(MpicollError, ValueError):
     """Another rank refused the call (e.g. the root of a scatter saw bad input)."""
 
 
-class AbortedError(MpicollError, RuntimeError):
+class AbortedError(MpicollError):
     """A peer of the local transport failed, so this rank gave up waiting."""
 
 
@@ -49,15 +51,15 @@ class SettingMismatchError(ConfigError, MismatchError):
     a mismatch (``check=``, ``trace=``) both, so either except clause catches it."""
 
 
-class ConcurrentCallError(MpicollError, RuntimeError):
+class ConcurrentCallError(MpicollError):
     """Two threads called collectives on one Communicator at once (use ``comm.dup()``)."""
 
 
-class OpError(MpicollError, RuntimeError):
+class OpError(MpicollError):
     """A user's reduction op raised while combining data."""
 
 
-class CollectiveError(MpicollError, RuntimeError):
+class CollectiveError(MpicollError):
     """A failure inside a collective that is not one of the refusals above (the message
     names the call; the original exception is its ``__cause__``)."""
 

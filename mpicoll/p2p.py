@@ -15,7 +15,10 @@ Communicator, so a program's tags never meet a collective's messages, and they a
 numbered calls: a send matches the receive of the same (source, tag) in order, as in MPI.
 A receive takes a message of at most ``out``'s bytes; its ``status=`` (an ``mpicoll.Status``)
 is filled with the sender, the tag and the message's bytes (``status.count(dtype)``: its
-elements), as MPI's status: the rest of ``out`` is left as it was. ``source`` and a
+elements), as MPI's status: the rest of ``out`` is left as it was. ``out`` may be strided
+(a column): the message lands in a contiguous copy of it, copied back once it is in (for
+an irecv, at the ``wait()`` or ``test()`` that sees it done), as a strided send is sent
+from a contiguous copy. ``source`` and a
 receive's ``tag`` may be ``mpicoll.ANY``. Every blocking step (a send, a
 receive, a request's ``wait``) is watched: past the Communicator's timeout the rank
 reports what it waits for (the peer and the tag) and the job ends, as for every call.
@@ -74,9 +77,15 @@ class Request:
     irecv's gives the source rank, an isend's None), ``test()`` tells without blocking."""
 
     def __init__(self, comm: Any, what: str, peer: int, tag: int, request: Any,
-                 receive: bool) -> None:
+                 receive: bool, back: Any = None) -> None:
         self._comm, self._what, self._peer, self._tag = comm, what, peer, tag
         self._request, self._receive = request, receive
+        self._back = back  # a strided out's, copied once the message is in (_incoming)
+
+    def _landed(self) -> None:
+        """The message is in: a strided ``out`` gets it (once)."""
+        back, self._back = self._back, None
+        _land(back)
 
     def __repr__(self) -> str:
         return f"<mpicoll.Request {self._what} peer {self._peer} tag {self._tag}>"
@@ -102,6 +111,8 @@ class Request:
             with watched_step(self._comm, self._what,
                               _waiting(self._what, self._peer, self._tag)):
                 got = self._request.wait()
+        if self._back is not None:
+            self._landed()
         return _filled(status, got) if self._receive else None
 
     def test(self) -> bool:
@@ -109,11 +120,14 @@ class Request:
         request, not known yet: False; the backend's request is touched by one thread at
         a time)."""
         try:
-            return bool(self._request.test())
+            done = bool(self._request.test())
         except MpicollError:
             raise
         except Exception as exc:  # noqa: BLE001 - named, with its cause
             raise CollectiveError(f"{self._what}: {type(exc).__name__}: {exc}") from exc
+        if done and self._back is not None:
+            self._landed()
+        return done
 
     is_completed = test  # torch's name
 
@@ -210,14 +224,28 @@ def _outgoing(comm: Any, peers: Any, x: Any, name: str = "x") -> Any:
     return array.reshape(-1)
 
 
-def _incoming(comm: Any, peers: Any, out: Any, name: str = "out") -> Any:
-    """Where a receive lands: ``out``'s own memory, flat (it must be contiguous and
-    writeable: the message is written into it in place)."""
+def _incoming(comm: Any, peers: Any, out: Any, name: str = "out") -> tuple[Any, Any]:
+    """Where a receive lands, flat, and what to copy once it has: ``out``'s own memory
+    (None to copy), or for a strided ``out`` (a column, a transposed view) a contiguous
+    copy of it, ``(out, copy)``, copied back whole once the message is in (the bytes
+    past a shorter message keep ``out``'s own values, as in a contiguous ``out``)."""
     writable(out, name)
     array = _on_device(comm, peers, as_array(out, name)[0], name)
-    if not array.flags.c_contiguous or (type(array) is np.ndarray and not array.flags.writeable):
-        raise InvalidArgumentError(f"{name}: a receive buffer must be a writeable contiguous array")
-    return array.reshape(-1)
+    if type(array) is np.ndarray and not array.flags.writeable:
+        raise InvalidArgumentError(f"{name}: a receive buffer must be writeable")
+    if array.flags.c_contiguous:
+        return array.reshape(-1), None
+    from .buffers.arrays import module_of
+
+    landing = module_of(array).ascontiguousarray(array)
+    return landing.reshape(-1), (array, landing)
+
+
+def _land(back: Any) -> None:
+    """A received strided ``out``'s message, copied from where it landed (``_incoming``)."""
+    if back is not None:
+        array, landing = back
+        array[...] = landing
 
 
 class PointToPoint:
@@ -241,12 +269,13 @@ class PointToPoint:
         ``mpicoll.Status``, filled with the sender, the tag and the message's bytes."""
         peers = _peers(self)
         source, tag = _source(self, peers, source), _tag(peers, tag, True)
-        buf, status = _incoming(self, peers, out), _status(status)
+        (buf, back), status = _incoming(self, peers, out), _status(status)
         if source == self.rank:
             raise InvalidArgumentError("source: a blocking receive from this rank itself "
                                        "would wait forever; use isend and irecv")
         with watched_step(self, "recv", _waiting("recv", source, tag), getframe(1)):
             got = peers.recv(buf, source, tag)
+        _land(back)
         return _filled(status, got)
 
     def probe(self, source: int = ANY, tag: int = ANY) -> Status:
@@ -284,10 +313,11 @@ class PointToPoint:
         peers = _peers(self)
         dest, source = _rank(self, dest, "dest"), _source(self, peers, source)
         send_tag, recv_tag = _tag(peers, send_tag), _tag(peers, recv_tag, True)
-        sendbuf, recvbuf = _outgoing(self, peers, x), _incoming(self, peers, out)
+        sendbuf, (recvbuf, back) = _outgoing(self, peers, x), _incoming(self, peers, out)
         status = _status(status)
         with watched_step(self, "sendrecv", _waiting("recv", source, recv_tag), getframe(1)):
             got = peers.sendrecv(sendbuf, dest, send_tag, recvbuf, source, recv_tag)
+        _land(back)
         return _filled(status, got)
 
     def isend(self, x: Any, dest: int, tag: int = 0) -> Request:
@@ -303,9 +333,10 @@ class PointToPoint:
         ``wait()`` gives the rank the message came from (``wait(status)``: and fills it)."""
         peers = _peers(self)
         source, tag = _source(self, peers, source), _tag(peers, tag, True)
-        buf = _incoming(self, peers, out)
+        buf, back = _incoming(self, peers, out)
         with watched_step(self, "irecv", _waiting("recv", source, tag), getframe(1)):
-            return Request(self, "irecv", source, tag, peers.irecv(buf, source, tag), True)
+            return Request(self, "irecv", source, tag, peers.irecv(buf, source, tag), True,
+                           back)
 
     def batch_isend_irecv(self, ops: Sequence[P2POp]) -> list[Request]:
         """Start every message of ``ops`` (P2POps) and return their Requests, in order
@@ -327,26 +358,28 @@ class PointToPoint:
         peers = _peers(self)
         batched = hasattr(peers, "batch")  # (NCCL's group; MPI's: each its own request)
         checked = []  # (is_send, buffer, peer, tag), every one before any message
+        backs: list[Any] = [None] * len(ops)  # a strided receive's (see _incoming)
         for i, (kind, p) in enumerate(zip(kinds, ops, strict=True)):
             if kind == "isend":
                 checked.append((True, _outgoing(self, peers, p.tensor, f"ops[{i}].tensor"),
                                 _rank(self, p.peer, f"ops[{i}].peer"), _tag(peers, p.tag)))
             else:
-                checked.append((False, _incoming(self, peers, p.tensor, f"ops[{i}].tensor"),
-                                _source(self, peers, p.peer, f"ops[{i}].peer"),
+                buf, back = _incoming(self, peers, p.tensor, f"ops[{i}].tensor")
+                backs[i] = back
+                checked.append((False, buf, _source(self, peers, p.peer, f"ops[{i}].peer"),
                                 _tag(peers, p.tag, not batched)))
         if not batched:
             requests = []
-            for kind, (is_send, buf, peer, tag) in zip(kinds, checked, strict=True):
+            for kind, (is_send, buf, peer, tag), back in zip(kinds, checked, backs, strict=True):
                 start = peers.isend if is_send else peers.irecv
                 with watched_step(self, kind, _waiting("send" if is_send else "recv", peer, tag)):
                     requests.append(Request(self, kind, peer, tag, start(buf, peer, tag),
-                                            not is_send))
+                                            not is_send, back))
             return requests
         note = (f"starting {len(checked)} point-to-point messages with rank(s) "
                 f"{', '.join(str(r) for r in sorted({peer for _, _, peer, _ in checked}))}")
         with watched_step(self, "batch_isend_irecv", note, getframe(1)):
             started = peers.batch(checked)
-        return [Request(self, kind, peer, tag, request, not is_send)
-                for kind, (is_send, _, peer, tag), request in zip(kinds, checked, started,
-                                                                 strict=True)]
+        return [Request(self, kind, peer, tag, request, not is_send, back)
+                for kind, (is_send, _, peer, tag), request, back in zip(kinds, checked, started,
+                                                                       backs, strict=True)]

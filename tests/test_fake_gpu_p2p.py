@@ -71,6 +71,15 @@ def test_send_and_recv_both_directions(comm, fake_cupy, dtype):
         else:
             comm.recv(got, 0)
             np.testing.assert_array_equal(got.get(), np.arange(20.0).reshape(4, 5)[:, 1])
+        # and lands in a strided one (a contiguous copy, copied back), the rest kept
+        grid = fake_cupy.asarray(np.full((4, 3), -1.0))
+        if comm.rank == 0:
+            comm.send(rows[:, 2], 1, tag=5)
+        else:
+            assert comm.recv(grid[:, 1], 0, tag=5) == 0
+            expected = np.full((4, 3), -1.0)
+            expected[:, 1] = np.arange(20.0).reshape(4, 5)[:, 2]
+            np.testing.assert_array_equal(grid.get(), expected)
     _next_call_is_right(comm, fake_cupy)
 
 

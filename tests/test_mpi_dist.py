@@ -1131,6 +1131,20 @@ def test_torchs_other_names(initialized):
     assert issubclass(mpicoll.CollectiveTimeoutError, dist.DistBackendError)
     assert issubclass(dist.DistBackendError, dist.DistError)
     assert issubclass(mpicoll.InvalidArgumentError, dist.DistError)
+    assert issubclass(dist.DistError, RuntimeError)  # as torch's (and MPI.Exception)
+    try:  # torch's callers catch a refusal as a RuntimeError, as gloo's
+        dist.broadcast(np.ones(1), src=size)
+    except RuntimeError as exc:
+        assert isinstance(exc, ValueError) and "src" in str(exc)
+    else:
+        raise AssertionError("a src out of range was not refused")
+    if size >= 2 and rank < 2:  # a point-to-point Work's answers, as torch's
+        received = np.zeros(2)
+        p2p = dist.isend(np.ones(2), dst=1) if rank == 0 else dist.irecv(received, src=0)
+        p2p.wait()
+        assert p2p.is_success() and p2p.exception() is None and p2p.is_completed()
+        with pytest.raises(RuntimeError, match="get_future"):
+            p2p.get_future()
     gathered = np.zeros((size, 2))
     dist.all_gather_single(gathered, np.full(2, float(rank)))
     assert gathered[:, 0].tolist() == list(range(size))

@@ -248,6 +248,44 @@ def test_sendrecv_and_batch_exchange_with_both_neighbours(world):
     _next_call_is_right(world)
 
 
+def test_strided_receive_buffers_get_the_message_and_keep_the_rest(world):
+    """A column as ``out`` (recv, sendrecv, irecv, a batch's irecv) gets the message, as a
+    contiguous one would, and its other elements stay as they were; the next messages
+    of the same tag then pair right (nothing was left queued by a refusal)."""
+    if world.size < 2:
+        pytest.skip("needs a peer")
+    right, left = (world.rank + 1) % world.size, (world.rank - 1) % world.size
+    sent = np.arange(4.0) + 10 * world.rank
+    grid = np.full((4, 3), -1.0)
+    if world.rank % 2 == 0:
+        world.send(sent, right, tag=6)
+        assert world.recv(grid[:, 1], left, tag=6) == left
+    else:
+        assert world.recv(grid[:, 1], left, tag=6) == left
+        world.send(sent, right, tag=6)
+    expected = np.full((4, 3), -1.0)
+    expected[:, 1] = np.arange(4.0) + 10 * left
+    np.testing.assert_array_equal(grid, expected)
+    status = mpicoll.Status()  # a shorter message: the column's rest kept
+    assert world.sendrecv(sent[:2], right, grid[:, 2], left, status=status) == left
+    assert status.count(np.float64) == 2
+    np.testing.assert_array_equal(grid[:, 2], [10 * left, 10 * left + 1, -1, -1])
+    grid[:] = -1
+    request = world.irecv(grid.T[0], left, tag=7)  # a row of the transpose: strided
+    world.isend(sent, right, tag=7).wait()
+    assert request.wait() == left
+    np.testing.assert_array_equal(grid[:, 0], np.arange(4.0) + 10 * left)
+    grid[:] = -1
+    requests = world.batch_isend_irecv([mpicoll.P2POp("irecv", grid[:, 2], left, 8),
+                                        mpicoll.P2POp("isend", sent * 2, right, 8)])
+    while not requests[0].test():  # (test() that sees it done copies it, as wait())
+        time.sleep(1e-4)
+    np.testing.assert_array_equal(grid[:, 2], (np.arange(4.0) + 10 * left) * 2)
+    requests[1].wait()
+    assert requests[0].wait() == left
+    _next_call_is_right(world)
+
+
 def test_a_refused_batch_sends_nothing(world):
     """A batch whose second op is refused (a bad tag) starts none of its messages: the
     peer's receives get the next batch's, not the refused one's first send."""
@@ -295,7 +333,7 @@ def test_bad_peers_and_buffers_are_refused_before_any_message(world):
         world.isend(np.ones(2), 0, tag=-3)
     read_only = np.ones(2)
     read_only.flags.writeable = False
-    with pytest.raises(mpicoll.InvalidArgumentError, match="writeable contiguous"):
+    with pytest.raises(mpicoll.InvalidArgumentError, match="must be writeable"):
         world.irecv(read_only, 0)
     with pytest.raises(mpicoll.InvalidArgumentError, match="expected 'isend' or 'irecv'"):
         world.batch_isend_irecv([mpicoll.P2POp("send", np.ones(1), 0)])
