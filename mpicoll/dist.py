@@ -22,6 +22,7 @@ receives from any rank (not on "nccl") and returns the sender, as torch's.
 
 from __future__ import annotations
 
+import datetime
 import enum
 import os
 import pickle
@@ -38,7 +39,7 @@ from .buffers.arrays import as_array, cupy_module, is_cupy, module_of
 from .communicator import Communicator
 from .errors import AbortedError, InvalidArgumentError, MpicollError
 from .groups import agreed_rows, split_lists
-from .observe.watchdog import report
+from .observe.watchdog import DEFAULT_TIMEOUT, report
 from .p2p import ANY, Status
 from .p2p import P2POp as _P2POp
 from .pipeline.state import (
@@ -54,7 +55,7 @@ __all__ = [
     "Future", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Work", "all_gather",
     "all_gather_into_tensor", "all_gather_object", "all_gather_single", "all_reduce", "all_to_all",
     "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
-    "destroy_process_group", "gather", "gather_object", "get_backend",
+    "default_pg_timeout", "destroy_process_group", "gather", "gather_object", "get_backend",
     "get_default_backend_for_device", "get_global_rank", "get_group_rank",
     "get_node_local_rank", "get_pg_count", "get_process_group_ranks", "get_rank",
     "get_world_size", "group", "init_device_mesh", "init_process_group", "irecv",
@@ -81,6 +82,11 @@ class DistNetworkError(MpicollError):
 
 class DistStoreError(MpicollError):
     """torch's name; mpicoll has no key-value store: never raised."""
+
+
+# torch's default timeout of a process group's calls: what init_process_group's timeout=None
+# gives here too where MPICOLL_TIMEOUT is not set (the watchdog's 1800 s)
+default_pg_timeout = datetime.timedelta(seconds=DEFAULT_TIMEOUT)
 
 
 class ReduceOp(enum.Enum):

@@ -1132,6 +1132,7 @@ def test_torchs_other_names(initialized):
     assert issubclass(dist.DistBackendError, dist.DistError)
     assert issubclass(mpicoll.InvalidArgumentError, dist.DistError)
     assert issubclass(dist.DistError, RuntimeError)  # as torch's (and MPI.Exception)
+    assert dist.default_pg_timeout.total_seconds() == 1800  # torch's, and the watchdog's
     try:  # torch's callers catch a refusal as a RuntimeError, as gloo's
         dist.broadcast(np.ones(1), src=size)
     except RuntimeError as exc:
