@@ -998,6 +998,14 @@ def _maybe(work: Any, async_op: bool, value: Sequence[Any] = ()) -> Any:
     return _Finished(work, _nothing, value) if async_op else None
 
 
+def _other_dtype(out: Any, x: Any, name: str, source: str) -> str | None:
+    """What is wrong with an output of another dtype than the input it receives (named
+    as the caller named both), or None (the core call checks the rest)."""
+    if _is_array(out) and _is_array(x) and out.dtype != x.dtype:
+        return f"{name}: expected dtype {x.dtype} (as {source}), got {out.dtype}"
+    return None
+
+
 def _no_output(output: Any, name: str) -> str | None:
     """What is wrong with an output given as None (torch writes the result into it: the
     call would make one and drop it); None where one is given (the core call checks it)."""
@@ -1182,7 +1190,8 @@ def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = N
         return _then(g.comm.all_gather, (x,), _nothing, str(exc), **_how(algorithm, async_op))
     wrong = f"output_tensor: expected {int(np.prod(shape))} elements (the group's " \
         f"{g.comm.size} inputs of shape {shape[1:]}), got shape {tuple(out.shape)}" \
-        if out.size != int(np.prod(shape)) else _read_only(out, "output_tensor")
+        if out.size != int(np.prod(shape)) else \
+        _other_dtype(out, x, "output_tensor", "input_tensor") or _read_only(out, "output_tensor")
     if wrong is not None:  # (taking part, then refused: nothing written)
         return _then(g.comm.all_gather, (x,), _nothing, wrong, **_how(algorithm, async_op))
     out, copy_back = _shaped(output_tensor, "output_tensor", shape)
@@ -1205,6 +1214,10 @@ def reduce_scatter(output: Any, input_list: list[Any], op: Any = ReduceOp.SUM,
     out = _given(output, "output")
     if _is_array(out) and out.size == rows[0].size:
         stacked = stacked.reshape(len(rows), *out.shape)  # (any shape of that size, as torch)
+    other = _other_dtype(out, rows[0], "output", "input_list's tensors")
+    if other is not None:  # (taking part, then refused: nothing written)
+        return _then(g.comm.reduce_scatter, (stacked, _op(op)), _nothing, other,
+                     **_how(algorithm, async_op))
     # a wrong output: the core call takes part, then refuses it (None: this function)
     return _then(g.comm.reduce_scatter, (stacked, _op(op)), _nothing, _no_output(output, "output"),
                  [output], out=output, **_how(algorithm, async_op))
@@ -1227,6 +1240,10 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # no
         # read: a copy is fine; a wrong output: the core call takes part, then refuses it
         x = x.reshape(p, *out.shape) if _is_array(out) and out.size * p == x.size else \
             x.reshape(p, -1)
+    other = _other_dtype(out, x, "output", "input")
+    if other is not None:  # (taking part, then refused: nothing written)
+        return _then(g.comm.reduce_scatter, (x, _op(op)), _nothing, other,
+                     **_how(algorithm, async_op))
     return _then(g.comm.reduce_scatter, (x, _op(op)), _nothing, _no_output(output, "output"),
                  [output], out=output, **_how(algorithm, async_op))
 

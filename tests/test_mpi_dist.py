@@ -422,6 +422,37 @@ def test_an_output_of_none_on_one_rank_is_refused_after_taking_part(initialized,
 
 
 @pytest.mark.parametrize("async_op", [False, True])
+def test_an_output_of_another_dtype_on_one_rank_is_named_as_torch_names_it(initialized,
+                                                                           async_op):
+    """The last rank's output of another dtype than the input: it takes part, then raises
+    naming the tensors as the caller named them (not the core call's out=, in a shape the
+    caller never gave); the others get theirs, and the next call is right."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    calls = {
+        "output_tensor": lambda dtype: dist.all_gather_into_tensor(
+            np.zeros(2 * size, dtype), np.ones(2), async_op=async_op),
+        "output": lambda dtype: dist.reduce_scatter_tensor(
+            np.zeros(2, dtype), np.ones(2 * size), async_op=async_op),
+        "output ": lambda dtype: dist.reduce_scatter(
+            np.zeros(2, dtype), [np.ones(2)] * size, async_op=async_op),
+    }
+    for name, call in calls.items():
+        if rank == size - 1:
+            with pytest.raises(mpicoll.InvalidArgumentError,
+                               match=f"^{name.strip()}: expected dtype float64 .*got float32"):
+                work = call(np.float32)
+                if async_op:
+                    work.wait()
+        else:
+            work = call(np.float64)
+            if async_op:
+                work.wait()
+        t = np.ones(1)
+        dist.all_reduce(t)
+        assert t[0] == size
+
+
+@pytest.mark.parametrize("async_op", [False, True])
 @pytest.mark.parametrize("bad", [[1, 2], [3], "ab", [-1, 3]], ids=str)
 def test_bad_split_sizes_on_one_rank_raise_on_every_rank(initialized, bad, async_op):
     """all_to_all_single's input_split_sizes wrong on the last rank alone (their sum, their
