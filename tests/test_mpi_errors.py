@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
 import mpicoll
 from mpicoll import InvalidArgumentError, MismatchError, RemoteError, UnsupportedDtypeError
+from mpicoll.backends.mpi_native import typed
 
 pytestmark = pytest.mark.mpi
 
@@ -30,10 +32,30 @@ def test_op_that_does_not_fit_the_dtype(world, op, dtype):
 
 def test_native_refuses_a_dtype_mpi_cannot_reduce(world):
     with pytest.raises(UnsupportedDtypeError, match="native"):
-        world.all_reduce(np.ones(3, np.longdouble), algorithm="native")
+        world.all_reduce(np.ones(3, ml_dtypes.bfloat16), algorithm="native")
     # our own algorithms reduce it
-    total = world.all_reduce(np.ones(3, np.longdouble), algorithm="recursive_doubling")
-    np.testing.assert_array_equal(total, np.full(3, world.size, np.longdouble))
+    total = world.all_reduce(np.ones(3, ml_dtypes.bfloat16), algorithm="recursive_doubling")
+    np.testing.assert_array_equal(total, np.full(3, world.size, ml_dtypes.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", ["g", "G"])
+def test_native_reduces_long_double_where_mpi_has_its_type(world, dtype):
+    """MPI_LONG_DOUBLE and MPI_C_LONG_DOUBLE_COMPLEX: MPI's own reductions of them (as
+    mpi4py's Allreduce), where the library has a type of their size; else refused."""
+    x = (np.arange(4) + world.rank).astype(dtype)
+    if typed(np.dtype(dtype)) is None:
+        with pytest.raises(UnsupportedDtypeError, match="native"):
+            world.all_reduce(x, algorithm="native")
+        return
+    expected = sum((np.arange(4) + r).astype(dtype) for r in range(world.size))
+    for algorithm in ("native", "auto"):
+        np.testing.assert_array_equal(world.all_reduce(x, algorithm=algorithm), expected)
+        got = world.reduce(x, "max", algorithm=algorithm) if dtype == "g" else \
+            world.reduce(x, "prod", algorithm=algorithm)
+        if world.rank == 0:
+            reference = np.maximum.reduce if dtype == "g" else np.multiply.reduce
+            np.testing.assert_array_equal(
+                got, reference([(np.arange(4) + r).astype(dtype) for r in range(world.size)]))
 
 
 @pytest.mark.parametrize("root", [-1, "size", 1.0])

@@ -33,6 +33,8 @@ _MPI_BOOL_OPS = {"sum": MPI.LOR, "prod": MPI.LAND, "min": MPI.LAND, "max": MPI.L
 # dtypes whose buffer format mpi4py maps to an MPI datatype with reductions
 NATIVE_REDUCE_DTYPES = frozenset(np.dtype(c) for c in (
     "?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16"))
+# (and long double, real and complex, where the MPI library has a type of its size: set
+# below, from mpi4py's table, as ``typed`` reads it)
 # MPI defines its logical ops on C integer and logical (bool) types only (the standard's
 # table of predefined reduction ops; MPICH refuses them on floating and complex types)
 _LOGICAL = frozenset({"land", "lor", "lxor"})
@@ -493,3 +495,5 @@ NATIVE = {  # each: (function, positions of the buffers it reads, and of those i
 }
 # all_to_all_v's: MPI_Alltoallv on every rank (see native_all_to_all_v)
 NATIVE["all_to_all"].v_form = _staged(native_all_to_all_v, (0,), (2,))  # type: ignore[attr-defined]
+NATIVE_REDUCE_DTYPES |= frozenset(
+    dtype for dtype in (np.dtype("g"), np.dtype("G")) if typed(dtype) is not None)
