@@ -1728,7 +1728,11 @@ class _P2PWork(Work):
         return None
 
     def is_success(self) -> bool:
-        return self.is_completed() and self.exception() is None
+        """Whether it ended without an error (never raises, as torch's)."""
+        try:
+            return self._request.test() and self.exception() is None
+        except MpicollError:
+            return False
 
     def get_future(self) -> Any:
         """torch's point-to-point Work has no future (gloo's and NCCL's raise): wait()."""

@@ -17,8 +17,9 @@ A receive takes a message of at most ``out``'s bytes; its ``status=`` (an ``mpic
 is filled with the sender, the tag and the message's bytes (``status.count(dtype)``: its
 elements), as MPI's status: the rest of ``out`` is left as it was. ``out`` may be strided
 (a column): the message lands in a contiguous copy of it, copied back once it is in (for
-an irecv, at the ``wait()`` or ``test()`` that sees it done), as a strided send is sent
-from a contiguous copy. ``source`` and a
+an irecv, at the ``wait()`` or ``test()`` that sees it done: never for a request dropped
+unwaited, and writes to ``out`` between the irecv and that wait are overwritten), as a
+strided send is sent from a contiguous copy. ``source`` and a
 receive's ``tag`` may be ``mpicoll.ANY``. Every blocking step (a send, a
 receive, a request's ``wait``) is watched: past the Communicator's timeout the rank
 reports what it waits for (the peer and the tag) and the job ends, as for every call.
@@ -47,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from .buffers import writable
-from .buffers.arrays import as_array
+from .buffers.arrays import as_array, module_of
 from .errors import (
     CollectiveError,
     CollectiveTimeoutError,
@@ -235,8 +236,6 @@ def _incoming(comm: Any, peers: Any, out: Any, name: str = "out") -> tuple[Any, 
         raise InvalidArgumentError(f"{name}: a receive buffer must be writeable")
     if array.flags.c_contiguous:
         return array.reshape(-1), None
-    from .buffers.arrays import module_of
-
     landing = module_of(array).ascontiguousarray(array)
     return landing.reshape(-1), (array, landing)
 
@@ -246,6 +245,8 @@ def _land(back: Any) -> None:
     if back is not None:
         array, landing = back
         array[...] = landing
+        if type(array) is not np.ndarray:  # done for every stream, as a contiguous
+            module_of(array).cuda.get_current_stream().synchronize()  # out's wait is
 
 
 class PointToPoint:

@@ -1177,6 +1177,19 @@ def test_torchs_other_names(initialized):
         assert p2p.is_success() and p2p.exception() is None and p2p.is_completed()
         with pytest.raises(RuntimeError, match="get_future"):
             p2p.get_future()
+        # a message longer than the tensor: is_success() answers False, never raises
+        if rank == 0:
+            dist.send(np.ones(4), dst=1, tag=9)
+        else:
+            p2p = dist.irecv(np.zeros(2), src=0, tag=9)
+            while True:
+                try:
+                    if p2p.is_completed():
+                        break
+                except mpicoll.MpicollError:
+                    break
+            assert p2p.is_success() is False and p2p.is_success() is False
+            assert isinstance(p2p.exception(), mpicoll.MpicollError)
     gathered = np.zeros((size, 2))
     dist.all_gather_single(gathered, np.full(2, float(rank)))
     assert gathered[:, 0].tolist() == list(range(size))
