@@ -1214,13 +1214,8 @@ def reduce_scatter(output: Any, input_list: list[Any], op: Any = ReduceOp.SUM,
     out = _given(output, "output")
     if _is_array(out) and out.size == rows[0].size:
         stacked = stacked.reshape(len(rows), *out.shape)  # (any shape of that size, as torch)
-    other = _other_dtype(out, rows[0], "output", "input_list's tensors")
-    if other is not None:  # (taking part, then refused: nothing written)
-        return _then(g.comm.reduce_scatter, (stacked, _op(op)), _nothing, other,
-                     **_how(algorithm, async_op))
-    # a wrong output: the core call takes part, then refuses it (None: this function)
-    return _then(g.comm.reduce_scatter, (stacked, _op(op)), _nothing, _no_output(output, "output"),
-                 [output], out=output, **_how(algorithm, async_op))
+    return _reduced_into(g, stacked, op, output, out, "input_list's tensors", algorithm,
+                         async_op)
 
 
 def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # noqa: A002
@@ -1240,11 +1235,20 @@ def reduce_scatter_tensor(output: Any, input: Any, op: Any = ReduceOp.SUM,  # no
         # read: a copy is fine; a wrong output: the core call takes part, then refuses it
         x = x.reshape(p, *out.shape) if _is_array(out) and out.size * p == x.size else \
             x.reshape(p, -1)
-    other = _other_dtype(out, x, "output", "input")
-    if other is not None:  # (taking part, then refused: nothing written)
-        return _then(g.comm.reduce_scatter, (x, _op(op)), _nothing, other,
+    return _reduced_into(g, x, op, output, out, "input", algorithm, async_op)
+
+
+def _reduced_into(g: ProcessGroup, rows: Any, op: Any, output: Any, out: Any, source: str,
+                  algorithm: str, async_op: bool) -> Any:
+    """reduce_scatter of ``rows`` (the group's blocks, named ``source`` as the caller named
+    them) into ``output`` (``out``: its array). An output of another dtype: this rank takes
+    part, then refuses it in the caller's names (nothing written); any other wrong output:
+    the core call takes part, then refuses it (None: this function)."""
+    other = _other_dtype(out, rows, "output", source)
+    if other is not None:
+        return _then(g.comm.reduce_scatter, (rows, _op(op)), _nothing, other,
                      **_how(algorithm, async_op))
-    return _then(g.comm.reduce_scatter, (x, _op(op)), _nothing, _no_output(output, "output"),
+    return _then(g.comm.reduce_scatter, (rows, _op(op)), _nothing, _no_output(output, "output"),
                  [output], out=output, **_how(algorithm, async_op))
 
 
