@@ -73,6 +73,66 @@ def test_new_group_against_another_call_in_check_mode_raises_on_every_rank(monke
         dist.destroy_process_group()
 
 
+@pytest.fixture
+def debug_level(monkeypatch):
+    """TORCH_DISTRIBUTED_DEBUG as each test sets it, read afresh (not a level kept before)."""
+    monkeypatch.setattr(dist, "_DEBUG", [])
+    return monkeypatch
+
+
+def test_torch_debug_detail_makes_every_group_in_check_mode(debug_level):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL (torch's collective desync checks) is mpicoll's check
+    mode, in the default group and the groups made from it: one rank's call of another
+    shape raises MismatchError on every rank before any message; the next call is right."""
+    debug_level.setenv("TORCH_DISTRIBUTED_DEBUG", "detail")
+    dist.init_process_group("gloo")
+    try:
+        assert dist.get_debug_level() is dist.DebugLevel.DETAIL
+        rank, size = dist.get_rank(), dist.get_world_size()
+        group = dist.new_group(list(range(size)))
+        assert dist.group.WORLD.comm.check and group.comm.check
+        if size > 1:
+            for g in (None, group):
+                with pytest.raises(mpicoll.MismatchError):
+                    dist.all_reduce(np.ones(3 if rank == size - 1 else 2), group=g)
+        t = np.ones(2)
+        dist.all_reduce(t, group=group)
+        assert t.tolist() == [size, size]
+    finally:
+        dist.destroy_process_group()
+    dist.set_debug_level(dist.DebugLevel.OFF)  # (read at init: the next group is not checked)
+    dist.init_process_group("mpi")
+    try:
+        assert not dist.group.WORLD.comm.check
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_bad_debug_level_on_one_rank_raises_on_every_rank(debug_level):
+    """TORCH_DISTRIBUTED_DEBUG that names no level on the last rank only: init_process_group
+    raises on every rank, naming it (none waits in a group the other never makes)."""
+    from mpi4py import MPI
+
+    size, me = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
+    if me == size - 1:
+        debug_level.setenv("TORCH_DISTRIBUTED_DEBUG", "LOUD")
+    with pytest.raises(mpicoll.InvalidArgumentError, match=rf"rank\(s\) \[{size - 1}\]"):
+        dist.init_process_group("mpi")
+    assert not dist.is_initialized()
+    if me == size - 1:  # DETAIL there alone: check mode on one rank, refused on every rank
+        debug_level.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+        debug_level.setattr(dist, "_DEBUG", [])
+    if size > 1:
+        with pytest.raises(mpicoll.SettingMismatchError, match="TORCH_DISTRIBUTED_DEBUG"):
+            dist.init_process_group("mpi")
+        assert not dist.is_initialized()
+    debug_level.delenv("TORCH_DISTRIBUTED_DEBUG", raising=False)
+    debug_level.setattr(dist, "_DEBUG", [])
+    dist.init_process_group("mpi")
+    assert dist.get_debug_level() is dist.DebugLevel.OFF
+    dist.destroy_process_group()
+
+
 @pytest.fixture(scope="module")
 def initialized():
     dist.init_process_group("gloo")
@@ -1214,3 +1274,85 @@ def test_torchs_other_names(initialized):
     if alone is not dist.GroupMember.NON_GROUP_MEMBER:
         dist.destroy_process_group(alone)
     assert dist.get_pg_count() == before + 2  # (destroying one does not lower it)
+
+
+def test_torch_names_for_meshes_backends_and_debug(initialized):
+    """torch.distributed.device_mesh's import, get_backend_config, the backends that do not
+    exist here, and the deprecated reduce_op, as torch's."""
+    from mpicoll.dist.device_mesh import DeviceMesh, init_device_mesh
+
+    size = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (size,), mesh_dim_names=("dp",))
+    assert isinstance(mesh, DeviceMesh) and mesh.size("dp") == size
+    assert dist.get_backend_config(dist.new_group(list(range(size)), backend="mpi")) == \
+        "cpu:mpi,cuda:mpi"
+    assert dist.get_backend_config().startswith("cpu:gloo,cuda:")  # (as the test made it)
+    assert not dist.is_ucc_available() and not dist.is_xccl_available()
+    assert dist.reduce_op.SUM is dist.ReduceOp.SUM
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+def test_coalesced_calls_give_each_tensor_its_result(initialized, async_op):
+    """all_reduce_coalesced: every tensor of the list reduced in place (each shape its
+    own, one call); all_gather_coalesced: rank r's list into output_tensor_lists[r]; with
+    async_op, a Future of the tensors, as torch's."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    shapes = [(2, 3), (1,), (0,), (4,)]
+    tensors = [np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) + rank for s in shapes]
+    future = dist.all_reduce_coalesced(tensors, op=dist.ReduceOp.MAX, async_op=async_op)
+    if async_op:
+        assert [t is u for t, u in zip(future.wait(), tensors, strict=True)] == [True] * 4
+    for t, s in zip(tensors, shapes, strict=True):
+        assert t.shape == s
+        np.testing.assert_array_equal(
+            t, np.arange(int(np.prod(s)), dtype=np.float32).reshape(s) + size - 1)
+    one = np.full(3, rank + 1.0)
+    future = dist.all_reduce_coalesced(one, async_op=async_op)
+    assert (future is None) is not async_op
+    if async_op:
+        assert future.wait()[0] is one
+    assert one.tolist() == [size * (size + 1) / 2] * 3
+    inputs = [np.full((2, 2), rank, np.int64), np.full(3, 10 * rank, np.int64)]
+    outputs = [[np.empty((2, 2), np.int64), np.empty(3, np.int64)] for _ in range(size)]
+    future = dist.all_gather_coalesced(outputs, inputs, async_op=async_op)
+    if async_op:
+        future.wait()
+    for r in range(size):
+        assert (outputs[r][0] == r).all() and (outputs[r][1] == 10 * r).all()
+    assert dist.all_reduce_coalesced([]) is None  # (every rank's list empty: nothing sent)
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+@pytest.mark.parametrize("wrong", ["shapes", "dtype", "read-only", "output"])
+def test_coalesced_lists_wrong_on_one_rank_raise_on_every_rank(initialized, async_op, wrong):
+    """The last rank's list of other shapes (the same total: torch would combine the wrong
+    elements, silently), of mixed dtypes, read-only, or a wrong output list: every rank
+    raises, naming it, before any of the call's data moves; the next call is right."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if wrong == "shapes" and size == 1:
+        pytest.skip("other shapes than another rank's need another rank")
+    last = rank == size - 1
+    tensors = [np.ones(2, np.float32), np.ones(3, np.float32)]
+    if last and wrong == "shapes":
+        tensors = [np.ones(3, np.float32), np.ones(2, np.float32)]
+    if last and wrong == "dtype":
+        tensors[1] = np.ones(3, np.float64)
+    if last and wrong == "read-only":
+        tensors[0].flags.writeable = False
+    kind = mpicoll.MismatchError if wrong == "shapes" else mpicoll.InvalidArgumentError
+    outputs = [[np.empty(2, np.float32), np.empty(3, np.float32)] for _ in range(size)]
+    if wrong == "output":
+        if last:
+            outputs[0][1] = np.empty(4, np.float32)
+        with pytest.raises(mpicoll.InvalidArgumentError,
+                           match=r"output_tensor_lists\[0\]\[1\]" if last else
+                           rf"rank\(s\) {size - 1}"):
+            dist.all_gather_coalesced(outputs, tensors, async_op=async_op)
+    else:
+        own = {"dtype": "float64 among numpy float32", "read-only": "read-only"}.get(wrong)
+        with pytest.raises(kind, match=own if last and own else rf"rank\(s\) {size - 1}"):
+            dist.all_reduce_coalesced(tensors, async_op=async_op)
+        assert (tensors[0] == 1).all() and (tensors[1] == 1).all()  # (nothing written)
+    good = [np.ones(2, np.float32), np.ones(3, np.float32)]
+    dist.all_reduce_coalesced(good)
+    assert all((t == size).all() for t in good)

@@ -17,7 +17,11 @@ torchrun's rendezvous (``init_method`` is accepted and ignored; torch's ``RANK``
 ``WORLD_SIZE``, when set, must agree with MPI's); backends are "mpi" (CPU and GPU
 arrays; "gloo" and torch's per-device "cpu:gloo,cuda:nccl" are taken as "mpi") and
 "nccl" (GPU arrays); ``recv`` needs ``src`` or
-receives from any rank (not on "nccl") and returns the sender, as torch's.
+receives from any rank (not on "nccl") and returns the sender, as torch's;
+``all_reduce_coalesced`` and ``all_gather_coalesced`` agree the ranks' lists of tensors
+first, where torch's leave a mismatch unchecked; ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (torch's
+desync checks) makes the groups in mpicoll's check mode. ``mpicoll.dist.device_mesh``
+holds ``init_device_mesh`` and ``DeviceMesh``, as ``torch.distributed.device_mesh`` does.
 """
 
 from __future__ import annotations
@@ -29,42 +33,50 @@ import pickle
 import sys
 import threading
 import warnings
+import zlib
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import numpy as np
 
-from .buffers import overlapping, overlaps_itself, writable
-from .buffers.arrays import as_array, cupy_module, is_cupy, module_of
-from .communicator import Communicator
-from .errors import AbortedError, InvalidArgumentError, MpicollError
-from .groups import agreed_rows, split_lists
-from .observe.watchdog import DEFAULT_TIMEOUT, report
-from .p2p import ANY, Status
-from .p2p import P2POp as _P2POp
-from .pipeline.state import (
+from ..buffers import overlapping, overlaps_itself, writable
+from ..buffers.arrays import as_array, cupy_module, is_cupy, module_of
+from ..communicator import Communicator
+from ..errors import (
+    AbortedError,
+    InvalidArgumentError,
+    MismatchError,
+    MpicollError,
+    SettingMismatchError,
+)
+from ..groups import agreed_rows, split_lists
+from ..observe.watchdog import DEFAULT_TIMEOUT, report
+from ..p2p import ANY, Status
+from ..p2p import P2POp as _P2POp
+from ..pipeline.state import (
     entering_done_callback,
     in_done_callback,
     leaving_done_callback,
     waits_for_itself,
 )
-from .work import on_progress_thread
+from ..work import on_progress_thread
 
 __all__ = [
-    "Backend", "DeviceMesh", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError",
-    "Future", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Work", "all_gather",
-    "all_gather_into_tensor", "all_gather_object", "all_gather_single", "all_reduce", "all_to_all",
-    "all_to_all_single", "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list",
-    "default_pg_timeout", "destroy_process_group", "gather", "gather_object", "get_backend",
-    "get_default_backend_for_device", "get_global_rank", "get_group_rank",
-    "get_node_local_rank", "get_pg_count", "get_process_group_ranks", "get_rank",
-    "get_world_size", "group", "init_device_mesh", "init_process_group", "irecv",
-    "is_available", "is_backend_available", "is_gloo_available", "is_initialized",
-    "is_mpi_available", "is_nccl_available", "is_torchelastic_launched", "isend",
-    "monitored_barrier", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv",
-    "recv_object_list", "reduce", "reduce_scatter", "reduce_scatter_single",
+    "Backend", "DebugLevel", "DeviceMesh", "DistBackendError", "DistError", "DistNetworkError",
+    "DistStoreError", "Future", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Work",
+    "all_gather", "all_gather_coalesced", "all_gather_into_tensor", "all_gather_object",
+    "all_gather_single", "all_reduce", "all_reduce_coalesced", "all_to_all", "all_to_all_single",
+    "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list", "default_pg_timeout",
+    "destroy_process_group", "gather", "gather_object", "get_backend", "get_backend_config",
+    "get_debug_level", "get_default_backend_for_device", "get_global_rank", "get_group_rank",
+    "get_node_local_rank", "get_pg_count", "get_process_group_ranks", "get_rank", "get_world_size",
+    "group", "init_device_mesh", "init_process_group", "irecv", "is_available",
+    "is_backend_available", "is_gloo_available", "is_initialized", "is_mpi_available",
+    "is_nccl_available", "is_torchelastic_launched", "is_ucc_available", "is_xccl_available",
+    "isend", "monitored_barrier", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+    "recv", "recv_object_list", "reduce", "reduce_op", "reduce_scatter", "reduce_scatter_single",
     "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "send_object_list",
-    "split_group", "supports_complex",
+    "set_debug_level", "set_debug_level_from_env", "split_group", "supports_complex",
 ]
 
 
@@ -100,6 +112,9 @@ class ReduceOp(enum.Enum):
     BAND = "band"
     BOR = "bor"
     BXOR = "bxor"
+
+
+reduce_op = ReduceOp  # torch's deprecated name
 
 
 class ProcessGroup:
@@ -182,9 +197,53 @@ def is_gloo_available() -> bool:
 
 def is_nccl_available() -> bool:
     """Whether CuPy and its NCCL bindings import here (a GPU is not asked for)."""
-    from .buffers.cuda import OK, gpu_status
+    from ..buffers.cuda import OK, gpu_status
 
     return gpu_status(need_nccl=True, need_device=False)[0] == OK
+
+
+def is_ucc_available() -> bool:
+    return False
+
+
+def is_xccl_available() -> bool:
+    return False
+
+
+class DebugLevel(enum.Enum):
+    """torch's debug levels. ``DETAIL`` (``TORCH_DISTRIBUTED_DEBUG=DETAIL``, or
+    ``set_debug_level`` before ``init_process_group``) makes the process groups in check
+    mode, torch's collective desync checks: every call's fingerprint (collective, shapes,
+    dtype, op, root) is compared across ranks first, and a rank that differs makes every
+    rank raise MismatchError before any message (``mpicoll.Communicator(check=True)``)."""
+
+    OFF = 0
+    INFO = 1
+    DETAIL = 2
+
+
+_DEBUG: list[DebugLevel] = []  # set_debug_level's, else TORCH_DISTRIBUTED_DEBUG's
+
+
+def set_debug_level(level: DebugLevel) -> None:
+    if not isinstance(level, DebugLevel):
+        raise InvalidArgumentError(f"set_debug_level: expected a DebugLevel, got {level!r}")
+    _DEBUG[:] = [level]
+
+
+def set_debug_level_from_env() -> None:
+    """The level ``TORCH_DISTRIBUTED_DEBUG`` names (OFF, INFO, DETAIL; unset: OFF)."""
+    text = os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").strip().upper() or "OFF"
+    if text not in DebugLevel.__members__:
+        raise InvalidArgumentError(
+            f"TORCH_DISTRIBUTED_DEBUG: expected OFF, INFO or DETAIL, got {text!r}")
+    _DEBUG[:] = [DebugLevel[text]]
+
+
+def get_debug_level() -> DebugLevel:
+    if not _DEBUG:
+        set_debug_level_from_env()
+    return _DEBUG[0]
 
 
 def is_backend_available(backend: str) -> bool:
@@ -207,7 +266,17 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         raise InvalidArgumentError("init_process_group: already initialized")
     name = _backend_name(backend or "mpi")
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-    comm = Communicator(backend=name, timeout=seconds)
+    try:  # DETAIL: check mode (a rank whose level differs: every rank raises, as made)
+        check, debug = True if get_debug_level() is DebugLevel.DETAIL else None, ""
+    except InvalidArgumentError as exc:  # (agreed below, with the ranks' other problems)
+        check, debug = None, str(exc)
+    try:
+        comm = Communicator(backend=name, timeout=seconds, check=check)
+    except SettingMismatchError as exc:  # (every rank raises it, alike)
+        if not str(exc).startswith("check:"):
+            raise
+        raise SettingMismatchError(f"init_process_group: {exc}; TORCH_DISTRIBUTED_DEBUG=DETAIL "
+                                   "is check mode here") from exc
     problem = ""
     for variable, mine in (("WORLD_SIZE", comm.size), ("RANK", comm.rank)):
         given = world_size if variable == "WORLD_SIZE" else rank
@@ -220,8 +289,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         if wrong and not problem:
             problem = (f"{variable.lower()} {given if given not in (-1, None) else text} "
                        f"differs from the MPI launcher's {mine}")
-    # agreed: a rank whose RANK or WORLD_SIZE is off makes every rank raise, naming it
-    bad = np.array([1 if problem else 0], np.int64)
+    # agreed: a rank whose RANK or WORLD_SIZE is off (1), or whose TORCH_DISTRIBUTED_DEBUG
+    # is not a level (2), makes every rank raise, naming it
+    bad = np.array([1 if problem else 2 if debug else 0], np.int64)
     flags = np.zeros(comm.size, np.int64)
     control = comm.control_comm
     if control is not None:
@@ -229,12 +299,16 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     else:
         flags[comm.rank] = bad[0]
     if flags.any():
-        ranks = [int(r) for r in np.flatnonzero(flags)]
         comm.free()
-        raise InvalidArgumentError(
-            f"init_process_group: rank(s) {ranks} were given a rank or world size that is not "
-            f"the MPI launcher's{': ' + problem if problem else ''}; start the job with "
-            "mpiexec or srun")
+        ranks = [int(r) for r in np.flatnonzero(flags == 1)]
+        if ranks:
+            raise InvalidArgumentError(
+                f"init_process_group: rank(s) {ranks} were given a rank or world size that is "
+                f"not the MPI launcher's{': ' + problem if problem else ''}; start the job "
+                "with mpiexec or srun")
+        ranks = [int(r) for r in np.flatnonzero(flags == 2)]
+        raise InvalidArgumentError(f"init_process_group: on rank(s) {ranks}, "
+                                   f"{debug or 'TORCH_DISTRIBUTED_DEBUG is not a debug level'}")
     world = ProcessGroup(comm, list(range(comm.size)), _asked(backend))
     _STATE["world"], _STATE["backend"], _STATE["made"] = world, name, 1
     GroupMember.WORLD = _Group.WORLD = world
@@ -287,6 +361,17 @@ def get_backend(group: Any = None) -> str:
     g = _group(group)
     backend = g.comm.backend
     return g.asked if g.asked is not None and backend == "mpi" else backend
+
+
+def get_backend_config(group: Any = None) -> str:
+    """The group's backend per device, as torch writes it: "cpu:mpi,cuda:mpi" (CPU and
+    GPU arrays over MPI), "cuda:nccl", or the per-device string init_process_group was
+    given ("cpu:gloo,cuda:nccl")."""
+    g = _group(group)
+    if g.asked is not None and "," in g.asked:
+        return g.asked
+    name = get_backend(g)
+    return "cuda:nccl" if name == "nccl" else f"cpu:{name},cuda:{name}"
 
 
 def _asked(backend: Any) -> str | None:
@@ -398,7 +483,7 @@ def _world_on(backend: Any, problem: str = "", what: str = "new_group") -> Commu
     made = _STATE.setdefault("others", {})
     if name not in made:
         made[name] = Communicator(world.comm.control_comm, backend=name,
-                                  timeout=world.comm.timeout)
+                                  timeout=world.comm.timeout, check=world.comm.check)
     return made[name]
 
 
@@ -1255,6 +1340,144 @@ def _reduced_into(g: ProcessGroup, rows: Any, op: Any, output: Any, out: Any, so
 # torch 2.13's names for the single-tensor forms (the older names are deprecated there)
 all_gather_single = all_gather_into_tensor
 reduce_scatter_single = reduce_scatter_tensor
+
+
+# -- the coalesced forms: many tensors as one call over their concatenation. torch does not
+# check that the ranks' lists match ("individual shape checking is not implemented"): two
+# lists of one total size but other shapes would combine the wrong elements, silently. So
+# every rank's list (shapes, dtype, array library, op, algorithm) is agreed first, in one
+# small exchange of a number for it, and any rank's refusal with it: every rank raises.
+
+def _coalesced(tensors: Any, name: str) -> tuple[list[Any], str | None]:
+    """Views of a list of tensors of one dtype and array library (one tensor: a list of
+    it, as torch's), or what is wrong with them."""
+    if not isinstance(tensors, (list, tuple)):
+        tensors = [tensors]
+    views = []
+    for i, t in enumerate(tensors):
+        try:
+            view = _view(t, f"{name}[{i}]")
+        except MpicollError as exc:
+            return [], str(exc)
+        if views and (view.dtype != views[0].dtype or module_of(view) is not module_of(views[0])):
+            return [], (f"{name}[{i}]: {module_of(view).__name__} {view.dtype} among "
+                        f"{module_of(views[0]).__name__} {views[0].dtype} tensors (all of "
+                        "one dtype, as torch's)")
+        views.append(view)
+    return views, None
+
+
+def _layout(views: Sequence[Any], *more: Any) -> int:
+    """A number for a list's shapes, dtype and array library, and ``more``, alike on every
+    rank that gives the same (zlib.crc32: not Python's per-process hash)."""
+    described = [(tuple(v.shape), str(v.dtype), module_of(v).__name__) for v in views]
+    return zlib.crc32(repr((described, *more)).encode())
+
+
+def _agree_lists(g: ProcessGroup, what: str, problem: str | None, layout: int) -> None:
+    """Every rank's refusal and layout in one numbered step of the group (a rank making
+    another call meanwhile: check mode raises, the watchdog bounds it); any refusal, or a
+    layout other than the group's first rank's, raises on every rank, naming the ranks."""
+    table = agreed_rows(g.comm, np.array([problem is not None, 0 if problem else layout],
+                                         np.int64), sys._getframe(2), what)
+    refused = np.flatnonzero(table[:, 0]).tolist()
+    if refused:
+        if problem is not None:
+            raise InvalidArgumentError(f"{what}: {problem}")
+        raise InvalidArgumentError(f"{what}: refused on rank(s) {_global(g, refused)} (their "
+                                   "tensors); nothing was sent")
+    differ = np.flatnonzero(table[:, 1] != table[0, 1]).tolist()
+    if differ:
+        raise MismatchError(
+            f"{what}: rank(s) {_global(g, differ)} give other tensors (number, shapes or dtype), "
+            f"op or algorithm than rank {g.ranks[0]}; every rank gives the same list")
+
+
+def _done_future(value: list[Any]) -> Any:
+    future = _future_for(value)
+    future.set_result(value)
+    return future
+
+
+def _global(g: ProcessGroup, ranks: Sequence[int]) -> str:
+    return ", ".join(str(g.ranks[r]) for r in ranks)
+
+
+def all_reduce_coalesced(tensors: Any, op: Any = ReduceOp.SUM, group: Any = None,
+                         async_op: bool = False, algorithm: str = "auto") -> Any:
+    """Reduce each tensor of ``tensors`` (of one dtype) in place, as one all_reduce of
+    their concatenation; with ``async_op=True``, a Future of the tensors, as torch's. The
+    ranks' lists are agreed first (torch's is not checked: see above)."""
+    g = _member(group, "all_reduce_coalesced")
+    if g is None:
+        return None
+    views, problem = _coalesced(tensors, "tensors")
+    for i, view in enumerate(views):
+        problem = problem or _read_only(view, f"tensors[{i}]")
+    _agree_lists(g, "all_reduce_coalesced", problem, _layout(views, repr(_op(op)), algorithm))
+    if not views:  # (every rank's list is empty: nothing to send)
+        return _done_future([]) if async_op else None
+    xp = module_of(views[0])
+    flat = xp.concatenate([v.reshape(-1) for v in views])
+
+    def finish(result: Any) -> None:
+        start = 0
+        for view in views:
+            view[...] = flat[start:start + view.size].reshape(view.shape)
+            start += view.size
+
+    work = _then(g.comm.all_reduce, (flat, _op(op)), finish, None, _listed(tensors),
+                 out=flat, **_how(algorithm, async_op))
+    return work.get_future() if async_op else None
+
+
+def all_gather_coalesced(output_tensor_lists: Any, input_tensor_list: Any, group: Any = None,
+                         async_op: bool = False, algorithm: str = "auto") -> Any:
+    """Every rank's ``input_tensor_list`` into ``output_tensor_lists[rank]`` (a list of
+    tensors shaped as the inputs), as one all_gather of their concatenation; with
+    ``async_op=True``, a Future of the output lists, as torch's. The ranks' input lists
+    are agreed first (torch's is not checked: see above)."""
+    g = _member(group, "all_gather_coalesced")
+    if g is None:
+        return None
+    views, problem = _coalesced(input_tensor_list, "input_tensor_list")
+    outs: list[list[Any]] = []
+    if problem is None:
+        if not isinstance(output_tensor_lists, (list, tuple)) or \
+                len(output_tensor_lists) != g.comm.size:
+            problem = (f"output_tensor_lists: expected a list of {g.comm.size} lists (one per "
+                       "rank of the group)")
+        for r, row in enumerate(output_tensor_lists if problem is None else ()):
+            got, problem = _coalesced(row, f"output_tensor_lists[{r}]")
+            if problem is None and len(got) != len(views):
+                problem = (f"output_tensor_lists[{r}]: expected {len(views)} tensors (as "
+                           f"input_tensor_list), got {len(got)}")
+            for k, (out, view) in enumerate(zip(got, views, strict=True) if problem is None
+                                            else ()):
+                name = f"output_tensor_lists[{r}][{k}]"
+                problem = problem or (
+                    f"{name}: expected {view.size} elements of {view.dtype} (as "
+                    f"input_tensor_list[{k}]), got shape {tuple(out.shape)} of {out.dtype}"
+                    if out.size != view.size or out.dtype != view.dtype or
+                    module_of(out) is not module_of(view) else _read_only(out, name))
+            if problem is not None:
+                break
+            outs.append(got)
+    _agree_lists(g, "all_gather_coalesced", problem, _layout(views, algorithm))
+    value = [t for row in output_tensor_lists for t in _listed(row)]
+    if not views:  # (every rank's list is empty: nothing to send)
+        return _done_future(value) if async_op else None
+    flat = module_of(views[0]).concatenate([v.reshape(-1) for v in views])
+
+    def finish(rows: Any) -> None:
+        for row, got in zip(rows, outs, strict=True):
+            start = 0
+            for out in got:
+                out[...] = row[start:start + out.size].reshape(out.shape)
+                start += out.size
+
+    work = _then(g.comm.all_gather, (flat,), finish, None, value, **_how(algorithm, async_op))
+    return work.get_future() if async_op else None
 
 
 def _splits(sizes: Sequence[int] | None, rows: int, p: int, name: str) -> tuple[list[int], str | None]:
