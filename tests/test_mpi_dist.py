@@ -1315,15 +1315,24 @@ def test_coalesced_calls_give_each_tensor_its_result(initialized, async_op):
     inputs = [np.full((2, 2), rank, np.int64), np.full(3, 10 * rank, np.int64)]
     outputs = [[np.empty((2, 2), np.int64), np.empty(3, np.int64)] for _ in range(size)]
     future = dist.all_gather_coalesced(outputs, inputs, async_op=async_op)
-    if async_op:
-        future.wait()
+    if async_op:  # (the output lists, as gloo's: the one list where there is one rank)
+        value = future.wait()
+        assert value == (outputs[0] if size == 1 else outputs)
+        assert all(t is u for row, got in zip(outputs if size > 1 else [outputs[0]],
+                                               value if size > 1 else [value], strict=True)
+                   for t, u in zip(row, got, strict=True))
     for r in range(size):
         assert (outputs[r][0] == r).all() and (outputs[r][1] == 10 * r).all()
     assert dist.all_reduce_coalesced([]) is None  # (every rank's list empty: nothing sent)
+    # a user's Op: agreed by its name, as check mode compares it (not by its address,
+    # which differs per process)
+    pair = [np.full(2, rank + 1.0), np.full((1, 3), rank + 1.0)]
+    dist.all_reduce_coalesced(pair, op=mpicoll.Op(np.maximum, name="mymax"))
+    assert all((t == size).all() for t in pair)
 
 
 @pytest.mark.parametrize("async_op", [False, True])
-@pytest.mark.parametrize("wrong", ["shapes", "dtype", "read-only", "output"])
+@pytest.mark.parametrize("wrong", ["shapes", "dtype", "read-only", "number", "op", "output"])
 def test_coalesced_lists_wrong_on_one_rank_raise_on_every_rank(initialized, async_op, wrong):
     """The last rank's list of other shapes (the same total: torch would combine the wrong
     elements, silently), of mixed dtypes, read-only, or a wrong output list: every rank
@@ -1339,20 +1348,26 @@ def test_coalesced_lists_wrong_on_one_rank_raise_on_every_rank(initialized, asyn
         tensors[1] = np.ones(3, np.float64)
     if last and wrong == "read-only":
         tensors[0].flags.writeable = False
+    if last and wrong == "number":  # (no tensor: its result would be lost, silently)
+        tensors[0] = 2.0
+    op = "bogus" if last and wrong == "op" else "sum"
     kind = mpicoll.MismatchError if wrong == "shapes" else mpicoll.InvalidArgumentError
-    outputs = [[np.empty(2, np.float32), np.empty(3, np.float32)] for _ in range(size)]
+    outputs = [[np.full(2, -7, np.float32), np.full(3, -7, np.float32)] for _ in range(size)]
     if wrong == "output":
         if last:
-            outputs[0][1] = np.empty(4, np.float32)
+            outputs[0][1] = np.full(4, -7, np.float32)
         with pytest.raises(mpicoll.InvalidArgumentError,
                            match=r"output_tensor_lists\[0\]\[1\]" if last else
                            rf"rank\(s\) {size - 1}"):
             dist.all_gather_coalesced(outputs, tensors, async_op=async_op)
+        assert all((o == -7).all() for row in outputs for o in row)  # (nothing written)
     else:
-        own = {"dtype": "float64 among numpy float32", "read-only": "read-only"}.get(wrong)
+        own = {"dtype": "float64 among numpy float32", "read-only": "read-only",
+               "number": "expected an array", "op": "unknown reduction op"}.get(wrong)
         with pytest.raises(kind, match=own if last and own else rf"rank\(s\) {size - 1}"):
-            dist.all_reduce_coalesced(tensors, async_op=async_op)
-        assert (tensors[0] == 1).all() and (tensors[1] == 1).all()  # (nothing written)
+            dist.all_reduce_coalesced(tensors, op, async_op=async_op)
+        # nothing written (from 2 ranks on, the sum would show)
+        assert all((t == 1).all() for t in tensors if isinstance(t, np.ndarray))
     good = [np.ones(2, np.float32), np.ones(3, np.float32)]
     dist.all_reduce_coalesced(good)
     assert all((t == size).all() for t in good)

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import datetime
 import enum
+import hashlib
 import os
 import pickle
 import sys
 import threading
 import warnings
-import zlib
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -53,6 +53,7 @@ from ..groups import agreed_rows, split_lists
 from ..observe.watchdog import DEFAULT_TIMEOUT, report
 from ..p2p import ANY, Status
 from ..p2p import P2POp as _P2POp
+from ..pipeline.agree import op_text
 from ..pipeline.state import (
     entering_done_callback,
     in_done_callback,
@@ -1345,17 +1346,22 @@ reduce_scatter_single = reduce_scatter_tensor
 # -- the coalesced forms: many tensors as one call over their concatenation. torch does not
 # check that the ranks' lists match ("individual shape checking is not implemented"): two
 # lists of one total size but other shapes would combine the wrong elements, silently. So
-# every rank's list (shapes, dtype, array library, op, algorithm) is agreed first, in one
-# small exchange of a number for it, and any rank's refusal with it: every rank raises.
+# every rank's list (shapes, dtype, array library, op, algorithm, async_op) is agreed first,
+# in one small exchange of a number for it, and any rank's refusal with it: every rank
+# raises. That exchange is made as the call is entered, with async_op=True too (as check
+# mode agrees every asynchronous call): the call returns once every rank has entered it.
 
-def _coalesced(tensors: Any, name: str) -> tuple[list[Any], str | None]:
-    """Views of a list of tensors of one dtype and array library (one tensor: a list of
-    it, as torch's), or what is wrong with them."""
+def _coalesced(tensors: Any, name: str, one: bool = True) -> tuple[list[Any], str | None]:
+    """Views of a list of tensors of one dtype and array library (``one``: a tensor alone
+    is a list of it, as torch's all_reduce_coalesced takes it), or what is wrong with them."""
     if not isinstance(tensors, (list, tuple)):
+        if not one:
+            return [], f"{name}: expected a list of tensors, got {type(tensors).__name__}"
         tensors = [tensors]
     views = []
     for i, t in enumerate(tensors):
         try:
+            writable(t, f"{name}[{i}]")  # (a number: no tensor, as torch's refuses it)
             view = _view(t, f"{name}[{i}]")
         except MpicollError as exc:
             return [], str(exc)
@@ -1369,9 +1375,10 @@ def _coalesced(tensors: Any, name: str) -> tuple[list[Any], str | None]:
 
 def _layout(views: Sequence[Any], *more: Any) -> int:
     """A number for a list's shapes, dtype and array library, and ``more``, alike on every
-    rank that gives the same (zlib.crc32: not Python's per-process hash)."""
+    rank that gives the same (63 bits of BLAKE2b: not Python's per-process hash)."""
     described = [(tuple(v.shape), str(v.dtype), module_of(v).__name__) for v in views]
-    return zlib.crc32(repr((described, *more)).encode())
+    digest = hashlib.blake2b(repr((described, *more)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def _agree_lists(g: ProcessGroup, what: str, problem: str | None, layout: int) -> None:
@@ -1407,14 +1414,20 @@ def all_reduce_coalesced(tensors: Any, op: Any = ReduceOp.SUM, group: Any = None
                          async_op: bool = False, algorithm: str = "auto") -> Any:
     """Reduce each tensor of ``tensors`` (of one dtype) in place, as one all_reduce of
     their concatenation; with ``async_op=True``, a Future of the tensors, as torch's. The
-    ranks' lists are agreed first (torch's is not checked: see above)."""
+    ranks' lists are agreed first, as the call is entered (torch's are not checked: see
+    above)."""
     g = _member(group, "all_reduce_coalesced")
     if g is None:
         return None
     views, problem = _coalesced(tensors, "tensors")
     for i, view in enumerate(views):
         problem = problem or _read_only(view, f"tensors[{i}]")
-    _agree_lists(g, "all_reduce_coalesced", problem, _layout(views, repr(_op(op)), algorithm))
+    try:  # (the op as check mode compares it: a user's Op by its name, not its address)
+        op_named = op_text(_op(op))
+    except MpicollError as exc:
+        op_named, problem = "", problem or str(exc)
+    _agree_lists(g, "all_reduce_coalesced", problem,
+                 _layout(views, op_named, algorithm, async_op))
     if not views:  # (every rank's list is empty: nothing to send)
         return _done_future([]) if async_op else None
     xp = module_of(views[0])
@@ -1436,11 +1449,11 @@ def all_gather_coalesced(output_tensor_lists: Any, input_tensor_list: Any, group
     """Every rank's ``input_tensor_list`` into ``output_tensor_lists[rank]`` (a list of
     tensors shaped as the inputs), as one all_gather of their concatenation; with
     ``async_op=True``, a Future of the output lists, as torch's. The ranks' input lists
-    are agreed first (torch's is not checked: see above)."""
+    are agreed first, as the call is entered (torch's are not checked: see above)."""
     g = _member(group, "all_gather_coalesced")
     if g is None:
         return None
-    views, problem = _coalesced(input_tensor_list, "input_tensor_list")
+    views, problem = _coalesced(input_tensor_list, "input_tensor_list", one=False)
     outs: list[list[Any]] = []
     if problem is None:
         if not isinstance(output_tensor_lists, (list, tuple)) or \
@@ -1448,7 +1461,7 @@ def all_gather_coalesced(output_tensor_lists: Any, input_tensor_list: Any, group
             problem = (f"output_tensor_lists: expected a list of {g.comm.size} lists (one per "
                        "rank of the group)")
         for r, row in enumerate(output_tensor_lists if problem is None else ()):
-            got, problem = _coalesced(row, f"output_tensor_lists[{r}]")
+            got, problem = _coalesced(row, f"output_tensor_lists[{r}]", one=False)
             if problem is None and len(got) != len(views):
                 problem = (f"output_tensor_lists[{r}]: expected {len(views)} tensors (as "
                            f"input_tensor_list), got {len(got)}")
@@ -1456,15 +1469,19 @@ def all_gather_coalesced(output_tensor_lists: Any, input_tensor_list: Any, group
                                             else ()):
                 name = f"output_tensor_lists[{r}][{k}]"
                 problem = problem or (
-                    f"{name}: expected {view.size} elements of {view.dtype} (as "
-                    f"input_tensor_list[{k}]), got shape {tuple(out.shape)} of {out.dtype}"
+                    f"{name}: expected {view.size} elements of {module_of(view).__name__} "
+                    f"{view.dtype} (as input_tensor_list[{k}]), got shape {tuple(out.shape)} "
+                    f"of {module_of(out).__name__} {out.dtype}"
                     if out.size != view.size or out.dtype != view.dtype or
                     module_of(out) is not module_of(view) else _read_only(out, name))
             if problem is not None:
                 break
             outs.append(got)
-    _agree_lists(g, "all_gather_coalesced", problem, _layout(views, algorithm))
-    value = [t for row in output_tensor_lists for t in _listed(row)]
+    _agree_lists(g, "all_gather_coalesced", problem, _layout(views, algorithm, async_op))
+    # the future's value: the output lists (the one list where the group has one rank), as
+    # gloo's
+    rows = [list(row) for row in output_tensor_lists]
+    value = rows[0] if len(rows) == 1 else rows
     if not views:  # (every rank's list is empty: nothing to send)
         return _done_future(value) if async_op else None
     flat = module_of(views[0]).concatenate([v.reshape(-1) for v in views])
