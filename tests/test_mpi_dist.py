@@ -76,7 +76,7 @@ def test_new_group_against_another_call_in_check_mode_raises_on_every_rank(monke
 @pytest.fixture
 def debug_level(monkeypatch):
     """TORCH_DISTRIBUTED_DEBUG as each test sets it, read afresh (not a level kept before)."""
-    monkeypatch.setattr(dist, "_DEBUG", [])
+    monkeypatch.setattr(dist.groups, "_DEBUG", [])
     return monkeypatch
 
 
@@ -121,13 +121,13 @@ def test_a_bad_debug_level_on_one_rank_raises_on_every_rank(debug_level):
     assert not dist.is_initialized()
     if me == size - 1:  # DETAIL there alone: check mode on one rank, refused on every rank
         debug_level.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
-        debug_level.setattr(dist, "_DEBUG", [])
+        debug_level.setattr(dist.groups, "_DEBUG", [])
     if size > 1:
         with pytest.raises(mpicoll.SettingMismatchError, match="TORCH_DISTRIBUTED_DEBUG"):
             dist.init_process_group("mpi")
         assert not dist.is_initialized()
     debug_level.delenv("TORCH_DISTRIBUTED_DEBUG", raising=False)
-    debug_level.setattr(dist, "_DEBUG", [])
+    debug_level.setattr(dist.groups, "_DEBUG", [])
     dist.init_process_group("mpi")
     assert dist.get_debug_level() is dist.DebugLevel.OFF
     dist.destroy_process_group()
@@ -143,7 +143,7 @@ def initialized():
 def test_a_group_destroyed_is_let_go(initialized):
     """new_group and destroy_process_group(group) in a loop: the freed groups (and their
     Communicators' workspace) are not kept to the end of the job."""
-    from mpicoll.dist import _STATE
+    from mpicoll.dist.groups import _STATE
 
     before = len(_STATE["groups"])
     for _ in range(5):
