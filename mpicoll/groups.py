@@ -257,7 +257,8 @@ def make_mesh(comm: Any, shape: Any, names: Any, site: Any) -> Mesh:
     except Exception:  # noqa: BLE001 - as new_group's: a fault every rank learns
         shape = (-1,)
     try:
-        names = tuple(f"dim{d}" for d in range(len(shape))) if names is None else tuple(names)
+        names = tuple(f"dim{d}" for d in range(len(shape))) if names is None else \
+            () if isinstance(names, str) else tuple(names)  # ("ab": not the names a, b)
     except Exception:  # noqa: BLE001 - as new_group's: a fault every rank learns
         names = ()
     good = bool(shape) and all(s >= 1 for s in shape) and math.prod(shape) == comm.size \

@@ -47,8 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from .buffers import writable
-from .buffers.arrays import as_array, module_of
+from .buffers import overlapping, overlaps_itself, writable
+from .buffers.arrays import as_array, may_share_memory, module_of
 from .errors import (
     CollectiveError,
     CollectiveTimeoutError,
@@ -131,6 +131,23 @@ class Request:
         return done
 
     is_completed = test  # torch's name
+
+
+def _apart(checked: list[tuple], backs: list[Any]) -> None:
+    """Refuse a batch where a receive's memory overlaps another message's (a send's
+    buffer or another receive's): which bytes land there would depend on the order the
+    messages end in. Sends may share memory: they only read it."""
+    places = [back[0] if back is not None else buf
+              for (_, buf, _, _), back in zip(checked, backs, strict=True)]
+    for i, (is_send, *_rest) in enumerate(checked):
+        if is_send:
+            continue
+        for j, other in enumerate(places):
+            if j != i and may_share_memory(places[i], other):
+                raise InvalidArgumentError(
+                    f"ops[{i}].tensor: the receive's memory overlaps ops[{j}].tensor's, whose "
+                    "bytes would then depend on the order the messages end in; give each "
+                    "receive memory of its own")
 
 
 def _waiting(what: str, peer: int, tag: int) -> str:
@@ -234,6 +251,8 @@ def _incoming(comm: Any, peers: Any, out: Any, name: str = "out") -> tuple[Any, 
     array = _on_device(comm, peers, as_array(out, name)[0], name)
     if type(array) is np.ndarray and not array.flags.writeable:
         raise InvalidArgumentError(f"{name}: a receive buffer must be writeable")
+    if overlaps_itself(array):  # (every element would hold the last one written there)
+        raise overlapping(name)
     if array.flags.c_contiguous:
         return array.reshape(-1), None
     landing = module_of(array).ascontiguousarray(array)
@@ -271,9 +290,10 @@ class PointToPoint:
         peers = _peers(self)
         source, tag = _source(self, peers, source), _tag(peers, tag, True)
         (buf, back), status = _incoming(self, peers, out), _status(status)
-        if source == self.rank:
+        if source == self.rank and not self._already_sent(peers, tag):
             raise InvalidArgumentError("source: a blocking receive from this rank itself "
-                                       "would wait forever; use isend and irecv")
+                                       "would wait forever (no such message was sent); use "
+                                       "isend and irecv")
         with watched_step(self, "recv", _waiting("recv", source, tag), getframe(1)):
             got = peers.recv(buf, source, tag)
         _land(back)
@@ -285,9 +305,9 @@ class PointToPoint:
         takes it (a buffer of ``status.count(dtype)`` elements holds it). Not on nccl."""
         peers = self._prober("probe")
         source, tag = _source(self, peers, source), _tag(peers, tag, True)
-        if source == self.rank:
+        if source == self.rank and not self._already_sent(peers, tag):
             raise InvalidArgumentError("source: a blocking probe of this rank itself would "
-                                       "wait forever")
+                                       "wait forever (no such message was sent)")
         with watched_step(self, "probe", _waiting("recv", source, tag), getframe(1)):
             return peers.probe(source, tag, True)
 
@@ -298,6 +318,22 @@ class PointToPoint:
         source, tag = _source(self, peers, source), _tag(peers, tag, True)
         with watched_step(self, "iprobe", _waiting("recv", source, tag), getframe(1)):
             return peers.probe(source, tag, False)
+
+    def _already_sent(self, peers: Any, tag: int) -> bool:
+        """Whether a message of this rank to itself with ``tag`` has come (an isend
+        started before): then a blocking receive or probe of it ends at once. (Probed
+        for up to a tenth of a second: MPI may need a few turns of its progress to see
+        a message this rank posted.)"""
+        if not hasattr(peers, "probe"):
+            return False
+        deadline, pause = time.monotonic() + 0.1, 1e-6
+        with watched_step(self, "iprobe", _waiting("recv", self.rank, tag), getframe(2)):
+            while peers.probe(self.rank, tag, False) is None:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
+        return True
 
     def _prober(self, what: str) -> Any:
         peers = _peers(self)
@@ -310,11 +346,14 @@ class PointToPoint:
                  recv_tag: int = 0, status: Status | None = None) -> int:
         """Send ``x`` to ``dest`` and receive into ``out`` from ``source`` at once (no
         deadlock when two ranks exchange); returns the rank the message came from
-        (``status``: filled as ``recv``'s)."""
+        (``status``: filled as ``recv``'s). ``out`` may be ``x`` itself, or overlap it
+        (MPI_Sendrecv_replace): ``x`` is sent as it was before the call."""
         peers = _peers(self)
         dest, source = _rank(self, dest, "dest"), _source(self, peers, source)
         send_tag, recv_tag = _tag(peers, send_tag), _tag(peers, recv_tag, True)
         sendbuf, (recvbuf, back) = _outgoing(self, peers, x), _incoming(self, peers, out)
+        if may_share_memory(sendbuf, recvbuf):  # (MPI forbids the two to overlap)
+            sendbuf = sendbuf.copy()
         status = _status(status)
         with watched_step(self, "sendrecv", _waiting("recv", source, recv_tag), getframe(1)):
             got = peers.sendrecv(sendbuf, dest, send_tag, recvbuf, source, recv_tag)
@@ -355,6 +394,11 @@ class PointToPoint:
             name = p.op if isinstance(p.op, str) else getattr(p.op, "__name__", "")
             if name not in ("isend", "irecv"):
                 raise InvalidArgumentError(f"ops[{i}].op: expected 'isend' or 'irecv', got {p.op!r}")
+            owner = getattr(p.op, "__self__", self)
+            if isinstance(owner, PointToPoint) and owner is not self:
+                raise InvalidArgumentError(f"ops[{i}].op: the {name} of another Communicator; "
+                                           "a batch's messages go on the Communicator it is "
+                                           "started on")
             kinds.append(name)
         peers = _peers(self)
         batched = hasattr(peers, "batch")  # (NCCL's group; MPI's: each its own request)
@@ -369,11 +413,14 @@ class PointToPoint:
                 backs[i] = back
                 checked.append((False, buf, _source(self, peers, p.peer, f"ops[{i}].peer"),
                                 _tag(peers, p.tag, not batched)))
+        _apart(checked, backs)
         if not batched:
             requests = []
-            for kind, (is_send, buf, peer, tag), back in zip(kinds, checked, backs, strict=True):
-                start = peers.isend if is_send else peers.irecv
-                with watched_step(self, kind, _waiting("send" if is_send else "recv", peer, tag)):
+            note = f"starting {len(checked)} point-to-point messages"
+            with watched_step(self, "batch_isend_irecv", note, getframe(1)):
+                for kind, (is_send, buf, peer, tag), back in zip(kinds, checked, backs,
+                                                                 strict=True):
+                    start = peers.isend if is_send else peers.irecv
                     requests.append(Request(self, kind, peer, tag, start(buf, peer, tag),
                                             not is_send, back))
             return requests

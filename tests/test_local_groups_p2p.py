@@ -493,3 +493,27 @@ def test_a_local_endpoint_and_a_status_refuse_what_they_cannot_take():
         with pytest.raises(mpicoll.InvalidArgumentError, match="dtype"):
             mpicoll.Status(0, 0, 16).count(dtype)
     assert mpicoll.Status(0, 0, 16).count(np.float32) == 4
+
+
+def test_sendrecv_in_place_and_overlapping_receives_on_thread_ranks():
+    """As on MPI: sendrecv with out=x sends x as it was; a batch receive overlapping
+    another message's memory, or a receive into a stride-0 view, is refused before any
+    message; a blocking receive of this rank's own isend takes it."""
+    from numpy.lib.stride_tricks import as_strided
+
+    def body(comm):
+        right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+        x = np.full(3, float(comm.rank))
+        assert comm.sendrecv(x, right, x, left) == left and (x == left).all()
+        with pytest.raises(mpicoll.InvalidArgumentError, match=r"overlaps ops\[1\]"):
+            comm.batch_isend_irecv([mpicoll.P2POp("irecv", x, left),
+                                    mpicoll.P2POp("isend", x, right)])
+        with pytest.raises(mpicoll.InvalidArgumentError, match="stride of 0"):
+            comm.irecv(as_strided(np.zeros(1), (3,), (0,), writeable=True), left)
+        sent = comm.isend(np.arange(2.0), comm.rank, tag=3)
+        out = np.zeros(2)
+        assert comm.recv(out, comm.rank, tag=3) == comm.rank and (out == [0, 1]).all()
+        sent.wait()
+        return True
+
+    assert run_local(3, body, timeout=10) == [True] * 3

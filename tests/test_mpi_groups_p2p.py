@@ -575,3 +575,77 @@ def test_a_finished_request_gives_its_sender_after_free(world):
         assert request.wait() == 0
         np.testing.assert_array_equal(out, np.arange(3.0))
     _next_call_is_right(world)
+
+
+def test_sendrecv_in_place_sends_what_was_there(world):
+    """sendrecv(x, right, x, left), or overlapping halves (MPI_Sendrecv_replace): each rank
+    sends x as it was and gets its left neighbour's; MPI's own call would abort on the
+    overlap."""
+    right, left = (world.rank + 1) % world.size, (world.rank - 1) % world.size
+    x = np.full(4, float(world.rank))
+    assert world.sendrecv(x, right, x, left) == left
+    np.testing.assert_array_equal(x, np.full(4, float(left)))
+    y = np.arange(12.0) + 100 * world.rank
+    world.sendrecv(y[:8], right, y[4:], left)
+    np.testing.assert_array_equal(y[4:], np.arange(8.0) + 100 * left)
+    _next_call_is_right(world)
+
+
+def test_receives_that_overlap_are_refused_before_any_message(world):
+    """A batch whose receive overlaps another message's memory (a send's, or another
+    receive's), or a receive into memory whose elements share one place (a stride of 0):
+    refused on the rank that gives it, before any message; the next messages are right."""
+    from numpy.lib.stride_tricks import as_strided
+
+    right, left = (world.rank + 1) % world.size, (world.rank - 1) % world.size
+    x = np.zeros(6)
+    for ops in ([mpicoll.P2POp("irecv", x, left), mpicoll.P2POp("isend", x, right)],
+                [mpicoll.P2POp("irecv", x[:4], left), mpicoll.P2POp("irecv", x[2:], left)],
+                [mpicoll.P2POp("irecv", x[::2], left), mpicoll.P2POp("irecv", x[:3], left)]):
+        with pytest.raises(mpicoll.InvalidArgumentError, match=r"overlaps ops\[1\]"):
+            world.batch_isend_irecv(ops)
+    same = as_strided(np.zeros(1), (4,), (0,), writeable=True)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="stride of 0"):
+        world.irecv(same, left)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="stride of 0"):
+        world.recv(same, left)
+    other = mpicoll.Communicator(world.control_comm)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="another Communicator"):
+        world.batch_isend_irecv([mpicoll.P2POp(other.isend, x, right)])
+    other.free()
+    got = np.empty(6)  # (nothing was sent: the next receive gets the next message)
+    world.batch_isend_irecv([mpicoll.P2POp("isend", np.full(6, 1.0 + world.rank), right),
+                             mpicoll.P2POp("irecv", got, left)])[1].wait()
+    np.testing.assert_array_equal(got, np.full(6, 1.0 + left))
+    _next_call_is_right(world)
+
+
+def test_a_blocking_receive_of_a_message_this_rank_sent_itself(world):
+    """recv (and probe) from this rank itself: taken where an isend to itself came first
+    (a valid MPI program); refused where none did (it would wait forever)."""
+    sent = world.isend(np.arange(3.0), world.rank, tag=21)
+    assert world.probe(world.rank, 21).count(np.float64) == 3
+    out = np.zeros(3)
+    assert world.recv(out, world.rank, tag=21) == world.rank
+    sent.wait()
+    np.testing.assert_array_equal(out, np.arange(3.0))
+    with pytest.raises(mpicoll.InvalidArgumentError, match="no such message was sent"):
+        world.recv(out, world.rank, tag=22)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="no such message was sent"):
+        world.probe(world.rank, 22)
+    _next_call_is_right(world)
+
+
+def test_status_counts_whole_elements_only():
+    status = mpicoll.Status(0, 0, 10)
+    assert status.count(np.int16) == 5 and status.count() == 10
+    for dtype, said in ((np.float64, "not a whole number"), ((np.float64, -1), "not a dtype"),
+                        (object, "Python objects"), ("nonsense", "not a dtype")):
+        with pytest.raises(mpicoll.InvalidArgumentError, match=said):
+            status.count(dtype)
+
+
+def test_mesh_names_given_as_one_string_are_refused_on_every_rank(world):
+    with pytest.raises(mpicoll.InvalidArgumentError, match="names"):
+        world.mesh((world.size,), "d")
+    _next_call_is_right(world)

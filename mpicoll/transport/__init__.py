@@ -31,13 +31,22 @@ class Status:
         self.source, self.tag, self.nbytes = source, tag, nbytes
 
     def count(self, dtype: Any = np.uint8) -> int:
+        """The message's elements of ``dtype`` (a message that is not a whole number of
+        them raises, where MPI_Get_count gives MPI_UNDEFINED)."""
         try:
-            itemsize = np.dtype(dtype).itemsize
-        except TypeError:
+            kind = np.dtype(dtype)
+        except (TypeError, ValueError):
             raise InvalidArgumentError(f"dtype: {dtype!r} is not a dtype") from None
-        if itemsize == 0:
+        if kind.hasobject:
+            raise InvalidArgumentError(f"dtype: {kind} holds Python objects, which no "
+                                       "message carries")
+        if kind.itemsize == 0:
             raise InvalidArgumentError(f"dtype: {dtype!r} has no bytes to count")
-        return self.nbytes // itemsize
+        if self.nbytes % kind.itemsize:
+            raise InvalidArgumentError(
+                f"dtype: the message's {self.nbytes} bytes are not a whole number of "
+                f"{kind} elements ({kind.itemsize} bytes each)")
+        return self.nbytes // kind.itemsize
 
     def fill(self, other: Status) -> None:
         """Take ``other``'s values (a caller's ``status=`` filled in place)."""
