@@ -92,6 +92,10 @@ class Plan:
                  site: Site) -> None:
         self.comm, self.collective = comm, collective
         self._args, self._kwargs = args, kwargs
+        # the bound NumPy arrays and the arrays whose memory they view, each with a weak
+        # reference: NumPy then refuses to resize them in place (ndarray.resize, even with
+        # refcheck=False), which would free the memory the plan's starts still use
+        self._pins = _pinned((*args, *kwargs.values()))
         self._stream = kwargs.pop("stream", None)
         self._site = site
         # the call that made it (check mode: agreed, as every rank numbers it alike), which
@@ -119,7 +123,8 @@ class Plan:
             and not comm.check and comm._tracer is None
 
     def __repr__(self) -> str:
-        state = "freed" if self._freed else "active" if self._work is not None else "inactive"
+        state = "freed" if self._freed else "active" if \
+            self._work is not None or self._in_flight is not None else "inactive"
         return f"<mpicoll.Plan {self.collective} {state}, {self.starts} starts>"
 
     def _check_usable(self, what: str) -> None:
@@ -563,6 +568,16 @@ def _agreed_at_init(arguments: dict[str, Any] | None, size: int) -> tuple:
     return ((arguments.get("algorithm", "auto"), options), arguments.get("op"), root)
 
 
+def _pinned(values: tuple) -> list[weakref.ref]:
+    pins, seen = [], set()
+    for value in values:
+        while isinstance(value, np.ndarray) and id(value) not in seen:
+            seen.add(id(value))
+            pins.append(weakref.ref(value))
+            value = value.base
+    return pins
+
+
 def _check_algorithm(comm: Communicator, collective: str, arguments: dict[str, Any] | None,
                      algorithm: Any) -> None:
     """Refuse a plan's unknown algorithm, or a tuning option it does not take or takes
@@ -599,6 +614,10 @@ def _parameter_refusal(comm: Communicator, collective: str, args: tuple, kwargs:
         except TypeError as exc:
             return InvalidArgumentError(f"{collective}_init: {exc}")
         return None
+    if "out" in (arguments.get("options") or {}):  # (as the start's refusal: choose's)
+        return InvalidArgumentError(
+            "out: this call takes no out= (it returns its result; its keywords besides "
+            f"algorithm= are tuning options of the {collective} algorithms)")
     if "root" in arguments:
         verdict = Verdict()
         validate_root(verdict, arguments["root"], comm.size)

@@ -201,9 +201,9 @@ def test_misuse_raises_on_the_rank_that_does_it(world):
         world.all_gather_v_init(np.ones(3), algorithm="ring", intra="ring")
     with world.broadcast_init(np.ones(3), 0, algorithm="knomial", radix=4) as plan:
         plan()  # (a right option still makes a plan)
-    with world.broadcast_init(np.ones(3), 0, algorithm="binomial", out=np.ones(3)) as plan:
-        with pytest.raises(mpicoll.InvalidArgumentError, match="takes no out="):
-            plan()  # (out= where broadcast has none: the start's refusal, as a call's)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="takes no out="):
+        # (out= where broadcast has none: refused at init, as the start would refuse it)
+        world.broadcast_init(np.ones(3), 0, algorithm="binomial", out=np.ones(3))
     with pytest.raises(mpicoll.InvalidArgumentError, match="async_op"):
         world.all_reduce_init(np.ones(3), async_op=True)
 
@@ -1047,3 +1047,29 @@ def test_a_start_refused_as_busy_is_not_counted(world):
     np.testing.assert_array_equal(plan(), np.full(2, float(world.size)))
     assert plan.starts == 1
     plan.free()
+
+
+def test_a_plans_arrays_cannot_be_resized_and_a_stray_out_is_refused_at_init(world):
+    """The arrays a plan binds (and their bases) cannot be resized in place while it lives
+    (the memory its starts use would be freed: stale or corrupt results); out= given to a
+    collective that takes none, on one rank, is refused at init on every rank (it raised
+    at the first start on that rank alone, the others waiting for it)."""
+    base = np.zeros(8)
+    x, y = base[:4], np.zeros(4)
+    plan = world.all_reduce_init(x, "sum", out=y)
+    plan()
+    for array in (base, y):
+        with pytest.raises(ValueError, match="cannot resize"):
+            array.resize(64, refcheck=False)
+    x[:] = 1
+    np.testing.assert_array_equal(plan(), np.full(4, world.size))
+    assert "inactive" in repr(plan)
+    plan.free()
+    last = world.rank == world.size - 1
+    kwargs = {"out": np.zeros(1)} if last else {}
+    with pytest.raises(mpicoll.InvalidArgumentError if last else mpicoll.RemoteError,
+                       match="takes no out=" if last else rf"rank\(s\) {world.size - 1}"):
+        world.barrier_init(**kwargs)
+    with world.barrier_init() as barrier:
+        barrier()
+    np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, world.size))
