@@ -460,7 +460,7 @@ class Plan:
             take_turn(comm, f"{self.collective} plan.free()")
         try:
             self._freed = True
-            self._args, self._kwargs, self._bound = (), {}, None
+            self._args, self._kwargs, self._bound, self._pins = (), {}, None, []
             self._decision = self._lean = self._start_request = self._wait_request = None
             if self._request is not None:
                 self._retire.detach()
