@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -139,6 +140,10 @@ class Bucketer:
         self._filled = [False] * len(arrays)
         self._next = 0  # the next bucket to start
         self._refused: MpicollError | None = None  # this round's first refused add, if any
+        self.dtypes = dtypes
+        # adds and waits from any threads (an autograd hook's, a pool's), one at a time:
+        # the buckets start in bucket order on every rank whichever thread fills them
+        self._lock = threading.RLock()
 
     @property
     def bucket_bytes(self) -> list[int]:
@@ -150,7 +155,11 @@ class Bucketer:
 
     def add(self, i: int, array: Any) -> None:
         """Array ``i`` is ready: copy it into its bucket; start every bucket now complete
-        (in bucket order)."""
+        (in bucket order). Any thread may add (one at a time: the others wait here)."""
+        with self._lock:
+            self._add(i, array, sys._getframe(1))
+
+    def _add(self, i: int, array: Any, site: Any) -> None:
         if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or \
                 not 0 <= i < len(self.shapes):
             raise InvalidArgumentError(f"index: expected an int in 0..{len(self.shapes) - 1} "
@@ -160,15 +169,17 @@ class Bucketer:
         refusal = None
         try:
             array, _ = as_array(array, f"array {i}")
-            if array.shape != self.shapes[i]:
+            if array.shape != self.shapes[i] or array.dtype != self.dtypes[i]:
+                # (another dtype: cast into the bucket's, it could wrap or overflow)
                 raise InvalidArgumentError(
-                    f"array {i}: shape {array.shape}, expected {self.shapes[i]}")
+                    f"array {i}: shape {array.shape} of {array.dtype}, expected "
+                    f"{self.shapes[i]} of {self.dtypes[i]}")
             copy_into(self._slot(i).reshape(self.shapes[i]), array)
         except MpicollError as exc:  # this rank takes part on zeros, then raises; wait()
-            refusal = self._refused = self._refused or exc  # tells every rank
+            refusal, self._refused = exc, self._refused or exc  # tells every rank
             self._slot(i)[...] = 0
         self._filled_in(i)
-        self._start_full(sys._getframe(1))  # (a hang report names the caller's add)
+        self._start_full(site)  # (a hang report names the caller's add)
         if refusal is not None:
             raise refusal
 
@@ -181,6 +192,8 @@ class Bucketer:
         """Start every bucket now full, in bucket order (the order on every rank)."""
         while self._next < len(self.members) and self._missing[self._next] == 0:
             flat = self.buffers[self._next]
+            if self.comm._progress is not None:  # (the earlier buckets another thread
+                self.comm._progress.adopt()       # started: this one follows them)
             self.works[self._next] = self.comm.all_reduce(
                 flat, self.op, algorithm=self.algorithm, out=flat, async_op=True, _site=site)
             self._next += 1
@@ -188,7 +201,11 @@ class Bucketer:
     def wait(self) -> list[Any]:
         """Every array reduced (views of the buckets, in the order given, as the arrays'
         kind: torch tensors over them for torch's; valid until the next round's adds);
-        then a new round of ``add`` may begin."""
+        then a new round of ``add`` may begin. Any thread may wait (after every add)."""
+        with self._lock:
+            return self._wait()
+
+    def _wait(self) -> list[Any]:
         failure = None
         missing = [i for i, filled in enumerate(self._filled) if not filled]
         if missing:  # (on this rank alone, maybe: an array with no gradient this step, an
@@ -200,7 +217,7 @@ class Bucketer:
                 self._slot(i)[...] = 0
                 self._filled_in(i)
             try:
-                self._start_full(sys._getframe(1))
+                self._start_full(sys._getframe(2))
             except MpicollError as exc:  # (its bucket is one never started, below)
                 failure = exc
         if self._next < len(self.members):  # its all_reduce was refused at add: the round
@@ -219,7 +236,7 @@ class Bucketer:
         # small exchange a round), so no rank takes such a round's sums for right
         refused, self._refused = self._refused, None
         ranks = np.flatnonzero(agreed_rows(self.comm, np.array([refused is not None], np.int64),
-                                           sys._getframe(1), "Bucketer.wait")[:, 0]).tolist()
+                                           sys._getframe(2), "Bucketer.wait")[:, 0]).tolist()
         if ranks and failure is None:
             failure = refused or RemoteError(
                 f"Bucketer.wait: add refused an array on rank(s) {_ranks(ranks)}, which took "

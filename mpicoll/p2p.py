@@ -110,7 +110,7 @@ class Request:
             got = self._request.wait()  # done (freed since, too): nothing to wait for
         else:
             with watched_step(self._comm, self._what,
-                              _waiting(self._what, self._peer, self._tag)):
+                              _waiting(self._what, self._peer, self._tag), getframe(1)):
                 got = self._request.wait()
         if self._back is not None:
             self._landed()

@@ -254,6 +254,14 @@ class ProgressThread:
         with self.lock:
             return self.pending > 0 and self.owner not in (None, threading.get_ident())
 
+    def adopt(self) -> None:
+        """The calling thread takes over the pending calls: for a private Communicator
+        whose owner fixes the order of its calls whatever thread makes them (the
+        Bucketer's, under its lock, in bucket order)."""
+        with self.lock:
+            if self.pending:
+                self.owner = threading.get_ident()
+
     def submit(self, name: str, call: Callable[[Any], Any], claim: bool = True) -> Work:
         """Queue ``call``; ``claim``: the submitting thread owns the pending calls (not a
         refused submission, which only takes its number)."""

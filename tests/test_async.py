@@ -499,3 +499,57 @@ def test_a_plan_start_in_a_done_callback_is_refused_before_any_message_in_check_
     assert run_local(2, body, timeout=20, check=True) == [
         (["all_reduce plan.start()", "all_reduce plan.__call__()"], 2.0, 2.0),
         ([], 2.0, 2.0)]
+
+
+def test_a_bucketer_refuses_another_dtype_and_says_each_refused_add_itself():
+    """An add of another dtype than the array declared is refused (cast into the bucket
+    it could wrap: 2**40 + 5 as int32 is 5), as another shape is; a second refused add
+    in a round raises its own error, not the first one's."""
+    def body(comm):
+        buckets = mpicoll.Bucketer(comm, [np.zeros(2, np.int32), np.zeros(2, np.int32)])
+        with pytest.raises(mpicoll.InvalidArgumentError, match="array 0: .* of int64"):
+            buckets.add(0, np.array([2**40 + 5, 1], np.int64))
+        with pytest.raises(mpicoll.InvalidArgumentError, match="array 1"):
+            buckets.add(1, np.zeros(5, np.int32))
+        with pytest.raises(mpicoll.InvalidArgumentError, match="array 0"):
+            buckets.wait()  # (every rank: its first refusal)
+        buckets.add(0, np.full(2, 1, np.int32))
+        buckets.add(1, np.full(2, 2, np.int32))
+        got = [a.tolist() for a in buckets.wait()]
+        buckets.free()
+        return got
+
+    assert run_local(2, body, timeout=20) == [[[2, 2], [4, 4]]] * 2
+
+
+def test_a_bucketer_takes_adds_and_waits_from_other_threads():
+    """Arrays added from worker threads (an autograd hook's, a pool's) and an array never
+    added, whose bucket wait() starts from the main thread while the workers' buckets may
+    still be pending: every rank raises that it was never added (no rank refuses a bucket
+    as another thread's call, leaving the others waiting); the next round, added from
+    threads in another order on each rank, sums right."""
+    import threading
+
+    def body(comm):
+        n = 1 << 18
+        buckets = mpicoll.Bucketer(comm, [np.zeros(n) for _ in range(3)], cap_bytes=8 * n)
+
+        def add_from_threads(indices):
+            threads = [threading.Thread(target=buckets.add, args=(i, np.full(n, i + 1.0)))
+                       for i in indices]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+        add_from_threads([0, 1])
+        if comm.rank == 0:
+            time.sleep(0.5)
+        with pytest.raises(mpicoll.InvalidArgumentError, match=r"arrays \[2\] were never"):
+            buckets.wait()
+        add_from_threads([2, 1, 0] if comm.rank else [0, 1, 2])
+        got = [float(a[0]) for a in buckets.wait()]
+        buckets.free()
+        return got
+
+    assert run_local(2, body, timeout=30) == [[2.0, 4.0, 6.0]] * 2

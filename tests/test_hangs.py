@@ -563,3 +563,27 @@ def test_malformed_timeout_is_refused(monkeypatch, value):
 
     with pytest.raises(mpicoll.errors.ConfigError, match="MPICOLL_TIMEOUT|timeout"):
         timeout_setting(None)
+
+
+def test_a_report_whose_entries_hold_what_a_refused_call_was_given_still_ends_the_job(
+        tmp_path):
+    """A refused call's entry holds what the caller gave (a class as x: a shape that is
+    no shape): the overdue call's report and dump still come, and the job still ends
+    (the watchdog thread died formatting it, and the wait hung); a point-to-point wait's
+    report names the caller's line."""
+    script = ("import numpy as np, mpicoll\n"
+              "c = mpicoll.Communicator()\n"
+              "try:\n"
+              "    c.all_reduce(np.ndarray)\n"
+              "except mpicoll.InvalidArgumentError:\n"
+              "    pass\n"
+              "request = c.irecv(np.empty(4), 0)\n"
+              "request.wait()\n")
+    env = dict(os.environ, MPICOLL_TIMEOUT="1", MPICOLL_DUMP_DIR=str(tmp_path))
+    done = subprocess.run(["timeout", "-k", "5", "60", sys.executable, "-c", script],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
+    assert "irecv after call #1 (<string>:8)" in done.stderr, done.stderr[-3000:]
+    dumped = json.loads((tmp_path / "rank-0.json").read_text())
+    calls = dumped["communicators"][0]["calls"]
+    assert any("ndarray" in str(call["shape"]) for call in calls), calls

@@ -56,6 +56,17 @@ def recorder_length() -> int:
     return int(text)
 
 
+def _shape(shape: Any) -> list[int] | str | None:
+    """An entry's shape as JSON takes it: a list of ints, or its text where the caller's
+    refused call gave something else (an entry never stops a report)."""
+    if shape is None:
+        return None
+    try:
+        return [int(d) for d in shape]
+    except (TypeError, ValueError):
+        return str(shape)
+
+
 class Record:
     """One call in the flight recorder (made once, rewritten for every N-th call).
 
@@ -98,7 +109,7 @@ class Record:
             "seq": call.seq, "collective": call.collective, "site": call.site,
             "algorithm": None if self.algorithm is None else str(self.algorithm),
             "nbytes": self.nbytes,
-            "shape": None if self.shape is None else list(self.shape),
+            "shape": _shape(self.shape),
             "dtype": None if self.dtype is None else str(self.dtype),
             "op": None if op is None else getattr(op, "name", str(op)),
             "root": None if root is None else int(root) if isinstance(root, int) else str(root),

@@ -25,7 +25,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -130,26 +130,43 @@ class Watchdog:
             return False
 
     def fire(self, watch: Watch, now: float) -> None:
-        """Report the overdue call of ``watch`` and end the job."""
+        """Report the overdue call of ``watch`` and end the job. Whatever the report's
+        parts raise (an entry's values a caller gave), the job ends: a part that fails
+        is said in one line in its place, never the watchdog thread's end."""
         self.fired = True
         rank = world_rank(watch.rank)
         lines = [f"mpicoll: timeout: rank {rank} (rank {watch.rank} of {watch.size} on "
                  f"communicator {watch.index}, {watch.backend.name}, pid {os.getpid()} on "
-                 f"{socket.gethostname()}): {watch.describe_current(now)}"]
-        lines += recorder_lines(self)
+                 f"{socket.gethostname()}): "
+                 f"{_said(lambda: watch.describe_current(now), 'the overdue call')}"]
         path = None
-        if dump_dir():
-            path = write_dump(self, "timeout", watch)
-            mark(rank)
-            lines.append(f"mpicoll: flight recorder written to {path}; read every rank's "
-                         f"with: python -m mpicoll.trace hang {dump_dir()}")
-        lines.append(f"mpicoll: aborting the job (exit code {EXIT_TIMEOUT})")
-        report("\n".join(lines))
-        # a moment for the other ranks to report and dump too, then end the job
-        abort_job(EXIT_TIMEOUT, grace=1.5 if path else 0.3)
+        try:
+            lines += recorder_lines(self)
+            if dump_dir():
+                path = write_dump(self, "timeout", watch)
+                mark(rank)
+                lines.append(f"mpicoll: flight recorder written to {path}; read every rank's "
+                             f"with: python -m mpicoll.trace hang {dump_dir()}")
+        except Exception as exc:  # noqa: BLE001 - the job ends all the same
+            lines.append(f"mpicoll: (the flight recorder could not be written: "
+                         f"{type(exc).__name__}: {exc})")
+        finally:
+            lines.append(f"mpicoll: aborting the job (exit code {EXIT_TIMEOUT})")
+            with contextlib.suppress(Exception):
+                report("\n".join(lines))
+            # a moment for the other ranks to report and dump too, then end the job
+            abort_job(EXIT_TIMEOUT, grace=1.5 if path else 0.3)
 
 
 _WATCHDOG = Watchdog()
+
+
+def _said(part: Callable[[], str], what: str) -> str:
+    """``part()``, or a line saying it could not be said (a report is never lost to it)."""
+    try:
+        return part()
+    except Exception as exc:  # noqa: BLE001 - named in its place
+        return f"({what} could not be described: {type(exc).__name__}: {exc})"
 
 
 @contextlib.contextmanager
@@ -294,15 +311,22 @@ def snapshot(dog: Watchdog, reason: str, overdue: Watch | None = None) -> dict[s
 
 def write_dump(dog: Watchdog, reason: str, overdue: Watch | None = None) -> str | None:
     """Write this rank's snapshot to ``MPICOLL_DUMP_DIR/rank-<r>.json``; its path."""
-    data = snapshot(dog, reason, overdue)
-    path = os.path.join(dump_dir(), f"rank-{data['rank']}.json")
+    path = os.path.join(dump_dir(), f"rank-{world_rank(0)}.json")
+    # each writer its own temporary file (the watchdog, an uncaught error's hook and the
+    # exit may write at once), the whole file replacing the last one written
+    temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
+        data = snapshot(dog, reason, overdue)
+        path = os.path.join(dump_dir(), f"rank-{data['rank']}.json")
         os.makedirs(dump_dir(), exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(path + ".tmp", path)
-    except OSError as exc:
-        report(f"mpicoll: cannot write the flight recorder to {path}: {exc}")
+        with open(temporary, "w") as f:
+            json.dump(data, f, indent=1, default=str)
+        os.replace(temporary, path)
+    except Exception as exc:  # noqa: BLE001 - said; the caller goes on (ends the job)
+        report(f"mpicoll: cannot write the flight recorder to {path}: "
+               f"{type(exc).__name__}: {exc}")
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
         return None
     return path
 

@@ -554,7 +554,7 @@ def prepare_request_wait(c: CallState, name: str, site: Any,
     clock from now), one thread at a time; the entry done once it returns. Where the
     flight recorder has given the entry's place to later calls (more than its length
     while the request ran), the wait is watched as a step of its own."""
-    watch = c._watch
+    watch, t = c._watch, c._backend.transport
     take, give = c._entry.take, c._entry.give
 
     def wait(started: tuple, since: float = 0.0) -> None:
@@ -574,6 +574,8 @@ def prepare_request_wait(c: CallState, name: str, site: Any,
             raise
         try:
             watch.current = rec
+            t.step = 0  # (in MPI's wait: no step of a call since, no peer of one)
+            t.wait_kind = None
             watch.started = since or now()
             mpi_wait()
         except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
