@@ -146,10 +146,15 @@ def _unpack(outs: list[Any], flat: Any, received: Sequence[int], name: str) -> N
     if list(received) != sizes:
         raise InvalidArgumentError(f"{name}: this rank received {list(received)} elements "
                                    f"from the ranks, its tensors hold {sizes}")
+    _split_into(outs, flat)
+
+
+def _split_into(outs: Sequence[Any], flat: Any) -> None:
+    """``flat``'s elements into the tensors ``outs``, in order, each its size's run."""
     start = 0
-    for view, n in zip(outs, sizes, strict=True):
-        view[...] = flat[start:start + n].reshape(view.shape)
-        start += n
+    for view in outs:
+        view[...] = flat[start:start + view.size].reshape(view.shape)
+        start += view.size
 
 
 def _then(call: Any, args: tuple, finish: Any, problem: str | None,
@@ -474,10 +479,7 @@ def all_reduce_coalesced(tensors: Any, op: Any = ReduceOp.SUM, group: Any = None
     flat = xp.concatenate([v.reshape(-1) for v in views])
 
     def finish(result: Any) -> None:
-        start = 0
-        for view in views:
-            view[...] = flat[start:start + view.size].reshape(view.shape)
-            start += view.size
+        _split_into(views, flat)
 
     work = _then(g.comm.all_reduce, (flat, _op(op)), finish, None, _listed(tensors),
                  out=flat, **_how(algorithm, async_op))
@@ -528,10 +530,7 @@ def all_gather_coalesced(output_tensor_lists: Any, input_tensor_list: Any, group
 
     def finish(rows: Any) -> None:
         for row, got in zip(rows, outs, strict=True):
-            start = 0
-            for out in got:
-                out[...] = row[start:start + out.size].reshape(out.shape)
-                start += out.size
+            _split_into(got, row)
 
     work = _then(g.comm.all_gather, (flat,), finish, None, value, **_how(algorithm, async_op))
     return work.get_future() if async_op else None
