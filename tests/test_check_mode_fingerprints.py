@@ -112,6 +112,27 @@ def test_what_differs_beyond_a_name_or_a_size_is_a_mismatch(case):
                    for o, n in outcomes), outcomes
 
 
+def test_reduce_scatter_counts_never_pass_for_a_plain_calls_shape():
+    """reduce_scatter's v-form against the plain form whose x's shape reads as its
+    counts (counts [2, 3] and an x of shape (2, 3)): the two cut x differently, so check
+    mode raises on every rank; the agreeing v-form then runs."""
+    def body(comm):
+        try:
+            if comm.rank == 0:
+                comm.reduce_scatter(np.arange(5.0), counts=[2, 3])
+            else:
+                comm.reduce_scatter(np.arange(6.0).reshape(2, 3))
+        except mpicoll.MismatchError as exc:
+            outcome = str(exc)
+        else:
+            outcome = None
+        return outcome, comm.reduce_scatter(np.arange(5.0), counts=[2, 3]).tolist()
+
+    outcomes = run_local(2, body, timeout=10, check=True)
+    assert all(o is not None and "rank 1 differs in shape" in o for o, _ in outcomes), outcomes
+    assert [r for _, r in outcomes] == [[0.0, 2.0], [4.0, 6.0, 8.0]]
+
+
 def test_a_dup_against_another_ranks_call_is_a_mismatch_on_every_rank():
     """dup() is collective (MPI_Comm_dup): in check mode it is a step every rank makes at
     that point, so one rank's dup against another's all_reduce raises on both (before

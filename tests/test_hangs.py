@@ -396,6 +396,63 @@ def test_local_timeout_raises_in_the_waiting_rank():
     assert time.monotonic() - start < 60
 
 
+def _each_rank(steps):
+    """A body that runs ``steps`` (functions of comm) in turn on every rank and keeps
+    each one's result or the text of what it raised."""
+    def body(comm):
+        said = []
+        for step in steps:
+            try:
+                said.append(step(comm))
+            except mpicoll.MpicollError as exc:
+                said.append(f"{type(exc).__name__}: {exc}")
+        return said
+
+    return body
+
+
+def test_a_local_timeout_names_the_call_as_the_watchdog_does():
+    """The local backend's receive that times out raises in the waiting thread; its
+    words follow what the watchdog says over MPI: the call's number, collective,
+    algorithm, step and the peer it waits for (not only the transport's tag)."""
+    said = run_local(3, _each_rank([
+        lambda comm: comm.barrier(),
+        lambda comm: None if comm.rank == 1 else comm.all_reduce(np.ones(2), algorithm="ring"),
+    ]), timeout=0.5)
+    assert said[1] == [None, None]
+    late = said[2][1]  # rank 2 receives from rank 1 first in the ring
+    assert late.startswith("CollectiveTimeoutError: mpicoll: timeout: rank 2: call #2 "
+                           "all_reduce (algorithm ring, 16 B, "), late
+    assert "in step 1, waiting to receive from rank 1" in late and "no message from rank 1" \
+        in late, late
+
+
+def test_a_local_timeout_in_a_resync_says_why():
+    """Rank 2 alone refuses a root the others do not see; its next call first settles
+    that refusal and, the others not refusing it, times out: it says that the wait is
+    for the refused call's account, and what to do."""
+    said = run_local(3, _each_rank([
+        lambda comm: comm.reduce(np.ones(3), root=5 if comm.rank == 2 else 0),
+        lambda comm: comm.all_reduce(np.ones(2)).tolist(),
+    ]), timeout=0.5)
+    assert said[2][0] == "InvalidArgumentError: root: 5 is out of range for 3 ranks"
+    assert said[2][1].startswith("CollectiveTimeoutError: mpicoll: timeout: rank 2: call #2 "
+                                 "all_reduce ("), said[2][1]
+    assert "settling call #1, which this rank refused or failed alone" in said[2][1]
+    assert "MPICOLL_CHECK=1" in said[2][1]
+
+
+def test_a_local_timeout_making_a_communicator_says_so():
+    """An async call's progress thread is a Communicator every rank makes: a rank that
+    never comes makes the others' constructor time out, named as such."""
+    said = run_local(2, _each_rank([
+        lambda comm: None if comm.rank == 1 else comm.all_reduce(np.ones(2), async_op=True).wait(),
+    ]), timeout=0.5)
+    assert said[0][0].startswith("CollectiveTimeoutError: mpicoll: timeout: rank 0: making a "
+                                 "Communicator ("), said[0][0]
+    assert "waiting for every one of the 2 ranks to make it" in said[0][0]
+
+
 def test_communicator_timeout_governs_the_local_receives():
     world = mpicoll.transport.local.LocalWorld(2, timeout=60)
     errors = []

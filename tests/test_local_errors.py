@@ -115,6 +115,14 @@ def test_v_variant_counts_are_checked():
                        mpicoll.InvalidArgumentError, "counts: expected non-negative ints")
     _raises_everywhere(3, lambda c: c.all_gather_v(np.float64(1.0)),
                        mpicoll.InvalidArgumentError, "at least one dimension")
+    # a dict's keys or a set: no rank order (a dict of ranks' counts would run as its keys)
+    _raises_everywhere(2, lambda c: c.reduce_scatter(np.arange(3.), counts={2: 0, 1: 0}),
+                       mpicoll.InvalidArgumentError, "counts: expected a sequence of 2 ints "
+                       "in rank order, got dict, which has no order")
+    _raises_everywhere(2, lambda c: c.all_to_all_v(np.arange(3.), {1, 2}),
+                       mpicoll.InvalidArgumentError, "got set, which has no order")
+    _raises_everywhere(2, lambda c: c.reduce_scatter(np.arange(3.), counts={1: 0, 2: 0}.keys()),
+                       mpicoll.InvalidArgumentError, "got dict_keys, which has no order")
 
 
 def test_v_variants_find_a_dtype_mismatch_on_every_rank():

@@ -6,7 +6,8 @@ from __future__ import annotations
 import hashlib
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, NoReturn
 
 import numpy as np
@@ -543,6 +544,8 @@ def _splits(sizes: Sequence[int] | None, rows: int, p: int, name: str) -> tuple[
         if rows % p:
             return [], f"{name}: {rows} rows do not split evenly over {p} ranks (give split sizes)"
         return [rows // p] * p, None
+    if isinstance(sizes, (Mapping, AbstractSet)):  # (no rank order)
+        return [], f"{name}_split_sizes: expected {p} ints in rank order, got {sizes!r}"
     try:
         values = list(sizes)
     except Exception:  # noqa: BLE001 - as new_group's: refused on every rank

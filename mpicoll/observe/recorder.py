@@ -199,6 +199,21 @@ class Watch:
             rec.state = DONE
         self.started = 0.0
 
+    def timed_out(self, exc: BaseException, rank: int) -> None:
+        """A receive of the current call that timed out in the waiting thread (the local
+        backend's; over MPI the watchdog reports and ends the job): its words put after
+        the watchdog's description of the call (its number, collective, algorithm, step
+        and what it waits for, or why), once."""
+        if not self.started or getattr(exc, "_call_said", False) or not exc.args:
+            return
+        try:
+            described = self.describe_current(now())
+        except Exception:  # noqa: BLE001 - the receive's own words stay
+            return
+        exc.args = (f"mpicoll: timeout: rank {rank}: {described} ({exc.args[0]})",
+                    *exc.args[1:])
+        exc._call_said = True  # type: ignore[attr-defined]
+
     def aside(self, call: Any, note: str = "") -> Any:
         """Watch a step that is not a numbered call (making a duplicate, a point-to-point
         message) under ``call``'s name, outside the flight recorder: ``with

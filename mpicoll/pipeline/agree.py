@@ -34,6 +34,7 @@ from ..algorithms import REGISTRY
 from ..buffers import dtype_code, dtype_from_code, dtype_from_text, dtype_text, even_bounds
 from ..buffers.cuda import parse_flag
 from ..errors import (
+    CollectiveTimeoutError,
     ConfigError,
     InvalidArgumentError,
     MismatchError,
@@ -264,6 +265,9 @@ def resync(c: CallState, call: Call) -> None:
     try:  # point-to-point messages on those tags: never the library's own collective,
         # which MPI would match with a collective the others still wait in
         REGISTRY["all_gather"]["recursive_doubling"].fn(t, table, even_bounds(1, t.size))
+    except CollectiveTimeoutError as exc:  # (the local backend's receive), said with why
+        c._watch.timed_out(exc, c.rank)
+        raise
     finally:
         t.tag, rec.note = saved, note
     if (table != refused).any():

@@ -20,6 +20,7 @@ from numpy import empty, ndarray
 from ..buffers.arrays import is_cupy, kept_view, to_torch
 from ..errors import (
     CollectiveError,
+    CollectiveTimeoutError,
     ConcurrentCallError,
     InvalidArgumentError,
     MpicollError,
@@ -328,6 +329,8 @@ def ended(c: CallState, name: str, exc: Exception) -> MpicollError:
     wait in this call, and this rank's next call resyncs), anything else as a
     CollectiveError naming the call and caused by it."""
     watch = c._watch
+    if isinstance(exc, CollectiveTimeoutError):  # (the local backend's receive)
+        watch.timed_out(exc, c.rank)
     if isinstance(exc, (OpError, CollectiveError)):
         c._refused_alone = c._seq  # failed mid-call here: the others may wait in it
         watch.failed(exc)

@@ -535,8 +535,10 @@ def reduce_scatter(c: CallState, call: Call, x: Any, op: Any, counts: Any, algor
         v.refuse("params", InvalidArgumentError(
             f"counts: they add up to {sum(counts)}, but x has {x.size} elements"))
     result = validate.out(v, out, (counts[t.rank],), x.dtype, like=x) if not v else None
+    # (check mode: the v-form's shape field is its own, never a plain call's shape, so
+    # counts [2, 3] never pass for a plain call's x of shape (2, 3), cut by rows)
     agree.settle(c, call, v, (algorithm, options), op=op, dtype=getattr(x, "dtype", None),
-                 shape=tuple(counts or ()))
+                 shape=("counts",), counts=tuple(counts or ()))
     bounds = counts_bounds(counts)
     dst = result.reshape(-1) if result is not None else \
         _stand_in(t, counts[t.rank], x.dtype, x)  # out refused: take part with workspace

@@ -12,6 +12,8 @@ In check mode every verdict is exchanged first and every rank raises together.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -178,7 +180,13 @@ def out(verdict: Verdict, out: Any, shape: tuple[int, ...], dtype: np.dtype, lik
 
 def counts(verdict: Verdict, counts: Any, size: int, name: str,
            where: str = "params") -> list[int] | None:
-    """``counts`` as ``size`` non-negative ints, or None with the refusal kept."""
+    """``counts`` as ``size`` non-negative ints, or None with the refusal kept (an
+    unordered collection too: a dict's keys or a set have no rank order)."""
+    if isinstance(counts, (Mapping, AbstractSet)):
+        verdict.refuse(where, InvalidArgumentError(
+            f"{name}: expected a sequence of {size} ints in rank order, got "
+            f"{type(counts).__name__}, which has no order"))
+        return None
     try:
         values = list(counts)
     except TypeError:
