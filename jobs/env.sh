@@ -83,8 +83,11 @@ MPICOLL_LAUNCHER=${MPICOLL_LAUNCHER:-pmi2}
 case "$MPICOLL_LAUNCHER" in
     pmi2 | pmix)
         command -v srun >/dev/null || mpicoll_fail "srun is not on PATH"
-        srun --mpi=list 2>&1 | grep -qw "$MPICOLL_LAUNCHER" \
-            || mpicoll_fail "this SLURM has no --mpi=$MPICOLL_LAUNCHER plugin ($(srun --mpi=list 2>&1 | tr '\n' ' '))"
+        # (the list read whole first: grep -q stopping at the first match could end srun
+        # with SIGPIPE, a failed pipeline under pipefail)
+        plugins=$(srun --mpi=list 2>&1 || true)
+        grep -qw "$MPICOLL_LAUNCHER" <<<"$plugins" \
+            || mpicoll_fail "this SLURM has no --mpi=$MPICOLL_LAUNCHER plugin ($(tr '\n' ' ' <<<"$plugins"))"
         ;;
     mpiexec)
         command -v mpiexec >/dev/null || [ -x "$(dirname "$PYTHON")/mpiexec" ] \

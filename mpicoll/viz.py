@@ -361,6 +361,9 @@ def draw(collective: str, algorithm: str, ranks: int, steps: Steps, path: str,
     plt.close(fig)
 
 
+MAX_RANKS = 256  # viz -n: the most ranks a diagram is traced on
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mpicoll.viz",
                                      description=__doc__.split("\n\n")[0])
@@ -373,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks-per-node", type=int, default=None, metavar="K",
                         help="nodes of K consecutive ranks (MPICOLL_RANKS_PER_NODE): drawn")
     args = parser.parse_args(argv)
-    if args.ranks < 1:
-        parser.error("-n: at least 1 rank")
+    if not 1 <= args.ranks <= MAX_RANKS:  # (each rank a thread of run_local: 128 take
+        parser.error(f"-n: 1 to {MAX_RANKS} ranks")  # some 5 s, 500 over a minute)
     if args.ranks_per_node is not None and args.ranks_per_node < 1:
         parser.error("--ranks-per-node: at least 1")
     if args.chunks < 1:

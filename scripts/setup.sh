@@ -11,12 +11,25 @@ if command -v flock >/dev/null; then
     flock 9
 fi
 
+# a .venv without a working pip (made by hand where ensurepip was missing, or cut short)
+# is made again
+if [ -e .venv ] && ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+    echo "setup: .venv has no working pip; making it again" >&2
+    rm -rf .venv
+fi
 if [ ! -x .venv/bin/python ]; then
     if ! "$PYTHON" -m venv .venv >/dev/null 2>&1; then
-        # Debian's python3 has no venv module until python3-venv is installed
+        # Debian's python3 has no venv module (ensurepip) until python3-venv is installed
         rm -rf .venv
+        SUDO=""
+        if [ "$(id -u)" != 0 ]; then
+            sudo -n true 2>/dev/null || {
+                echo "setup: $PYTHON cannot make a virtual environment (no venv/ensurepip);" \
+                     "as root run: apt-get install python3-venv, then run this again" >&2
+                exit 1; }
+            SUDO="sudo -n"
+        fi
         echo "setup: installing python3-venv (Debian) ..." >&2
-        SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
         $SUDO apt-get update -qq
         $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
         "$PYTHON" -m venv .venv

@@ -107,7 +107,8 @@ EOF
     local i
     mkdir -p "$DIR/dev"
     for ((i = 0; i < GPUS; i++)); do
-        [ -e "$DIR/dev/gpu$i" ] || mknod "$DIR/dev/gpu$i" c 1 3
+        [ -e "$DIR/dev/gpu$i" ] || mknod "$DIR/dev/gpu$i" c 1 3 \
+            || die "mknod $DIR/dev/gpu$i failed: the stand-in GPUs need CAP_MKNOD (a container without it: run it with that capability)"
     done
     echo "Name=gpu File=$DIR/dev/gpu[0-$((GPUS - 1))]" > "$DIR/gres.conf"
 }
@@ -144,6 +145,8 @@ start() {
         echo "$CONF"
         return 0
     fi
+    # a daemon that fails to start (set -e) leaves none of those started before it running
+    trap 'stop' ERR
     write_config
     alive "$DIR/munged.pid" || munged --force --socket="$DIR/munge/munge.socket" \
         --key-file="$DIR/munge/munge.key" --pid-file="$DIR/munged.pid" \
@@ -153,6 +156,7 @@ start() {
     for node in "${NODES[@]}"; do
         SLURM_CONF=$CONF slurmd -f "$CONF" -N "$node"
     done
+    trap - ERR
     wait_ready || { stop; exit 1; }  # leave nothing running behind a failed start
     echo "slurm-cluster: nodes ${NODES[*]} up; export SLURM_CONF=$CONF" >&2
     echo "$CONF"
@@ -166,7 +170,7 @@ stop() {
         [ -e "$pidfile" ] || continue
         if alive "$pidfile"; then
             pids+=("$(cat "$pidfile")")
-            kill "${pids[-1]}"
+            kill "${pids[-1]}" 2>/dev/null || true  # (it may have gone since)
         fi
     done
     for pid in ${pids[@]+"${pids[@]}"}; do

@@ -12,7 +12,11 @@ PY=.venv/bin/python
 # The real CuPy and NCCL wheels (about 490 MB, no GPU needed) for tests/test_gpu_api.py,
 # which checks mpicoll against their Python APIs; once installed its tests must run, not
 # skip. MPICOLL_GPU_API=0 leaves them out (they then skip, with the reason).
-if [ "${MPICOLL_GPU_API:-1}" != 0 ]; then
+if [ "${MPICOLL_GPU_API:-1}" != 0 ] && $PY -c "import cupy, nvidia.nccl" \
+        >/dev/null 2>&1; then
+    echo "== CuPy and NCCL wheels: installed (a second run needs no network)"
+    export MPICOLL_REQUIRE_GPU_API=${MPICOLL_REQUIRE_GPU_API:-1}
+elif [ "${MPICOLL_GPU_API:-1}" != 0 ]; then
     echo "== pip install -e .[gpu_api] (CuPy and NCCL wheels)"
     # (pip's own status decides: a failed download stops here, with pip's words)
     if ! $PY -m pip install -q --disable-pip-version-check -e ".[gpu_api]" \
@@ -25,6 +29,15 @@ if [ "${MPICOLL_GPU_API:-1}" != 0 ]; then
     export MPICOLL_REQUIRE_GPU_API=${MPICOLL_REQUIRE_GPU_API:-1}
 fi
 MPIEXEC=.venv/bin/mpiexec
+# each run under its bound, in timeout's own process group: Ctrl-C (or a TERM to this
+# script) stops that group too, pytest and every rank, and then the script
+bounded() {
+    timeout -k 10 "$TIMEOUT" "$@" &
+    local pid=$!
+    trap 'kill -TERM -- -'"$pid"' 2>/dev/null; exit 130' INT TERM
+    wait "$pid"
+    trap - INT TERM
+}
 RANKS=${MPICOLL_TEST_RANKS:-"2 3 4 5 8"}
 TIMEOUT=${MPICOLL_TEST_TIMEOUT:-600}
 # mpicoll's own watchdog, well under the per-run timeout: a hang ends with its report
@@ -42,6 +55,7 @@ if [ "$(id -u)" = 0 ] && [ "${MPICOLL_SLURM:-1}" != 0 ]; then
         || { echo "== SLURM could not be installed (as root): failing" >&2; exit 1; }
     export MPICOLL_REQUIRE_SLURM=${MPICOLL_REQUIRE_SLURM:-1}
 else
+    [ "$(id -u)" = 0 ] && export MPICOLL_SLURM=0  # (tests/test_slurm.py reads it: skip)
     echo "== SLURM left out (not root, or MPICOLL_SLURM=0): tests/test_slurm.py will skip" >&2
 fi
 
@@ -49,7 +63,7 @@ echo "== ruff"
 .venv/bin/ruff check mpicoll tests examples
 
 echo "== pytest, 1 process"
-timeout -k 10 "$TIMEOUT" $PY -m mpi4py -m pytest --with-mpi -q -rfEs -p no:cacheprovider tests
+bounded $PY -m mpi4py -m pytest --with-mpi -q -rfEs -p no:cacheprovider tests
 
 # nodes simulated on this machine (MPICOLL_RANKS_PER_NODE): even (2 + 2) and uneven
 # (3 + 2) nodes, so the hierarchical algorithms and the groups run with several nodes;
@@ -67,7 +81,7 @@ for n in $RANKS; do
     if [ "$n" -gt 5 ]; then
         echo "== pytest under mpiexec -n $n (the conformance files: $WIDE_FILES)"
         # shellcheck disable=SC2086
-        timeout -k 10 "$TIMEOUT" $MPIEXEC -n "$n" $PY -m mpi4py -m pytest --with-mpi -m mpi \
+        bounded $MPIEXEC -n "$n" $PY -m mpi4py -m pytest --with-mpi -m mpi \
             -q -rfEs -p no:cacheprovider $WIDE_FILES
         continue
     fi
@@ -77,7 +91,7 @@ for n in $RANKS; do
         fi
     done
     echo "== pytest under mpiexec -n $n${left:+ (NODE_FILES: with simulated nodes, below)}"
-    timeout -k 10 "$TIMEOUT" $MPIEXEC -n "$n" $PY -m mpi4py -m pytest --with-mpi -m mpi \
+    bounded $MPIEXEC -n "$n" $PY -m mpi4py -m pytest --with-mpi -m mpi \
         -q -rfEs -p no:cacheprovider ${left[@]+"${left[@]}"} tests
 done
 for layout in $LAYOUTS; do
@@ -85,7 +99,7 @@ for layout in $LAYOUTS; do
     case " $RANKS " in *" $n "*) ;; *) continue ;; esac  # (only rank counts asked for)
     echo "== pytest under mpiexec -n $n with MPICOLL_RANKS_PER_NODE=$k"
     # shellcheck disable=SC2086
-    MPICOLL_RANKS_PER_NODE=$k timeout -k 10 "$TIMEOUT" $MPIEXEC -n "$n" $PY -m mpi4py \
+    MPICOLL_RANKS_PER_NODE=$k bounded $MPIEXEC -n "$n" $PY -m mpi4py \
         -m pytest --with-mpi -m mpi -q -rfEs -p no:cacheprovider $NODE_FILES
 done
 echo "== all test runs passed"

@@ -10,6 +10,7 @@ import csv
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from types import SimpleNamespace
@@ -114,10 +115,16 @@ def test_float_means_float32_in_the_output(world, shared_dir):
      "-f 1.01: 1059 sizes from -b 100 to -e 2095915; at most 1000"),
     (["-b", "1", "-e", "1G", "-f", "1.0001"], "sizes from -b 1 to -e 1G; at most 1000"),
     (["--plot", "/tmp/mpicoll-bench-figure.xyz"], "matplotlib writes no .xyz file"),
+    # flags overhead and tune would take and not use
+    (["overhead", "--compress", "bf16"], "--compress: not with overhead"),
+    (["overhead", "--inplace", "--plan"], "--inplace, --plan: not with overhead"),
+    (["overhead", "-e", "1K"], "-e: not with overhead"),
+    (["overhead", "--timing", "back-to-back"], "--timing: not with overhead"),
+    (["tune", "-c", "0"], "-c 0: not with tune"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(world, capsys, flags, message):
     with pytest.raises(SystemExit) as stop:
-        main(["all_reduce", *flags])
+        main(flags if flags[0] in ("overhead", "tune") else ["all_reduce", *flags])
     assert stop.value.code == 2
     err = capsys.readouterr().err
     if world.rank == 0:
@@ -283,8 +290,18 @@ def test_compressed_rows_beside_the_plain_ones_with_their_error(world, shared_di
     assert {"ring", "ring+bf16", "auto+bf16", "mpi_library"} <= names
     assert "native+bf16" not in names  # the library does not compress
     assert all(r["wrong"] == 0 for r in rows)
-    if world.rank == 0:
-        assert "ring+bf16: largest error" in capsys.readouterr().out
+    if world.rank == 0:  # measured on values with a fraction: bf16 rounds them (whole
+        # numbers as the plain rows' would travel exactly, an error of 0 said nothing)
+        found = re.search(r"ring\+bf16: largest error (\S+) of the largest result \(the wire's "
+                          r"rounding allows (\S+)\)", capsys.readouterr().out)
+        assert found and 0 < float(found[1]) <= float(found[2]), found
+    world.barrier()
+    assert main(["all_reduce", *SMALL, "--compress", "bf16", "--algo", "ring", "--inplace",
+                 "--json", out_json]) == 0
+    world.barrier()
+    rows = json.load(open(out_json))["rows"]  # (the compressed rows run out of place)
+    assert {(r["algorithm"], r["inplace"]) for r in rows} >= {("ring", True),
+                                                              ("ring+bf16", False)}
 
 
 def test_gloo_comparison_runs_where_torch_is(world, capsys):

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -156,6 +157,8 @@ def _free_ports(count: int) -> int:
 
 
 def _why_not() -> str | None:
+    if os.environ.get("MPICOLL_SLURM") == "0":
+        return "MPICOLL_SLURM=0 leaves SLURM out"
     if sys.platform != "linux":
         return "SLURM's daemons run on Linux"
     if os.geteuid() != 0:
@@ -176,20 +179,34 @@ def cluster(tmp_path_factory):
         pytest.skip(why)
     state = tmp_path_factory.mktemp("slurm")
     env = _plain_env(MPICOLL_SLURM_DIR=str(state), MPICOLL_SLURM_PORT=str(_free_ports(3)))
-    started = subprocess.run(["bash", str(CLUSTER), "start"], env=env, capture_output=True,
-                             text=True, timeout=120)
-    if started.returncode != 0:
-        message = f"the SLURM cluster did not start:\n{started.stderr[-3000:]}"
-        if required:
-            pytest.fail(message)
-        pytest.skip(message)
-    env["SLURM_CONF"] = started.stdout.strip().splitlines()[-1]
+    # the daemons leave pytest's process group: a run ended by its bound (timeout's
+    # SIGTERM) stops them too, as a KeyboardInterrupt (pytest ends the session and runs
+    # the fixtures' teardowns)
+    terminated = signal.signal(signal.SIGTERM, _terminated)
     try:
+        try:
+            started = subprocess.run(["bash", str(CLUSTER), "start"], env=env,
+                                     capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired as exc:
+            started = subprocess.CompletedProcess(exc.cmd, 124, "", f"{exc}")
+        if started.returncode != 0:  # (what it started before failing is stopped below)
+            message = f"the SLURM cluster did not start:\n{started.stderr[-3000:]}"
+            if required:
+                pytest.fail(message)
+            pytest.skip(message)
+        env["SLURM_CONF"] = started.stdout.strip().splitlines()[-1]
         yield env
     finally:
-        subprocess.run(["bash", str(CLUSTER), "stop"], env=env, timeout=60)
+        try:
+            subprocess.run(["bash", str(CLUSTER), "stop"], env=env, timeout=60)
+        finally:
+            signal.signal(signal.SIGTERM, terminated)
         pids = list(state.glob("*.pid"))
         assert not pids, f"left running: {pids}"
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}: stopping the SLURM cluster")
 
 
 def _submit(cluster, tmp_path, script: str, *args: str, sbatch: tuple[str, ...] = (),

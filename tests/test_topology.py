@@ -282,6 +282,20 @@ def test_cli_prints_the_table(monkeypatch, capsys):
         assert any(row[column].endswith("*") for row in rows[1:])
 
 
+def test_alpha_and_reduce_bandwidth_shape_the_plain_table_too(monkeypatch, capsys, tmp_path):
+    """--alpha and --reduce-bandwidth without --topology: the plain table's parameters
+    (as with it), checked alike; never taken and ignored."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    tables = {}
+    for flags in ((), ("--alpha", "100"), ("--reduce-bandwidth", "0.001")):
+        code, out = _cli(monkeypatch, capsys, "table", "-p", "8", *flags)
+        assert code == 0, out.err
+        tables[flags] = out.out
+    assert len(set(tables.values())) == 3, "a flag changed nothing"
+    code, out = _cli(monkeypatch, capsys, "table", "--alpha", "-5")
+    assert code == 2 and "--alpha: must be a number >= 0" in out.err
+
+
 def test_cli_refuses_bad_topologies(monkeypatch, capsys):
     code, out = _cli(monkeypatch, capsys, "table", "--topology", "torus:4y4")
     assert code == 2 and "--topology" in out.err

@@ -149,6 +149,8 @@ def test_viz_cli_png_and_refusals(tmp_path):
     assert out.read_bytes().startswith(PNG) and out.stat().st_size > 5000
     with pytest.raises(SystemExit):
         viz.main(["all_reduce", "--algorithm", "no_such", "-n", "3", "--ascii"])
+    with pytest.raises(SystemExit):  # (each rank a thread: 500 would run for minutes)
+        viz.main(["all_reduce", "--algorithm", "ring", "-n", str(viz.MAX_RANKS + 1), "--ascii"])
 
 
 def test_chrome_trace_has_what_perfetto_needs(tmp_path):

@@ -92,6 +92,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# no fitted parameters at {path} (python -m mpicoll.model fit writes them): "
               "the defaults")
         params = Params()
+    for name in ("link_bandwidth", "hop_latency", "alpha", "reduce_bandwidth"):
+        value = getattr(args, name)
+        if value is not None and not 0 <= value < math.inf:  # (nan fails it too)
+            parser.error(f"--{name.replace('_', '-')}: must be a number >= 0, got {value:g}")
+    # --alpha and --reduce-bandwidth change the parameters of either table
+    from dataclasses import replace
+
+    if args.alpha is not None:
+        params = replace(params, alpha=args.alpha * 1e-6, source=f"{params.source}, --alpha")
+    if args.reduce_bandwidth is not None:
+        params = replace(params, gamma=1 / (args.reduce_bandwidth * 1e9) if args.reduce_bandwidth
+                         else 0.0, source=f"{params.source}, --reduce-bandwidth")
     if args.topology is None:
         alone = [flag for flag, value in (("--collective", args.collective),
                                           ("--link-bandwidth", args.link_bandwidth),
@@ -112,9 +124,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _topology_table(parser: argparse.ArgumentParser, args: argparse.Namespace,
                     params: Params) -> int:
-    """``table --topology``: the topology model's table."""
-    from dataclasses import replace
-
+    """``table --topology``: the topology model's table (``params`` with --alpha and
+    --reduce-bandwidth applied)."""
     from ..algorithms import REGISTRY
     from . import topology
 
@@ -126,17 +137,8 @@ def _topology_table(parser: argparse.ArgumentParser, args: argparse.Namespace,
         parser.error(f"--collective: unknown collective {args.collective!r}")
     if args.ranks is not None and args.ranks > network.nodes:
         parser.error(f"-p: {args.ranks} ranks do not fit {network.spec} ({network.nodes} nodes)")
-    for name in ("link_bandwidth", "hop_latency", "alpha", "reduce_bandwidth"):
-        value = getattr(args, name)
-        if value is not None and not 0 <= value < math.inf:  # (nan fails it too)
-            parser.error(f"--{name.replace('_', '-')}: must be a number >= 0, got {value:g}")
     if args.link_bandwidth == 0:
         parser.error("--link-bandwidth: must be > 0")
-    if args.alpha is not None:
-        params = replace(params, alpha=args.alpha * 1e-6, source=f"{params.source}, --alpha")
-    if args.reduce_bandwidth is not None:
-        params = replace(params, gamma=1 / (args.reduce_bandwidth * 1e9) if args.reduce_bandwidth
-                         else 0.0, source=f"{params.source}, --reduce-bandwidth")
     print(topology.table(network, params, [args.ranks] if args.ranks else None,
                          collective=args.collective,
                          link_bandwidth=args.link_bandwidth * 1e9 if args.link_bandwidth else None,

@@ -7,7 +7,9 @@ caller's buffer. The algorithms run over it unchanged, so every one of them comp
 and every reduction still happens in the input's precision (as torch's bf16/fp16
 compression hooks and Horovod's fp16 compression do): only what travels is rounded, once
 per hop. Half the bytes move; the price is the wire format's rounding (a relative error
-of about 2^-8 per hop for bfloat16, 2^-11 for float16).
+of about 2^-8 per hop for bfloat16, 2^-11 for float16; float16's range is narrow at
+both ends: past ±65504 a value travels as inf, below 6.1e-5 as a subnormal with fewer
+bits, below 3e-8 as zero).
 
 Every rank ends with the same bits: a sender keeps what it sent (the buffer it sends is
 rounded in place to the wire's values too, so two ranks that combine the same operands
