@@ -17,8 +17,11 @@ needs_mpiexec = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec next to P
 
 def mpiexec(n: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_"))}
-    return subprocess.run([MPIEXEC, "-n", str(n), sys.executable, *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    # (timeout's TERM reaches mpiexec, which ends its ranks; subprocess's own bound, a
+    # SIGKILL to mpiexec alone, would leave them running)
+    return subprocess.run(["timeout", "-k", "5", str(timeout), MPIEXEC, "-n", str(n),
+                           sys.executable, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout + 30)
 
 
 @needs_mpiexec

@@ -50,9 +50,10 @@ def mpiexec(n: int, *args: str, env: dict[str, str] | None = None, timeout: floa
             ) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items()
              if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "OMPI_", "PRTE_"))}
-    return subprocess.run([*(launcher or (MPIEXEC,)), "-n", str(n), python, *args], cwd=ROOT,
+    return subprocess.run(["timeout", "-k", "5", str(timeout), *(launcher or (MPIEXEC,)), "-n",
+                           str(n), python, *args], cwd=ROOT,  # (its TERM ends the ranks too)
                           env={**clean, **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout + 30)
 
 
 def exported_algorithms(collective: str) -> list[str]:
