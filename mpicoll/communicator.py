@@ -17,7 +17,7 @@ import numpy as np
 
 from .algorithms import COLLECTIVES
 from .backends import BACKENDS, Backend, make_backend, watched_making
-from .errors import CollectiveTimeoutError, InvalidArgumentError
+from .errors import InvalidArgumentError
 from .groups import Groups
 from .observe.recorder import Watch
 from .observe.tracing import TraceFile, attach, write_merged
@@ -104,15 +104,11 @@ class Communicator(CallState, PointToPoint, Groups):
                 self._chooser = Chooser(self._backend, self.size, agree.tables(self))
             finally:
                 self._watch.leave()
-        except CollectiveTimeoutError as exc:  # (the local backend's receive: a rank
-            # that never made it), named as the watchdog names it over MPI
-            exc.args = (f"mpicoll: timeout: rank {self.rank}: making a Communicator "
-                        f"({Call(depth=2).site}): waiting for every one of the {self.size} "
-                        f"ranks to make it ({exc.args[0] if exc.args else exc})",)
-            self._unmade()
-            raise
         except BaseException:  # free what was made: MPI's duplicate, NCCL's, the watch
-            self._unmade()
+            if self._watch is not None:
+                watchdog().unregister(self._watch)
+            with contextlib.suppress(Exception):  # the constructor's own error matters more
+                self._backend.free()
             raise
         self._chooser.watch = self._watch  # it records the algorithm and bytes of each call
         self._backend.force_cuda_aware(mine.cuda_aware)  # not at the first device message
@@ -125,13 +121,6 @@ class Communicator(CallState, PointToPoint, Groups):
         self._packet_header = self._packet[:agree.HEADER_BYTES].view(np.int64)
         if not (self.check or self._tracer is not None):
             self._decisions = {}  # what a default call decided, for the next like it
-
-    def _unmade(self) -> None:
-        """Free what a constructor that raised made: MPI's duplicate, NCCL's, the watch."""
-        if self._watch is not None:
-            watchdog().unregister(self._watch)
-        with contextlib.suppress(Exception):  # the constructor's own error matters more
-            self._backend.free()
 
     @property
     def backend(self) -> str:

@@ -449,7 +449,7 @@ def test_a_local_timeout_making_a_communicator_says_so():
         lambda comm: None if comm.rank == 1 else comm.all_reduce(np.ones(2), async_op=True).wait(),
     ]), timeout=0.5)
     assert said[0][0].startswith("CollectiveTimeoutError: mpicoll: timeout: rank 0: making a "
-                                 "Communicator ("), said[0][0]
+                                 "Communicator: "), said[0][0]
     assert "waiting for every one of the 2 ranks to make it" in said[0][0]
 
 

@@ -204,8 +204,9 @@ class Watch:
         backend's; over MPI the watchdog reports and ends the job): its words put after
         the watchdog's description of the call (its number, collective, algorithm, step
         and what it waits for, or why), once."""
-        if not self.started or getattr(exc, "_call_said", False) or not exc.args:
-            return
+        if not self.started or getattr(exc, "_call_said", False) or not exc.args or \
+                not str(exc.args[0]).startswith("mpicoll: timeout: rank"):  # (a transport's
+            return  # words; a monitored barrier's or a wait's name their call already)
         try:
             described = self.describe_current(now())
         except Exception:  # noqa: BLE001 - the receive's own words stay

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
-from ..errors import CollectiveError, ConfigError, MpicollError
+from ..errors import CollectiveError, CollectiveTimeoutError, ConfigError, MpicollError
 from ..pipeline.describe import Call
 from .recorder import Watch
 
@@ -203,6 +203,15 @@ def making(rank: int, size: int, backend: str, timeout: float, site: Any) -> Ite
             f"making a Communicator failed on rank {rank}: {type(exc).__name__}: "
             f"{' '.join(str(exc).split())[:300]} (where MPI ran out of communicators: "
             "free() the Communicators no longer used, dup()s and splits too)") from exc
+
+
+def made_late(exc: BaseException, rank: int, size: int) -> None:
+    """A constructor raised ``exc``: a receive that timed out (the local backend's: a rank
+    never came) is named as ``making`` names it over MPI."""
+    if isinstance(exc, CollectiveTimeoutError) and exc.args and \
+            str(exc.args[0]).startswith("mpicoll: timeout: rank"):
+        exc.args = (f"mpicoll: timeout: rank {rank}: making a Communicator: waiting for every "
+                    f"one of the {size} ranks to make it ({exc.args[0]})", *exc.args[1:])
 
 
 def abort_nccl() -> None:

@@ -46,7 +46,7 @@ from ..errors import (
 )
 from ..observe.recorder import DEFAULT_RECORDER, recorder_length, world_ranks
 from ..observe.tracing import trace_path, unwritable
-from ..observe.watchdog import DEFAULT_TIMEOUT, dump_dir, timeout_setting
+from ..observe.watchdog import DEFAULT_TIMEOUT, dump_dir, made_late, timeout_setting
 from ..ops import Op, op_name
 from ..spec import COLLECTIVES
 from .describe import Call
@@ -632,7 +632,11 @@ def settings(c: CallState, mine: Settings) -> None:
     if first is not None:
         row[n + 8:] = _text(" ".join(str(first).split()), _TEXT_BYTES)
     t.begin()
-    all_gather(c, table, _SETTINGS_ROW)
+    try:
+        all_gather(c, table, _SETTINGS_ROW)
+    except CollectiveTimeoutError as exc:  # (the local backend's: a rank never came)
+        made_late(exc, c.rank, c.size)
+        raise
     rows = table.reshape(t.size, _SETTINGS_ROW)
     refused = rows[:, :n]
     if refused.any():
