@@ -112,6 +112,32 @@ def test_what_differs_beyond_a_name_or_a_size_is_a_mismatch(case):
                    for o, n in outcomes), outcomes
 
 
+def test_check_mode_turned_on_later_checks_the_calls_decided_before():
+    """Default calls made before ``comm.check = True`` keep their decisions (which skip
+    check mode's exchange): once it is on, a repeated call compares as every call does,
+    a differing op raising MismatchError on every rank, never a hit on one rank against
+    the fingerprint on another; off again, the calls are decided again."""
+    def body(comm):
+        x = np.ones(3)
+        comm.all_reduce(x)
+        comm.all_reduce(x)  # (decided, kept)
+        comm.check = True
+        try:
+            comm.all_reduce(x) if comm.rank == 0 else comm.all_reduce(x, "max")
+        except mpicoll.MismatchError as exc:
+            outcome = str(exc)
+        else:
+            outcome = None
+        comm.check = False
+        assert comm.all_reduce(x).tolist() == [2.0] * 3
+        assert comm.all_reduce(x).tolist() == [2.0] * 3
+        return outcome, bool(comm._decisions)
+
+    outcomes = run_local(2, body, timeout=10)
+    assert all(o is not None and "rank 1 differs in op" in o and kept for o, kept in outcomes), \
+        outcomes
+
+
 def test_reduce_scatter_counts_never_pass_for_a_plain_calls_shape():
     """reduce_scatter's v-form against the plain form whose x's shape reads as its
     counts (counts [2, 3] and an x of shape (2, 3)): the two cut x differently, so check

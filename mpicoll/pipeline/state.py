@@ -94,7 +94,6 @@ class CallState:
     _packet: np.ndarray
     _packet_header: np.ndarray
     _node_of: list[int]
-    check: bool
     timeout: float
     _rank0_timeout: float
     _exit_key: tuple[int, ...]
@@ -110,6 +109,21 @@ class CallState:
         self._refused_alone = 0
         self._freed = False
         self._entry = Turn()
+
+    @property
+    def check(self) -> bool:
+        return self._check
+
+    @check.setter
+    def check(self, value: bool) -> None:
+        """Check mode set on a live Communicator (on every rank alike) takes effect at the
+        next call: the kept decisions of default calls, which skip its exchange, are
+        dropped while it is on (a call that hit one on a rank would send other messages
+        than the fingerprint its peers send), and are made again once it is off."""
+        self._check = bool(value)
+        if self._watch is not None and not self._freed:  # (made: __init__ sets the table)
+            self._decisions = None if self._check or self._tracer is not None else \
+                (self._decisions if self._decisions is not None else {})
 
     @property
     def rank(self) -> int:
