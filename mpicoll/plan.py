@@ -185,9 +185,13 @@ class Plan:
         # message, on every rank alike)
         if not comm._entry.acquire(False):
             raise ConcurrentCallError(busy(comm, f"{self.collective} plan.{what}"))
+        # (and what it was made with: a plan made before check mode was turned on was not
+        # compared when it was made)
+        (name, _), op, root = _agreed_at_init(
+            _arguments(self.collective, self._args, self._kwargs), comm.size)
         try:
             announce(comm, f"{self.collective} plan", self._site, None,
-                     algorithm=f"the plan made by call #{self._made}")
+                     algorithm=f"{name}: the plan made by call #{self._made}", op=op, root=root)
         finally:
             comm._entry.release()
 
@@ -316,7 +320,8 @@ class Plan:
         if lean is not None:
             comm = self.comm
             if self._work is None and self._in_flight is None and not comm._refused_alone \
-                    and not comm._freed:
+                    and comm._decisions is not None:  # (None: freed, or check mode turned
+                # on since: each start is then agreed first)
                 # what the first start decided (or the persistent request the second
                 # made), on the bound buffers: entry.prepare's steps, its values fixed
                 self.starts += 1

@@ -11,11 +11,16 @@ if command -v flock >/dev/null; then
     flock 9
 fi
 
-# a .venv without a working pip (made by hand where ensurepip was missing, or cut short)
-# is made again
+# a .venv without a working pip (made by hand where ensurepip was missing, or cut short):
+# its pip put back where it can be; made again only where it serves nothing (no python,
+# or neither pip nor mpicoll and mpi4py)
 if [ -e .venv ] && ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
-    echo "setup: .venv has no working pip; making it again" >&2
-    rm -rf .venv
+    .venv/bin/python -m ensurepip --upgrade >/dev/null 2>&1 || true
+    if ! .venv/bin/python -m pip --version >/dev/null 2>&1 && \
+            ! .venv/bin/python -c "import mpicoll, mpi4py" >/dev/null 2>&1; then
+        echo "setup: .venv has neither a working pip nor mpicoll; making it again" >&2
+        rm -rf .venv
+    fi
 fi
 if [ ! -x .venv/bin/python ]; then
     if ! "$PYTHON" -m venv .venv >/dev/null 2>&1; then

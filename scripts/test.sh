@@ -33,10 +33,12 @@ MPIEXEC=.venv/bin/mpiexec
 # script) stops that group too, pytest and every rank, and then the script
 bounded() {
     timeout -k 10 "$TIMEOUT" "$@" &
-    local pid=$!
-    trap 'kill -TERM -- -'"$pid"' 2>/dev/null; exit 130' INT TERM
-    wait "$pid"
+    local pid=$! status=0
+    trap 'kill -TERM -- -'"$pid"' 2>/dev/null; exit 130' INT
+    trap 'kill -TERM -- -'"$pid"' 2>/dev/null; exit 143' TERM
+    wait "$pid" || status=$?
     trap - INT TERM
+    return "$status"  # (the run's own status, in any context: set -e stops on it here)
 }
 RANKS=${MPICOLL_TEST_RANKS:-"2 3 4 5 8"}
 TIMEOUT=${MPICOLL_TEST_TIMEOUT:-600}
@@ -55,7 +57,6 @@ if [ "$(id -u)" = 0 ] && [ "${MPICOLL_SLURM:-1}" != 0 ]; then
         || { echo "== SLURM could not be installed (as root): failing" >&2; exit 1; }
     export MPICOLL_REQUIRE_SLURM=${MPICOLL_REQUIRE_SLURM:-1}
 else
-    [ "$(id -u)" = 0 ] && export MPICOLL_SLURM=0  # (tests/test_slurm.py reads it: skip)
     echo "== SLURM left out (not root, or MPICOLL_SLURM=0): tests/test_slurm.py will skip" >&2
 fi
 

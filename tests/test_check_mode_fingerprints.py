@@ -138,6 +138,30 @@ def test_check_mode_turned_on_later_checks_the_calls_decided_before():
         outcomes
 
 
+def test_check_mode_turned_on_later_checks_a_plans_starts():
+    """A plan made outside check mode, its starts settled (the lean path), with an op
+    that differs on rank 1: once check mode is on, its next start is agreed first and
+    raises MismatchError on every rank, naming the op; a plan alike on every rank runs."""
+    def body(comm):
+        x = np.ones(3)
+        plan = comm.all_reduce_init(x, "sum" if comm.rank == 0 else "max")
+        for _ in range(3):
+            plan()
+        comm.check = True
+        try:
+            plan()
+        except mpicoll.MismatchError as exc:
+            outcome = str(exc)
+        else:
+            outcome = None
+        alike = comm.all_reduce_init(x)
+        return outcome, [alike().tolist() for _ in range(3)]
+
+    outcomes = run_local(2, body, timeout=10)
+    assert all(o is not None and "rank 1 differs in op" in o for o, _ in outcomes), outcomes
+    assert all(r == [[2.0] * 3] * 3 for _, r in outcomes)
+
+
 def test_reduce_scatter_counts_never_pass_for_a_plain_calls_shape():
     """reduce_scatter's v-form against the plain form whose x's shape reads as its
     counts (counts [2, 3] and an x of shape (2, 3)): the two cut x differently, so check

@@ -20,7 +20,7 @@ def mpiexec(n: int, *args: str, timeout: float = 120) -> subprocess.CompletedPro
     # (timeout's TERM reaches mpiexec, which ends its ranks; subprocess's own bound, a
     # SIGKILL to mpiexec alone, would leave them running)
     return subprocess.run(["timeout", "-k", "5", str(timeout), MPIEXEC, "-n", str(n),
-                           sys.executable, *args], cwd=ROOT, env=env,
+                           sys.executable, *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout + 30)
 
 

@@ -418,7 +418,7 @@ def test_a_local_timeout_names_the_call_as_the_watchdog_does():
     said = run_local(3, _each_rank([
         lambda comm: comm.barrier(),
         lambda comm: None if comm.rank == 1 else comm.all_reduce(np.ones(2), algorithm="ring"),
-    ]), timeout=0.5)
+    ]), timeout=2)
     assert said[1] == [None, None]
     late = said[2][1]  # rank 2 receives from rank 1 first in the ring
     assert late.startswith("CollectiveTimeoutError: mpicoll: timeout: rank 2: call #2 "
@@ -434,7 +434,7 @@ def test_a_local_timeout_in_a_resync_says_why():
     said = run_local(3, _each_rank([
         lambda comm: comm.reduce(np.ones(3), root=5 if comm.rank == 2 else 0),
         lambda comm: comm.all_reduce(np.ones(2)).tolist(),
-    ]), timeout=0.5)
+    ]), timeout=2)
     assert said[2][0] == "InvalidArgumentError: root: 5 is out of range for 3 ranks"
     assert said[2][1].startswith("CollectiveTimeoutError: mpicoll: timeout: rank 2: call #2 "
                                  "all_reduce ("), said[2][1]
@@ -447,7 +447,7 @@ def test_a_local_timeout_making_a_communicator_says_so():
     never comes makes the others' constructor time out, named as such."""
     said = run_local(2, _each_rank([
         lambda comm: None if comm.rank == 1 else comm.all_reduce(np.ones(2), async_op=True).wait(),
-    ]), timeout=0.5)
+    ]), timeout=2)
     assert said[0][0].startswith("CollectiveTimeoutError: mpicoll: timeout: rank 0: making a "
                                  "Communicator: "), said[0][0]
     assert "waiting for every one of the 2 ranks to make it" in said[0][0]

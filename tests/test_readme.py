@@ -79,7 +79,8 @@ def test_python_snippets_run(tmp_path, n):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_"))}
     done = subprocess.run(["timeout", "-k", "5", "180", MPIEXEC, "-n", str(n), sys.executable,
                            "-m", "mpi4py", str(script)],  # (timeout's TERM ends the ranks too)
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=210)
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=210,
+                          stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "README snippets ran" in done.stdout
 
@@ -125,7 +126,7 @@ def test_command_lines_run(tmp_path):
             continue
         words = shlex.split(command)
         done = subprocess.run("timeout -k 5 180 env " + " ".join(shlex.quote(w) for w in words),
-                              shell=True, cwd=tmp_path, env=env, capture_output=True,
+                              shell=True, cwd=tmp_path, env=env, capture_output=True, stdin=subprocess.DEVNULL,
                               text=True, timeout=210)  # (timeout's TERM ends the ranks too)
         assert done.returncode == 0, f"{command}\n{done.stderr[-2000:]}"
         ran += 1

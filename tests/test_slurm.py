@@ -196,11 +196,9 @@ def cluster(tmp_path_factory):
             pytest.skip(message)
         env["SLURM_CONF"] = started.stdout.strip().splitlines()[-1]
         yield env
-    finally:
-        try:
-            subprocess.run(["bash", str(CLUSTER), "stop"], env=env, timeout=60)
-        finally:
-            signal.signal(signal.SIGTERM, terminated)
+    finally:  # (the handler back first: a second TERM must not cut stop short)
+        signal.signal(signal.SIGTERM, terminated)
+        subprocess.run(["bash", str(CLUSTER), "stop"], env=env, timeout=60)
         pids = list(state.glob("*.pid"))
         assert not pids, f"left running: {pids}"
 

@@ -53,7 +53,7 @@ def mpiexec(n: int, *args: str, env: dict[str, str] | None = None, timeout: floa
     return subprocess.run(["timeout", "-k", "5", str(timeout), *(launcher or (MPIEXEC,)), "-n",
                            str(n), python, *args], cwd=ROOT,  # (its TERM ends the ranks too)
                           env={**clean, **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout + 30)
+                          timeout=timeout + 30, stdin=subprocess.DEVNULL)
 
 
 def exported_algorithms(collective: str) -> list[str]:

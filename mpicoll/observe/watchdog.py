@@ -212,6 +212,7 @@ def made_late(exc: BaseException, rank: int, size: int) -> None:
             str(exc.args[0]).startswith("mpicoll: timeout: rank"):
         exc.args = (f"mpicoll: timeout: rank {rank}: making a Communicator: waiting for every "
                     f"one of the {size} ranks to make it ({exc.args[0]})", *exc.args[1:])
+        exc._call_said = True  # type: ignore[attr-defined]
 
 
 def abort_nccl() -> None:

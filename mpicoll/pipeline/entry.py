@@ -662,6 +662,8 @@ def announce(c: CallState, label: str, site: Any, refusal: Exception | None,
             verdict.refuse("params", refusal)
         agree.fingerprint(c, call, verdict, algorithm, op, root, None, None)
     except MpicollError as exc:
+        if isinstance(exc, CollectiveTimeoutError):  # (the local backend's receive)
+            watch.timed_out(exc, c.rank)
         watch.failed(exc, refused=True)
         raise
     except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call

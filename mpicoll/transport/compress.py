@@ -8,7 +8,7 @@ and every reduction still happens in the input's precision (as torch's bf16/fp16
 compression hooks and Horovod's fp16 compression do): only what travels is rounded, once
 per hop. Half the bytes move; the price is the wire format's rounding (a relative error
 of about 2^-8 per hop for bfloat16, 2^-11 for float16; float16's range is narrow at
-both ends: past ±65504 a value travels as inf, below 6.1e-5 as a subnormal with fewer
+both ends: from 65520 on a value travels as inf, below 6.1e-5 as a subnormal with fewer
 bits, below 3e-8 as zero).
 
 Every rank ends with the same bits: a sender keeps what it sent (the buffer it sends is
