@@ -6,8 +6,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -17,6 +16,7 @@ from ..buffers.arrays import as_array, is_cupy, module_of
 from ..errors import InvalidArgumentError, MismatchError, MpicollError
 from ..groups import agreed_rows
 from ..pipeline.agree import op_text
+from ..pipeline.validate import unordered
 from .groups import _STATE, GroupMember, ProcessGroup, ReduceOp, _group, _op, get_rank
 from .work import _Finished, _future_for
 
@@ -544,7 +544,7 @@ def _splits(sizes: Sequence[int] | None, rows: int, p: int, name: str) -> tuple[
         if rows % p:
             return [], f"{name}: {rows} rows do not split evenly over {p} ranks (give split sizes)"
         return [rows // p] * p, None
-    if isinstance(sizes, (Mapping, AbstractSet)):  # (no rank order)
+    if unordered(sizes):
         return [], f"{name}_split_sizes: expected {p} ints in rank order, got {sizes!r}"
     try:
         values = list(sizes)

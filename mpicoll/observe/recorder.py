@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import CollectiveTimeoutError, ConfigError
 from ..pipeline.describe import Call
 
 DEFAULT_RECORDER = 64  # calls kept per Communicator
@@ -65,6 +65,15 @@ def _shape(shape: Any) -> list[int] | str | None:
         return [int(d) for d in shape]
     except (TypeError, ValueError):
         return str(shape)
+
+
+def unsaid_receive_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` is a transport's receive that timed out (the local backend's, in
+    its own words), not yet said with its call: a monitored barrier's or a wait's
+    timeout names its call already."""
+    return isinstance(exc, CollectiveTimeoutError) and bool(exc.args) and \
+        not getattr(exc, "_call_said", False) and \
+        str(exc.args[0]).startswith("mpicoll: timeout: rank")
 
 
 class Record:
@@ -203,10 +212,9 @@ class Watch:
         """A receive of the current call that timed out in the waiting thread (the local
         backend's; over MPI the watchdog reports and ends the job): its words put after
         the watchdog's description of the call (its number, collective, algorithm, step
-        and what it waits for, or why), once."""
-        if not self.started or getattr(exc, "_call_said", False) or not exc.args or \
-                not str(exc.args[0]).startswith("mpicoll: timeout: rank"):  # (a transport's
-            return  # words; a monitored barrier's or a wait's name their call already)
+        and what it waits for, or why), once; any other exception as it is."""
+        if not self.started or not unsaid_receive_timeout(exc):
+            return
         try:
             described = self.describe_current(now())
         except Exception:  # noqa: BLE001 - the receive's own words stay

@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
-from ..errors import CollectiveError, CollectiveTimeoutError, ConfigError, MpicollError
+from ..errors import CollectiveError, ConfigError, MpicollError
 from ..pipeline.describe import Call
-from .recorder import Watch
+from .recorder import Watch, unsaid_receive_timeout
 
 DEFAULT_TIMEOUT = 1800.0  # seconds: torch's default for NCCL
 EXIT_TIMEOUT = 75  # MPI_Abort's code when a call exceeded the timeout
@@ -208,8 +208,7 @@ def making(rank: int, size: int, backend: str, timeout: float, site: Any) -> Ite
 def made_late(exc: BaseException, rank: int, size: int) -> None:
     """A constructor raised ``exc``: a receive that timed out (the local backend's: a rank
     never came) is named as ``making`` names it over MPI."""
-    if isinstance(exc, CollectiveTimeoutError) and exc.args and \
-            str(exc.args[0]).startswith("mpicoll: timeout: rank"):
+    if unsaid_receive_timeout(exc):
         exc.args = (f"mpicoll: timeout: rank {rank}: making a Communicator: waiting for every "
                     f"one of the {size} ranks to make it ({exc.args[0]})", *exc.args[1:])
         exc._call_said = True  # type: ignore[attr-defined]

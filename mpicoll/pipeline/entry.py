@@ -20,7 +20,6 @@ from numpy import empty, ndarray
 from ..buffers.arrays import is_cupy, kept_view, to_torch
 from ..errors import (
     CollectiveError,
-    CollectiveTimeoutError,
     ConcurrentCallError,
     InvalidArgumentError,
     MpicollError,
@@ -329,8 +328,7 @@ def ended(c: CallState, name: str, exc: Exception) -> MpicollError:
     wait in this call, and this rank's next call resyncs), anything else as a
     CollectiveError naming the call and caused by it."""
     watch = c._watch
-    if isinstance(exc, CollectiveTimeoutError):  # (the local backend's receive)
-        watch.timed_out(exc, c.rank)
+    watch.timed_out(exc, c.rank)  # (the local backend's receive: said with its call)
     if isinstance(exc, (OpError, CollectiveError)):
         c._refused_alone = c._seq  # failed mid-call here: the others may wait in it
         watch.failed(exc)
@@ -662,8 +660,7 @@ def announce(c: CallState, label: str, site: Any, refusal: Exception | None,
             verdict.refuse("params", refusal)
         agree.fingerprint(c, call, verdict, algorithm, op, root, None, None)
     except MpicollError as exc:
-        if isinstance(exc, CollectiveTimeoutError):  # (the local backend's receive)
-            watch.timed_out(exc, c.rank)
+        watch.timed_out(exc, c.rank)  # (the local backend's receive: said with its call)
         watch.failed(exc, refused=True)
         raise
     except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call

@@ -178,11 +178,16 @@ def out(verdict: Verdict, out: Any, shape: tuple[int, ...], dtype: np.dtype, lik
     return result
 
 
+def unordered(values: Any) -> bool:
+    """Whether ``values`` has no rank order (a dict, its keys, a set): never counts."""
+    return isinstance(values, (Mapping, AbstractSet))
+
+
 def counts(verdict: Verdict, counts: Any, size: int, name: str,
            where: str = "params") -> list[int] | None:
     """``counts`` as ``size`` non-negative ints, or None with the refusal kept (an
     unordered collection too: a dict's keys or a set have no rank order)."""
-    if isinstance(counts, (Mapping, AbstractSet)):
+    if unordered(counts):
         verdict.refuse(where, InvalidArgumentError(
             f"{name}: expected a sequence of {size} ints in rank order, got "
             f"{type(counts).__name__}, which has no order"))
