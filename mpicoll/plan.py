@@ -63,7 +63,9 @@ from .pipeline.entry import (
 )
 from .pipeline.validate import Verdict, reduction_op, stream_refusal
 from .pipeline.validate import array as validate_array
+from .pipeline.validate import counts as validate_counts
 from .pipeline.validate import root as validate_root
+from .pipeline.validate import rows as validate_rows
 from .spec import SPECS
 from .work import Site, Work, as_seconds, start_progress, submit
 
@@ -526,9 +528,9 @@ def _bound_result(comm: Communicator, collective: str, args: tuple, kwargs: dict
     counts = kwargs.get("counts")  # reduce_scatter's v-form: block [rank], flat
     if counts is None:
         if spec.input_rows and (x.ndim == 0 or x.shape[0] != size):
-            return None  # (no row per rank: the first start refuses x, on every rank)
+            return None  # (no row per rank: refused at init, _parameter_refusal)
         shape = spec.result_shape(x.shape, size)
-    else:  # counts that fit no rank are the first start's to refuse, on every rank alike
+    else:  # (counts that fit no rank: refused at init, _parameter_refusal)
         try:
             counts = [int(n) for n in counts]
         except (TypeError, ValueError):
@@ -635,11 +637,20 @@ def _parameter_refusal(comm: Communicator, collective: str, args: tuple, kwargs:
     if spec is None or spec.input_at_root_only or "x" not in arguments:
         return None  # (a root's input travels in its header: every rank learns it there)
     # x, where every rank gives it as input (a refusal the call would raise at once,
-    # alone), and the op it is reduced with
+    # alone), the op it is reduced with, and how it is cut: one row per rank, or
+    # reduce_scatter's counts (a start refusing them alone would leave the others in it)
     verdict = Verdict()
     x, _ = validate_array(verdict, arguments["x"], device_only=comm._backend.device_only)
     if spec.reduces and x is not None:
         reduction_op(verdict, arguments.get("op"), x)
+    counts = arguments.get("counts")
+    if counts is None and spec.input_rows:
+        validate_rows(verdict, x, comm.size, collective)
+    elif counts is not None and x is not None and not verdict:
+        counts = validate_counts(verdict, counts, comm.size, "counts")
+        if counts is not None and sum(counts) != x.size:
+            verdict.refuse("params", InvalidArgumentError(
+                f"counts: they add up to {sum(counts)}, but x has {x.size} elements"))
     return verdict.params or verdict.input
 
 

@@ -102,11 +102,21 @@ def test_status_probe_and_any_tag_on_thread_ranks():
     assert run_local(3, body, timeout=10) == [True] * 3
 
 
-def test_a_receive_that_never_comes_times_out_on_thread_ranks():
+@pytest.mark.parametrize("how", ["recv", "irecv"])
+def test_a_receive_that_never_comes_times_out_on_thread_ranks(how):
+    """The timeout names the step (recv, or the irecv whose wait it is), where the
+    program made it, and what it waits for, as the watchdog does over MPI."""
     def body(comm):
         if comm.rank == 0:
-            with pytest.raises(mpicoll.CollectiveTimeoutError, match="no message from rank 1"):
-                comm.recv(np.empty(1), 1, tag=5)
+            with pytest.raises(mpicoll.CollectiveTimeoutError) as raised:
+                if how == "recv":
+                    comm.recv(np.empty(1), 1, tag=5)
+                else:
+                    comm.irecv(np.empty(1), 1, tag=5).wait()
+            said = str(raised.value)
+            assert f"rank 0: {how} (" in said and "test_local_groups_p2p.py:" in said, said
+            assert "waiting to receive from rank 1 (point-to-point, tag 5)" in said, said
+            assert "no message from rank 1" in said, said
         return True
 
     with pytest.raises(mpicoll.AbortedError):  # rank 1 is told its world gave up

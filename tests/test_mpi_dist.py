@@ -262,6 +262,62 @@ def test_a_device_mesh_and_batched_point_to_point(initialized):
     assert got[0] == left
 
 
+def test_a_device_mesh_made_by_torchs_constructor_from_a_grid_of_ranks(initialized):
+    """``DeviceMesh("cpu", grid, mesh_dim_names=...)`` as torch's constructor (older
+    tensor-parallel tutorials): the grid's lines along each dimension are its groups, in
+    any order of ranks; ``dist.device_mesh`` is the module, as torch's. A grid that is no
+    grid of the job's ranks, or another grid, on one rank raises on every rank before any
+    group is made; then the next call is right."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    assert dist.device_mesh.DeviceMesh is dist.DeviceMesh
+    shape = (2, size // 2) if size % 2 == 0 else (1, size)
+    grid = np.arange(size)[::-1].reshape(shape).T  # (columns of reversed ranks: no order)
+    mesh = dist.DeviceMesh("cpu", grid.tolist(), mesh_dim_names=("tp", "dp"))
+    at = tuple(int(c) for c in np.argwhere(grid == rank)[0])
+    assert mesh.get_coordinate() == list(at) and mesh.mesh.tolist() == grid.tolist()
+    for d, name in enumerate(("tp", "dp")):
+        line = sorted(np.moveaxis(grid, d, -1)[at[1 - d]].tolist())
+        assert dist.get_process_group_ranks(mesh.get_group(name)) == line
+        t = np.full(1, float(rank))
+        dist.all_reduce(t, group=mesh.get_group(name))
+        assert t[0] == sum(line)
+    flat = dist.DeviceMesh("cpu", np.arange(size))  # (a tensor's tolist() as an array's)
+    assert flat.mesh_dim_names is None and flat.size() == size
+    assert dist.get_world_size(flat.get_group()) == size
+    bad = {0: [list(range(size))] * 2, 1: [0] * size}.get(rank % 3, list(range(size))[::-1])
+    if size == 1:
+        bad = [[0, 0]]
+    if size > 1 and rank != size - 1:
+        bad = list(range(size))
+    with pytest.raises(mpicoll.InvalidArgumentError, match=rf"refused on rank\(s\) \[{size - 1}\]"):
+        dist.DeviceMesh("cpu", bad)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="same grid"):
+        dist.DeviceMesh("cpu", np.arange(size), mesh_dim_names=("a", "b") if rank == 0 else ("a",))
+    t = np.ones(1)
+    dist.all_reduce(t)
+    assert t[0] == size
+
+
+def test_p2pops_of_the_default_group_by_none_or_by_name_go_in_one_batch(initialized):
+    """``P2POp(..., group=None)`` and ``group=dist.group.WORLD`` are one group (torch
+    resolves None to the default group); ``peer`` and ``group_peer`` are both set from
+    the one given, as torch's; a Work's ``synchronize()`` is its ``wait()``."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    got = np.zeros(1)
+    send = dist.P2POp(dist.isend, np.array([float(rank)]), right, group=dist.group.WORLD)
+    receive = dist.P2POp(dist.irecv, got, group_peer=left)
+    assert (send.peer, send.group_peer, receive.peer, receive.group_peer) == \
+        (right, right, left, left)
+    assert receive.group is dist.group.WORLD
+    for work in dist.batch_isend_irecv([send, receive]):
+        work.synchronize()
+    assert got[0] == left
+    t = np.ones(1)
+    dist.all_reduce(t, async_op=True).synchronize()
+    assert t[0] == size
+
+
 def test_a_device_mesh_as_torch_tutorials_use_it(initialized):
     """The tensor-parallel tutorials' uses: ``mesh["tp"]`` is a 1-D DeviceMesh (its
     ``get_group()``, ``get_local_rank()``, ``size()``), ``get_coordinate``,

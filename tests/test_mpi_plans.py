@@ -548,6 +548,26 @@ def test_an_all_gather_plan_is_mpis_in_place_persistent_request(world, in_place,
         assert plan._request is not None
 
 
+@pytest.mark.parametrize("form", ["call", "start"])
+@pytest.mark.parametrize("strided", [False, True])
+def test_an_all_gather_plans_x_reshaped_in_place_on_one_rank_is_still_its_memory(
+        world, strided, form):
+    """The bound x's shape set in place on one rank between starts (its memory the same):
+    each start copies that memory into x's row as MPI's own request reads it. It was
+    copied by its shape, refused on that rank alone before MPI_Start, and the others
+    waited in theirs until the timeout."""
+    p, r = world.size, world.rank
+    x = np.zeros((6, 2))[:, 0] if strided else np.zeros(6)
+    with world.all_gather_init(x) as plan:
+        for step in range(4):
+            x.reshape(-1)[...] = np.arange(6) + 10 * r + step
+            if step == 1 and r == p - 1 and not strided:
+                x.shape = (2, 3)
+            got = _started(plan, form)
+            want = np.stack([np.arange(6) + 10 * k + step for k in range(p)])
+            np.testing.assert_array_equal(got.reshape(p, 6), want, err_msg=f"start {step}")
+
+
 @pytest.mark.parametrize("algorithm", ["auto", "native"])
 @pytest.mark.parametrize("collective", ["broadcast", "scatter"])
 def test_rooted_plans_whose_receivers_pass_none_settle_on_one_result(world, collective,
@@ -902,6 +922,44 @@ def test_parameters_one_rank_gives_are_refused_at_init_and_named_elsewhere(
         got = plan()
     if collective == "broadcast":
         np.testing.assert_array_equal(got, np.ones(2))
+    np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, float(p)))
+
+
+@pytest.mark.parametrize("collective, form, words", [
+    ("reduce_scatter", "rows", "one row per rank"),
+    ("all_to_all", "rows", "one row per rank"),
+    ("reduce_scatter", "sum", "they add up to"),
+    ("reduce_scatter", "short", "one per rank"),
+    ("reduce_scatter", "negative", "non-negative ints"),
+])
+def test_an_x_cut_wrong_on_one_rank_is_refused_at_init_and_named_elsewhere(
+        world, collective, form, words):
+    """An x without one row per rank, or reduce_scatter's counts that do not cut it, on
+    one rank only: refused at init there (the first start refused it there alone, and
+    left the others waiting in it until the timeout), a RemoteError naming it on the
+    others; then a good plan and the next call are right."""
+    p, r = world.size, world.rank
+    good, counts = np.ones((p, 2)), None
+    if form != "rows":
+        good, counts = np.ones(2 * p), [2] * p
+    x, given = good, counts
+    if r == p - 1:
+        x, given = {"rows": (np.ones((p + 1, 2)), None), "sum": (np.ones(2 * p + 1), counts),
+                    "short": (good, [2] * (p - 1)),
+                    "negative": (good, [-1, 2 * p + 1] + [0] * (p - 2) if p > 1 else [-1])
+                    }[form]
+    make = getattr(world, f"{collective}_init")
+    extra = {} if given is None else {"counts": given}
+    if r == p - 1:
+        with pytest.raises(mpicoll.InvalidArgumentError, match=words):
+            make(x, **extra)
+    else:
+        with pytest.raises(mpicoll.RemoteError, match=f"refused on rank.s. {p - 1}"):
+            make(x, **extra)
+    with make(good, **({} if counts is None else {"counts": counts})) as plan:
+        got = plan()
+    want = np.full(2, float(p)) if collective == "reduce_scatter" else np.ones((p, 2))
+    np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, float(p)))
 
 

@@ -118,6 +118,9 @@ from .work import (
     _Finished,  # noqa: F401 - (tests: isinstance)
 )
 
+from . import device_mesh  # noqa: E402 - (dist.device_mesh, as torch.distributed's; it
+# imports this package's names)
+
 __all__ = [
     "Backend", "DebugLevel", "DeviceMesh", "DistBackendError", "DistError", "DistNetworkError",
     "DistStoreError", "Future", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Work",

@@ -7,6 +7,7 @@ import datetime
 import enum
 import os
 import sys
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -582,14 +583,78 @@ class DeviceMesh:
     """torch's DeviceMesh over mpicoll: the job's ranks as an n-dimensional grid, with this
     rank's group along each dimension. ``mesh``: the global ranks in the grid's shape (a
     NumPy array, where torch's is a tensor); ``mesh["tp"]`` (or ``mesh["dp", "tp"]``): the
-    sub-mesh along those dimensions through this rank, as torch's."""
+    sub-mesh along those dimensions through this rank, as torch's.
 
-    def __init__(self, device_type: str, ranks: np.ndarray, groups: dict[str, ProcessGroup],
-                 names: tuple[str, ...], coordinate: tuple[int, ...], rank: int,
-                 named: bool = True) -> None:
+    Made by ``init_device_mesh`` (row-major), or as torch's constructor makes one:
+    ``DeviceMesh("cpu", torch.arange(8).reshape(2, 4), mesh_dim_names=("dp", "tp"))``,
+    the grid of ranks given (a tensor, an array or nested lists holding every rank of the
+    job once); every rank makes it with the same grid (one split a dimension; a bad or
+    different grid on any rank raises on every rank, before any group is made). Each
+    dimension's groups hold their ranks in rank order (as torch's new_group)."""
+
+    def __init__(self, device_type: str, mesh: Any, *, mesh_dim_names: Any = None,
+                 **torch_options: Any) -> None:
+        world = _group(None)
+        size = world.comm.size
+        try:
+            ranks = np.array(mesh.tolist() if hasattr(mesh, "tolist") else mesh)
+        except Exception:  # noqa: BLE001 - ragged lists, or no sequence: refused below
+            ranks = np.array(None)
+        problem = ""
+        if ranks.ndim == 0 or ranks.dtype.kind not in "iu" or \
+                sorted(ranks.reshape(-1).tolist()) != list(range(size)):
+            problem = (f"mesh: expected a grid of the job's {size} ranks, each once, "
+                       f"got {mesh!r}")
+        names: tuple = ()
+        if not problem:
+            try:
+                names = tuple(mesh_dim_names) if mesh_dim_names is not None else \
+                    tuple(f"dim{d}" for d in range(ranks.ndim))
+            except TypeError:
+                names = (None,)
+            if len(names) != ranks.ndim or len(set(names)) != len(names) or \
+                    not all(isinstance(n, str) for n in names):
+                problem = (f"mesh_dim_names: expected {ranks.ndim} different names, got "
+                           f"{mesh_dim_names!r}")
+        if torch_options.keys() - {"backend_override", "_init_backend"}:
+            problem = problem or f"DeviceMesh: no keyword {sorted(torch_options)[0]!r}"
+        # agreed before any group is made: a problem, or another grid, on any rank raises
+        # on every rank
+        digest = 0 if problem else zlib.crc32(repr((ranks.tolist(), names)).encode()) + 1
+        given = agreed_rows(world.comm, np.array([digest], np.int64), sys._getframe(1),
+                            "DeviceMesh")[:, 0]
+        if not given.all() or (given != given[0]).any():
+            values = [int(v) for v in given if v]
+            most = max(values, key=values.count) if values else 0  # (the grid most give)
+            odd = [r for r in range(size) if given[r] != most or not most]
+            raise InvalidArgumentError(
+                f"DeviceMesh: refused on rank(s) {odd}{' (here: ' + problem + ')' if problem else ''}"
+                "; every rank gives the same grid of the job's ranks and the same names")
+        groups = {}
+        for d, name in enumerate(names):  # every line of the grid along dimension d
+            lines = np.moveaxis(ranks, d, -1).reshape(-1, ranks.shape[d]).tolist()
+            made = split_group(None, [[world.ranks.index(r) for r in line] for line in lines])
+            assert made is not None  # (every rank is on one line of each dimension)
+            groups[name] = made
+        me = world.ranks[world.comm.rank]
+        coordinate = tuple(int(c) for c in np.argwhere(ranks == me)[0])
+        self._set(device_type, ranks, groups, names, coordinate, me, mesh_dim_names is not None)
+
+    @classmethod
+    def _of(cls, device_type: str, ranks: np.ndarray, groups: dict[str, ProcessGroup],
+            names: tuple[str, ...], coordinate: tuple[int, ...], rank: int,
+            named: bool = True) -> DeviceMesh:
+        """A mesh of groups already made (init_device_mesh's, a sub-mesh's)."""
+        mesh = cls.__new__(cls)
+        mesh._set(device_type, ranks, groups, names, coordinate, rank, named)
+        return mesh
+
+    def _set(self, device_type: str, ranks: np.ndarray, groups: dict[str, ProcessGroup],
+             names: tuple[str, ...], coordinate: tuple[int, ...], rank: int,
+             named: bool) -> None:
         self.device_type, self.mesh = device_type, ranks
-        # (None where init_device_mesh was given no names, as torch's: the dimensions are
-        # then asked for by index; ``_names``, the groups' keys, are "dim0", "dim1", ...)
+        # (None where it was given no names, as torch's: the dimensions are then asked
+        # for by index; ``_names``, the groups' keys, are "dim0", "dim1", ...)
         self.mesh_dim_names = names if named else None
         self._names, self._groups, self._coordinate, self._rank = names, groups, coordinate, rank
 
@@ -660,7 +725,7 @@ class DeviceMesh:
         # the other dimensions fixed at this rank's coordinates
         index = tuple(slice(None) if d in dims else self._coordinate[d] for d in range(self.ndim))
         names = tuple(self._names[d] for d in dims)
-        return DeviceMesh(self.device_type, self.mesh[index], {n: self._groups[n] for n in names},
+        return DeviceMesh._of(self.device_type, self.mesh[index], {n: self._groups[n] for n in names},
                           names, tuple(self._coordinate[d] for d in dims), self._rank)
 
     def __repr__(self) -> str:
@@ -684,7 +749,7 @@ def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
         _STATE["groups"].append(groups[name])
     _STATE["made"] += len(names)  # (one split a dimension, on every rank)
     ranks = np.array(world.ranks).reshape(shape)
-    return DeviceMesh(device_type, ranks, groups, tuple(names), tuple(mesh.coordinates),
+    return DeviceMesh._of(device_type, ranks, groups, tuple(names), tuple(mesh.coordinates),
                       world.ranks[world.comm.rank], named=mesh_dim_names is not None)
 
 

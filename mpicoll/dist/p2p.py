@@ -9,7 +9,7 @@ from ..errors import InvalidArgumentError, MpicollError
 from ..p2p import ANY, Status
 from ..p2p import P2POp as _P2POp
 from .collectives import _member, _root
-from .groups import ProcessGroup
+from .groups import _STATE, ProcessGroup
 from .work import Work
 
 # -- point-to-point ------------------------------------------------------------------------
@@ -71,6 +71,12 @@ class _P2PWork(Work):
     def is_completed(self) -> bool:
         return self._request.test()
 
+    def synchronize(self) -> None:
+        """torch's ``Work.synchronize()``: the message done, as ``wait()``."""
+        self.wait()
+
+    block_current_stream = synchronize  # (torch's newer name of the same)
+
     def source(self) -> int:
         if self._received is None:
             raise InvalidArgumentError("source(): a send's Work has no source (an irecv's has)")
@@ -124,12 +130,24 @@ def irecv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0,
 
 
 class P2POp:
-    """One message of ``batch_isend_irecv``: ``P2POp(dist.isend, tensor, peer)``."""
+    """One message of ``batch_isend_irecv``: ``P2POp(dist.isend, tensor, peer)``. As
+    torch's, ``group`` None is the default group, and ``peer`` (a global rank) and
+    ``group_peer`` (its rank in the group) are both set from the one given, where the
+    group has it (else as given: ``batch_isend_irecv`` refuses it)."""
 
     def __init__(self, op: Any, tensor: Any, peer: int | None = None, group: Any = None,
                  tag: int = 0, group_peer: int | None = None) -> None:
-        self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
-        self.group_peer = group_peer
+        self.op, self.tensor, self.tag = op, tensor, tag
+        self._given = (peer, group_peer)  # (what batch_isend_irecv resolves, and refuses)
+        self.group = _STATE["world"] if group is None else group
+        self.peer, self.group_peer = peer, group_peer
+        g = self.group
+        if isinstance(g, ProcessGroup):
+            try:
+                local = _root(g, peer, group_peer, "peer")
+                self.peer, self.group_peer = g.ranks[local], local
+            except MpicollError:
+                pass
 
 
 def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[_P2PWork]:
@@ -146,12 +164,12 @@ def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[_P2PWork]:
     if not p2p_op_list:
         return []
     group = p2p_op_list[0].group
-    if any(p.group is not group for p in p2p_op_list):
+    if any(p.group is not group for p in p2p_op_list):  # (None: the default group, above)
         raise InvalidArgumentError("batch_isend_irecv: every P2POp must use the same group")
     g = _member(group, "batch_isend_irecv")
     if g is None:
         return []
     ops = [_P2POp(getattr(p.op, "__name__", p.op), p.tensor,
-                  _root(g, p.peer, p.group_peer, "peer"), p.tag) for p in p2p_op_list]
+                  _root(g, *p._given, "peer"), p.tag) for p in p2p_op_list]
     return [_P2PWork(r, g, op.tensor if op.op == "irecv" else None, op.tensor)
             for r, op in zip(g.comm.batch_isend_irecv(ops), ops, strict=True)]

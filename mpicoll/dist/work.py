@@ -68,6 +68,13 @@ class _Finished(Work):
 
     test = is_completed
 
+    def synchronize(self) -> None:
+        """torch's ``Work.synchronize()``: the call finished (for a CPU tensor, ``wait()``;
+        on NCCL, queued on the current stream, as ``wait()`` queues it)."""
+        self.wait()
+
+    block_current_stream = synchronize  # (torch's newer name of the same)
+
     def result(self) -> list[Any]:
         """The call's output tensors, as torch's ``Work.result()`` (waits for the call)."""
         self.wait()

@@ -329,5 +329,7 @@ class _Aside:
             f"waiting for every rank to make the {self.call.collective} (collective)"
         self.watch.started = self.record.start = time.monotonic()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: Any, exc: BaseException | None, traceback: Any) -> None:
+        if exc is not None:  # (the local backend's receive: said with the step's name)
+            self.watch.timed_out(exc, self.watch.rank)
         self.watch.current, self.watch.started = self.saved  # as it was before the step

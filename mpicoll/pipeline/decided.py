@@ -702,9 +702,18 @@ def _from_spec(c: CallState, a: dict, x: np.ndarray, name: str) -> Decision | No
                 copy_in = None
             elif np.may_share_memory(x, out):
                 return None
-            else:
-                def copy_in() -> None:
-                    row[...] = x
+            else:  # (x's memory as bound, flat: an x whose shape the caller set in place
+                # since is copied all the same, as MPI's own request reads it, never refused
+                # here alone, before MPI_Start, while the others' requests wait for it)
+                dst = row.reshape(-1)
+                if x.flags.c_contiguous:
+                    src = x.reshape(-1)  # (a view)
+
+                    def copy_in() -> None:
+                        dst[...] = src
+                else:  # (a strided x: read as it is at each start)
+                    def copy_in() -> None:
+                        dst[...] = x.reshape(-1)
             return _persisted(c, name, algorithm, None, dtype, root, x, out, Fixed(out), copy_in)
         if out is x and (name not in IN_PLACE_AS_MPI or nothing):
             return None  # (MPI may write exscan's rank 0's result: not into its x)
