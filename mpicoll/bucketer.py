@@ -105,6 +105,7 @@ class Bucketer:
         # (a step every rank makes at once) could only make ranks that add in different
         # orders around other calls wait for each other
         self.comm = comm.dup(check=False)
+        self._parent = comm
         layout = (None if refusal else int(cap_bytes), [tuple(a.shape) for a in arrays],
                   [repr(np.dtype(a.dtype)) for a in arrays], [type(a) is np.ndarray for a in arrays],
                   op_given, algorithm if isinstance(algorithm, str) else type(algorithm).__name__)
@@ -113,6 +114,7 @@ class Bucketer:
         except MpicollError:
             self.comm.free()
             raise
+        comm._private.append(self.comm)  # (freed with comm, should this be dropped unfreed)
         start_progress(self.comm, sys._getframe(1))  # (not at a first add: see work.py)
         self.shapes = [tuple(a.shape) for a in arrays]
         self._backs = backs
@@ -253,6 +255,9 @@ class Bucketer:
     def free(self) -> None:
         """Collective: release the Bucketer's communicator (after its last ``wait``)."""
         self.comm.free()
+        private = self._parent._private
+        if any(c is self.comm for c in private):
+            private.remove(self.comm)
 
 
 def _agree(comm: Any, refusal: MpicollError | None, layout: int) -> None:

@@ -29,7 +29,7 @@ from .pipeline.choose import Chooser, check_collective
 from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
 from .pipeline.entry import announce, entry, freed, resync_owed, take_turn
-from .pipeline.state import CallState, refuse_in_callback
+from .pipeline.state import CallState, let_go, refuse_in_callback
 from .pipeline.validate import dtype_given
 from .plan import end_running_starts, init_method
 from .work import ProgressThread, Work, finish_at_exit, start_progress, submit
@@ -215,6 +215,8 @@ class Communicator(CallState, PointToPoint, Groups):
     def write_trace(self, path: str) -> None:
         """Collective: merge every rank's trace on rank 0, clocks aligned to rank 0's, and
         write it there as Chrome trace JSON (Perfetto, chrome://tracing). MPI backend."""
+        if self._freed:  # (free() wrote it, where it was given a file)
+            raise freed("write_trace")
         if self._tracer is None:
             raise InvalidArgumentError("write_trace: this communicator was made without trace=True")
         if not self._backend.merges_traces:
@@ -253,9 +255,7 @@ class Communicator(CallState, PointToPoint, Groups):
         take_turn(self, "free")  # (another thread in a call: refused, nothing freed)
         self._freed, self._decisions = True, None  # its calls and plans refuse from now
         self._entry.release()  # on (no kept decision runs on the released communicators)
-        if self._progress is not None:
-            self._progress.close()
-            self._progress = None
+        let_go(self)  # (its private Communicators, its progress thread)
         try:
             if self._trace_file is not None:
                 self._trace_file.write()

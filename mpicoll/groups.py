@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidArgumentError, MismatchError
+from .pipeline import agree
 from .pipeline.describe import Call
 from .pipeline.entry import freed, numbered, take_turn, watched_step
 
@@ -138,8 +139,6 @@ def agreed_rows(comm: Any, mine: np.ndarray, site: Any, what: str,
     a freed Communicator or in a done callback, MPI's errors named as mpicoll's.
     ``held``: the caller holds ``comm``'s turn (``take_turn``) and keeps it."""
     if comm._backend.separate_control:
-        from .pipeline import agree
-
         n = mine.size
         table = np.zeros(n * comm.size, np.int64)
         table[n * comm.rank:n * comm.rank + n] = mine
@@ -153,10 +152,12 @@ def agreed_rows(comm: Any, mine: np.ndarray, site: Any, what: str,
             comm._backend.control.begin()
             agree.all_gather(comm, table, n)
         return table.reshape(comm.size, n)
-    if held:  # (all_gather's whole path, numbered as the call is)
-        return numbered(comm, "all_gather", site, (mine,), {},
-                        type(comm).all_gather.__wrapped__, held=True).reshape(comm.size, mine.size)
-    return comm.all_gather(mine, _site=site).reshape(comm.size, mine.size)
+    # all_gather's whole path, numbered under ``what``: check mode fingerprints it as that
+    # step, never as a program's all_gather of as many int64 values (which would pass,
+    # and take the step's table for its result); the watchdog's report names it so
+    agree.STEPS[agree.crc(what)] = what
+    return numbered(comm, what, site, (mine,), {}, type(comm).all_gather.__wrapped__,
+                    held=held).reshape(comm.size, mine.size)
 
 
 def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int,
@@ -167,7 +168,7 @@ def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int
     mine = np.array([faults, -1 if color is None or faults else int(color),
                      0 if faults else int(key), fingerprint, zlib.crc32(what.encode())],
                     np.int64)
-    table = agreed_rows(comm, mine, site, "split", held=True)
+    table = agreed_rows(comm, mine, site, what, held=True)
     bad = np.flatnonzero(table[:, 0]).tolist()
     if bad:
         reasons = sorted({_REASONS[f] for r in bad for f in _REASONS if table[r, 0] & f})
@@ -268,11 +269,17 @@ def make_mesh(comm: Any, shape: Any, names: Any, site: Any) -> Mesh:
     if not good:  # refused on every rank by the first split, which agrees it
         _split(comm, None, 0, _BAD_MESH, fingerprint, site, "mesh", "shape and names")
     coordinates = tuple(int(c) for c in np.unravel_index(comm.rank, shape))
-    groups = {}
-    for d, name in enumerate(names):
-        others = coordinates[:d] + coordinates[d + 1:]
-        rest = shape[:d] + shape[d + 1:]
-        color = int(np.ravel_multi_index(others, rest)) if rest else 0
-        groups[name] = _split(comm, color, coordinates[d], 0, fingerprint if d == 0 else 0,
-                              site, "mesh", "shape and names")
+    groups: dict[str, Any] = {}
+    try:
+        for d, name in enumerate(names):
+            others = coordinates[:d] + coordinates[d + 1:]
+            rest = shape[:d] + shape[d + 1:]
+            color = int(np.ravel_multi_index(others, rest)) if rest else 0
+            groups[name] = _split(comm, color, coordinates[d], 0, fingerprint if d == 0 else 0,
+                                  site, "mesh", "shape and names")
+    except BaseException:  # a later split failed (on every rank: agreed; MPI out of
+        for group in groups.values():  # communicators): the groups made go, not kept
+            with contextlib.suppress(Exception):  # (the split's own error goes on)
+                group.free()
+        raise
     return Mesh(shape, names, coordinates, groups)

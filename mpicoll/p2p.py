@@ -105,6 +105,8 @@ class Request:
                     raise CollectiveTimeoutError(f"{self!r}: not done after {seconds:g} s")
                 time.sleep(pause)
                 pause = min(pause * 2, 1e-3)
+        if self._comm._freed:  # (a message done before the free, never tested since: its
+            self.test()  # result stands; one still pending: watched_step refuses it)
         if getattr(self._request, "finished", False) and \
                 getattr(self._request, "error", None) is None:
             got = self._request.wait()  # done (freed since, too): nothing to wait for

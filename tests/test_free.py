@@ -71,3 +71,64 @@ def test_every_call_on_a_freed_communicator_refuses_on_every_rank():
     for call in calls:
         with pytest.raises(mpicoll.InvalidArgumentError, match="freed"):
             call()
+
+
+@pytest.mark.mpi
+def test_write_trace_on_a_freed_communicator_refuses(tmp_path):
+    """write_trace() after free(): mpicoll's refusal naming the free, not MPI's
+    "Invalid communicator" from the released duplicate."""
+    from mpi4py import MPI
+
+    comm = mpicoll.Communicator(MPI.COMM_WORLD, trace=True)
+    comm.all_reduce(np.ones(2))
+    comm.free()
+    with pytest.raises(mpicoll.InvalidArgumentError, match="write_trace: this Communicator was freed"):
+        comm.write_trace(str(tmp_path / "trace.json"))
+
+
+@pytest.mark.mpi
+def test_a_bucketer_dropped_unfreed_goes_with_its_communicator():
+    """A Bucketer works on a duplicate of its Communicator: dropped without free(), the
+    duplicate (and its progress thread) is freed with that Communicator, not kept to the
+    end of the job; one freed first is not freed again, nor kept by the Communicator."""
+    import gc
+    import threading
+
+    from mpi4py import MPI
+
+    parent = mpicoll.Communicator(MPI.COMM_WORLD)
+    threads = threading.active_count()
+    for _ in range(3):
+        sub = parent.dup()
+        buckets = mpicoll.Bucketer(sub, [np.ones(2)])
+        buckets.add(0, np.ones(2))
+        np.testing.assert_array_equal(buckets.wait()[0], np.full(2, float(parent.size)))
+        private = buckets.comm
+        del buckets
+        gc.collect()
+        sub.free()
+        assert private.freed and not sub._private
+    assert threading.active_count() == threads
+    kept = mpicoll.Bucketer(parent, [np.ones(2)])
+    kept.free()
+    assert kept.comm.freed and not parent._private
+    parent.free()
+
+
+@pytest.mark.mpi
+def test_a_message_done_before_the_free_is_waited_for_after_it():
+    """An irecv and an isend that ended before free(), never tested since: their wait()
+    after the free gives their result (the source), as MPI's request does, not the
+    refusal of a call on a freed Communicator."""
+    import time
+
+    from mpi4py import MPI
+
+    comm = mpicoll.Communicator(MPI.COMM_WORLD)
+    got = np.zeros(2)
+    receive = comm.irecv(got, comm.rank, tag=1)
+    send = comm.isend(np.full(2, 7.0), comm.rank, tag=1)
+    time.sleep(0.05)
+    comm.free()
+    assert receive.wait() == comm.rank and send.wait() is None
+    np.testing.assert_array_equal(got, np.full(2, 7.0))

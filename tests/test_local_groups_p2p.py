@@ -527,3 +527,78 @@ def test_sendrecv_in_place_and_overlapping_receives_on_thread_ranks():
         return True
 
     assert run_local(3, body, timeout=10) == [True] * 3
+
+
+# -- groups' own steps, freeing what they made ---------------------------------------------
+
+
+@pytest.mark.parametrize("grouping", ["split", "new_group", "mesh"])
+def test_check_mode_a_rank_gathering_while_the_others_group_raises_on_every_rank(grouping):
+    """A split's agreement is an all_gather of int64 rows numbered as the grouping call:
+    check mode tells it from a program's all_gather of as many int64 values on another
+    rank, which took the agreement's table for its result and returned; now every rank
+    raises MismatchError, and the next call is right."""
+    def body(comm):
+        try:
+            if comm.rank == 2:
+                comm.all_gather(np.arange(5, dtype=np.int64))
+            else:
+                {"split": lambda: comm.split(0), "new_group": lambda: comm.new_group([0, 1, 2]),
+                 "mesh": lambda: comm.mesh((3,))}[grouping]()
+        except mpicoll.MismatchError as exc:
+            said = str(exc)
+        else:
+            said = "returned"
+        return said, comm.all_reduce(np.ones(2)).tolist()
+
+    for said, after in run_local(3, body, timeout=10, check=True):
+        assert "rank 2 differs in collective (all_gather call #1" in said, said
+        assert f"rank 0: {grouping} call #1" in said, said
+        assert after == [3.0, 3.0]
+
+
+def test_a_timeout_in_a_groupings_agreement_names_the_grouping():
+    """A rank that never makes the new_group: the others' report names the new_group
+    (and where it was made), not the all_gather its agreement runs as."""
+    def body(comm):
+        if comm.rank == 2:
+            return ""
+        try:
+            comm.new_group([0, 1, 2])
+        except mpicoll.MpicollError as exc:
+            return str(exc)
+        return "returned"
+
+    said = run_local(3, body, timeout=1)
+    assert any("call #1 new_group (" in s and "test_local_groups_p2p.py:" in s
+               for s in said), said
+
+
+def test_a_mesh_whose_later_split_fails_frees_the_groups_it_made(monkeypatch):
+    """The second dimension's split fails (on every rank, as MPI running out of
+    communicators is said): the first dimension's group is freed, not kept."""
+    from mpicoll.backends.local import LocalBackend
+
+    made, freed, real_split, real_free = [], [], LocalBackend.split, LocalBackend.free
+
+    def split(self, *args, **kwargs):
+        if any(parent is self for parent, _ in made):
+            raise mpicoll.CollectiveError("no communicator left (a stand-in)")
+        sub = real_split(self, *args, **kwargs)
+        made.append((self, sub))
+        return sub
+
+    def free(self):
+        freed.append(self)
+        return real_free(self)
+
+    monkeypatch.setattr(LocalBackend, "split", split)
+    monkeypatch.setattr(LocalBackend, "free", free)
+
+    def body(comm):
+        with pytest.raises(mpicoll.CollectiveError, match="stand-in"):
+            comm.mesh((1, 2))
+        return comm.all_reduce(np.ones(1)).tolist()
+
+    assert run_local(2, body, timeout=10) == [[2.0]] * 2
+    assert len(made) == 2 and all(any(f is sub for f in freed) for _, sub in made)

@@ -66,6 +66,11 @@ _SITE_BYTES, _TEXT_BYTES = 96, 160
 _ROW = len(_FIELDS) + 1 + (_SITE_BYTES + _TEXT_BYTES) // 8
 
 
+# the steps numbered as calls of their own (a split's agreement, a Bucketer's) by the
+# crc of their names, for check mode's report of a rank that made another call
+STEPS: dict[int, str] = {}
+
+
 def crc(text: str) -> int:
     return zlib.crc32(text.encode())
 
@@ -233,7 +238,7 @@ def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: 
         names = {crc(n): n for n in NAMES} | {crc(f"{n} async"): f"{n}(async_op=True)"
                                               for n in NAMES} | {crc(f"{n}_init"): f"{n}_init"
                                                                  for n in NAMES} | {
-            crc(f"{n} plan"): f"{n} plan start" for n in NAMES} | {crc("dup"): "dup"}
+            crc(f"{n} plan"): f"{n} plan start" for n in NAMES} | {crc("dup"): "dup"} | STEPS
 
         def what(r: int) -> str:
             return f"{names.get(int(rows[r, 0]), '?')} call #{rows[r, 6]} at {sites[r]}"

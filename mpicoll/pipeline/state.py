@@ -80,6 +80,9 @@ class CallState:
             what a call whose outcome every rank decides alike waits (monitored_barrier).
         _exit_key: this Communicator's place in the collectives every rank makes at exit
             (trace merges, progress threads' closes), agreed (``agree.settings``).
+        _private: the Communicators private to objects made on this one (a Bucketer's
+            duplicate), in the order every rank made them: freed with it (``let_go``).
+        _progress: its progress thread (``mpicoll.work``), once an async call made it.
     """
 
     _backend: Backend
@@ -109,6 +112,7 @@ class CallState:
         self._refused_alone = 0
         self._freed = False
         self._entry = Turn()
+        self._private: list[Any] = []
 
     @property
     def check(self) -> bool:
@@ -142,6 +146,20 @@ class CallState:
 # many it is in (one may run another); empty on the hot path, so a call reads it and goes on
 CALLBACK_THREADS: dict[int, int] = {}
 _CALLBACKS_LOCK = threading.Lock()
+
+
+def let_go(c: CallState) -> None:
+    """As ``c`` is freed (by every rank: free() is collective): the Communicators private
+    to objects made on it freed too (a Bucketer dropped without its free() would keep its
+    duplicate and progress thread to the end of the job), and its progress thread closed."""
+    private, c._private = c._private, []
+    try:
+        for comm in private:
+            comm.free()
+    finally:
+        progress, c._progress = getattr(c, "_progress", None), None
+        if progress is not None:
+            progress.close()
 
 
 def entering_done_callback() -> None:
