@@ -391,3 +391,20 @@ def test_run_local_reads_mpicoll_timeout(monkeypatch):
     with pytest.raises(mpicoll.CollectiveTimeoutError, match="no message from rank 1"):
         run_local(2, hang)
     assert run_local(2, lambda comm: comm.timeout, timeout=7) == [7.0, 7.0]
+
+
+def test_an_x_whose_shape_raises_is_refused_as_no_array():
+    """An object whose ``shape`` raises (a nested tensor's does, with torch's internal
+    words): refused as an x that is no array, mpicoll's error on every rank; the flight
+    recorder's entry has no shape, nothing else fails."""
+    class Odd:
+        @property
+        def shape(self):
+            raise RuntimeError("no sizes here")
+
+    def body(comm):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="^x: "):
+            comm.all_reduce(Odd())
+        return comm.all_reduce(np.ones(2)).tolist()
+
+    assert run_local(2, body, timeout=10) == [[2.0, 2.0]] * 2

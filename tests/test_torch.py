@@ -431,3 +431,19 @@ def test_the_callers_own_tensor_comes_back_on_the_longer_way_too(mode):
             np.testing.assert_array_equal(t.numpy(), comm.size * np.arange(4))
     finally:
         comm.free()
+
+
+def test_a_kept_tensor_whose_memory_was_swapped_away_is_refused_not_raised(world):
+    """A small tensor whose NumPy view is kept since earlier calls, its memory swapped for
+    a sparse tensor's since (``torch.utils.swap_tensors``: its data_ptr raises): refused as
+    every tensor NumPy cannot view, mpicoll's error, not torch's raw RuntimeError (which
+    left the call unnumbered, so that rank's next call met the others' call before)."""
+    if world.size > 1:
+        pytest.skip("one rank's refusal alone leaves the others in MPI's own all_reduce")
+    t = torch.ones(4)
+    for _ in range(3):
+        world.all_reduce(t)
+    torch.utils.swap_tensors(t, torch.ones(4).to_sparse())
+    with pytest.raises(mpicoll.InvalidArgumentError, match="layout"):
+        world.all_reduce(t)
+    np.testing.assert_array_equal(world.all_reduce(torch.ones(2)).numpy(), np.ones(2))

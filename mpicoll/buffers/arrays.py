@@ -145,10 +145,14 @@ def kept_view(x: Any) -> np.ndarray | None:
     on the memory and in the shape it was viewed in; else None. A kept view is
     C-contiguous."""
     kept = _VIEWS.get(id(x))
-    if kept is not None and kept[0] is x and kept[1] == _DATA_PTR[0](x) and \
-            kept[2] == x.shape and kept[4] == x.stride() and kept[5] is x.dtype and \
-            not _DATA_PTR[1](x):  # (t.data = a negative view of its own memory: refused)
-        return kept[3]
+    try:  # (a tensor whose memory was taken since, torch.utils.swap_tensors with a sparse
+        # one: its data_ptr raises; the call's whole path then refuses it, numbered)
+        if kept is not None and kept[0] is x and kept[1] == _DATA_PTR[0](x) and \
+                kept[2] == x.shape and kept[4] == x.stride() and kept[5] is x.dtype and \
+                not _DATA_PTR[1](x):  # (t.data = a negative view of its own memory: refused)
+            return kept[3]
+    except Exception:  # noqa: BLE001 - no view of it kept
+        del _VIEWS[id(x)]
     return None
 
 

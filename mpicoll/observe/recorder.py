@@ -184,9 +184,10 @@ class Watch:
             root = kwargs.get("root")
         if type(x) is np.ndarray:
             rec.facts = (x.shape, x.dtype, given, op, root, None, -1)
-        else:
-            rec.facts = (getattr(x, "shape", None), getattr(x, "dtype", None), given, op,
-                         root, None, -1)
+        else:  # (an object whose shape raises, a nested tensor's: none, and the call
+            # refuses x as every call refuses what is no array)
+            rec.facts = (_attribute(x, "shape"), _attribute(x, "dtype"), given, op, root,
+                         None, -1)
         rec.state = RUNNING
         self.started = rec.start = now()
         return call
@@ -315,6 +316,14 @@ class Watch:
         live.sort(key=lambda r: r.call.seq)
         return [r.as_dict(names.get(r.call.collective, ()), data if r is self.current else None,
                           clock) for r in live]
+
+
+def _attribute(x: Any, name: str) -> Any:
+    """``x.name``, or None where x has none or reading it raises."""
+    try:
+        return getattr(x, name, None)
+    except Exception:  # noqa: BLE001 - the flight recorder's fact: none
+        return None
 
 
 class _Aside:
