@@ -63,7 +63,8 @@ EXAMPLES = {
     "moe_all_to_all": ("every token came back processed by its expert",),
     "dist_tutorial": ("equal single-process training",),
     "mesh_mlp": ("slices of W1, b1, W2, b2 equal single-process training",),
-    "zero_step": ("block of the parameters equals single-process training with Adam",),
+    "zero_step": ("of the first averaged gradient, and the losses equal single-process "
+                  "training with Adam",),
     "pipeline_parallel": ("every stage's layer equals single-process training",),
 }
 

@@ -1,5 +1,8 @@
-"""PyTorch's "Writing Distributed Applications" tutorial through mpicoll.dist: its code
-unchanged but the import, on NumPy arrays.
+"""PyTorch's "Writing Distributed Applications" tutorial through mpicoll.dist, on NumPy
+arrays: its calls as the tutorial makes them (``torch.zeros`` as ``np.zeros``; guards for
+fewer ranks than it assumes; its SGD on a small linear model written out, not torch.nn).
+The tutorial's own torch code runs unchanged but the import (torch tensors go through
+DLPack); this file needs no torch.
 
     mpiexec -n 4 python -m mpicoll.examples.dist_tutorial
 

@@ -101,22 +101,34 @@ def main() -> None:
         dist.all_gather_into_tensor(full, mine)                          # 1. gather
         losses[step - 1], grad[:COUNT] = loss_and_grad(full, x[rows], target[rows])  # 2.
         dist.reduce_scatter_tensor(my_grad, grad, op=dist.ReduceOp.AVG)  # 3. my block, averaged
+        if step == 1:
+            first_grad = my_grad.copy()  # (checked below: Adam's step hardly shows a scale)
         adam(mine, my_grad, m, v, step)                                  # 4. my block's update
     dist.all_reduce(losses, op=dist.ReduceOp.AVG)  # the mean over the global batch, per step
 
     # one process, the whole model, the whole batch, Adam over everything: the same steps
     whole = init_flat()
     whole_m, whole_v = np.zeros(COUNT), np.zeros(COUNT)
+    whole_losses, whole_first_grad = np.zeros(args.steps), np.zeros(block * p)
     for step in range(1, args.steps + 1):
-        adam(whole, loss_and_grad(whole, x, target)[1], whole_m, whole_v, step)
+        whole_losses[step - 1], whole_grad = loss_and_grad(whole, x, target)
+        if step == 1:
+            whole_first_grad[:COUNT] = whole_grad
+        adam(whole, whole_grad, whole_m, whole_v, step)
     expected = np.zeros(block * p)
     expected[:COUNT] = whole
     expected = expected[rank * block:(rank + 1) * block]
-    same = np.allclose(mine, expected, rtol=1e-7, atol=1e-10)
+    # the parameters, and what Adam's normalized step would hide: the averaged gradient
+    # (a sum would scale it by p) and the losses over the global batch
+    first_expected = whole_first_grad[rank * block:(rank + 1) * block]
+    same = np.allclose(mine, expected, rtol=1e-7, atol=1e-10) and \
+        np.allclose(first_grad, first_expected, rtol=1e-9, atol=1e-12) and \
+        np.allclose(losses, whole_losses, rtol=1e-9, atol=0)
     result = np.array([np.max(np.abs(mine - expected), initial=0), 0.0 if same else 1.0])
     dist.all_reduce(result, op=dist.ReduceOp.MAX)
     worst, wrong = result
-    check(wrong == 0, f"a rank's block differs from single-process training by {worst}")
+    check(wrong == 0, f"a rank's block, its averaged gradient or the losses differ from "
+          f"single-process training (parameters by {worst})")
     if rank == 0:
         print(f"{COUNT} parameters on {p} rank(s): blocks of {block} "
               f"({block * p - COUNT} of padding); each rank keeps {block} parameters and "
@@ -124,8 +136,9 @@ def main() -> None:
         print(f"per step: all_gather_into_tensor and reduce_scatter_tensor (avg) of "
               f"{full.nbytes} bytes; loss {losses[0]:.4f} at step 1, {losses[-1]:.4f} at "
               f"step {args.steps}")
-        print(f"every rank's block of the parameters equals single-process training with Adam "
-              f"(max difference {worst:.1e})")
+        print(f"every rank's block of the parameters, of the first averaged gradient, and the "
+              f"losses equal single-process training with Adam (parameters' max difference "
+              f"{worst:.1e})")
     dist.destroy_process_group()
 
 
