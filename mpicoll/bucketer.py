@@ -159,7 +159,16 @@ class Bucketer:
         """Array ``i`` is ready: copy it into its bucket; start every bucket now complete
         (in bucket order). Any thread may add (one at a time: the others wait here)."""
         with self._lock:
+            self._refuse_freed("add")
             self._add(i, array, sys._getframe(1))
+
+    def _refuse_freed(self, what: str) -> None:
+        """Refuse a call after the Communicator it was made on was freed (which frees
+        the one it works on: each rank's, as free() is collective)."""
+        if self._parent.freed and self.comm.freed:
+            raise InvalidArgumentError(
+                f"Bucketer.{what}: the Communicator this Bucketer was made on was freed "
+                "(its free() frees its Bucketers' too); make a Bucketer on a live one")
 
     def _add(self, i: int, array: Any, site: Any) -> None:
         if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or \
@@ -205,6 +214,7 @@ class Bucketer:
         kind: torch tensors over them for torch's; valid until the next round's adds);
         then a new round of ``add`` may begin. Any thread may wait (after every add)."""
         with self._lock:
+            self._refuse_freed("wait")
             return self._wait()
 
     def _wait(self) -> list[Any]:

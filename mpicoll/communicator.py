@@ -29,7 +29,7 @@ from .pipeline.choose import Chooser, check_collective
 from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
 from .pipeline.entry import announce, entry, freed, resync_owed, take_turn
-from .pipeline.state import CallState, let_go, refuse_in_callback
+from .pipeline.state import CallState, close_progress, let_go, refuse_in_callback
 from .pipeline.validate import dtype_given
 from .plan import end_running_starts, init_method
 from .work import ProgressThread, Work, finish_at_exit, start_progress, submit
@@ -116,7 +116,6 @@ class Communicator(CallState, PointToPoint, Groups):
             self._tracer = self._chooser.tracer = attach(self._backend, self.rank, self.size)
         self._trace_file = (TraceFile(mine.trace, self._merge_trace,  # merged at free() or exit
                                       (self._watch.members or [0])[0], finish_at_exit, self._exit_key) if isinstance(mine.trace, str) else None)
-        # broadcast's first message: the header, and the data when it fits
         self._packet = np.zeros(agree.HEADER_BYTES + max(self._backend.packed_bytes, 0), np.uint8)
         self._packet_header = self._packet[:agree.HEADER_BYTES].view(np.int64)
         if not (self.check or self._tracer is not None):
@@ -255,13 +254,14 @@ class Communicator(CallState, PointToPoint, Groups):
         take_turn(self, "free")  # (another thread in a call: refused, nothing freed)
         self._freed, self._decisions = True, None  # its calls and plans refuse from now
         self._entry.release()  # on (no kept decision runs on the released communicators)
-        let_go(self)  # (its private Communicators, its progress thread)
+        close_progress(self)
         try:
             if self._trace_file is not None:
                 self._trace_file.write()
         finally:
             watchdog().unregister(self._watch)
             self._backend.free()
+            let_go(self)  # (its private Communicators: a Bucketer's)
 
     # -- collectives: each a pass through the pipeline (mpicoll.pipeline.run) ------------
 

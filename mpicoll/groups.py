@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidArgumentError, MismatchError
+from .observe.recorder import AGREEMENT_STEPS
 from .pipeline import agree
 from .pipeline.describe import Call
 from .pipeline.entry import freed, numbered, take_turn, watched_step
@@ -155,7 +156,8 @@ def agreed_rows(comm: Any, mine: np.ndarray, site: Any, what: str,
     # all_gather's whole path, numbered under ``what``: check mode fingerprints it as that
     # step, never as a program's all_gather of as many int64 values (which would pass,
     # and take the step's table for its result); the watchdog's report names it so
-    agree.STEPS[agree.crc(what)] = what
+    agree.STEPS.setdefault(agree.crc(what), what)  # (see agree.STEPS)
+    AGREEMENT_STEPS.add(what)
     return numbered(comm, what, site, (mine,), {}, type(comm).all_gather.__wrapped__,
                     held=held).reshape(comm.size, mine.size)
 

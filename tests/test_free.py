@@ -112,7 +112,12 @@ def test_a_bucketer_dropped_unfreed_goes_with_its_communicator():
     kept = mpicoll.Bucketer(parent, [np.ones(2)])
     kept.free()
     assert kept.comm.freed and not parent._private
+    left = mpicoll.Bucketer(parent, [np.ones(2)])
     parent.free()
+    assert left.comm.freed
+    with pytest.raises(mpicoll.InvalidArgumentError, match="Bucketer.add: the Communicator "
+                       "this Bucketer was made on was freed"):
+        left.add(0, np.ones(2))
 
 
 @pytest.mark.mpi

@@ -384,6 +384,29 @@ def test_the_live_report_names_a_splits_peers_by_their_world_ranks():
         assert watch.waiting() == "waiting to receive from rank 2 and send to rank 0 (tag 7)"
 
 
+def test_the_live_report_names_a_groupings_agreement_as_the_all_gather_it_waits_in():
+    """A split's agreement is numbered as the split, but what waits inside MPI is its
+    all_gather: the report says so (not "the MPI library's own split")."""
+    import mpicoll.groups  # noqa: F401 - (its agreements' names)
+    from mpicoll.observe.recorder import AGREEMENT_STEPS, Record, Watch
+    from mpicoll.pipeline.describe import Call
+
+    class Idle:  # no message of ours awaited: inside MPI's own collective
+        wait_kind = None
+
+    class Backend:
+        name, transport, control = "mpi", Idle(), Idle()
+
+    watch = Watch.__new__(Watch)
+    watch.backend, watch.index, watch.current = Backend(), 0, Record()
+    watch.current.chose("native", 80)
+    AGREEMENT_STEPS.add("split")
+    for name, said in (("split", "all_gather (the split's agreement)"),
+                       ("all_gather", "all_gather"), ("broadcast", "broadcast")):
+        watch.current.call = Call(3, name)
+        assert watch.waiting() == f"waiting inside the MPI library's own {said}"
+
+
 def test_local_timeout_raises_in_the_waiting_rank():
     def body(comm):
         if comm.rank != 1:

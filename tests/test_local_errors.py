@@ -408,3 +408,41 @@ def test_an_x_whose_shape_raises_is_refused_as_no_array():
         return comm.all_reduce(np.ones(2)).tolist()
 
     assert run_local(2, body, timeout=10) == [[2.0, 2.0]] * 2
+
+
+def test_freeing_a_communicator_whose_bucketer_another_thread_waits_on():
+    """free() while another thread waits in a round of a Bucketer made on it: the
+    Communicator's own communicators are released all the same (its watch unregistered:
+    not half freed), the Bucketer's is kept and said, and free() again, once the round
+    has ended, frees it."""
+    import threading
+    import time
+
+    from mpicoll.observe.watchdog import watchdog
+
+    def body(comm):
+        buckets = mpicoll.Bucketer(comm, [np.ones(2)])
+        watch = buckets.comm._watch
+        if comm.rank == 1:  # (its wait comes once rank 0 has tried to free)
+            buckets.add(0, np.ones(2))
+            time.sleep(0.5)
+            got = buckets.wait()[0].tolist()
+            comm.free()
+            return got, buckets.comm.freed
+        results = []
+        waiter = threading.Thread(target=lambda: results.append(
+            (buckets.add(0, np.ones(2)), buckets.wait()[0].tolist())))
+        waiter.start()
+        deadline = time.monotonic() + 5
+        while not (watch.started and watch.current.call.collective == "Bucketer.wait"):
+            assert time.monotonic() < deadline, "the waiting thread never got to its wait"
+            time.sleep(0.005)
+        with pytest.raises(mpicoll.ConcurrentCallError, match="a Bucketer made on it"):
+            comm.free()
+        assert comm.freed and all(w is not comm._watch for w in watchdog().watches)
+        assert not buckets.comm.freed
+        waiter.join()
+        comm.free()
+        return results[0][1], buckets.comm.freed
+
+    assert run_local(2, body, timeout=10) == [([2.0, 2.0], True)] * 2

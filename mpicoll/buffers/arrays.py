@@ -152,7 +152,7 @@ def kept_view(x: Any) -> np.ndarray | None:
                 not _DATA_PTR[1](x):  # (t.data = a negative view of its own memory: refused)
             return kept[3]
     except Exception:  # noqa: BLE001 - no view of it kept
-        del _VIEWS[id(x)]
+        _VIEWS.pop(id(x), None)
     return None
 
 

@@ -3,6 +3,7 @@ group, new groups, subgroups and device meshes, the backends' names, the debug l
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import os
@@ -630,12 +631,19 @@ class DeviceMesh:
             raise InvalidArgumentError(
                 f"DeviceMesh: refused on rank(s) {odd}{' (here: ' + problem + ')' if problem else ''}"
                 "; every rank gives the same grid of the job's ranks and the same names")
-        groups = {}
-        for d, name in enumerate(names):  # every line of the grid along dimension d
-            lines = np.moveaxis(ranks, d, -1).reshape(-1, ranks.shape[d]).tolist()
-            made = split_group(None, [[world.ranks.index(r) for r in line] for line in lines])
-            assert made is not None  # (every rank is on one line of each dimension)
-            groups[name] = made
+        groups: dict[str, ProcessGroup] = {}
+        try:
+            for d, name in enumerate(names):  # every line of the grid along dimension d
+                lines = np.moveaxis(ranks, d, -1).reshape(-1, ranks.shape[d]).tolist()
+                made = split_group(None, [[world.ranks.index(r) for r in line]
+                                          for line in lines])
+                assert made is not None  # (every rank is on one line of each dimension)
+                groups[name] = made
+        except BaseException:  # a later split failed (on every rank): the groups made go
+            for made in groups.values():
+                with contextlib.suppress(Exception):  # (the split's own error goes on)
+                    destroy_process_group(made)
+            raise
         me = world.ranks[world.comm.rank]
         coordinate = tuple(int(c) for c in np.argwhere(ranks == me)[0])
         self._set(device_type, ranks, groups, names, coordinate, me, mesh_dim_names is not None)

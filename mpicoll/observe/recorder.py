@@ -267,7 +267,10 @@ class Watch:
             return (f"waiting for {getattr(t, 'wait_count', '?')} posted messages "
                     f"(tag {tag}; last posted: {peer})")
         if rec.algorithm == "native":
-            return f"waiting inside the {self.backend.name.upper()} library's own {rec.call.collective}"
+            what = rec.call.collective
+            if what in AGREEMENT_STEPS:  # (a split's agreement: an all_gather, named as it)
+                what = f"all_gather (the {what}'s agreement)"
+            return f"waiting inside the {self.backend.name.upper()} library's own {what}"
         return "not waiting for a message (computing, or in the library's own collective)"
 
     def named(self, rank: int) -> str:
@@ -316,6 +319,11 @@ class Watch:
         live.sort(key=lambda r: r.call.seq)
         return [r.as_dict(names.get(r.call.collective, ()), data if r is self.current else None,
                           clock) for r in live]
+
+
+# the steps this process numbers as calls of their own, each an all_gather of its ranks'
+# values (groups.agreed_rows: a split's agreement, a Bucketer's), by the call's name
+AGREEMENT_STEPS: set[str] = set()
 
 
 def _attribute(x: Any, name: str) -> Any:

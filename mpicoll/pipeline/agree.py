@@ -66,13 +66,17 @@ _SITE_BYTES, _TEXT_BYTES = 96, 160
 _ROW = len(_FIELDS) + 1 + (_SITE_BYTES + _TEXT_BYTES) // 8
 
 
-# the steps numbered as calls of their own (a split's agreement, a Bucketer's) by the
-# crc of their names, for check mode's report of a rank that made another call
-STEPS: dict[int, str] = {}
-
-
 def crc(text: str) -> int:
     return zlib.crc32(text.encode())
+
+
+# the steps numbered as calls of their own (``groups.agreed_rows``: a split's agreement,
+# a Bucketer's) by the crc of their names, for check mode's report of a rank that made
+# another call (each rank a process of its own: the names every rank may meet, listed)
+STEPS: dict[int, str] = {crc(name): name for name in (
+    "split", "new_group", "mesh", "split_group", "new_subgroups",
+    "new_subgroups_by_enumeration", "DeviceMesh", "Bucketer", "Bucketer.wait",
+    "all_reduce_coalesced", "all_gather_coalesced")}
 
 
 def dtype_crc(dtype: np.dtype) -> int:

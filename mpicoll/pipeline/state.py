@@ -148,18 +148,31 @@ CALLBACK_THREADS: dict[int, int] = {}
 _CALLBACKS_LOCK = threading.Lock()
 
 
+def close_progress(c: CallState) -> None:
+    """free()'s: the progress thread of ``c``'s async calls ended (they finished)."""
+    progress, c._progress = c._progress, None
+    if progress is not None:
+        progress.close()
+
+
 def let_go(c: CallState) -> None:
-    """As ``c`` is freed (by every rank: free() is collective): the Communicators private
-    to objects made on it freed too (a Bucketer dropped without its free() would keep its
-    duplicate and progress thread to the end of the job), and its progress thread closed."""
-    private, c._private = c._private, []
-    try:
-        for comm in private:
+    """The end of ``c``'s free() (every rank's: free() is collective), once its own
+    communicators are released: the Communicators private to objects made on it freed
+    too (a Bucketer dropped without its free() would keep its duplicate and progress
+    thread to the end of the job). One that another thread is in is kept, and said:
+    free() again frees it."""
+    busy = None
+    for comm in list(c._private):
+        try:
             comm.free()
-    finally:
-        progress, c._progress = getattr(c, "_progress", None), None
-        if progress is not None:
-            progress.close()
+        except ConcurrentCallError as exc:
+            busy = busy or exc
+            continue
+        c._private.remove(comm)
+    if busy is not None:
+        raise ConcurrentCallError(
+            f"free: this Communicator is freed, but not the one a Bucketer made on it works "
+            f"on ({busy}); call free() again once that call has ended")
 
 
 def entering_done_callback() -> None:
