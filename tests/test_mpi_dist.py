@@ -473,7 +473,8 @@ def test_a_rank_outside_a_group_does_nothing_as_torch(initialized):
     if rank == 0:
         assert dist.all_reduce(t, group=first) is None and (t == 1).all()
     else:
-        assert first is dist.GroupMember.NON_GROUP_MEMBER
+        assert first is dist.GroupMember.NON_GROUP_MEMBER and first == -100  # (torch's value)
+        assert dist.get_rank(-100) == dist.get_world_size(-100) == -1  # (as compared to it)
         for call in (lambda: dist.all_reduce(t, group=first),
                      lambda: dist.broadcast(t, src=0, group=first),
                      lambda: dist.all_gather([np.zeros(2)], t, group=first),

@@ -17,7 +17,7 @@ from ..errors import InvalidArgumentError, MismatchError, MpicollError
 from ..groups import agreed_rows
 from ..pipeline.agree import op_text
 from ..pipeline.validate import unordered
-from .groups import _STATE, GroupMember, ProcessGroup, ReduceOp, _group, _op, get_rank
+from .groups import _STATE, GroupMember, ProcessGroup, ReduceOp, _group, _op, _outside, get_rank
 from .work import _Finished, _future_for
 
 # -- collectives: torch's names and in-place semantics --------------------------------
@@ -36,7 +36,7 @@ def _member(group: Any, what: str) -> ProcessGroup | None:
         world = _STATE["world"]
         if world is not None:
             return world
-    elif group is GroupMember.NON_GROUP_MEMBER:
+    elif _outside(group):
         warnings.warn(f"Running {what} on global rank {get_rank()} which does not belong "
                       "to the given group.", stacklevel=3)
         return None

@@ -93,10 +93,17 @@ class ProcessGroup:
 
 
 class GroupMember:
-    """torch's marker for a rank outside a group that ``new_group`` made."""
+    """torch's marker for a rank outside a group that ``new_group`` made: -100, as
+    torch's (``group == dist.GroupMember.NON_GROUP_MEMBER``, or ``== -100``)."""
 
-    NON_GROUP_MEMBER = object()
+    NON_GROUP_MEMBER = -100
     WORLD: ProcessGroup | None = None
+
+
+def _outside(group: Any) -> bool:
+    """Whether ``group`` is torch's marker of a rank outside the group (an int, never a
+    bool or a group)."""
+    return type(group) is int and group == GroupMember.NON_GROUP_MEMBER
 
 
 class _Group:
@@ -280,7 +287,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         groups = _STATE["groups"]  # (not kept: a loop of new_group and destroy would keep
         if group in groups:  # every freed group, and its workspace, to the end)
             groups.remove(group)
-    elif group is not GroupMember.NON_GROUP_MEMBER:  # (a rank outside it: nothing to free)
+    elif not _outside(group):  # (a rank outside it: nothing to free)
         raise InvalidArgumentError(f"destroy_process_group: expected a process group (or "
                                    f"None: all of them), got {type(group).__name__}")
 
@@ -292,7 +299,7 @@ def _group(group: Any) -> ProcessGroup:
             raise InvalidArgumentError("the default process group is not initialized: call "
                                        "mpicoll.dist.init_process_group() first")
         return world
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if _outside(group):
         raise InvalidArgumentError("group: this rank is not a member of the group")
     if not isinstance(group, ProcessGroup):
         raise InvalidArgumentError(f"group: expected a ProcessGroup, got {type(group).__name__}")
@@ -327,13 +334,13 @@ def _asked(backend: Any) -> str | None:
 
 def get_rank(group: Any = None) -> int:
     """This rank in ``group`` (-1 where it is not a member)."""
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if _outside(group):
         return -1
     return _group(group).comm.rank
 
 
 def get_world_size(group: Any = None) -> int:
-    if group is GroupMember.NON_GROUP_MEMBER:
+    if _outside(group):
         return -1
     return _group(group).comm.size
 
