@@ -156,8 +156,7 @@ def agreed_rows(comm: Any, mine: np.ndarray, site: Any, what: str,
     # all_gather's whole path, numbered under ``what``: check mode fingerprints it as that
     # step, never as a program's all_gather of as many int64 values (which would pass,
     # and take the step's table for its result); the watchdog's report names it so
-    agree.STEPS.setdefault(agree.crc(what), what)  # (see agree.STEPS)
-    AGREEMENT_STEPS.add(what)
+    assert what in AGREEMENT_STEPS, what  # (named where every rank's reports read it)
     return numbered(comm, what, site, (mine,), {}, type(comm).all_gather.__wrapped__,
                     held=held).reshape(comm.size, mine.size)
 

@@ -63,7 +63,7 @@ from .pipeline.entry import (
 )
 from .pipeline.validate import Verdict, reduction_op, stream_refusal
 from .pipeline.validate import array as validate_array
-from .pipeline.validate import counts as validate_counts
+from .pipeline.validate import block_counts as validate_block_counts
 from .pipeline.validate import root as validate_root
 from .pipeline.validate import rows as validate_rows
 from .spec import SPECS
@@ -647,10 +647,7 @@ def _parameter_refusal(comm: Communicator, collective: str, args: tuple, kwargs:
     if counts is None and spec.input_rows:
         validate_rows(verdict, x, comm.size, collective)
     elif counts is not None and x is not None and not verdict:
-        counts = validate_counts(verdict, counts, comm.size, "counts")
-        if counts is not None and sum(counts) != x.size:
-            verdict.refuse("params", InvalidArgumentError(
-                f"counts: they add up to {sum(counts)}, but x has {x.size} elements"))
+        validate_block_counts(verdict, counts, comm.size, x)
     return verdict.params or verdict.input
 
 

@@ -321,9 +321,14 @@ class Watch:
                           clock) for r in live]
 
 
-# the steps this process numbers as calls of their own, each an all_gather of its ranks'
-# values (groups.agreed_rows: a split's agreement, a Bucketer's), by the call's name
-AGREEMENT_STEPS: set[str] = set()
+# the steps numbered as calls of their own, each an all_gather of its ranks' values
+# (groups.agreed_rows: a split's agreement, a Bucketer's), by the call's name: the
+# watchdog's report says what such a step waits in, check mode's names another rank's
+# (each rank a process of its own: every name any rank may meet, listed)
+AGREEMENT_STEPS = frozenset((
+    "split", "new_group", "mesh", "split_group", "new_subgroups",
+    "new_subgroups_by_enumeration", "DeviceMesh", "Bucketer", "Bucketer.wait",
+    "all_reduce_coalesced", "all_gather_coalesced"))
 
 
 def _attribute(x: Any, name: str) -> Any:

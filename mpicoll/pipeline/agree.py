@@ -44,7 +44,7 @@ from ..errors import (
     SettingMismatchError,
     UnsupportedDtypeError,
 )
-from ..observe.recorder import DEFAULT_RECORDER, recorder_length, world_ranks
+from ..observe.recorder import AGREEMENT_STEPS, DEFAULT_RECORDER, recorder_length, world_ranks
 from ..observe.tracing import trace_path, unwritable
 from ..observe.watchdog import DEFAULT_TIMEOUT, dump_dir, made_late, timeout_setting
 from ..ops import Op, op_name
@@ -70,13 +70,9 @@ def crc(text: str) -> int:
     return zlib.crc32(text.encode())
 
 
-# the steps numbered as calls of their own (``groups.agreed_rows``: a split's agreement,
-# a Bucketer's) by the crc of their names, for check mode's report of a rank that made
-# another call (each rank a process of its own: the names every rank may meet, listed)
-STEPS: dict[int, str] = {crc(name): name for name in (
-    "split", "new_group", "mesh", "split_group", "new_subgroups",
-    "new_subgroups_by_enumeration", "DeviceMesh", "Bucketer", "Bucketer.wait",
-    "all_reduce_coalesced", "all_gather_coalesced")}
+# the steps numbered as calls of their own (observe.recorder.AGREEMENT_STEPS) by the
+# crc of their names, for check mode's report of a rank that made another call
+STEPS: dict[int, str] = {crc(name): name for name in AGREEMENT_STEPS}
 
 
 def dtype_crc(dtype: np.dtype) -> int:

@@ -530,10 +530,7 @@ def reduce_scatter(c: CallState, call: Call, x: Any, op: Any, counts: Any, algor
     t = c._backend.transport
     v, x, back, opd, fn = _reduction(c, call, "reduce_scatter", x, op, algorithm, options,
                                      uneven=True)
-    counts = validate.counts(v, counts, t.size, "counts")
-    if counts is not None and x is not None and sum(counts) != x.size:
-        v.refuse("params", InvalidArgumentError(
-            f"counts: they add up to {sum(counts)}, but x has {x.size} elements"))
+    counts = validate.block_counts(v, counts, t.size, x)
     result = validate.out(v, out, (counts[t.rank],), x.dtype, like=x) if not v else None
     # (check mode: the v-form's shape field is its own, never a plain call's shape, so
     # counts [2, 3] never pass for a plain call's x of shape (2, 3), cut by rows)

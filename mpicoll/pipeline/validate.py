@@ -210,6 +210,16 @@ def counts(verdict: Verdict, counts: Any, size: int, name: str,
     return [int(c) for c in values]
 
 
+def block_counts(verdict: Verdict, given: Any, size: int, x: Any) -> list[int] | None:
+    """reduce_scatter's ``counts=``: ``size`` non-negative ints that cut x flat, or None
+    with the refusal kept."""
+    values = counts(verdict, given, size, "counts")
+    if values is not None and x is not None and sum(values) != x.size:
+        verdict.refuse("params", InvalidArgumentError(
+            f"counts: they add up to {sum(values)}, but x has {x.size} elements"))
+    return values
+
+
 def writeable_receive(verdict: Verdict, x: Any, name: str = "x") -> None:
     """Refuse a receive buffer that cannot be written (read-only NumPy memory)."""
     if x is not None and type(x) is np.ndarray and not x.flags.writeable:
