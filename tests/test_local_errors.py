@@ -79,6 +79,31 @@ def test_check_mode_finds_a_shape_mismatch():
     assert run_local(4, body, timeout=5, check=True) == [True] * 4
 
 
+def test_check_mode_names_the_rank_apart_from_the_others_even_rank_0():
+    """The ranks named are those apart from what most ranks called: rank 0 alone wrong
+    is rank 0 (it named every other rank, as if rank 0's call were the reference)."""
+    def body(comm):
+        option = {"inter": "recursive_doubling"} if comm.rank == 0 else {"inter": "ring"}
+        with pytest.raises(mpicoll.MismatchError) as raised:
+            comm.all_reduce(np.ones(3), algorithm="hierarchical", **option)
+        said = str(raised.value)
+        assert "rank 0 differs in algorithm" in said and "rank 1 differs" not in said \
+            and "rank 2 differs" not in said and "; rank 1: all_reduce" in said, said
+        # every field apart on a rank of its own: each is named, with no reference rank
+        x = [np.ones(3), np.ones(3, np.int32), np.ones(4)][comm.rank]
+        op = ["sum", "max", "max"][comm.rank]
+        root = [0, 0, 1][comm.rank]
+        with pytest.raises(mpicoll.MismatchError) as raised:
+            comm.reduce(x, op, root=root)
+        said = str(raised.value)
+        assert "rank 0 differs in op" in said and "rank 1 differs in dtype" in said \
+            and "rank 2 differs in" in said, said
+        return comm.all_reduce(np.ones(1))
+
+    for got in run_local(3, body, timeout=5, check=True):
+        np.testing.assert_array_equal(got, [3])
+
+
 def test_backend_and_comm_are_checked():
     with pytest.raises(mpicoll.InvalidArgumentError, match="backend: unknown"):
         mpicoll.Communicator(None, backend="gloo")

@@ -40,6 +40,28 @@ def test_fit_measures_the_links_inside_and_between_nodes(world):
     assert (params.beta_intra is not None) == several
 
 
+@pytest.mark.mpi
+def test_the_fits_table_is_for_the_nodes_it_measured(world, tmp_path, capsys):
+    """``model fit`` prints its predictions for the layout it measured: with several
+    nodes, both links (it printed one node's table, the link between nodes nowhere)."""
+    from mpi4py import MPI
+
+    from mpicoll.model.__main__ import main
+
+    if world.size < 2:
+        pytest.skip("fit runs at 2 ranks or more")
+    path = MPI.COMM_WORLD.bcast(str(tmp_path / "model.json"), root=0)
+    assert main(["fit", "-o", path, "-n", "1"]) == 0
+    if world.rank == 0:
+        sizes = [len(ranks) for ranks in world.nodes]
+        header = next(line for line in capsys.readouterr().out.splitlines()
+                      if line.startswith("# predicted"))
+        assert f"on {len(sizes)} node(s)" in header
+        assert ("between nodes" in header) == (len(sizes) > 1)
+        if len(set(sizes)) > 1:
+            assert f"of {'+'.join(map(str, sizes))} ranks" in header
+
+
 def test_the_model_file_auto_reads_keeps_the_intra_node_link():
     """auto reads the model through selection.parse_params: the inside-node alpha and
     beta (which make hierarchical worth it) reach it, and bad ones are refused."""
@@ -69,6 +91,8 @@ def test_the_table_names_the_links_it_uses_and_spreads_ranks_over_nodes(capsys):
                                          if line.split()[1:2] == [name]))
     assert flat(four, "dissemination") > flat(one, "dissemination")  # the slower link
     assert flat(four, "hierarchical") < flat(four, "dissemination")
+    uneven = table(params, 3, sizes=(8,), collectives=("barrier",), nodes=[2, 1])
+    assert "at 3 ranks on 2 node(s) of 2+1 ranks: between nodes" in uneven
 
 
 def test_the_table_reads_model_files_as_auto_does(tmp_path, capsys):

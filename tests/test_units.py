@@ -801,6 +801,23 @@ def test_ranks_per_node_that_differs_names_each_value_and_its_ranks():
         (0, 0, 1, 1, 2)
 
 
+def test_ranks_per_node_over_two_merged_worlds_blocks_the_communicators_ranks():
+    """A Communicator over a spawned world merged with its parent has two of each job
+    rank: blocks of the job's ranks would put both worlds' rank 0 on one node."""
+    from mpicoll.pipeline import agree
+
+    def blocks(k: int, job_rank: int) -> int:
+        return (agree._BY_BLOCKS << agree._SOURCE_SHIFT) | (k << agree._K_SHIFT) | (job_rank // k)
+
+    job_ranks = np.array([0, 1, 0, 1], np.int64)  # parent's 0, 1; then the child's 0, 1
+    for k, nodes in ((1, (0, 1, 2, 3)), (2, (0, 0, 1, 1)), (3, (0, 0, 0, 1))):
+        keys = np.array([blocks(k, r) for r in job_ranks.tolist()], np.int64)
+        assert agree.node_indices(keys, None, job_ranks) == nodes
+    # one world: the job's ranks, whatever the Communicator's order (a new_group's)
+    keys = np.array([blocks(2, r) for r in (3, 0, 1, 2)], np.int64)
+    assert agree.node_indices(keys, None, np.array([3, 0, 1, 2], np.int64)) == (0, 1, 1, 0)
+
+
 def test_no_home_folder_means_no_tuning_or_model_file(monkeypatch):
     """A user with no home (no passwd entry, no HOME) reads no file of its own, never a
     raw RuntimeError (on rank 0 it left the others waiting)."""

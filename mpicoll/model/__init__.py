@@ -259,16 +259,20 @@ def best(collective: str, nbytes: int, p: int, params: Params, candidates: list[
 
 
 def table(params: Params, p: int, sizes: tuple[int, ...] = (8, 1 << 12, 1 << 16, 1 << 20, 1 << 24),
-          collectives: tuple[str, ...] = COLLECTIVES, nodes: int = 1) -> str:
+          collectives: tuple[str, ...] = COLLECTIVES, nodes: int | Sequence[int] = 1) -> str:
     """Predicted microseconds of every algorithm at a few sizes, at ``p`` ranks on
-    ``nodes`` nodes, as text; its header names the link parameters the rows use."""
+    ``nodes`` nodes (a number: p ranks spread evenly; or each node's ranks), as text; its
+    header names the link parameters the rows use."""
     alpha_in = params.alpha if params.alpha_intra is None else params.alpha_intra
     beta_in = params.beta if params.beta_intra is None else params.beta_intra
     inside = f"alpha {alpha_in * 1e6:.2f} us, beta {rate(beta_in)}"
-    links = f"inside a node {inside}" if nodes == 1 else (
+    count = _layout(p, nodes)[0]
+    links = f"inside a node {inside}" if count == 1 else (
         f"between nodes alpha {params.alpha * 1e6:.2f} us, beta "
         f"{rate(params.beta)}; inside a node {inside}")
-    lines = [f"# predicted time (us) at {p} ranks on {nodes} node(s): {links}; gamma "
+    spread = "" if isinstance(nodes, (int, np.integer)) or len(set(nodes)) == 1 else \
+        f" of {'+'.join(str(int(k)) for k in nodes)} ranks"
+    lines = [f"# predicted time (us) at {p} ranks on {count} node(s){spread}: {links}; gamma "
              f"{rate(params.gamma)} ({params.source})",
              f"# {'collective':<15} {'algorithm':<20}" + "".join(f"{_size(s):>11}" for s in sizes)]
     for collective in collectives:

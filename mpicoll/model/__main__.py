@@ -70,14 +70,19 @@ def main(argv: list[str] | None = None) -> int:
         problem = MPI.COMM_WORLD.bcast(problem, root=0)
         if problem:
             parser.error(f"-o: {problem}")
-        params = fit(iters=args.iters)
+        from ..communicator import Communicator
+
+        comm = Communicator()
+        params = fit(comm, iters=args.iters)
+        nodes = [len(ranks) for ranks in comm.nodes]  # (the table's layout: the fit's)
+        comm.free()
         if MPI.COMM_WORLD.Get_rank() == 0:
             path = save_params(params, args.output)
             print(f"# wrote {path}")
             if path.resolve() != default_path().resolve():
                 print(f"# auto reads {default_path()}: set MPICOLL_MODEL={path} for it to "
                       "read this one")
-            print(table(params, params.ranks))
+            print(table(params, params.ranks, nodes=nodes))
         return 0
     if args.ranks is not None and args.ranks < 1:
         parser.error("-p: at least 1 rank")

@@ -224,10 +224,12 @@ def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: 
             for r in refused)
         raise RemoteError(f"{call.name()}: refused on {detail}")
     reference = rows[0, :len(_FIELDS)].copy()
-    for f in range(len(_FIELDS)):  # a rank that knows the field sets it for rank 0
-        known = rows[:, f][rows[:, f] != ANY]
-        if known.size:
-            reference[f] = known[0]
+    for f in range(len(_FIELDS)):  # the value most ranks that know the field have (in a
+        known = rows[:, f][rows[:, f] != ANY]  # tie, the lowest such rank's): the ranks
+        if known.size:  # apart from it are named, never the many that agree
+            kinds, counts = np.unique(known, return_counts=True)
+            most = kinds[counts == counts.max()]
+            reference[f] = next(v for v in known.tolist() if v in most)
     differ = {}
     for r in range(t.size):
         fields = [name for f, name in enumerate(_FIELDS)
@@ -243,11 +245,11 @@ def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: 
         def what(r: int) -> str:
             return f"{names.get(int(rows[r, 0]), '?')} call #{rows[r, 6]} at {sites[r]}"
 
-        first = next(r for r in range(t.size) if r not in differ)
+        first = next((r for r in range(t.size) if r not in differ), None)
         detail = "; ".join(f"rank {r} differs in {', '.join(f)} ({what(r)})"
                            for r, f in differ.items())
-        raise MismatchError(f"{call.name()}: ranks disagree on the call: {detail}; "
-                            f"rank {first}: {what(first)}")
+        others = "" if first is None else f"; rank {first}: {what(first)}"
+        raise MismatchError(f"{call.name()}: ranks disagree on the call: {detail}{others}")
 
 
 def resync(c: CallState, call: Call) -> None:
@@ -549,11 +551,16 @@ def shared_node(backend: Backend) -> int:
     return (_BY_HOST << _SOURCE_SHIFT) | int(lowest[0])
 
 
-def node_indices(keys: np.ndarray, shared: np.ndarray | None = None) -> tuple[int, ...]:
+def node_indices(keys: np.ndarray, shared: np.ndarray | None = None,
+                 job_ranks: np.ndarray | None = None) -> tuple[int, ...]:
     """Each rank's node index from every rank's node key (and shared-memory node, used
     where a rank's key is 0, or where some ranks read SLURM's node and others could not):
     nodes numbered in the order of their first rank. Raises ConfigError where
-    ``MPICOLL_RANKS_PER_NODE`` is set on some ranks only, or to different numbers."""
+    ``MPICOLL_RANKS_PER_NODE`` is set on some ranks only, or to different numbers.
+    ``job_ranks``: every rank's MPI_COMM_WORLD rank; where two ranks have the same (a
+    Communicator over two MPI worlds, spawned and merged), ``MPICOLL_RANKS_PER_NODE``'s
+    blocks are of the Communicator's own ranks, as a job's would put two worlds' rank 0
+    on one node."""
     sources = keys >> _SOURCE_SHIFT
     blocks = keys >> _K_SHIFT
     by_blocks = sources == _BY_BLOCKS
@@ -564,6 +571,10 @@ def node_indices(keys: np.ndarray, shared: np.ndarray | None = None) -> tuple[in
             given.setdefault(str(k) if source == _BY_BLOCKS else "unset", []).append(r)
         raise ConfigError("MPICOLL_RANKS_PER_NODE: it must be the same on every rank; it is "
                           + "; ".join(f"{k} on rank(s) {_ranks(ranks)}" for k, ranks in given.items()))
+    if by_blocks.any() and job_ranks is not None and \
+            len(set(job_ranks.tolist())) < len(job_ranks):
+        k = int(blocks[0]) & ((1 << (_SOURCE_SHIFT - _K_SHIFT)) - 1)
+        return tuple(r // k for r in range(len(keys)))
     if shared is not None and not by_blocks.any() and not (sources == _BY_SLURM).all():
         keys = shared  # (SLURM's node on every rank, or on none)
     first: dict[int, int] = {}
@@ -674,7 +685,7 @@ def settings(c: CallState, mine: Settings) -> None:
     # among the Communicators a rank shares with another: the lowest job rank's
     # (job rank, pid, how many it had made before)
     c._exit_key = tuple(rows[int(np.argmin(rows[:, n + 5])), n + 5:n + 8].tolist())
-    c._node_of = node_indices(rows[:, n + 2], rows[:, n + 3])
+    c._node_of = node_indices(rows[:, n + 2], rows[:, n + 3], rows[:, n + 5])
     c._backend.transport.nodes = c._node_of  # what hierarchical algorithms split by
 
 
