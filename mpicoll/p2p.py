@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from .buffers import overlapping, overlaps_itself, writable
-from .buffers.arrays import as_array, may_share_memory, module_of
+from .buffers.arrays import as_array, may_share_memory, module_of, off_backend_gpu
 from .errors import (
     CollectiveError,
     CollectiveTimeoutError,
@@ -231,6 +231,9 @@ def _on_device(comm: Any, peers: Any, array: Any, name: str) -> Any:
         raise InvalidArgumentError(
             f"{name}: backend '{comm.backend}' moves GPU arrays (CuPy, or a CUDA __dlpack__ "
             "tensor); got a host array: use backend 'mpi' for host memory")
+    if getattr(peers, "device_only", False) and (
+            elsewhere := off_backend_gpu(comm._backend.device)):
+        raise InvalidArgumentError(f"{name}: {elsewhere}")
     return array
 
 

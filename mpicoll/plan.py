@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .buffers import result_buffer
-from .buffers.arrays import as_array, empty
+from .buffers.arrays import as_array, empty, off_backend_gpu
 from .buffers.arrays import same as _same
 from .errors import (
     CollectiveError,
@@ -633,6 +633,8 @@ def _parameter_refusal(comm: Communicator, collective: str, args: tuple, kwargs:
     stream = kwargs.get("stream")
     if stream is not None and (refusal := stream_refusal(stream)) is not None:
         return refusal
+    if elsewhere := off_backend_gpu(comm._backend.device):
+        return InvalidArgumentError(f"{collective}_init: {elsewhere}")
     spec = SPECS.get(collective)
     if spec is None or spec.input_at_root_only or "x" not in arguments:
         return None  # (a root's input travels in its header: every rank learns it there)

@@ -593,6 +593,63 @@ def test_nccl_refuses_two_ranks_on_one_gpu_on_every_rank(monkeypatch):
 
 
 @pytest.mark.mpi
+def test_nccl_with_another_gpu_current_on_one_rank_is_refused_on_every_rank(fake_cupy):
+    """NCCL on the stream of a GPU that is not its communicator's fails on that rank
+    alone, mid-call, and left the others waiting until the timeout: a call made inside
+    ``with cupy.cuda.Device(0)``, or from a new thread (which starts on GPU 0), on the
+    rank whose GPU is another, is a refusal of its parameters (in check mode every rank
+    raises), before any message; and the next call runs."""
+    from mpi4py import MPI
+
+    cp = fake_cupy
+    if comm_size() < 2:
+        pytest.skip("needs two ranks")
+    comm = mpicoll.Communicator(MPI.COMM_WORLD, backend="nccl", check=True)  # rank k: GPU k
+    last = comm.size - 1
+    said = f"the current GPU is 0, not this Communicator's GPU {last}"
+    try:
+        for algorithm in ("native", "ring"):
+            x = cp.ones(4, "f4")
+            if comm.rank == last:
+                with cp.cuda.Device(0), pytest.raises(mpicoll.InvalidArgumentError, match=said):
+                    comm.all_reduce(cp.ones(4, "f4"), algorithm=algorithm)
+            else:
+                with pytest.raises(mpicoll.RemoteError, match=said):
+                    comm.all_reduce(x, algorithm=algorithm)
+            assert cp.asnumpy(comm.all_reduce(x, algorithm=algorithm)).tolist() == [comm.size] * 4
+        caught: list = []
+
+        def in_a_thread() -> None:
+            try:
+                comm.barrier()
+            except mpicoll.MpicollError as exc:
+                caught.append(exc)
+
+        if comm.rank == last:
+            worker = threading.Thread(target=in_a_thread)
+            worker.start()
+            worker.join()
+        else:
+            in_a_thread()
+        assert len(caught) == 1 and said in str(caught[0]), caught
+        with cp.cuda.Device(0) if comm.rank == last else contextlib.nullcontext():
+            if comm.rank == last:  # a plan made there: refused at init, on every rank
+                with pytest.raises(mpicoll.InvalidArgumentError, match=said):
+                    comm.all_reduce_init(cp.ones(4, "f4"))
+            else:
+                with pytest.raises(mpicoll.RemoteError, match=said):
+                    comm.all_reduce_init(cp.ones(4, "f4"))
+        comm.barrier()
+        if comm.rank == last:  # a send from there: refused before NCCL sees it
+            with cp.cuda.Device(0), pytest.raises(mpicoll.InvalidArgumentError, match=said):
+                comm.send(cp.ones(2, "f4"), 0)
+        comm.barrier()
+        assert cp.asnumpy(comm.all_reduce(cp.ones(4, "f4"))).tolist() == [comm.size] * 4
+    finally:
+        comm.free()
+
+
+@pytest.mark.mpi
 def test_nccl_without_a_driver_on_one_rank_fails_on_every_rank(fake_cupy, monkeypatch):
     from mpi4py import MPI
 

@@ -90,6 +90,21 @@ def off_current_gpu(x: Any) -> str:
             f"(with cupy.cuda.Device({device}): ...) or move it there")
 
 
+def off_backend_gpu(device: int | None) -> str:
+    """Why a call cannot run on a Communicator whose backend runs on GPU ``device`` (NCCL:
+    its communicator, streams and workspace are that GPU's) from here ("": it can, or
+    ``device`` is None): another GPU is current in this thread (CuPy's current GPU is
+    per thread, and a new thread starts on GPU 0)."""
+    if device is None:
+        return ""
+    current = cupy_module().cuda.runtime.getDevice()
+    if current == device:
+        return ""
+    return (f"the current GPU is {current}, not this Communicator's GPU {device}: call it "
+            f"with its GPU current (with cupy.cuda.Device({device}): ...; a new thread "
+            "starts on GPU 0)")
+
+
 def module_of(x: Any) -> ModuleType:
     """The array library of ``x``: numpy or cupy."""
     return np if type(x) is np.ndarray or not is_cupy(x) else cupy_module()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from numpy import empty, ndarray
 
-from ..buffers.arrays import is_cupy, kept_view, to_torch
+from ..buffers.arrays import is_cupy, kept_view, off_backend_gpu, to_torch
 from ..errors import (
     CollectiveError,
     ConcurrentCallError,
@@ -294,6 +294,9 @@ def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, meth
             agree.resync(c, call)
         if refusal is None and stream is not None:
             refusal = stream_refusal(stream)
+        if refusal is None and b.device is not None and (elsewhere := off_backend_gpu(b.device)):
+            # (NCCL on another GPU's stream fails on this rank alone, mid-call)
+            refusal = InvalidArgumentError(f"{name}: {elsewhere}")
         if refusal is not None:
             # a refusal of the call's parameters, as every stage's: in check mode every
             # rank raises it; otherwise this rank at once, and its next call resyncs
