@@ -477,6 +477,11 @@ class ndarray:  # noqa: N801  (CuPy's name)
             return np.array(self._memory, order=order)
         if type(out) is not np.ndarray:
             raise TypeError("out must be a numpy.ndarray")
+        if out.dtype != self.dtype:  # (as CuPy's: never a cast, never a broadcast)
+            raise TypeError(f"{self.dtype} array cannot be got to {out.dtype} array")
+        if out.shape != self.shape:
+            raise ValueError(f"Shape mismatch. Expected shape: {self.shape}, "
+                             f"actual shape: {out.shape}")
         out[...] = self._memory
         return out
 
@@ -485,8 +490,10 @@ class ndarray:  # noqa: N801  (CuPy's name)
         when the stream gets there (later); from pageable memory it reads it now."""
         if type(arr) is not np.ndarray:
             raise TypeError("set takes a numpy.ndarray")
-        if arr.shape != self.shape and arr.size != self.size:
-            raise ValueError("shape mismatch")
+        if arr.dtype != self.dtype:  # (as CuPy's: never a cast, never a reshape)
+            raise TypeError(f"{self.dtype} array cannot be set to {arr.dtype} array")
+        if arr.shape != self.shape:
+            raise ValueError(f"Shape mismatch. Old shape: {self.shape}, new shape: {arr.shape}")
         stream = get_current_stream() if stream is None else stream
         memory = self._memory
         if _is_pinned(arr):
