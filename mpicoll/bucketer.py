@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from .buffers.arrays import as_array, copy_into, empty
+from .buffers.arrays import as_array, copy_into, cupy_module, empty
 from .errors import (
     CollectiveTimeoutError,
     InvalidArgumentError,
@@ -143,6 +143,10 @@ class Bucketer:
         self._next = 0  # the next bucket to start
         self._refused: MpicollError | None = None  # this round's first refused add, if any
         self.dtypes = dtypes
+        # a device array's copy into its slot runs on its adder's current stream: where a
+        # bucket starts on another (another thread's, a user's stream), the start waits
+        # for the copies of the others (each slot's event, recorded at its add)
+        self._copied: list[tuple[Any, Any] | None] = [None] * len(arrays)
         # adds and waits from any threads (an autograd hook's, a pool's), one at a time:
         # the buckets start in bucket order on every rank whichever thread fills them
         self._lock = threading.RLock()
@@ -189,6 +193,8 @@ class Bucketer:
         except MpicollError as exc:  # this rank takes part on zeros, then raises; wait()
             refusal, self._refused = exc, self._refused or exc  # tells every rank
             self._slot(i)[...] = 0
+        if type(self.buffers[self.bucket_of[i]]) is not np.ndarray:
+            self._mark_copied(i)
         self._filled_in(i)
         self._start_full(site)  # (a hang report names the caller's add)
         if refusal is not None:
@@ -199,10 +205,33 @@ class Bucketer:
         self._filled[i] = True
         self._missing[self.bucket_of[i]] -= 1
 
+    def _mark_copied(self, i: int) -> None:
+        """Array ``i``'s copy into its device slot is queued on this thread's current
+        stream: an event after it, and who queued it (thread, stream, GPU)."""
+        cuda = cupy_module().cuda
+        stream = cuda.get_current_stream()
+        kept = self._copied[i]
+        event = cuda.Event(block=False, disable_timing=True) if kept is None else kept[1]
+        stream.record(event)
+        self._copied[i] = ((threading.get_ident(), stream.ptr, cuda.runtime.getDevice()), event)
+
+    def _after_copies(self, bucket: int) -> None:
+        """The current stream waits for the copies into ``bucket`` that other streams
+        queued (the start's all_reduce runs on it; one stream's own copies are in order)."""
+        cuda = cupy_module().cuda
+        stream = cuda.get_current_stream()
+        here = (threading.get_ident(), stream.ptr, cuda.runtime.getDevice())
+        for i in self.members[bucket]:
+            kept = self._copied[i]
+            if kept is not None and kept[0] != here:
+                stream.wait_event(kept[1])
+
     def _start_full(self, site: Any) -> None:
         """Start every bucket now full, in bucket order (the order on every rank)."""
         while self._next < len(self.members) and self._missing[self._next] == 0:
             flat = self.buffers[self._next]
+            if type(flat) is not np.ndarray:
+                self._after_copies(self._next)
             if self.comm._progress is not None:  # (the earlier buckets another thread
                 self.comm._progress.adopt()       # started: this one follows them)
             self.works[self._next] = self.comm.all_reduce(
@@ -227,6 +256,8 @@ class Bucketer:
                 f"wait: arrays {missing} were never added this round (they went as zeros)")
             for i in missing:
                 self._slot(i)[...] = 0
+                if type(self.buffers[self.bucket_of[i]]) is not np.ndarray:
+                    self._mark_copied(i)
                 self._filled_in(i)
             try:
                 self._start_full(sys._getframe(2))

@@ -276,6 +276,44 @@ def test_bucketer_on_device_gradients(comm, fake_cupy):
         buckets.wait()
 
 
+def test_a_device_bucket_starts_after_the_copies_other_streams_queued(fake_cupy, monkeypatch):
+    """Each add copies its gradient into the bucket on the adder's current stream; the
+    bucket's all_reduce starts on the last adder's. Where an earlier add's stream is
+    another (another thread's, a user's stream), the start's stream waits for that
+    copy's event: it read slots whose copies could still be queued. One stream's own
+    copies are in order: no wait."""
+    cp = fake_cupy
+    comm = _communicator("0")
+    waits: list = []
+    real = cp.cuda.Stream.wait_event
+    monkeypatch.setattr(cp.cuda.Stream, "wait_event",
+                        lambda self, event: (waits.append((self, event)), real(self, event))[1])
+    base = [cp.asarray(np.arange(4, dtype=np.float32) + i) for i in range(3)]
+    buckets = mpicoll.Bucketer(comm, base, cap_bytes=1 << 20)  # one bucket
+    try:
+        side, main = cp.cuda.Stream(), cp.cuda.Stream()
+        worker = threading.Thread(target=lambda: [buckets.add(i, base[i]) for i in (0, 1)])
+        with side:  # (a new thread's current stream is its own, not this one)
+            worker.start()
+            worker.join()
+            buckets.add(2, base[2])  # this thread, on another stream: the bucket starts
+        got = buckets.wait()
+        # the start (on side, in this thread) waited for arrays 0 and 1 (the other
+        # thread's stream), not for array 2 (its own stream's)
+        assert len(waits) == 2 and all(stream is side for stream, _ in waits), waits
+        for a, b in zip(got, base, strict=True):
+            np.testing.assert_array_equal(a.get(), b.get() * comm.size)
+        waits.clear()
+        with main:  # one thread, one stream: nothing to wait for
+            for i in range(3):
+                buckets.add(i, base[i])
+            buckets.wait()
+        assert waits == []
+    finally:
+        buckets.free()
+        comm.free()
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", ["native", "ring", "recursive_doubling", "auto"])
 def test_a_device_all_reduce_is_decided_once_and_right_every_call(comm, fake_cupy, algorithm):
