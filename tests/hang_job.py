@@ -179,6 +179,22 @@ def main(scenario: str) -> None:
             time.sleep(3 * timeout)
         plan()
         return
+    elif scenario == "slow_op":
+        # rank 1's op takes longer than the timeout, after its first message arrived:
+        # it computes, it waits for no one (the others wait for it)
+        def slow_op(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+            if culprit:
+                time.sleep(3 * timeout)
+            np.add(a, b, out=out)
+
+        comm.all_reduce(x, mpicoll.Op(slow_op, commutative=True, name="slow_op"),
+                        algorithm="ring")
+    elif scenario == "check_skip":
+        # in check mode every call first compares the ranks' calls: rank 1 never comes
+        checked = mpicoll.Communicator(check=True)
+        if culprit:
+            time.sleep(3 * timeout)
+        checked.all_reduce(x, algorithm="ring")
     elif scenario == "user_op":
         op = mpicoll.Op(failing_op if culprit else np.add, commutative=True, name="failing_op")
         try:

@@ -71,6 +71,33 @@ def test_a_rank_that_leaves_or_lags_ends_the_job_with_a_report(scenario, tmp_pat
 
 
 @needs_mpiexec
+def test_a_rank_computing_in_its_op_is_not_reported_waiting_for_a_message(tmp_path):
+    """Rank 1's op outlasts the timeout after its first message arrived: its report says
+    it waits for no message (it used to name the receive it had finished, so the others'
+    reports and its own made a cycle with no culprit); the others name whom they wait for."""
+    done, elapsed = job("slow_op", str(tmp_path))
+    assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
+    assert elapsed < TIMEOUT + 10
+    found = reports(done.stderr)
+    culprit = [r for r in found if r.startswith("mpicoll: timeout: rank 1 ")]
+    assert culprit and all("not waiting for a message" in r for r in culprit), found
+    assert any("receive from rank 1" in r for r in found if r not in culprit), found
+
+
+@needs_mpiexec
+def test_a_call_waiting_in_check_modes_comparison_says_so(tmp_path):
+    """Check mode compares every call first (an all_gather of each rank's): a rank that
+    never comes leaves the others waiting there, which the report names (it said
+    "not waiting for a message (computing, ...)")."""
+    done, elapsed = job("check_skip", str(tmp_path))
+    assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
+    assert elapsed < TIMEOUT + 10
+    found = [r for r in reports(done.stderr) if not r.startswith("mpicoll: timeout: rank 1 ")]
+    assert found and all("call #1 all_reduce" in r and "waiting for every rank to reach "
+                         "check mode's comparison of the call" in r for r in found), found
+
+
+@needs_mpiexec
 def test_a_user_op_failing_on_one_rank_raises_on_every_rank_without_a_hang(tmp_path):
     """Rank 1's op raises in call #3 (ring): it finishes its messages with what it has,
     every rank learns it at the call's end and raises OpError; no timeout, no abort."""

@@ -90,11 +90,21 @@ def signature(dtype: np.dtype, rest: tuple[int, ...]) -> int:
 # -- collectives on the control transport --------------------------------------------
 
 
-def all_gather(c: CallState, table: np.ndarray, block: int) -> None:
-    """All-gather ``table`` (rank r's ``block`` items at r * block) over control."""
+def all_gather(c: CallState, table: np.ndarray, block: int, note: str = "") -> None:
+    """All-gather ``table`` (rank r's ``block`` items at r * block) over control.
+    ``note``: what the watchdog says the call waits for meanwhile (a step of the call's
+    own, before or after its data: it waits for every rank to reach it)."""
     b = c._backend
     fn = b.control_native.get("all_gather") or REGISTRY["all_gather"]["recursive_doubling"].fn
-    fn(b.control, table, even_bounds(block, b.control.size))
+    if not note:
+        fn(b.control, table, even_bounds(block, b.control.size))
+        return
+    rec = c._watch.current
+    kept, rec.note = rec.note, f"waiting for every rank to reach {note}"
+    try:
+        fn(b.control, table, even_bounds(block, b.control.size))
+    finally:
+        rec.note = kept
 
 
 def broadcast(c: CallState, buf: np.ndarray, root: int) -> None:
@@ -211,7 +221,8 @@ def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: 
     t = c._backend.control
     table = np.empty(t.size * _ROW, np.int64)
     table[t.rank * _ROW:(t.rank + 1) * _ROW] = mine
-    all_gather(c, table, _ROW)
+    all_gather(c, table, _ROW, "check mode's comparison of the call (every rank's "
+               "collective, algorithm, op, root, dtype, shape)")
     rows = table.reshape(t.size, _ROW)
     sites = [_untext(rows[r, start:start + _SITE_BYTES // 8]) for r in range(t.size)]
 
@@ -292,7 +303,7 @@ def op_failures(c: CallState, call: Call, op: Op, failure: OpError | None) -> No
     table = np.zeros(t.size, np.int64)
     table[t.rank] = failure is not None
     t.use(None)
-    all_gather(c, table, 1)
+    all_gather(c, table, 1, f"the account of the user's op {op.name!r} after the data")
     failed = np.flatnonzero(table).tolist()
     if not failed:
         return
@@ -396,7 +407,7 @@ def row_table(c: CallState, call: Call, x: Any, refusal: MpicollError | None) ->
         table[3 * t.rank:3 * t.rank + 3] = (x.shape[0], signature(x.dtype, x.shape[1:]), 0)
     else:
         table[3 * t.rank + 2] = 1
-    all_gather(c, table, 3)
+    all_gather(c, table, 3, "the exchange of every rank's rows, before the data")
     rows = table.reshape(t.size, 3)
     check_table(call, rows[:, 1], rows[:, 2], refusal)
     return rows[:, 0].tolist()

@@ -158,6 +158,7 @@ class MPITransport(Workspace):
             mark = self._mark()
             self.comm.Send([self._outgoing(buf), MPI.BYTE], dest, self.tag)
             self._release(mark)
+        self.wait_kind = None  # (done: a report says this rank computes, not waits)
 
     def recv(self, buf: Any, source: int) -> None:
         self.step += 1
@@ -173,6 +174,7 @@ class MPITransport(Workspace):
             if status.Get_count(MPI.BYTE) != landing.nbytes:
                 raise _short(status, landing.nbytes, source)
             self._arrived(landing, buf)
+        self.wait_kind = None
 
     def sendrecv(self, sendbuf: Any, dest: int, recvbuf: Any, source: int) -> None:
         self.step += 1
@@ -183,6 +185,7 @@ class MPITransport(Workspace):
                                [recvbuf, MPI.BYTE], source, self.tag, status)
             if status.Get_count(MPI.BYTE) != recvbuf.nbytes:
                 raise _short(status, recvbuf.nbytes, source)
+            self.wait_kind = None
             return
         outgoing = sendbuf if type(sendbuf) is np.ndarray else self._outgoing(sendbuf)
         landing = recvbuf if type(recvbuf) is np.ndarray else self._incoming(recvbuf)
@@ -192,6 +195,7 @@ class MPITransport(Workspace):
             raise _short(status, landing.nbytes, source)
         if landing is not recvbuf:
             self._arrived(landing, recvbuf)
+        self.wait_kind = None
 
     def isend(self, buf: Any, dest: int) -> MPI.Request:
         self.wait_peer = dest
@@ -231,6 +235,7 @@ class MPITransport(Workspace):
                 else:
                     pending.append((request, landing, buf))
             self._copies = pending
+        self.wait_kind = None
 
     def _check_receives(self, requests: list[MPI.Request], statuses: list[MPI.Status]) -> None:
         """The lengths of the receives among ``requests`` (just waited for), as ``recv``
