@@ -235,6 +235,7 @@ def test_a_persistent_start_is_watched_until_it_is_waited_for(scenario, tmp_path
     named = "call #3 all_reduce" if scenario == "plan_test_loop" else \
         "the running starts of this rank's plans (at exit)"
     assert found and any(named in r for r in found), found
+    assert not any("?:0" in r for r in found), found  # (no line of the program: no site)
 
 
 @needs_mpiexec

@@ -303,6 +303,9 @@ class Watch:
                     f"(timeout {self.timeout:g} s); {rec.note}")
         if rec.note:
             after = f" after call #{call.seq}" if call.seq else ""  # (0: before any call)
+            if call.code is None:  # a step no line of the program made (at exit)
+                return (f"{call.collective}{after} has run {now - self.started:.1f} s "
+                        f"(timeout {self.timeout:g} s); {rec.note}")
             return (f"{call.collective}{after} ({call.site}) has run "
                     f"{now - self.started:.1f} s (timeout {self.timeout:g} s); {rec.note}")
         details = [f"algorithm {rec.algorithm}"]
