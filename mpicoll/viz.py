@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         traced = trace_flow(args.collective, args.algorithm, args.ranks, args.chunks,
                             args.ranks_per_node)
-    except mpicoll.InvalidArgumentError as exc:
+    except mpicoll.MpicollError as exc:  # (a bad argument, or setting: MPICOLL_TUNING's)
         parser.error(str(exc))
     steps, phases = traced.steps, traced.phases(args.collective, args.algorithm)
     note, nodes = traced.owner_note(), traced.nodes  # (--ranks-per-node, else the

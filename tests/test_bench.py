@@ -200,6 +200,50 @@ def test_check_catches_a_wrong_result(world, shared_dir, broken_all_reduce):
     assert main(["all_reduce", *SMALL, "-c", "0", "--algo", broken_all_reduce]) == 0
 
 
+@pytest.fixture
+def lazy_algorithms():
+    """An all_reduce that writes nothing into its result and an all_gather that sends
+    nothing (in place: the others' rows left as they were), removed afterwards."""
+
+    @register("all_reduce", "lazy_for_test")
+    def lazy_all_reduce(t, src, dst, op):
+        """Nothing at all.
+
+        Cost: 0
+        """
+
+    @register("all_gather", "lazy_for_test")
+    def lazy_all_gather(t, buf, bounds):
+        """Nothing at all.
+
+        Cost: 0
+        """
+
+    yield "lazy_for_test"
+    del REGISTRY["all_reduce"]["lazy_for_test"], REGISTRY["all_gather"]["lazy_for_test"]
+
+
+def test_check_counts_a_result_left_unwritten_wrong(world, shared_dir, lazy_algorithms):
+    """The rows of a size share their result buffer: a row that leaves it unwritten must
+    not pass on the right values the row before it left there (as nccl-tests clears its
+    receive buffers before each check, so does the benchmark)."""
+    for collective, extra in (("all_reduce", ()), ("all_reduce", ("--plan",)),
+                              ("all_gather", ("--inplace", "--plan"))):
+        out_json = os.path.join(shared_dir, f"lazy-{collective}.json")
+        status = main([collective, *SMALL, "--algo", f"native,{lazy_algorithms}", *extra,
+                       "--json", out_json])
+        world.barrier()
+        rows = json.load(open(out_json))["rows"]
+        lazy = [r for r in rows if r["algorithm"].startswith(lazy_algorithms) and r["count"]]
+        if "--inplace" in extra:  # (the +plan rows run in place as their calls do)
+            assert all(r["inplace"] for r in rows), rows
+        if collective == "all_gather" and world.size == 1:  # (its own row: nothing to send)
+            assert status == 0 and all(r["wrong"] == 0 for r in lazy), rows
+            continue
+        assert status == 1 and lazy and all(r["wrong"] > 0 for r in lazy), (collective, rows)
+        assert all(r["wrong"] == 0 for r in rows if r["algorithm"] == "native")
+
+
 def test_min_busbw_and_back_to_back_and_inplace(world):
     assert main(["all_reduce", *SMALL, "--algo", "ring", "--min-busbw", "1e9"]) == 1
     assert main(["all_gather", *SMALL, "--algo", "ring,auto", "--timing", "back-to-back",

@@ -153,6 +153,15 @@ def test_viz_cli_png_and_refusals(tmp_path):
         viz.main(["all_reduce", "--algorithm", "ring", "-n", str(viz.MAX_RANKS + 1), "--ascii"])
 
 
+def test_viz_says_a_bad_setting_in_one_line(monkeypatch, capsys):
+    """A malformed setting in the environment (the Communicators viz makes read it) is
+    the command's one-line error and status 2, as the benchmark's, not a traceback."""
+    monkeypatch.setenv("MPICOLL_RANKS_PER_NODE", "x")
+    with pytest.raises(SystemExit) as exit_:
+        viz.main(["all_reduce", "--algorithm", "ring", "-n", "4", "--ascii"])
+    assert exit_.value.code == 2 and "MPICOLL_RANKS_PER_NODE" in capsys.readouterr().err
+
+
 def test_chrome_trace_has_what_perfetto_needs(tmp_path):
     events = run_local(3, lambda comm: (comm.all_reduce(np.ones(30), algorithm="ring"),
                                         comm.trace_events())[1], trace=True)

@@ -226,6 +226,9 @@ class Call:
 
     In place (``inplace=True``, for the collectives in INPLACE) the result overwrites the
     input, so ``reset()`` puts the input back before a call whose result is checked.
+    ``reset()`` also fills the result buffer with a value no result holds (as nccl-tests
+    clears its receive buffers before a check), so an algorithm that leaves some of it
+    unwritten is counted wrong, never passed by the previous row's right values.
     """
 
     def __init__(self, comm: Communicator, collective: str, x: np.ndarray, op: str,
@@ -235,8 +238,10 @@ class Call:
         record, p, is_root = RECORDS[collective], comm.size, comm.rank == root
         fn, init = getattr(comm, collective), getattr(comm, f"{collective}_init")
         self._plans: dict[str, Any] = {}
+        self._result: Any = None  # the buffer a call writes its result into (reset())
         if collective == "broadcast":  # always in place: the root's buffer, others' receive
             self.buf = x.copy()
+            self._result = None if is_root else self.buf
             self._run = lambda algo: comm.broadcast(self.buf, root, algorithm=algo)
             self._init = lambda algo: comm.broadcast_init(self.buf, root, algorithm=algo)
             return
@@ -245,6 +250,7 @@ class Call:
                         else x.copy())
             mine = self.buf[comm.rank] if collective == "all_gather" else self.buf
             out = self.buf if (is_root or not record.rooted) else None
+            self._result = out
             if record.reduces:
                 args = (mine, op, root) if record.rooted else (mine, op)
             else:
@@ -253,12 +259,12 @@ class Call:
             self._init = lambda algo: init(*args, algorithm=algo, out=out)
             return
         self.buf = None
-        out = empty(result_shape(collective, x, p), x.dtype, like=x)
+        out = self._result = empty(result_shape(collective, x, p), x.dtype, like=x)
         if collective == "scatter":
             self._run = lambda algo: comm.scatter(x, root, algorithm=algo, out=out)
             self._init = lambda algo: comm.scatter_init(x, root, algorithm=algo, out=out)
             return
-        out = out if is_root or not record.rooted else None
+        out = self._result = out if is_root or not record.rooted else None
         if record.reduces:
             args = (x, op, root) if record.rooted else (x, op)
         else:
@@ -275,6 +281,8 @@ class Call:
         return plan()
 
     def reset(self) -> None:
+        if self._result is not None:
+            self._result.fill(poison(self._result.dtype))
         if self.buf is None or self.collective == "broadcast":
             return
         if self.collective == "all_gather":
@@ -284,6 +292,20 @@ class Call:
 
     def run(self, algorithm: str) -> np.ndarray | None:
         return self._run(algorithm)
+
+
+def poison(dtype: np.dtype) -> Any:
+    """A value of ``dtype`` that no checked result holds (the inputs are small whole
+    numbers): NaN where the dtype has one, else the integers' far end, True for bool."""
+    if dtype.kind == "b":
+        return True
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return info.min if dtype.kind == "i" else info.max
+    try:
+        return np.array(np.nan).astype(dtype)[()]
+    except (TypeError, ValueError):  # (no NaN in it: its largest value)
+        return np.array(np.finfo(dtype).max, dtype)[()]
 
 
 TIMINGS = ("barrier", "back-to-back")
@@ -507,8 +529,9 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
                 model.predict(collective, stand_in, wire_size, comm.size, params,
                               tuple(map(len, comm.nodes))) * 1e6,
                 mean_us=statistics.fmean(times) * 1e6,
-                inplace=inplace and collective in INPLACE and "+" not in name,  # (+bf16:
-                # the compressed rows run out of place)
+                inplace=inplace and collective in INPLACE and not (
+                    args.compress and name.removesuffix(PLAN_SUFFIX).endswith(f"+{args.compress}")),
+                # (+bf16: the compressed rows run out of place; +plan rows as their call)
                 rank_avg_us=spread[name][0] * 1e6, rank_min_us=spread[name][1] * 1e6,
                 rank_max_us=spread[name][2] * 1e6))
         baseline = measured.get(library_name, measured.get("native", ([math.nan], 0)))[0]
