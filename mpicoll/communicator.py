@@ -173,7 +173,7 @@ class Communicator(CallState, PointToPoint, Groups):
         nbytes = int(nbytes)
         dtype = dtype_given(dtype, "auto_algorithm")
         opd = None if op is None else resolve_op(op, dtype if dtype is not None else np.dtype("f8"))
-        return self._chooser.auto(collective, nbytes, opd, dtype, uneven)
+        return self._chooser.runs(collective, nbytes, opd, dtype, uneven)
 
     # -- duplicates, async calls, traces, freeing ------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 import mpicoll
@@ -106,3 +107,37 @@ def test_what_tune_writes_the_reader_accepts(tmp_path, winners):
     read = selection.parse_tuning(path.read_text(), str(path))
     for size, _ in winners:  # each measured size picks an algorithm measured at it
         assert read.pick("all_reduce", 2, size) in {n for s, n in winners if s == size}
+
+
+def test_auto_algorithm_says_what_a_small_broadcast_or_scatter_runs(tmp_path, monkeypatch):
+    """Up to the backend's packed_bytes a broadcast's data (an "auto" scatter's rows) go
+    in the root's header packet, moved by the packet's algorithm: auto_algorithm says
+    that one, not the table's entry for the data's size (which nothing runs)."""
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"mpicoll_tuning": 1, "tables": {"3": {
+        "broadcast": [{"below": 512, "algorithm": "linear"},
+                      {"below": None, "algorithm": "binomial"}],
+        "scatter": [{"below": 2048, "algorithm": "linear"},
+                    {"below": None, "algorithm": "binomial"}]}}}))
+    monkeypatch.setenv("MPICOLL_TUNING", str(path))
+
+    def body(comm):
+        said_ran = []
+        for nbytes in (12, 120, 504, 732, 996, 1500, 6000):
+            for collective in ("broadcast", "scatter"):
+                rows = nbytes // 12  # float32: a multiple of 3 ranks
+                x = np.ones((3, rows // 3) if collective == "scatter" else rows, np.float32)
+                said = comm.auto_algorithm(collective, x.nbytes)
+                before = len(comm.trace_events())
+                getattr(comm, collective)(x if comm.rank == 0 else None, 0)
+                ran = {e["algorithm"] for e in comm.trace_events()[before:]
+                       if e.get("algorithm")}
+                said_ran.append((collective, x.nbytes, said, ran))
+        return said_ran
+
+    from mpicoll.backends.base import PACKED_BYTES
+
+    for collective, nbytes, said, ran in run_local(3, body, trace=True)[0]:
+        # (above packed_bytes the header packet goes first, on its own)
+        assert ran == {said} if nbytes <= PACKED_BYTES else said in ran, \
+            (collective, nbytes, said, ran)

@@ -164,6 +164,34 @@ class Chooser:
                                       tables=self.tables, nodes=self._nodes()))
         return picked
 
+    def packet_mover(self) -> str:
+        """The algorithm that moves a root's header packet (``agree.broadcast``): MPI's
+        own broadcast ("native") where the backend has one, else a binomial tree."""
+        return "native" if "broadcast" in self.backend.control_native else "binomial"
+
+    def label(self, algorithm: str, nbytes: int) -> None:
+        """Name what the call's messages from here are moved by (the flight recorder's
+        entry, the trace's events), where no ``function`` chose it."""
+        if self.watch is not None:
+            self.watch.current.chose(algorithm, nbytes)
+        if self.tracer is not None:
+            self.tracer.chose(algorithm, nbytes)
+
+    def runs(self, collective: str, nbytes: int, op: Op | None, dtype: np.dtype | None,
+             uneven: bool) -> str:
+        """What "auto" runs for a call moving ``nbytes`` (``comm.auto_algorithm``): as
+        ``auto``, but where the data goes in the root's header packet (a broadcast, or a
+        scatter's rows, up to the backend's ``packed_bytes``), what moves the packet: a
+        broadcast's algorithm for the packet's size; a scatter's, ``packet_mover``."""
+        limit = self.backend.packed_bytes
+        if collective == "broadcast" and nbytes <= limit:
+            from .agree import HEADER_BYTES
+
+            return self.auto("broadcast", HEADER_BYTES + limit, None, None, False)
+        if collective == "scatter" and nbytes <= limit:
+            return self.packet_mover()
+        return self.auto(collective, nbytes, op, dtype, uneven)
+
     def _nodes(self) -> tuple[int, ...]:
         """The ranks of each node (from the transport's agreed node of each rank)."""
         nodes = getattr(self.backend.transport, "nodes", None)

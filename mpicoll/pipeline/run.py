@@ -212,6 +212,8 @@ def scatter(c: CallState, call: Call, x: Any, root: Any, algorithm: Any, out: An
     t, v = b.transport, Verdict()
     root = validate.root(v, root, t.size)
     c._chooser.pick(v, "scatter", algorithm, 0, options=options)  # a bad name: before messages
+    if algorithm == "auto":  # the header goes first, with the rows when they fit; what
+        c._chooser.label(c._chooser.packet_mover(), 0)  # moves them is chosen after it
     is_root, back, result = t.rank == root, same, None
     packet, header, limit = c._packet, c._packet_header, b.packed_bytes
     if is_root:
