@@ -84,9 +84,14 @@ class Request:
         self._back = back  # a strided out's, copied once the message is in (_incoming)
 
     def _landed(self) -> None:
-        """The message is in: a strided ``out`` gets it (once)."""
-        back, self._back = self._back, None
-        _land(back)
+        """The message is in: a strided ``out`` gets it (once: a copy that failed is
+        tried again by the next wait or test)."""
+        try:
+            _land(self._back)
+        except Exception as exc:  # noqa: BLE001 - named, with its cause
+            raise CollectiveError(f"{self._what}: the message is in, but copying it into "
+                                  f"out failed: {type(exc).__name__}: {exc}") from exc
+        self._back = None
 
     def __repr__(self) -> str:
         return f"<mpicoll.Request {self._what} peer {self._peer} tag {self._tag}>"
@@ -268,9 +273,14 @@ def _land(back: Any) -> None:
     """A received strided ``out``'s message, copied from where it landed (``_incoming``)."""
     if back is not None:
         array, landing = back
-        array[...] = landing
-        if type(array) is not np.ndarray:  # done for every stream, as a contiguous
-            module_of(array).cuda.get_current_stream().synchronize()  # out's wait is
+        if type(array) is np.ndarray:
+            array[...] = landing
+            return
+        cuda = module_of(array).cuda  # on out's GPU, whichever is current (a wait from
+        with cuda.Device(array.data.device_id):  # another thread: its GPU 0)
+            array[...] = landing
+            cuda.get_current_stream().synchronize()  # done for every stream, as a
+            # contiguous out's wait is
 
 
 class PointToPoint:

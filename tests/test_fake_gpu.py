@@ -682,6 +682,25 @@ def test_nccl_with_another_gpu_current_on_one_rank_is_refused_on_every_rank(fake
             with cp.cuda.Device(0), pytest.raises(mpicoll.InvalidArgumentError, match=said):
                 comm.send(cp.ones(2, "f4"), 0)
         comm.barrier()
+        # host-only calls run from there (monitored_barrier: NCCL's MPI side alone)
+        if comm.rank == last:
+            worker = threading.Thread(target=comm.monitored_barrier)
+            worker.start()
+            worker.join()
+        else:
+            comm.monitored_barrier()
+        # a message into a strided out, waited for from a new thread: copied on out's GPU
+        if comm.rank == 0:
+            comm.send(cp.arange(3, dtype="f4"), last)
+        elif comm.rank == last:
+            out = cp.zeros((3, 2), "f4")
+            request = comm.irecv(out[:, 0], 0)
+            got: list = []
+            worker = threading.Thread(target=lambda: got.append(request.wait()))
+            worker.start()
+            worker.join()
+            assert got == [0] and cp.asnumpy(out[:, 0]).tolist() == [0.0, 1.0, 2.0], got
+        comm.barrier()
         assert cp.asnumpy(comm.all_reduce(cp.ones(4, "f4"))).tolist() == [comm.size] * 4
     finally:
         comm.free()

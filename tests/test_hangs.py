@@ -95,6 +95,8 @@ def test_a_call_waiting_in_check_modes_comparison_says_so(tmp_path):
     found = [r for r in reports(done.stderr) if not r.startswith("mpicoll: timeout: rank 1 ")]
     assert found and all("call #1 all_reduce" in r and "waiting for every rank to reach "
                          "check mode's comparison of the call" in r for r in found), found
+    summary = hang_summary(tmp_path)  # the dumps: the ranks are in the call, not aside
+    assert "in call #1 all_reduce" in summary and "after call #1" not in summary, summary
 
 
 @needs_mpiexec
@@ -236,6 +238,7 @@ def test_a_persistent_start_is_watched_until_it_is_waited_for(scenario, tmp_path
         "the running starts of this rank's plans (at exit)"
     assert found and any(named in r for r in found), found
     assert not any("?:0" in r for r in found), found  # (no line of the program: no site)
+    assert "?:0" not in hang_summary(tmp_path)
 
 
 @needs_mpiexec

@@ -105,8 +105,10 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
             if record is None:  # a step that is not a numbered call (point-to-point, making
                 # a Communicator), or a call the recorder has no entry of
                 after = f" after call #{now['seq']}" if now["seq"] else ""
-                key = (f"in {now.get('collective', 'a step')}{after} "
-                       f"({_short(now.get('site', '?:0'))}), stuck {now['running_s']:.1f} s")
+                site = now.get("site", "?:0")
+                key = (f"in {now.get('collective', 'a step')}{after}"
+                       f"{'' if site is None else f' ({_short(site)})'}, stuck "
+                       f"{now['running_s']:.1f} s")
             else:
                 key = (f"in {_call(record)}, algorithm {record.get('algorithm')}, stuck "
                        f"{now['running_s']:.1f} s")

@@ -304,13 +304,16 @@ def snapshot(dog: Watchdog, reason: str, overdue: Watch | None = None) -> dict[s
             current = w.current
             # a step that is not a numbered call (point-to-point, making a Communicator,
             # a plan's vote): its own name and note; the transports' slots are a call's
-            aside = bool(current.note)
+            # (a numbered call's own step with a note, its agreement: the call itself)
+            aside = bool(current.note) and not any(current is e for e in w.ring)
             kind, peer = (None, -1) if aside else w.peer()
             entry["in_call"] = {"seq": current.call.seq, "running_s": round(now - w.started, 3),
                                 "step": -1 if aside else w.step(), "waiting": w.waiting(),
                                 "kind": kind, "peer": peer, "aside": aside,
                                 "collective": current.call.collective,
-                                "site": str(current.call.site)}
+                                # (None: a step no line of the program made, at exit)
+                                "site": None if current.call.code is None
+                                else str(current.call.site)}
         communicators.append(entry)
     return {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(),
             "reason": reason, "time": round(time.time(), 6),

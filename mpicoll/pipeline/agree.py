@@ -234,19 +234,25 @@ def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: 
             f"rank {r} ({sites[r]}): {_untext(rows[r, start + _SITE_BYTES // 8:])}"
             for r in refused)
         raise RemoteError(f"{call.name()}: refused on {detail}")
-    reference = rows[0, :len(_FIELDS)].copy()
+    fields = rows[:, :len(_FIELDS)]
+    known = fields != ANY
+    first = np.where(known.any(axis=0), fields[known.argmax(axis=0), np.arange(len(_FIELDS))],
+                     fields[0])  # each field's first known value
+    if (~known | (fields == first)).all():  # (every call: all agree, at one comparison)
+        return
+    reference = first.copy()
     for f in range(len(_FIELDS)):  # the value most ranks that know the field have (in a
-        known = rows[:, f][rows[:, f] != ANY]  # tie, the lowest such rank's): the ranks
-        if known.size:  # apart from it are named, never the many that agree
-            kinds, counts = np.unique(known, return_counts=True)
+        values = fields[known[:, f], f]  # tie, the lowest such rank's): the ranks apart
+        if values.size:                  # from it are named, never the many that agree
+            kinds, counts = np.unique(values, return_counts=True)
             most = kinds[counts == counts.max()]
-            reference[f] = next(v for v in known.tolist() if v in most)
+            reference[f] = next(v for v in values.tolist() if v in most)
     differ = {}
     for r in range(t.size):
-        fields = [name for f, name in enumerate(_FIELDS)
-                  if rows[r, f] != ANY and rows[r, f] != reference[f]]
-        if fields:
-            differ[r] = fields
+        apart = [name for f, name in enumerate(_FIELDS)
+                 if rows[r, f] != ANY and rows[r, f] != reference[f]]
+        if apart:
+            differ[r] = apart
     if differ:
         names = {crc(n): n for n in NAMES} | {crc(f"{n} async"): f"{n}(async_op=True)"
                                               for n in NAMES} | {crc(f"{n}_init"): f"{n}_init"

@@ -262,6 +262,9 @@ def public_signature(signature: inspect.Signature, async_op: bool = True) -> ins
     return signature.replace(parameters=[*rest, *extra, *var])
 
 
+HOST_ONLY = frozenset(("monitored_barrier",))  # calls that never touch a GPU (NCCL's MPI side)
+
+
 def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, method: Any,
              stream: Any = None, refusal: Exception | None = None,
              keep: tuple | None = None, held: bool = False) -> Any:
@@ -294,7 +297,8 @@ def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, meth
             agree.resync(c, call)
         if refusal is None and stream is not None:
             refusal = stream_refusal(stream)
-        if refusal is None and b.device is not None and (elsewhere := off_backend_gpu(b.device)):
+        if refusal is None and b.device is not None and name not in HOST_ONLY and (
+                elsewhere := off_backend_gpu(b.device)):
             # (NCCL on another GPU's stream fails on this rank alone, mid-call)
             refusal = InvalidArgumentError(f"{name}: {elsewhere}")
         if refusal is not None:
