@@ -277,6 +277,7 @@ class MPITransport(Workspace):
                 request.Wait(status)
                 return not status.Is_cancelled()
             time.sleep(0.001)
+        self.wait_kind = None
         return True
 
     def post(self, buf: np.ndarray, dest: int) -> None:
