@@ -244,6 +244,22 @@ def test_check_counts_a_result_left_unwritten_wrong(world, shared_dir, lazy_algo
         assert all(r["wrong"] == 0 for r in rows if r["algorithm"] == "native")
 
 
+def test_check_counts_the_librarys_own_row_too(world, shared_dir, monkeypatch):
+    """The mpi_library row's result is checked as every row's (it showed 0 wrong
+    unchecked): a library collective that writes nothing is counted wrong."""
+    import mpicoll
+
+    monkeypatch.setattr(mpicoll.Communicator, "native_collective",
+                        lambda self, collective: lambda *args: None)
+    out_json = os.path.join(shared_dir, "library.json")
+    assert main(["all_reduce", *SMALL, "--algo", "ring", "--json", out_json]) == 1
+    world.barrier()
+    rows = json.load(open(out_json))["rows"]
+    library = [r for r in rows if r["algorithm"] == "mpi_library" and r["count"]]
+    assert library and all(r["wrong"] > 0 for r in library), rows
+    assert all(r["wrong"] == 0 for r in rows if r["algorithm"] == "ring")
+
+
 def test_min_busbw_and_back_to_back_and_inplace(world):
     assert main(["all_reduce", *SMALL, "--algo", "ring", "--min-busbw", "1e9"]) == 1
     assert main(["all_gather", *SMALL, "--algo", "ring,auto", "--timing", "back-to-back",

@@ -198,6 +198,7 @@ def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
         def direct(keep: tuple = (src, dst)) -> None:  # keep: the memory behind the pointers
             nccl.allReduce(send, recv, n, datatype, nccl_reduce, t.stream_ptr())
 
+        direct.prepare = _check_prepared(dst, src, None)  # type: ignore[attr-defined]
         return direct
     spec = SPECS[collective]
     bounds = spec.bounds(x.shape, p)
@@ -209,13 +210,44 @@ def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
         from mpi4py import MPI
 
         buf, alltoall = src.copy(), t.comm.Alltoall
-        return lambda: alltoall(MPI.IN_PLACE, buf)
+
+        def in_place() -> None:
+            alltoall(MPI.IN_PLACE, buf)
+
+        in_place.prepare = lambda: buf  # type: ignore[attr-defined]  # (its input: as made)
+        return in_place
     if spec.result_at_root_only and not is_root:
         dst = None
     if spec.input_at_root_only and not is_root:
         src = None
     invoke = spec.invoke
-    return lambda: invoke(fn, t, src, dst, bounds, opd, root)
+
+    def call() -> None:
+        invoke(fn, t, src, dst, bounds, opd, root)
+
+    own = None  # where the library's form takes this rank's input inside its result
+    if spec.input_in_result:  # (all_gather: its row)
+        own = slice(bounds[comm.rank], bounds[comm.rank + 1])
+    elif collective == "broadcast" and is_root:  # (the root's buffer is its input)
+        own = slice(None)
+    call.prepare = _check_prepared(dst, src, own)  # type: ignore[attr-defined]
+    return call
+
+
+def _check_prepared(dst: Any, src: Any, own: slice | None) -> Callable[[], Any]:
+    """Before the one run of a library call whose result is checked: its result buffer
+    poisoned (see ``poison``), with this rank's input in its place where the library's
+    form takes it there; gives the buffer (None: no result on this rank). An in-place
+    form's buffer is its input: left as it is."""
+    def prepare() -> Any:
+        if dst is None or dst is src:
+            return dst
+        dst.fill(poison(dst.dtype))
+        if own is not None:
+            dst[own] = src
+        return dst
+
+    return prepare
 
 
 INPLACE = report.INPLACE
@@ -292,6 +324,16 @@ class Call:
 
     def run(self, algorithm: str) -> np.ndarray | None:
         return self._run(algorithm)
+
+
+def _library_result(library: Callable[[], None], reference: Any) -> Any:
+    """The result of one run of the library's own collective (``library_call``), as the
+    reference holds it (None where this rank gets none, as mpicoll's call gives)."""
+    result = library.prepare()  # type: ignore[attr-defined]
+    library()
+    if result is None or reference is None:
+        return result if reference is not None else None  # (exscan's rank 0: undefined)
+    return result.reshape(reference.shape) if result.size == reference.size else result
 
 
 def poison(dtype: np.dtype) -> Any:
@@ -482,8 +524,11 @@ def sweep(comm: Communicator, collective: str, sizes_: list[int], args: argparse
         runs, wrongs = {}, {}
         for name in names:
             progress.step(f"{collective} {report.human(size)} {name}")
-            if name == library_name:  # its result is the reference itself
+            if name == library_name:  # its first run's result, checked as every row's
                 runs[name], wrongs[name] = library, 0
+                if args.check:
+                    wrongs[name] = count_wrong(comm, _library_result(library, reference),
+                                               reference)
                 continue
             runs[name] = functools.partial(call.run, name)
             wrongs[name] = 0
