@@ -219,7 +219,16 @@ def _make(comm: Any, color: int | None, key: int, colors: np.ndarray, keys: np.n
     sub = comm._backend.split(color, key, colors, keys)
     if sub is None:
         return None
-    return type(comm)(backend=sub, check=comm.check, timeout=comm.timeout)
+    group = type(comm)(backend=sub, check=comm.check, timeout=comm.timeout)
+    # its nodes are the parent's, for its members (in MPI_Comm_split's order: key, then
+    # rank), as every rank agreed them: the same on every member, and never another
+    # layout than the parent's where its members alone would read one (ranks of two
+    # merged MPI worlds under MPICOLL_RANKS_PER_NODE, some reading SLURM's node)
+    members = sorted((int(keys[r]), r) for r in range(len(colors)) if colors[r] == color)
+    first: dict[int, int] = {}
+    group._node_of = tuple(first.setdefault(comm._node_of[r], len(first)) for _, r in members)
+    group._backend.transport.nodes = group._node_of
+    return group
 
 
 class Mesh:

@@ -126,6 +126,31 @@ def test_a_receive_that_never_comes_times_out_on_thread_ranks(how):
 # -- nodes and hierarchical algorithms ----------------------------------------------------
 
 
+def test_a_groups_nodes_are_its_parents_for_its_members(monkeypatch):
+    """A split's or new_group's nodes are its parent's for its members, in the group's
+    rank order: never another layout its members alone would read (ranks of two merged
+    MPI worlds, whose job ranks repeat; stood in for here by each Communicator taking its
+    own ranks for job ranks), and agreed on every member."""
+    from mpicoll.pipeline import agree
+
+    monkeypatch.setenv("MPICOLL_RANKS_PER_NODE", "2")
+    monkeypatch.setattr(agree, "_job_rank", lambda backend: backend.transport.rank)
+
+    def body(comm):
+        assert comm.nodes == ((0, 1), (2, 3))
+        group = comm.new_group([1, 2])
+        split = comm.split(comm.rank % 2, key=-comm.rank)  # members [2, 0] and [3, 1]
+        grid = comm.mesh((2, 2), names=("dp", "tp"))
+        return (None if group is None else group.nodes, split.nodes, split.node,
+                grid["tp"].nodes, grid["dp"].nodes)
+
+    got = run_local(4, body)
+    assert got[1][0] == got[2][0] == ((0,), (1,)) and got[0][0] is None
+    assert all(r[1] == ((0,), (1,)) for r in got)  # two ranks of two nodes, in any split
+    assert [r[2] for r in got] == [1, 1, 0, 0]  # rank 2 is the split's rank 0, node 0
+    assert all(r[3] == ((0, 1),) and r[4] == ((0,), (1,)) for r in got)  # tp in a node
+
+
 @pytest.mark.parametrize(("size", "per_node"), [(4, 2), (4, 3), (5, 2), (3, 1)])
 def test_nodes_from_ranks_per_node_and_hierarchical_messages_stay_in_their_place(
         monkeypatch, size, per_node):
