@@ -193,8 +193,7 @@ class Bucketer:
         except MpicollError as exc:  # this rank takes part on zeros, then raises; wait()
             refusal, self._refused = exc, self._refused or exc  # tells every rank
             self._slot(i)[...] = 0
-        if type(self.buffers[self.bucket_of[i]]) is not np.ndarray:
-            self._mark_copied(i)
+        self._mark_copied(i)
         self._filled_in(i)
         self._start_full(site)  # (a hang report names the caller's add)
         if refusal is not None:
@@ -206,21 +205,23 @@ class Bucketer:
         self._missing[self.bucket_of[i]] -= 1
 
     def _mark_copied(self, i: int) -> None:
-        """Array ``i``'s copy into its device slot is queued on this thread's current
-        stream: an event after it, and who queued it (thread, stream, GPU)."""
-        cuda = cupy_module().cuda
-        stream = cuda.get_current_stream()
+        """Array ``i``'s copy into its slot, where that is on the GPU, is queued on this
+        thread's current stream: an event after it, and who queued it."""
+        if type(self.buffers[self.bucket_of[i]]) is np.ndarray:
+            return
+        cuda, stream, here = _current_stream()
         kept = self._copied[i]
         event = cuda.Event(block=False, disable_timing=True) if kept is None else kept[1]
         stream.record(event)
-        self._copied[i] = ((threading.get_ident(), stream.ptr, cuda.runtime.getDevice()), event)
+        self._copied[i] = (here, event)
 
     def _after_copies(self, bucket: int) -> None:
-        """The current stream waits for the copies into ``bucket`` that other streams
-        queued (the start's all_reduce runs on it; one stream's own copies are in order)."""
-        cuda = cupy_module().cuda
-        stream = cuda.get_current_stream()
-        here = (threading.get_ident(), stream.ptr, cuda.runtime.getDevice())
+        """The current stream waits for the copies into ``bucket``, where that is on the
+        GPU, that other streams queued (the start's all_reduce runs on it; one stream's
+        own copies are in order)."""
+        if type(self.buffers[bucket]) is np.ndarray:
+            return
+        _, stream, here = _current_stream()
         for i in self.members[bucket]:
             kept = self._copied[i]
             if kept is not None and kept[0] != here:
@@ -230,8 +231,7 @@ class Bucketer:
         """Start every bucket now full, in bucket order (the order on every rank)."""
         while self._next < len(self.members) and self._missing[self._next] == 0:
             flat = self.buffers[self._next]
-            if type(flat) is not np.ndarray:
-                self._after_copies(self._next)
+            self._after_copies(self._next)
             if self.comm._progress is not None:  # (the earlier buckets another thread
                 self.comm._progress.adopt()       # started: this one follows them)
             self.works[self._next] = self.comm.all_reduce(
@@ -256,8 +256,7 @@ class Bucketer:
                 f"wait: arrays {missing} were never added this round (they went as zeros)")
             for i in missing:
                 self._slot(i)[...] = 0
-                if type(self.buffers[self.bucket_of[i]]) is not np.ndarray:
-                    self._mark_copied(i)
+                self._mark_copied(i)
                 self._filled_in(i)
             try:
                 self._start_full(sys._getframe(2))
@@ -299,6 +298,13 @@ class Bucketer:
         private = self._parent._private
         if any(c is self.comm for c in private):
             private.remove(self.comm)
+
+
+def _current_stream() -> tuple[Any, Any, tuple[int, int, int]]:
+    """(cupy.cuda, this thread's current stream, who queues on it: thread, stream, GPU)."""
+    cuda = cupy_module().cuda
+    stream = cuda.get_current_stream()
+    return cuda, stream, (threading.get_ident(), stream.ptr, cuda.runtime.getDevice())
 
 
 def _agree(comm: Any, refusal: MpicollError | None, layout: int) -> None:

@@ -225,8 +225,7 @@ def _make(comm: Any, color: int | None, key: int, colors: np.ndarray, keys: np.n
     # layout than the parent's where its members alone would read one (ranks of two
     # merged MPI worlds under MPICOLL_RANKS_PER_NODE, some reading SLURM's node)
     members = sorted((int(keys[r]), r) for r in range(len(colors)) if colors[r] == color)
-    first: dict[int, int] = {}
-    group._node_of = tuple(first.setdefault(comm._node_of[r], len(first)) for _, r in members)
+    group._node_of = agree.in_order(comm._node_of[r] for _, r in members)
     group._backend.transport.nodes = group._node_of
     return group
 

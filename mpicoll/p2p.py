@@ -232,12 +232,13 @@ def _filled(status: Status | None, got: Status) -> int:
 
 def _on_device(comm: Any, peers: Any, array: Any, name: str) -> Any:
     """``array``, or a refusal of a host array where the backend moves GPU arrays only."""
-    if type(array) is np.ndarray and getattr(peers, "device_only", False):
+    if not getattr(peers, "device_only", False):
+        return array
+    if type(array) is np.ndarray:
         raise InvalidArgumentError(
             f"{name}: backend '{comm.backend}' moves GPU arrays (CuPy, or a CUDA __dlpack__ "
             "tensor); got a host array: use backend 'mpi' for host memory")
-    if getattr(peers, "device_only", False) and (
-            elsewhere := off_backend_gpu(comm._backend.device)):
+    if elsewhere := off_backend_gpu(comm._backend.device):
         raise InvalidArgumentError(f"{name}: {elsewhere}")
     return array
 

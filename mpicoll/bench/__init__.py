@@ -331,8 +331,8 @@ def _library_result(library: Callable[[], None], reference: Any) -> Any:
     reference holds it (None where this rank gets none, as mpicoll's call gives)."""
     result = library.prepare()  # type: ignore[attr-defined]
     library()
-    if result is None or reference is None:
-        return result if reference is not None else None  # (exscan's rank 0: undefined)
+    if result is None or reference is None:  # (exscan's rank 0: MPI's is undefined)
+        return None
     return result.reshape(reference.shape) if result.size == reference.size else result
 
 

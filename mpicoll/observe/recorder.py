@@ -294,19 +294,22 @@ class Watch:
     def step(self) -> int:
         return max((getattr(t, "step", 0) for t in self.transports()), default=0)
 
+    def is_aside(self, rec: Record) -> bool:
+        """Whether ``rec`` is a step's aside (point-to-point, making a Communicator, a
+        plan's vote), not a numbered call's own entry of the flight recorder."""
+        return all(rec is not entry for entry in self.ring)
+
     def describe_current(self, now: float) -> str:
         rec, call = self.current, self.current.call
         what = f"call #{call.seq} {call.collective}"
-        if rec.note and any(rec is entry for entry in self.ring):  # a numbered call's own
+        if rec.note and not self.is_aside(rec):  # a numbered call's own
             # step with a note (the resync a refusal alone left owed)
             return (f"{what} ({call.site}) has run {now - self.started:.1f} s "
                     f"(timeout {self.timeout:g} s); {rec.note}")
         if rec.note:
             after = f" after call #{call.seq}" if call.seq else ""  # (0: before any call)
-            if call.code is None:  # a step no line of the program made (at exit)
-                return (f"{call.collective}{after} has run {now - self.started:.1f} s "
-                        f"(timeout {self.timeout:g} s); {rec.note}")
-            return (f"{call.collective}{after} ({call.site}) has run "
+            where = "" if call.code is None else f" ({call.site})"  # (None: at exit)
+            return (f"{call.collective}{after}{where} has run "
                     f"{now - self.started:.1f} s (timeout {self.timeout:g} s); {rec.note}")
         details = [f"algorithm {rec.algorithm}"]
         if rec.nbytes >= 0:

@@ -305,7 +305,7 @@ def snapshot(dog: Watchdog, reason: str, overdue: Watch | None = None) -> dict[s
             # a step that is not a numbered call (point-to-point, making a Communicator,
             # a plan's vote): its own name and note; the transports' slots are a call's
             # (a numbered call's own step with a note, its agreement: the call itself)
-            aside = bool(current.note) and not any(current is e for e in w.ring)
+            aside = bool(current.note) and w.is_aside(current)
             kind, peer = (None, -1) if aside else w.peer()
             entry["in_call"] = {"seq": current.call.seq, "running_s": round(now - w.started, 3),
                                 "step": -1 if aside else w.step(), "waiting": w.waiting(),

@@ -236,11 +236,11 @@ def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: 
         raise RemoteError(f"{call.name()}: refused on {detail}")
     fields = rows[:, :len(_FIELDS)]
     known = fields != ANY
-    first = np.where(known.any(axis=0), fields[known.argmax(axis=0), np.arange(len(_FIELDS))],
-                     fields[0])  # each field's first known value
-    if (~known | (fields == first)).all():  # (every call: all agree, at one comparison)
+    first_known = np.where(known.any(axis=0),
+                           fields[known.argmax(axis=0), np.arange(len(_FIELDS))], fields[0])
+    if (~known | (fields == first_known)).all():  # (every call: all agree, one comparison)
         return
-    reference = first.copy()
+    reference = first_known.copy()
     for f in range(len(_FIELDS)):  # the value most ranks that know the field have (in a
         values = fields[known[:, f], f]  # tie, the lowest such rank's): the ranks apart
         if values.size:                  # from it are named, never the many that agree
@@ -594,8 +594,14 @@ def node_indices(keys: np.ndarray, shared: np.ndarray | None = None,
         return tuple(r // k for r in range(len(keys)))
     if shared is not None and not by_blocks.any() and not (sources == _BY_SLURM).all():
         keys = shared  # (SLURM's node on every rank, or on none)
+    return in_order(keys.tolist())
+
+
+def in_order(nodes: Any) -> tuple[int, ...]:
+    """Each rank's node index from any number naming its node: nodes numbered in the
+    order of their first rank."""
     first: dict[int, int] = {}
-    return tuple(first.setdefault(int(k), len(first)) for k in keys.tolist())
+    return tuple(first.setdefault(int(k), len(first)) for k in nodes)
 
 
 def _read_trace(s: Settings, backend: Backend, trace: Any) -> None:
