@@ -49,6 +49,34 @@ def test_destroy_process_group_frees_every_group_made():
     assert not dist.is_initialized()
 
 
+def test_a_mesh_made_first_makes_the_default_group_as_torchs():
+    """The DeviceMesh tutorial's first line, init_device_mesh with no init_process_group
+    before it (torchrun's scripts): the default group is made first, as torch's DeviceMesh
+    makes it, then the mesh over it; the same with torch's DeviceMesh constructor."""
+    from mpicoll.dist.device_mesh import DeviceMesh
+
+    assert not dist.is_initialized()
+    from mpi4py import MPI
+
+    size, rank = MPI.COMM_WORLD.Get_size(), None
+    shape = (2, size // 2) if size % 2 == 0 else (size, 1)
+    mesh = dist.init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp"))
+    try:
+        assert dist.is_initialized() and dist.get_world_size() == size
+        rank = dist.get_rank()
+        t = np.full(2, float(rank))
+        dist.all_reduce(t, group=mesh.get_group("tp"))
+        assert t.tolist() == [float(sum(mesh["tp"].mesh.tolist()))] * 2
+    finally:
+        dist.destroy_process_group()
+    grid = np.arange(size).reshape(shape)
+    mesh = DeviceMesh("cpu", grid, mesh_dim_names=("dp", "tp"))
+    try:
+        assert dist.is_initialized() and mesh.get_local_rank("dp") == rank // shape[1]
+    finally:
+        dist.destroy_process_group()
+
+
 def test_new_group_against_another_call_in_check_mode_raises_on_every_rank(monkeypatch):
     """Check mode: new_group on one rank while the others make a collective (its backend
     agreed in a numbered step, which check mode fingerprints): MismatchError on every rank,

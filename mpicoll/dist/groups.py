@@ -602,7 +602,7 @@ class DeviceMesh:
 
     def __init__(self, device_type: str, mesh: Any, *, mesh_dim_names: Any = None,
                  **torch_options: Any) -> None:
-        world = _group(None)
+        world = _default_group_for_mesh()
         size = world.comm.size
         try:
             ranks = np.array(mesh.tolist() if hasattr(mesh, "tolist") else mesh)
@@ -748,11 +748,20 @@ class DeviceMesh:
                 f"mesh_dim_names={self.mesh_dim_names})")
 
 
+def _default_group_for_mesh() -> ProcessGroup:
+    """The default group, made first where there is none yet, as torch's DeviceMesh makes
+    it (``init_process_group()``: MPI, which takes host and GPU arrays alike; every rank
+    makes the mesh, so every rank makes it)."""
+    if not is_initialized():
+        init_process_group()
+    return _group(None)
+
+
 def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
                      mesh_dim_names: Sequence[str] | None = None) -> DeviceMesh:
     """A mesh of the job's ranks, row-major (the last dimension inside a node when
     ranks are placed by node), as torch's ``init_device_mesh``."""
-    world = _group(None)
+    world = _default_group_for_mesh()
     mesh = world.comm.mesh(mesh_shape, mesh_dim_names)  # agreed there: bad ones raise on every rank
     shape, names = mesh.shape, mesh.names
     groups = {}
