@@ -448,7 +448,8 @@ def test_ctrl_c_landing_anywhere_in_calls_never_leaves_the_communicator_taken(wo
     """KeyboardInterrupt (a SIGINT handler's) landing at any point of repeated calls
     (the decided path, MPI's own call, a persistent plan's start): the Communicator's turn
     is given back and a plan's request never stays started, so the next calls run (not
-    'another thread is in a call' for good, nor MPI's 'Invalid MPI_Request')."""
+    'another thread is in a call' for good, nor MPI's 'Invalid MPI_Request'); a call it
+    ended mid-way says so in the flight recorder (never "done": the others may wait in it)."""
     import os
     import signal
 
@@ -459,7 +460,7 @@ def test_ctrl_c_landing_anywhere_in_calls_never_leaves_the_communicator_taken(wo
     plan = comm.all_reduce_init(x, out=out, algorithm="native")
     calls = [lambda: comm.all_reduce(x), lambda: comm.all_reduce(x, algorithm="ring"),
              lambda: comm.all_reduce(x, out=out), plan]
-    inside, stop, interrupts = [False], threading.Event(), [0]
+    inside, stop, interrupts, states = [False], threading.Event(), [0], set()
 
     def handler(signum, frame):
         if inside[0]:
@@ -484,12 +485,16 @@ def test_ctrl_c_landing_anywhere_in_calls_never_leaves_the_communicator_taken(wo
                 except KeyboardInterrupt:
                     inside[0] = False
                     interrupts[0] += 1
+                    states.add(comm._watch.current.state.split(" (")[0])
     finally:
         inside[0] = False
         stop.set()
         thread.join()
         signal.signal(signal.SIGINT, previous)
     assert interrupts[0] > 0
+    # (the call's own entry where it landed mid-call; the last call's, done, elsewhere)
+    assert "failed: interrupted by KeyboardInterrupt on this rank" in states, states
+    assert states <= {"failed: interrupted by KeyboardInterrupt on this rank", "done"}, states
     for call in calls:
         call()
     assert plan().tolist() == [1.0] * 4 and comm.all_reduce(x).tolist() == [1.0] * 4

@@ -235,6 +235,15 @@ class Watch:
         self.current.state = (f"{'refused' if refused else 'failed'}: "
                               f"{type(exc).__name__}: {text}")[:200]
 
+    def interrupted(self, exc: BaseException) -> None:
+        """The running call left on this rank by ``exc``, no error of the call's (Ctrl-C's
+        KeyboardInterrupt, SystemExit): its entry says so, never "done", since the other
+        ranks may still wait in it (its messages carry its own tag: no later call of this
+        rank meets them). Nothing where no call runs (it landed on the way in or out)."""
+        if self.started:
+            self.current.state = (f"failed: interrupted by {type(exc).__name__} on this "
+                                  "rank (the others may still wait in it)")
+
     # -- what the watchdog reads when a call is overdue -----------------------------------
 
     def transports(self) -> list[Any]:

@@ -319,6 +319,9 @@ def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, meth
         return result
     except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves a call
         raise ended(c, name, exc)  # noqa: B904 - ended keeps exc as the cause
+    except BaseException as exc:  # Ctrl-C mid-call: said in its entry, then raised as it is
+        watch.interrupted(exc)
+        raise
     finally:
         try:
             watch.leave()
@@ -467,6 +470,9 @@ def prepare(c: CallState, name: str, method: Any,
             return method(c, call, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - only mpicoll's errors leave
             raise ended(c, name, exc)  # noqa: B904 - ended keeps the cause
+        except BaseException as exc:  # Ctrl-C mid-call: said in its entry, raised as it is
+            watch.interrupted(exc)
+            raise
         finally:  # (Watch.leave; the turn given back whatever interrupts it: Ctrl-C)
             try:
                 rec = watch.current
@@ -542,6 +548,9 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
             return run(call)
         except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
             raise ended(c, name, exc)  # noqa: B904 - keeps the cause
+        except BaseException as exc:  # (Ctrl-C: as prepared's)
+            watch.interrupted(exc)
+            raise
         finally:  # (Watch.leave; the turn given back whatever interrupts it: Ctrl-C)
             try:
                 if not running:
@@ -588,6 +597,9 @@ def prepare_request_wait(c: CallState, name: str, site: Any,
             mpi_wait()
         except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
             raise ended(c, name, exc)  # noqa: B904 - keeps the cause
+        except BaseException as exc:  # (Ctrl-C: as prepared's)
+            watch.interrupted(exc)
+            raise
         finally:
             try:
                 watch.leave()  # (the entry current: its end, done unless it failed)
