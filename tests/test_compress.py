@@ -45,11 +45,14 @@ def test_every_algorithm_compresses_within_the_wire_rounding(world, algorithm, d
         if p > 1:
             assert error > 1e-5  # it did travel as 16-bit values (float32 rounds at 6e-8)
         if algorithm != "auto":
-            sent = sum(m[1] for m in log if m[0] in ("send", "isend")) + \
-                sum(m[1] for m in log if m[0] == "sendrecv")
-            plain_sent = sum(m[1] for m in plain if m[0] in ("send", "isend")) + \
-                sum(m[1] for m in plain if m[0] == "sendrecv")
-            assert sent * np.dtype(dtype).itemsize == plain_sent * 2
+            with recorded(world) as told:  # every rank's wire told first: an empty call's
+                # messages are that alone (agree.told_wire)
+                world.all_reduce(np.zeros(0, dtype), compress=compress, algorithm=algorithm)
+            sent, plain_sent, told_sent = (
+                sum(m[1] for m in messages if m[0] in ("send", "isend", "sendrecv"))
+                for messages in (log, plain, told))
+            assert p == 1 or told_sent > 0
+            assert (sent - told_sent) * np.dtype(dtype).itemsize == plain_sent * 2
 
 
 @pytest.mark.mpi
@@ -192,3 +195,28 @@ def test_fp16_out_of_range_on_one_rank_under_seterr_raise_local(size):
             want = np.full(7, 0.5 * size)
             want[0] -= 0.5  # (rank 1's 1e-6 in place of its 0.5)
             np.testing.assert_allclose(got[1:], want, rtol=2 * size * 2 ** -11)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "auto"])
+def test_another_wire_on_one_rank_raises_on_every_rank_then_the_next_call(world, algorithm):
+    """bf16 on every rank but the last, fp16 there: both wires' messages are of one
+    length, so only the wire told first (agree.told_wire) keeps the ranks from reading
+    each other's bits as their own, silently. MismatchError on every rank, naming both,
+    by the whole path, the kept decision and a plan; the next call is right."""
+    if world.size < 2:
+        pytest.skip("needs another rank")
+    x = _x(world, np.float32)
+    exact = world.all_reduce(x.astype(np.float64), algorithm="native")
+    for _ in range(2):  # (the second call: the kept decision on the ranks that agree)
+        world.all_reduce(x, compress="bf16", algorithm=algorithm)
+    mine = "fp16" if world.rank == world.size - 1 else "bf16"
+    for _ in range(2):
+        with pytest.raises(mpicoll.MismatchError, match=f"rank {world.size - 1}: fp16"):
+            world.all_reduce(x, compress=mine, algorithm=algorithm)
+        got = world.all_reduce(x, compress="bf16", algorithm=algorithm)
+        np.testing.assert_allclose(got, exact, rtol=2 * world.size * UNIT["bf16"])
+    with world.all_reduce_init(x, compress=mine, algorithm=algorithm) as plan:
+        with pytest.raises(mpicoll.MismatchError, match="other compress="):
+            plan()
+    np.testing.assert_array_equal(world.all_reduce(np.ones(3)), np.full(3, world.size))

@@ -49,6 +49,7 @@ from ..observe.tracing import trace_path, unwritable
 from ..observe.watchdog import DEFAULT_TIMEOUT, dump_dir, made_late, timeout_setting
 from ..ops import Op, op_name
 from ..spec import COLLECTIVES
+from ..transport.compress import WIRE
 from .describe import Call
 from .validate import Verdict
 
@@ -300,6 +301,48 @@ def resync(c: CallState, call: Call) -> None:
         raise MismatchError(
             f"{call.name()}: after a refused call the ranks disagree on which call was "
             f"refused ({detail})")
+
+
+WIRE_CODES = {"bfloat16": 1, "float16": 2}  # a compressed all_reduce's wire, as told
+
+
+def told_wire(c: CallState, fn: Any, wire: np.dtype, compress: str) -> Any:
+    """``fn``, a compressed all_reduce's runner ``fn(t, src, dst, *args)``, after every
+    rank has told every rank its wire format: one all-gather of a word over control, on
+    the call's tags, before the data. bfloat16's and float16's messages are of one length,
+    so nothing else tells them apart: ranks that gave other compress= would read each
+    other's bits as their own wire's, silently. Where they differ, MismatchError on every
+    rank before any data. (A rank that compresses nothing sends its data first, of another
+    length than the word: mpicoll's algorithms check every message's length, so it and
+    its peers raise there, as they did before.)"""
+    code, b = WIRE_CODES[wire.name], c._backend
+    control, names = b.control, {WIRE_CODES[w]: name for name, w in WIRE.items()}
+    shared = control is b.transport  # (then the data's workspace is set again after)
+    exchange = REGISTRY["all_gather"]["recursive_doubling"].fn  # point-to-point messages,
+    # never the library's own collective, which a rank that does not compress never makes
+
+    def told(t: Any, src: Any, dst: Any, *args: Any) -> None:
+        table = np.zeros(control.size, np.int64)
+        table[control.rank] = code
+        rec = c._watch.current
+        note, rec.note = rec.note, ("waiting for every rank to tell its compress= (the wire "
+                                    "format of a compressed all_reduce)")
+        try:
+            if shared:
+                control.use(None)
+            exchange(control, table, even_bounds(1, control.size))
+        finally:
+            rec.note = note
+        if shared:
+            control.use(src)
+        if (table != code).any():
+            said = ", ".join(f"rank {r}: {names.get(int(w), 'none')}"
+                             for r, w in enumerate(table.tolist()))
+            raise MismatchError(f"all_reduce: the ranks gave other compress= ({said}); give "
+                                f"every rank the same (this rank: {compress})")
+        fn(t, src, dst, *args)
+
+    return told
 
 
 def op_failures(c: CallState, call: Call, op: Op, failure: OpError | None) -> None:

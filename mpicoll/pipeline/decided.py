@@ -465,6 +465,7 @@ def _all_reduce(c: CallState, a: dict, x: np.ndarray) -> Callable[..., Any]:
                                        opd, a["options"] or None, dtype, False, False)
         t = Compressing(t, wire)
         fn = t.rounding(fn)  # (on a copy of x, its result rounded: transport.compress)
+        fn = agree.told_wire(c, fn, wire, a["compress"])  # (every rank's wire told first)
     size, averages_itself, average_it = c.size, c._backend.averages_itself, opd.average
     reduce = _reduce_with(c, opd, fn)
     native_mpi = name == "native" and c._backend.native_is_mpi and opd.builtin

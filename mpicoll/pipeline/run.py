@@ -466,8 +466,8 @@ def all_reduce(c: CallState, call: Call, x: Any, op: Any, algorithm: Any, out: A
             v.refuse("params", exc)
         if wire is not None:
             t = Compressing(t, wire)
-            if fn is not None:
-                fn = t.rounding(fn)
+            if fn is not None:  # (its wire told to every rank first: agree.told_wire)
+                fn = agree.told_wire(c, t.rounding(fn), wire, compress)
         if c._tracer is not None:
             opd = _traced(c, opd)
         if fn is not None:
