@@ -129,6 +129,8 @@ class Backend(str):
 
 # the default group, its backend, and every group made since (destroy_process_group frees them)
 _STATE: dict[str, Any] = {"world": None, "backend": None, "groups": [], "made": 0}
+# ("made": the groups made since init_process_group, the default one included: every rank
+# counts each call that makes groups alike, member or not, as torch's group_count)
 
 # torchrun's variables as MPI's launchers name theirs: (rank, size, local rank, local size)
 _LAUNCHERS = (("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),  # Hydra
@@ -167,8 +169,6 @@ def launcher_variables() -> None:
             local, local_size = simulated
         _torchrun_variables(int(rank), int(size), int(local), int(local_size))
         return
-# ("made": the groups made since init_process_group, the default one included: every rank
-# counts each call that makes groups alike, member or not, as torch's group_count)
 
 
 def is_available() -> bool:
