@@ -1246,13 +1246,13 @@ def test_objects_point_to_point_and_subgroups_by_enumeration(initialized):
     if size >= 2:
         if rank == 0:
             dist.send_object_list([{"a": 1}, "two", [3.0]], dst=1)
-            dist.send_object_list([None], dst=1)
+            dist.send_object_list([None], dst=1, use_batch=True)  # (torch's keyword)
             dist.send_object_list([1, 2], dst=1)
             with pytest.raises(mpicoll.InvalidArgumentError, match="cannot be pickled"):
                 dist.send_object_list([threading.Lock()], dst=1)
         elif rank == 1:
             got = [None] * 3
-            assert dist.recv_object_list(got, src=0) == 0
+            assert dist.recv_object_list(got, src=0, use_batch=True) == 0
             assert got == [{"a": 1}, "two", [3.0]]
             one = ["x"]
             assert dist.recv_object_list(one) == 0 and one == [None]
@@ -1394,6 +1394,13 @@ def test_torchs_other_names(initialized):
         dist.get_default_backend_for_device("tpu")
     assert dist.supports_complex(dist.ReduceOp.SUM) and not dist.supports_complex(
         dist.ReduceOp.MAX)
+    z = np.full(2, 1j)  # (prod reduces complex values here, as supports_complex says)
+    assert dist.supports_complex(dist.ReduceOp.PRODUCT)
+    dist.all_reduce(z, op=dist.ReduceOp.PRODUCT)
+    assert np.allclose(z, 1j ** size)
+    mesh = dist.init_device_mesh("cpu", (size,), mesh_dim_names=("dp",),
+                                 backend_override={"dp": "gloo"})  # (torch 2.13's keyword)
+    assert dist.get_process_group_ranks(mesh.get_group("dp")) == list(range(size))
     assert not dist.is_torchelastic_launched()
     before = dist.get_pg_count()
     group = dist.new_group(list(range(size)))

@@ -336,6 +336,34 @@ def test_dist_lists_of_bfloat16_and_parameters_as_torch_distributed():
         dist.destroy_process_group()
 
 
+def test_dist_takes_torch_distributeds_own_reduce_ops():
+    """Code that names torch.distributed.ReduceOp (``from torch.distributed import
+    ReduceOp`` beside ``import mpicoll.dist as dist``): its members reduce as ours of that
+    name; PREMUL_SUM, which mpicoll has not, is refused on every rank; the next call is
+    right."""
+    import torch.distributed as torch_dist
+
+    import mpicoll.dist as dist
+
+    dist.init_process_group("mpi")
+    try:
+        rank, size = dist.get_rank(), dist.get_world_size()
+        for theirs, want in ((torch_dist.ReduceOp.SUM, sum(range(size))),
+                             (torch_dist.ReduceOp.MAX, size - 1),
+                             (torch_dist.ReduceOp.MIN, 0)):
+            t = torch.full((2,), float(rank))
+            dist.all_reduce(t, op=theirs)
+            assert t.tolist() == [float(want)] * 2, theirs
+        for premul in (torch_dist.ReduceOp.PREMUL_SUM, dist.ReduceOp.PREMUL_SUM):
+            with pytest.raises(mpicoll.InvalidArgumentError, match="premul_sum"):
+                dist.all_reduce(torch.ones(2), op=premul)
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        assert t.tolist() == [float(size)] * 2
+    finally:
+        dist.destroy_process_group()
+
+
 def test_dist_futures_of_tensors_are_torchs_as_ddp_comm_hooks_chain_them():
     """A torch tensor's async call: ``get_future()`` is a ``torch.futures.Future`` whose
     value is ``[tensor]``, chained as a DDP comm hook chains it (sum, then divide)."""

@@ -41,7 +41,8 @@ default_pg_timeout = datetime.timedelta(seconds=DEFAULT_TIMEOUT)
 
 
 class ReduceOp(enum.Enum):
-    """torch.distributed.ReduceOp's members, as mpicoll's op names."""
+    """torch.distributed.ReduceOp's members, as mpicoll's op names (PREMUL_SUM, NCCL's
+    scaled sum, has none: a call given it refuses it, as an unknown op, on every rank)."""
 
     SUM = "sum"
     PRODUCT = "prod"
@@ -51,6 +52,7 @@ class ReduceOp(enum.Enum):
     BAND = "band"
     BOR = "bor"
     BXOR = "bxor"
+    PREMUL_SUM = "premul_sum"
 
 
 reduce_op = ReduceOp  # torch's deprecated name
@@ -58,7 +60,15 @@ reduce_op = ReduceOp  # torch's deprecated name
 
 def _op(op: Any) -> Any:
     # _value_: the member's value without the Enum property's cost (every call pays it)
-    return op._value_ if type(op) is ReduceOp else op.value if isinstance(op, ReduceOp) else op
+    if type(op) is ReduceOp:
+        return op._value_
+    if isinstance(op, ReduceOp):
+        return op.value
+    if type(op).__name__ == "RedOpType":  # torch.distributed's own ReduceOp.SUM ...: ours
+        # of that name (another, such as UNUSED, refused by the call as an unknown op)
+        name = str(getattr(op, "name", op))
+        return ReduceOp[name]._value_ if name in ReduceOp.__members__ else name.lower()
+    return op
 
 
 class ProcessGroup:
@@ -535,9 +545,9 @@ def get_default_backend_for_device(device: Any) -> str:
 
 
 def supports_complex(reduceOp: Any) -> bool:  # noqa: N803 - torch's name
-    """Whether ``reduceOp`` reduces complex tensors (sum and avg; the orderings and
-    bitwise ops do not, and torch refuses prod too)."""
-    return _op(reduceOp) in ("sum", "avg")
+    """Whether ``reduceOp`` reduces complex tensors: sum, avg and prod (which torch
+    refuses; here it is the complex product); the orderings and bitwise ops do not."""
+    return _op(reduceOp) in ("sum", "avg", "prod")
 
 
 def is_torchelastic_launched() -> bool:
@@ -798,9 +808,12 @@ def _default_group_for_mesh() -> ProcessGroup:
 
 
 def init_device_mesh(device_type: str, mesh_shape: Sequence[int],
-                     mesh_dim_names: Sequence[str] | None = None) -> DeviceMesh:
+                     mesh_dim_names: Sequence[str] | None = None, *,
+                     backend_override: Any = None) -> DeviceMesh:
     """A mesh of the job's ranks, row-major (the last dimension inside a node when
-    ranks are placed by node), as torch's ``init_device_mesh``."""
+    ranks are placed by node), as torch's ``init_device_mesh``; ``backend_override``
+    taken as DeviceMesh's constructor takes it: every dimension's groups run on the
+    default group's backend."""
     world = _default_group_for_mesh()
     mesh = world.comm.mesh(mesh_shape, mesh_dim_names)  # agreed there: bad ones raise on every rank
     shape, names = mesh.shape, mesh.names

@@ -178,10 +178,12 @@ def scatter_object_list(scatter_object_output_list: list[Any],
 
 
 def send_object_list(object_list: list[Any], dst: int | None = None, group: Any = None,
-                     device: Any = None, group_dst: int | None = None) -> None:
+                     device: Any = None, group_dst: int | None = None,
+                     use_batch: bool = False) -> None:
     """``object_list``'s objects to ``dst``, as torch's: their pickles' sizes, then the
     pickles (the receiver's list has as many entries). An object that cannot be pickled
-    goes as that reason: the receiver raises it, and so does this rank, after sending."""
+    goes as that reason: the receiver raises it, and so does this rank, after sending.
+    ``use_batch``: how torch's messages go (batched or not); the same messages here."""
     g = _member(group, "send_object_list")
     if g is None:
         return
@@ -197,7 +199,8 @@ def send_object_list(object_list: list[Any], dst: int | None = None, group: Any 
 
 
 def recv_object_list(object_list: list[Any], src: int | None = None, group: Any = None,
-                     device: Any = None, group_src: int | None = None) -> int:
+                     device: Any = None, group_src: int | None = None,
+                     use_batch: bool = False) -> int:
     """``send_object_list``'s objects into ``object_list`` (as many entries as were sent),
     from ``src`` or any rank; the sender's rank (-1 outside the group), as torch's."""
     g = _member(group, "recv_object_list")
