@@ -77,50 +77,6 @@ def test_a_mesh_made_first_makes_the_default_group_as_torchs():
         dist.destroy_process_group()
 
 
-def test_torchrun_variables_come_from_mpiexec_then_from_the_job(monkeypatch):
-    """Scripts written for torchrun read RANK, WORLD_SIZE and LOCAL_RANK (to pick a GPU)
-    before init_process_group: importing mpicoll.dist sets those unset from mpiexec's own
-    (Hydra's, Open MPI's), the local ones of MPICOLL_RANKS_PER_NODE's nodes where it is
-    set; init_process_group sets those still unset from the job (srun's, a singleton's),
-    the local ones as get_node_local_rank; a variable already set is left as it is."""
-    import os
-
-    from mpicoll.dist.groups import launcher_variables
-
-    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-    launched = {"PMI_RANK": "5", "PMI_SIZE": "7", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4"}
-    with monkeypatch.context() as m:
-        for name in names:
-            m.delenv(name, raising=False)
-        for name, value in launched.items():
-            m.setenv(name, value)
-        m.delenv("MPICOLL_RANKS_PER_NODE", raising=False)
-        launcher_variables()
-        assert [os.environ[n] for n in names] == ["5", "7", "1", "4"]
-        for name in names:
-            m.delenv(name)
-        m.setenv("MPICOLL_RANKS_PER_NODE", "3")  # (blocks 0-2, 3-5, 6: rank 5 is 2 of 3)
-        m.setenv("RANK", "5")
-        launcher_variables()
-        assert [os.environ[n] for n in names] == ["5", "7", "2", "3"]
-        for name in names:
-            m.delenv(name)
-        m.delenv("PMI_RANK")  # (no launcher's: nothing set)
-        launcher_variables()
-        assert not any(n in os.environ for n in names)
-    with monkeypatch.context() as m:
-        for name in names:
-            m.delenv(name, raising=False)
-        dist.init_process_group("mpi")
-        try:
-            rank, size = dist.get_rank(), dist.get_world_size()
-            node = dist.get_node_local_rank()
-            assert [os.environ[n] for n in names[:3]] == [str(rank), str(size), str(node)]
-            assert int(os.environ["LOCAL_WORLD_SIZE"]) > node
-        finally:
-            dist.destroy_process_group()
-
-
 def test_new_group_against_another_call_in_check_mode_raises_on_every_rank(monkeypatch):
     """Check mode: new_group on one rank while the others make a collective (its backend
     agreed in a numbered step, which check mode fingerprints): MismatchError on every rank,

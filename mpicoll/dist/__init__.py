@@ -14,10 +14,7 @@ or CUDA, through DLPack, without a copy). Each collective also takes ``algorithm
 
 What differs from torch: the job is started by an MPI launcher (mpiexec, srun), not by
 torchrun's rendezvous (``init_method`` is accepted and ignored; torch's ``RANK`` and
-``WORLD_SIZE``, when set, must agree with MPI's; where unset, importing this module sets
-them, and ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``, from mpiexec's own variables, as
-torchrun does for the scripts that read them first, and ``init_process_group`` from the
-job, srun's too); backends are "mpi" (CPU and GPU
+``WORLD_SIZE``, when set, must agree with MPI's); backends are "mpi" (CPU and GPU
 arrays; "gloo" and torch's per-device "cpu:gloo,cuda:nccl" are taken as "mpi") and
 "nccl" (GPU arrays); ``recv`` needs ``src`` or
 receives from any rank (not on "nccl") and returns the sender, as torch's;
@@ -123,9 +120,6 @@ from .work import (
 
 from . import device_mesh  # noqa: E402 - (dist.device_mesh, as torch.distributed's; it
 # imports this package's names)
-from .groups import launcher_variables  # noqa: E402
-
-launcher_variables()  # torchrun's RANK, LOCAL_RANK, ... from mpiexec's, where unset
 
 __all__ = [
     "Backend", "DebugLevel", "DeviceMesh", "DistBackendError", "DistError", "DistNetworkError",

@@ -142,44 +142,6 @@ _STATE: dict[str, Any] = {"world": None, "backend": None, "groups": [], "made": 
 # ("made": the groups made since init_process_group, the default one included: every rank
 # counts each call that makes groups alike, member or not, as torch's group_count)
 
-# torchrun's variables as MPI's launchers name theirs: (rank, size, local rank, local size)
-_LAUNCHERS = (("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),  # Hydra
-              ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-               "OMPI_COMM_WORLD_LOCAL_SIZE"))  # Open MPI's mpirun
-
-
-def _torchrun_variables(rank: int, size: int, local: int, local_size: int) -> None:
-    """Set torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE where not set."""
-    for name, value in (("RANK", rank), ("WORLD_SIZE", size), ("LOCAL_RANK", local),
-                        ("LOCAL_WORLD_SIZE", local_size)):
-        os.environ.setdefault(name, str(value))
-
-
-def _simulated_node(rank: int, size: int) -> tuple[int, int] | None:
-    """This rank's place and its node's size under ``MPICOLL_RANKS_PER_NODE=k`` (blocks
-    of k ranks, as ``Communicator.nodes``); None where it is not set to a count."""
-    text = os.environ.get("MPICOLL_RANKS_PER_NODE", "").strip()
-    if not (text.isascii() and text.isdigit()) or int(text) < 1:
-        return None
-    k = int(text)
-    return rank % k, min(k, size - rank // k * k)
-
-
-def launcher_variables() -> None:
-    """torchrun's variables from MPI's launcher (mpiexec), where it started this process:
-    scripts written for torchrun read ``LOCAL_RANK`` (to pick a GPU), ``RANK`` and
-    ``WORLD_SIZE`` before ``init_process_group``; each set only where not set already
-    (``init_process_group`` sets those still unset from the job itself, srun's too)."""
-    for names in _LAUNCHERS:
-        rank, size, local, local_size = (os.environ.get(n, "") for n in names)
-        if not all(v.isascii() and v.isdigit() for v in (rank, size, local, local_size)):
-            continue
-        simulated = _simulated_node(int(rank), int(size))
-        if simulated is not None:
-            local, local_size = simulated
-        _torchrun_variables(int(rank), int(size), int(local), int(local_size))
-        return
-
 
 def is_available() -> bool:
     return True
@@ -310,8 +272,6 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
                                    f"{debug or 'TORCH_DISTRIBUTED_DEBUG is not a debug level'}")
     world = ProcessGroup(comm, list(range(comm.size)), _asked(backend))
     _STATE["world"], _STATE["backend"], _STATE["made"] = world, name, 1
-    node = comm.nodes[comm.node]  # (torchrun's variables, where still unset: srun's job)
-    _torchrun_variables(comm.rank, comm.size, node.index(comm.rank), len(node))
     GroupMember.WORLD = _Group.WORLD = world
 
 
