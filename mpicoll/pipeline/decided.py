@@ -362,10 +362,19 @@ def _persisted(c: CallState, collective: str, name: str, op: Any, dtype: Any, ro
 
         request = host_persistent(t, collective, op, dtype, root, x, result)
         start, wait = request.Start, request.Wait
+        # whether the request may still be active: a start that Ctrl-C ended between its
+        # MPI_Start and MPI_Wait (a second Ctrl-C can land in the wait that ends it). The
+        # next start waits for it first (MPI_Wait returns at once on an ended request),
+        # where MPI_Start would raise "already active"; entry.prepare_start shares it
+        pending = [False]
 
         def run(call: Any) -> Any:
+            if pending[0]:
+                wait()
+            pending[0] = True
             start()
             wait()
+            pending[0] = False
             return done()
 
         if before is None and type(done) is Fixed:  # Start and Wait alone: a plan's
@@ -373,11 +382,16 @@ def _persisted(c: CallState, collective: str, name: str, op: Any, dtype: Any, ro
 
         def run_after(call: Any) -> Any:
             before()
+            if pending[0]:
+                wait()
+            pending[0] = True
             start()
             wait()
+            pending[0] = False
             return done()
 
         made = run if before is None else run_after
+        made.pending = pending  # type: ignore[attr-defined]
         # a plan's start() and wait() apart, on every rank that made the request alike
         # (whatever each does around MPI's calls): before() and Start, then Wait and done()
         made.parts = (start if before is None else lambda: (before(), start()), done)  # type: ignore[attr-defined]

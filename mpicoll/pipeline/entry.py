@@ -506,6 +506,10 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
     code, offset = site.f_code, site.f_lasti
     mpi_start, mpi_wait, result = persistent or (None, None, None)
     request_wait = request_wait or mpi_wait
+    # whether the request may still be active (a start that Ctrl-C ended before its wait
+    # ended it, a second Ctrl-C landing in that wait): the next start waits for it first
+    # (MPI_Wait returns at once on an ended request); shared with run's own starts
+    pending = getattr(run, "pending", None) or [False]
     t = transport
     limit = t.tag_limit if mpi_start is not None else 0  # (as prepare's)
 
@@ -534,11 +538,16 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
                 t.step = 0
                 t.wait_kind = None
                 try:
+                    if pending[0]:
+                        request_wait()
+                    pending[0] = True
                     mpi_start()
-                    if mpi_wait is None:
-                        running = True
-                        return seq, rec
+                    if mpi_wait is None:  # plan.start(): the plan's wait() ends it (left
+                        running = True  # pending: Ctrl-C can land before the plan keeps
+                        return seq, rec  # what this returns; the next start's wait is then
+                        #                  MPI_Wait on an ended request, which returns at once)
                     mpi_wait()
+                    pending[0] = False
                 except BaseException as exc:
                     if not isinstance(exc, Exception) and not running:  # Ctrl-C once
                         request_wait()  # MPI_Start returned: the start ends, watched, first
