@@ -7,15 +7,17 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .communicator import Communicator
-from .errors import AbortedError
+from .errors import AbortedError, InvalidArgumentError
+from .observe.watchdog import timeout_setting
 from .transport.local import LocalWorld
 
 
-def run_local(size: int, fn: Callable[..., Any], *args: Any, timeout: float | None = None,
+def run_local(size: int, fn: Callable[..., Any], *args: Any,
+              timeout: float | Sequence[float] | None = None,
               **communicator_kwargs: Any) -> list[Any]:
     """Run ``fn(comm, *args)`` on ``size`` thread-ranks and return each rank's result.
 
@@ -23,15 +25,27 @@ def run_local(size: int, fn: Callable[..., Any], *args: Any, timeout: float | No
     others stop waiting and the first exception (by rank) is raised here. ``timeout``:
     seconds a blocking wait may take (a waiting receive then raises
     ``CollectiveTimeoutError``); default ``MPICOLL_TIMEOUT`` where it is set (a malformed
-    one: ``ConfigError``), else a minute; 0: no limit.
+    one: ``ConfigError``), else a minute; 0: no limit. A sequence: each rank's own, as its
+    Communicator's ``timeout`` (the rank that times out first gives up the whole world:
+    to read one rank's timeout, give it the shortest).
     """
+    per_rank = None
+    if isinstance(timeout, Sequence):
+        if len(timeout) != size or "timeout" in communicator_kwargs:
+            raise InvalidArgumentError(
+                f"timeout: a sequence gives each rank's own: expected {size} of them and no "
+                f"timeout= for the Communicators beside it, got {len(timeout)}")
+        seconds = [timeout_setting(t) for t in timeout]  # (ConfigError on a bad one)
+        per_rank = [{"timeout": t} for t in seconds]
+        timeout = 0.0 if 0 in seconds else max(seconds)  # the world's: the longest (0: none)
     world = LocalWorld(size, timeout)
     results: list[Any] = [None] * size
     errors: list[BaseException | None] = [None] * size
 
     def body(rank: int) -> None:
         try:
-            comm = Communicator(world.endpoint(rank), backend="local", **communicator_kwargs)
+            comm = Communicator(world.endpoint(rank), backend="local", **communicator_kwargs,
+                                **(per_rank[rank] if per_rank else {}))
             results[rank] = fn(comm, *args)
         except BaseException as exc:  # noqa: BLE001 - reported to the caller below
             errors[rank] = exc

@@ -464,36 +464,14 @@ def _each_rank(steps):
     return body
 
 
-def _run_timed(timeouts, body):
-    """``body(comm)`` on a thread-rank per entry of ``timeouts``, rank r's Communicator
-    timing out after ``timeouts[r]`` seconds: the rank a test reads times out first, so
-    another rank's timeout (which gives up the whole local world) never wins the race."""
-    import threading
-
-    world = mpicoll.transport.local.LocalWorld(len(timeouts), timeout=60)
-    results = [None] * len(timeouts)
-
-    def rank(r):
-        comm = mpicoll.Communicator(world.endpoint(r), backend="local", timeout=timeouts[r])
-        results[r] = body(comm)
-
-    threads = [threading.Thread(target=rank, args=(r,), daemon=True)
-               for r in range(len(timeouts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return results
-
-
 def test_a_local_timeout_names_the_call_as_the_watchdog_does():
     """The local backend's receive that times out raises in the waiting thread; its
     words follow what the watchdog says over MPI: the call's number, collective,
     algorithm, step and the peer it waits for (not only the transport's tag)."""
-    said = _run_timed([20, 20, 1], _each_rank([
+    said = run_local(3, _each_rank([
         lambda comm: comm.barrier(),
         lambda comm: None if comm.rank == 1 else comm.all_reduce(np.ones(2), algorithm="ring"),
-    ]))
+    ]), timeout=[20, 20, 1])  # (rank 2, read here, times out first)
     assert said[1] == [None, None]
     late = said[2][1]  # rank 2 receives from rank 1 first in the ring
     assert late.startswith("CollectiveTimeoutError: mpicoll: timeout: rank 2: call #2 "
@@ -506,10 +484,10 @@ def test_a_local_timeout_in_a_resync_says_why():
     """Rank 2 alone refuses a root the others do not see; its next call first settles
     that refusal and, the others not refusing it, times out: it says that the wait is
     for the refused call's account, and what to do."""
-    said = _run_timed([20, 20, 1], _each_rank([
+    said = run_local(3, _each_rank([
         lambda comm: comm.reduce(np.ones(3), root=5 if comm.rank == 2 else 0),
         lambda comm: comm.all_reduce(np.ones(2)).tolist(),
-    ]))
+    ]), timeout=[20, 20, 1])  # (rank 2, read here, times out first)
     assert said[2][0] == "InvalidArgumentError: root: 5 is out of range for 3 ranks"
     assert said[2][1].startswith("CollectiveTimeoutError: mpicoll: timeout: rank 2: call #2 "
                                  "all_reduce ("), said[2][1]
