@@ -377,7 +377,7 @@ class Plan:
         self._start_request = prepare_start(self.comm, self.collective, self._site,
                                             facts, run, (start, None, None), request.Wait)
         self._wait_request = prepare_request_wait(self.comm, self.collective, self._site,
-                                                  request.Wait)
+                                                  request.Wait, run.pending)
 
     def _bind_result(self, result: Any) -> None:
         """A receiver that passed no buffer (broadcast's x, scatter's out) binds the first

@@ -382,13 +382,7 @@ def _persisted(c: CallState, collective: str, name: str, op: Any, dtype: Any, ro
 
         def run_after(call: Any) -> Any:
             before()
-            if pending[0]:
-                wait()
-            pending[0] = True
-            start()
-            wait()
-            pending[0] = False
-            return done()
+            return run(call)
 
         made = run if before is None else run_after
         made.pending = pending  # type: ignore[attr-defined]

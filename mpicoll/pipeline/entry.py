@@ -542,10 +542,10 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
                         request_wait()
                     pending[0] = True
                     mpi_start()
-                    if mpi_wait is None:  # plan.start(): the plan's wait() ends it (left
-                        running = True  # pending: Ctrl-C can land before the plan keeps
-                        return seq, rec  # what this returns; the next start's wait is then
-                        #                  MPI_Wait on an ended request, which returns at once)
+                    if mpi_wait is None:  # plan.start(): the plan's wait() ends it and
+                        running = True  # clears the mark (prepare_request_wait); a Ctrl-C
+                        return seq, rec  # before the plan keeps what this returns leaves
+                        #                  it set, for the next start to end the request
                     mpi_wait()
                     pending[0] = False
                 except BaseException as exc:
@@ -573,13 +573,15 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
     return start
 
 
-def prepare_request_wait(c: CallState, name: str, site: Any,
-                         mpi_wait: Callable[[], None]) -> Callable[[tuple], None]:
+def prepare_request_wait(c: CallState, name: str, site: Any, mpi_wait: Callable[[], None],
+                         pending: list[bool]) -> Callable[[tuple], None]:
     """A plan's ``wait()`` for a ``plan.start()`` of ``prepare_start``: MPI's wait on its
     request, watched (the start's flight-recorder entry is current again, the watchdog's
     clock from now), one thread at a time; the entry done once it returns. Where the
     flight recorder has given the entry's place to later calls (more than its length
-    while the request ran), the wait is watched as a step of its own."""
+    while the request ran), the wait is watched as a step of its own. ``pending``: the
+    request's mark that it may still be active (see ``prepare_start``), cleared once the
+    wait has ended it."""
     watch, t = c._watch, c._backend.transport
     take, give = c._entry.take, c._entry.give
 
@@ -590,6 +592,7 @@ def prepare_request_wait(c: CallState, name: str, site: Any,
             with watched_step(c, f"{name} plan.wait()", "waiting for every rank to start "
                               "the plan and its request to end", site):
                 mpi_wait()
+            pending[0] = False
             return
         try:
             take()  # (the Communicator's turn, or IndexError: another thread has it)
@@ -604,6 +607,7 @@ def prepare_request_wait(c: CallState, name: str, site: Any,
             t.wait_kind = None
             watch.started = since or now()
             mpi_wait()
+            pending[0] = False
         except Exception as exc:  # noqa: BLE001 - nothing but mpicoll's errors leaves
             raise ended(c, name, exc)  # noqa: B904 - keeps the cause
         except BaseException as exc:  # (Ctrl-C: as prepared's)
