@@ -30,11 +30,11 @@ def run_local(size: int, fn: Callable[..., Any], *args: Any,
     to read one rank's timeout, give it the shortest).
     """
     per_rank = None
-    if isinstance(timeout, Sequence):
-        if len(timeout) != size or "timeout" in communicator_kwargs:
-            raise InvalidArgumentError(
-                f"timeout: a sequence gives each rank's own: expected {size} of them and no "
-                f"timeout= for the Communicators beside it, got {len(timeout)}")
+    if isinstance(timeout, Sequence) and not isinstance(timeout, (str, bytes)):  # ("5":
+        # no seconds, refused as such below)
+        if len(timeout) != size:
+            raise InvalidArgumentError(f"timeout: a sequence gives each rank's own: expected "
+                                       f"{size} of them, got {len(timeout)}")
         seconds = [timeout_setting(t) for t in timeout]  # (ConfigError on a bad one)
         per_rank = [{"timeout": t} for t in seconds]
         timeout = 0.0 if 0 in seconds else max(seconds)  # the world's: the longest (0: none)

@@ -284,6 +284,15 @@ def test_run_local_refuses_a_timeout_that_is_no_seconds(timeout):
     assert run_local(2, lambda comm: comm.size, timeout=0) == [2, 2]
 
 
+def test_run_local_takes_one_timeout_per_rank():
+    """timeout=[...]: each rank's Communicator its own; one per rank, each seconds."""
+    assert run_local(3, lambda comm: comm.timeout, timeout=[20, 0, 1.5]) == [20.0, 0.0, 1.5]
+    with pytest.raises(mpicoll.InvalidArgumentError, match="expected 3 of them"):
+        run_local(3, lambda comm: None, timeout=[1, 2])
+    with pytest.raises(mpicoll.ConfigError, match="timeout: expected seconds >= 0"):
+        run_local(2, lambda comm: None, timeout=[1, -1])
+
+
 @pytest.mark.parametrize("collective", ["reduce", "reduce_scatter", "scan"])
 def test_compress_on_a_collective_that_takes_none_says_so(collective):
     """compress= is all_reduce's: elsewhere refused as such on every rank, not as a
