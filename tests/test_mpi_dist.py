@@ -707,6 +707,35 @@ def test_an_async_work_as_torch(initialized):
     assert dist.all_reduce(np.ones(1), async_op=True).wait() is True
 
 
+def test_async_outputs_hold_the_result_once_a_later_handle_is_waited_for(initialized):
+    """An async call's outputs are filled once it has ended, waited for or not (as
+    torch's): code that waits only for its last call's handle, or drops a handle, reads
+    every earlier call's outputs filled (they were written at their own wait() alone, so
+    they stayed zeros). The calls run in order, so the last one's end follows theirs."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    gathered = [np.zeros(2) for _ in range(size)]
+    exchanged = [np.zeros(1) for _ in range(size)]
+    at_root = [np.zeros(2) for _ in range(size)] if rank == 0 else None
+    splits = [1 + (rank + j) % 2 for j in range(size)]  # uneven: rank j sends me (j + me) % 2 + 1
+    received = [1 + (j + rank) % 2 for j in range(size)]
+    single = np.zeros(sum(received))
+    handles = [dist.all_gather(gathered, np.full(2, float(rank)), async_op=True),
+               dist.all_to_all(exchanged, [np.full(1, 10.0 * rank + j) for j in range(size)],
+                               async_op=True),
+               dist.gather(np.full(2, float(rank)), at_root, dst=0, async_op=True)]
+    dist.all_to_all_single(single, np.concatenate([np.full(n, 10.0 * rank + j)
+                                                   for j, n in enumerate(splits)]),
+                           output_split_sizes=received, input_split_sizes=splits,
+                           async_op=True)  # (its handle dropped)
+    del handles
+    assert dist.all_reduce(np.ones(1), async_op=True).wait() is True
+    assert [r.tolist() for r in gathered] == [[float(j)] * 2 for j in range(size)]
+    assert [r[0] for r in exchanged] == [10.0 * j + rank for j in range(size)]
+    if rank == 0:
+        assert [r.tolist() for r in at_root] == [[float(j)] * 2 for j in range(size)]
+    assert single.tolist() == [10.0 * j + rank for j, n in enumerate(received) for _ in range(n)]
+
+
 def _every_rank_refuses(call, match):
     with pytest.raises(mpicoll.InvalidArgumentError, match=match):
         call()

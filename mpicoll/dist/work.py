@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import warnings
@@ -40,6 +41,17 @@ class _Finished(Work):
         self._value, self._future = list(value), None
         self._lock = threading.Lock()  # (the future's callback finishes it in the
         #                                 thread that ends the call)
+        # as torch's: the outputs hold the result once the call has ended, waited for or
+        # not (code that waits only for a later call's handle, or drops this one, reads
+        # them after a later call); the copy is made where the call ends
+        work.add_done_callback(self._copy_when_ended)
+
+    def _copy_when_ended(self, work: Any) -> None:
+        """The done callback that fills the caller's tensors: a call that ended in an
+        error, or a result ``finish`` refuses, leaves them as they are and is raised by
+        ``wait()`` (from the thread that asks, not the one that ended the call)."""
+        with contextlib.suppress(MpicollError):
+            self._copy(work.host_result())
 
     def _copy(self, result: Any) -> None:
         with self._lock:
