@@ -302,7 +302,7 @@ def test_a_device_mesh_made_by_torchs_constructor_from_a_grid_of_ranks(initializ
     grid = np.arange(size)[::-1].reshape(shape).T  # (columns of reversed ranks: no order)
     mesh = dist.DeviceMesh("cpu", grid.tolist(), mesh_dim_names=("tp", "dp"))
     at = tuple(int(c) for c in np.argwhere(grid == rank)[0])
-    assert mesh.get_coordinate() == list(at) and mesh.mesh.tolist() == grid.tolist()
+    assert mesh.get_coordinate() == tuple(at) and mesh.mesh.tolist() == grid.tolist()
     for d, name in enumerate(("tp", "dp")):
         line = sorted(np.moveaxis(grid, d, -1)[at[1 - d]].tolist())
         assert dist.get_process_group_ranks(mesh.get_group(name)) == line
@@ -357,7 +357,7 @@ def test_a_device_mesh_as_torch_tutorials_use_it(initialized):
     dp_index, tp_index = divmod(rank, shape[1])
     assert (mesh.ndim, mesh.shape, mesh.size(), mesh.get_rank()) == (2, shape, size, rank)
     assert mesh.mesh.tolist() == np.arange(size).reshape(shape).tolist()
-    assert mesh.get_coordinate() == [dp_index, tp_index]
+    assert mesh.get_coordinate() == (dp_index, tp_index)
     assert (mesh.get_local_rank("dp"), mesh.get_local_rank(1)) == (dp_index, tp_index)
     with pytest.raises(mpicoll.InvalidArgumentError, match="name the one"):
         mesh.get_group()
@@ -415,6 +415,9 @@ def test_object_collectives_as_torch(initialized):
     dist.broadcast_object_list(objects, src=0)
     assert objects == [1, "two", {3: 4}]
     assert (objects[2] is kept) == (rank == 0)  # the source keeps its own objects
+    objects = (1, "two") if rank == 0 else [None, None]  # a tuple the source only reads
+    dist.broadcast_object_list(objects, src=0)
+    assert list(objects) == [1, "two"]
     out: list = [None]
     dist.scatter_object_list(out, [f"for {r}" * (r + 1) for r in range(size)] if rank == 0
                              else None, src=0)
@@ -862,6 +865,9 @@ def test_lists_and_roots_that_are_not_what_torch_takes(initialized):
             dist.broadcast(np.ones(1), src=src)
     with pytest.raises(mpicoll.InvalidArgumentError, match="split_sizes"):
         dist.all_to_all_single(np.zeros(size), np.zeros(size), input_split_sizes=[True] * size)
+    for op in (dist.send, dist.recv, "isend", None):  # refused as it is made, as torch's
+        with pytest.raises(mpicoll.InvalidArgumentError, match="P2POp: op must be"):
+            dist.P2POp(op, np.ones(1), 0)
     for ops in ([mpicoll.P2POp("isend", np.ones(1), 0)], [1], 5):
         with pytest.raises(mpicoll.InvalidArgumentError, match="batch_isend_irecv"):
             dist.batch_isend_irecv(ops)  # (torch's: a list of dist.P2POp)

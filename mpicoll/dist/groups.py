@@ -726,9 +726,9 @@ class DeviceMesh:
         """This rank's global rank."""
         return self._rank
 
-    def get_coordinate(self) -> list[int]:
-        """This rank's coordinates in the mesh, one per dimension."""
-        return list(self._coordinate)
+    def get_coordinate(self) -> tuple[int, ...]:
+        """This rank's coordinates in the mesh, one per dimension (a tuple, as torch's)."""
+        return self._coordinate
 
     def size(self, mesh_dim: str | int | None = None) -> int:
         return int(self.mesh.size) if mesh_dim is None else \

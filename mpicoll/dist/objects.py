@@ -125,16 +125,18 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
                     group_src, "src", "auto", False)
     mine = g.comm.rank == root
     sent = None
-    if mine:  # (not a list: why, in the packet, so every rank raises)
+    # the source only reads its objects: a tuple too, as torch's (the others' are written)
+    readable = isinstance(object_list, (list, tuple))
+    if mine:  # (neither: why, in the packet, so every rank raises)
         sent = _packed(list(object_list), "object_list", get_rank()) \
-            if _a_list(object_list, None) else _failed(
+            if readable else _failed(
                 f"object_list on rank {get_rank()} (the source): expected a list, got "
                 f"{type(object_list).__name__}")
     received = _got(g.comm.broadcast(_sent(g, sent), root))  # (its size: in the header)
     if mine:  # the source keeps its own objects (it raises where they failed to pickle)
         if sent[0] == _FAILED:  # type: ignore[index]
             _unpacked([sent], "object_list")  # type: ignore[list-item]
-        if not _a_list(object_list, None):
+        if not readable:
             raise InvalidArgumentError("object_list: expected a list")
         return
     (objects,) = _unpacked([received], "object_list")

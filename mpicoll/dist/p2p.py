@@ -137,6 +137,9 @@ class P2POp:
 
     def __init__(self, op: Any, tensor: Any, peer: int | None = None, group: Any = None,
                  tag: int = 0, group_peer: int | None = None) -> None:
+        if getattr(op, "__name__", None) not in ("isend", "irecv"):  # (as torch's, made)
+            raise InvalidArgumentError(f"P2POp: op must be dist.isend or dist.irecv, got "
+                                       f"{getattr(op, '__name__', op)!r}")
         self.op, self.tensor, self.tag = op, tensor, tag
         self._given = (peer, group_peer)  # (what batch_isend_irecv resolves, and refuses)
         self.group = _STATE["world"] if group is None else group
