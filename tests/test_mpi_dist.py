@@ -326,6 +326,41 @@ def test_a_device_mesh_made_by_torchs_constructor_from_a_grid_of_ranks(initializ
     assert t[0] == size
 
 
+def test_a_device_mesh_from_groups_already_made(initialized):
+    """``DeviceMesh.from_group`` as torch's (FSDP2 and DTensor code): one group is a 1-D
+    mesh of its ranks; a list of groups with ``mesh=`` is an n-D mesh whose dimension d is
+    the d-th group; a group that is not the mesh's line through this rank, a list without
+    a mesh, or no group, raises on the rank that gives it (no message is sent)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    half = size // 2 or 1
+    shape = (size // half, half)  # (dp, tp): tp inside consecutive ranks
+    grid = np.arange(size).reshape(shape)
+    dp_index, tp_index = divmod(rank, half)
+    made = dist.init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp"))
+    dp, tp = made.get_group("dp"), made.get_group("tp")
+    flat = dist.DeviceMesh.from_group(tp, "cpu")
+    assert flat.mesh.tolist() == grid[dp_index].tolist() and flat.mesh_dim_names is None
+    assert flat.get_group() is tp and flat.get_coordinate() == (tp_index,)
+    named = dist.DeviceMesh.from_group([dp, tp], "cpu", mesh=grid, mesh_dim_names=("dp", "tp"))
+    assert named.get_coordinate() == (dp_index, tp_index) and named.shape == shape
+    assert named.get_group("dp") is dp and named.get_local_rank("tp") == tp_index
+    t = np.full(1, float(rank))
+    dist.all_reduce(t, group=named.get_group("tp"))
+    assert t[0] == sum(grid[dp_index].tolist())
+    with pytest.raises(mpicoll.InvalidArgumentError, match="needs mesh="):
+        dist.DeviceMesh.from_group([dp, tp], "cpu")
+    if size > 1:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="line through rank"):
+            dist.DeviceMesh.from_group([tp, dp], "cpu", mesh=grid)  # (the two swapped)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="process group this rank is in"):
+        dist.DeviceMesh.from_group(None, "cpu")
+    with pytest.raises(mpicoll.InvalidArgumentError, match="mesh_dim_names"):
+        dist.DeviceMesh.from_group(tp, "cpu", mesh_dim_names=("a", "b"))
+    t = np.ones(1)
+    dist.all_reduce(t)
+    assert t[0] == size
+
+
 def test_p2pops_of_the_default_group_by_none_or_by_name_go_in_one_batch(initialized):
     """``P2POp(..., group=None)`` and ``group=dist.group.WORLD`` are one group (torch
     resolves None to the default group); ``peer`` and ``group_peer`` are both set from

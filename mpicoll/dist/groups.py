@@ -666,6 +666,51 @@ class DeviceMesh:
         self._set(device_type, ranks, groups, names, coordinate, me, mesh_dim_names is not None)
 
     @classmethod
+    def from_group(cls, group: Any, device_type: str, mesh: Any = None, *,
+                   mesh_dim_names: Any = None) -> DeviceMesh:
+        """A mesh over groups already made, as torch's ``DeviceMesh.from_group``: one
+        group (a 1-D mesh of its ranks; ``mesh``, if given, its ranks in order), or a list
+        of groups, this rank's along each dimension of ``mesh`` (the grid of global ranks,
+        required then). No message: each rank checks its own groups against the grid."""
+        groups = list(group) if isinstance(group, (list, tuple)) else [group]
+        for g in groups:
+            if not isinstance(g, ProcessGroup):
+                raise InvalidArgumentError(
+                    f"DeviceMesh.from_group: expected a process group this rank is in, got "
+                    f"{g!r} (a rank outside a group has no place in its mesh)")
+        if mesh is None:
+            if len(groups) != 1:
+                raise InvalidArgumentError("DeviceMesh.from_group: a list of groups needs "
+                                           "mesh=, the grid of their ranks")
+            mesh = groups[0].ranks
+        try:
+            ranks = np.array(mesh.tolist() if hasattr(mesh, "tolist") else mesh)
+        except Exception:  # noqa: BLE001 - ragged lists: refused below
+            ranks = np.array(None)
+        me = groups[0].ranks[groups[0].comm.rank]
+        if ranks.ndim != len(groups) or ranks.dtype.kind not in "iu" or \
+                len(set(ranks.reshape(-1).tolist())) != ranks.size or not (ranks == me).any():
+            raise InvalidArgumentError(
+                f"DeviceMesh.from_group: mesh: expected a grid of distinct global ranks with "
+                f"one dimension per group ({len(groups)}) holding this rank ({me}), got {mesh!r}")
+        coordinate = tuple(int(c) for c in np.argwhere(ranks == me)[0])
+        for d, g in enumerate(groups):  # the line through this rank along d: g's ranks
+            line = np.moveaxis(ranks, d, -1)[tuple(c for i, c in enumerate(coordinate)
+                                                   if i != d)].tolist()
+            if sorted(line) != sorted(g.ranks):
+                raise InvalidArgumentError(
+                    f"DeviceMesh.from_group: group {d} holds ranks {g.ranks}, but the mesh's "
+                    f"line through rank {me} along dimension {d} is {line}")
+        names = tuple(f"dim{d}" for d in range(ranks.ndim)) if mesh_dim_names is None \
+            else tuple(mesh_dim_names) if isinstance(mesh_dim_names, (list, tuple)) else ()
+        if len(names) != ranks.ndim or len(set(names)) != len(names) or \
+                not all(isinstance(n, str) for n in names):
+            raise InvalidArgumentError(f"mesh_dim_names: expected {ranks.ndim} different "
+                                       f"names, got {mesh_dim_names!r}")
+        return cls._of(device_type, ranks, dict(zip(names, groups, strict=True)), names,
+                       coordinate, me, mesh_dim_names is not None)
+
+    @classmethod
     def _of(cls, device_type: str, ranks: np.ndarray, groups: dict[str, ProcessGroup],
             names: tuple[str, ...], coordinate: tuple[int, ...], rank: int,
             named: bool = True) -> DeviceMesh:
