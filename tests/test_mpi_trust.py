@@ -589,3 +589,47 @@ def test_a_monitored_barrier_with_no_limit_on_rank_0_is_never_ended_by_another_r
     comm.monitored_barrier()
     np.testing.assert_array_equal(comm.all_reduce(np.ones(2)), np.full(2, comm.size))
     comm.free()
+
+
+def _unaligned(count: int, dtype: str, fill: float, aligned: bool = False) -> np.ndarray:
+    """A writeable, contiguous array at an odd address (a memmap at an odd offset): NumPy
+    gives its buffer the format '=d' (standard size, no alignment), which mpi4py maps to
+    no MPI datatype. ``aligned``: an ordinary array instead."""
+    dtype = np.dtype(dtype)
+    x = np.empty(count, dtype) if aligned else \
+        np.frombuffer(bytearray(count * dtype.itemsize + 1), dtype, count=count, offset=1)
+    x[...] = fill
+    return x
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce", "reduce_scatter", "scan",
+                                        "exscan"])
+@pytest.mark.parametrize("algorithm", ["native", "auto"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "int32", "int64", "complex64"])
+def test_unaligned_arrays_are_reduced_by_the_mpi_library_too(world, collective, algorithm,
+                                                             dtype):
+    """MPI's own reductions name the datatype of every buffer, so an unaligned array is
+    reduced as an aligned one (mpi4py read its buffer's format, '=d', and raised KeyError
+    on every rank, or on the one rank whose array it was while the others waited: here
+    rank 0's alone is unaligned, then every rank's), its out= too, and through a plan."""
+    comm, size, rank = world, world.size, world.rank
+    rows = size if collective == "reduce_scatter" else 1
+    for only_rank_0 in (True, False):
+        aligned = only_rank_0 and rank != 0
+        x = _unaligned(rows * 3, dtype, rank + 1, aligned).reshape(rows, 3) \
+            if collective == "reduce_scatter" else _unaligned(3, dtype, rank + 1, aligned)
+        upto = rank if collective == "exscan" else rank + 1 if collective == "scan" else size
+        want = np.full(3, sum(range(1, upto + 1)), dtype)
+        got = _reduce(comm, collective, x, "sum", algorithm)
+        if collective == "reduce" and rank != 0 or collective == "exscan" and rank == 0:
+            assert got is None
+        else:
+            np.testing.assert_array_equal(got, want)
+        if collective == "all_reduce":
+            out = _unaligned(3, dtype, 0, aligned)
+            assert comm.all_reduce(x, out=out, algorithm=algorithm) is out
+            np.testing.assert_array_equal(out, want)
+            with comm.all_reduce_init(x, algorithm=algorithm) as plan:
+                np.testing.assert_array_equal(plan(), want)
+                np.testing.assert_array_equal(plan(), want)
+    _next_call_is_right(comm)

@@ -154,11 +154,13 @@ def _free_retired() -> None:
 
 
 def _reduction(op: Op, dtype: np.dtype) -> tuple[MPI.Datatype | None, MPI.Op]:
-    """``mpi_op``'s (datatype, op), with a datatype named for both buffers where equal
-    dtypes have other buffer formats (int64 as 'l' and 'q': mpi4py would name x MPI_LONG
-    and an out= MPI_LONG_LONG, and refuse the pair)."""
+    """``mpi_op``'s (datatype, op), with the datatype named for both buffers wherever
+    mpi4py has one for the dtype: not left to mpi4py's reading of each buffer's format,
+    which differs for equal dtypes (int64 as 'l' and 'q': mpi4py would name x MPI_LONG and
+    an out= MPI_LONG_LONG, and refuse the pair) and for an unaligned array (NumPy's format
+    '=d', which mpi4py maps to no datatype: a memmap at an odd offset)."""
     datatype, mop = mpi_op(op, dtype)
-    if datatype is None and len(_formats(dtype)) > 1:
+    if datatype is None:
         datatype = typed(dtype)
     return datatype, mop
 
@@ -419,8 +421,8 @@ class _Kept:
     """Stands in for a transport's communicator: the collective call made on it is kept
     (its mpi4py method's name and arguments), not made."""
 
-    def __init__(self, rank: int) -> None:
-        self.rank, self.call = rank, None
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size, self.call = rank, size, None
         self.comm = self
 
     def __getattr__(self, name: str) -> Callable[..., None]:
@@ -435,8 +437,10 @@ def host_persistent(t: MPITransport, collective: str, op: Op | None, dtype: np.d
     """MPI-4's persistent ``collective`` on these host arrays (``MPI_Allreduce_init`` and
     kin): the very call ``host_direct`` makes on them, made by its ``_init`` instead
     (collective: every rank makes it at the same point); None where host_direct has none."""
-    kept = _Kept(t.rank)
-    run = host_direct(kept, collective, op, dtype, root)  # type: ignore[arg-type]
+    kept = _Kept(t.rank, t.size)
+    # (x's count: its reductions name their datatype, as host_direct's decided calls do)
+    run = host_direct(kept, collective, op, dtype, root,  # type: ignore[arg-type]
+                      None if x is None else x.size)
     if run is None:
         return None
     run(x, result)
