@@ -332,7 +332,7 @@ def test_a_device_mesh_from_groups_already_made(initialized):
     the d-th group; a group that is not the mesh's line through this rank, a list without
     a mesh, or no group, raises on the rank that gives it (no message is sent)."""
     rank, size = dist.get_rank(), dist.get_world_size()
-    half = size // 2 or 1
+    half = 2 if size % 2 == 0 else 1
     shape = (size // half, half)  # (dp, tp): tp inside consecutive ranks
     grid = np.arange(size).reshape(shape)
     dp_index, tp_index = divmod(rank, half)
