@@ -1134,3 +1134,34 @@ def test_a_scatter_receiver_may_give_a_cuda_dlpack_tensor_as_out(fake_cupy):
         return got is out
 
     assert run_local(2, body, timeout=10) == [True, True]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("cuda_aware", ["0", "1"])
+def test_dist_async_device_outputs_are_filled_on_the_callers_device(fake_cupy, cuda_aware,
+                                                                    monkeypatch, capfd):
+    """mpicoll.dist's async all_gather into a list of device arrays on device 1, on the MPI
+    backend: its outputs are copied from the result on the caller's device and stream at
+    wait(), not by the done callback on the progress thread (which runs on device 0: the
+    stand-in's kernel on another device's arrays raises, as CuPy's), with no warning,
+    whether a later handle was waited for first or not."""
+    import warnings
+
+    import mpicoll.dist as dist
+
+    monkeypatch.setenv("MPICOLL_CUDA_AWARE", cuda_aware)
+    dist.init_process_group("mpi")
+    try:
+        rank, size = dist.get_rank(), dist.get_world_size()
+        with fake_cupy.cuda.Device(1), warnings.catch_warnings():
+            warnings.simplefilter("error")  # (a callback's failure is a RuntimeWarning)
+            rows = [fake_cupy.zeros(2) for _ in range(size)]
+            work = dist.all_gather(rows, fake_cupy.asarray(np.full(2, float(rank))),
+                                   async_op=True)
+            assert dist.all_reduce(np.ones(1), async_op=True).wait() is True
+            assert work.wait() is True
+            assert [r.get().tolist() for r in rows] == [[float(j)] * 2 for j in range(size)]
+    finally:
+        dist.destroy_process_group()
+    # (on the progress thread a callback's failure is reported on stderr, not warned)
+    assert "done callback" not in capfd.readouterr().err

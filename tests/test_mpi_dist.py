@@ -354,6 +354,8 @@ def test_a_device_mesh_from_groups_already_made(initialized):
             dist.DeviceMesh.from_group([tp, dp], "cpu", mesh=grid)  # (the two swapped)
     with pytest.raises(mpicoll.InvalidArgumentError, match="process group this rank is in"):
         dist.DeviceMesh.from_group(None, "cpu")
+    with pytest.raises(mpicoll.InvalidArgumentError, match="empty list"):
+        dist.DeviceMesh.from_group([], "cpu", mesh=[rank])
     with pytest.raises(mpicoll.InvalidArgumentError, match="mesh_dim_names"):
         dist.DeviceMesh.from_group(tp, "cpu", mesh_dim_names=("a", "b"))
     t = np.ones(1)

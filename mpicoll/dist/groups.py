@@ -673,6 +673,9 @@ class DeviceMesh:
         of groups, this rank's along each dimension of ``mesh`` (the grid of global ranks,
         required then). No message: each rank checks its own groups against the grid."""
         groups = list(group) if isinstance(group, (list, tuple)) else [group]
+        if not groups:
+            raise InvalidArgumentError("DeviceMesh.from_group: expected a group, or a list "
+                                       "of groups (one per dimension), got an empty list")
         for g in groups:
             if not isinstance(g, ProcessGroup):
                 raise InvalidArgumentError(

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from ..buffers.arrays import is_cupy
 from ..errors import InvalidArgumentError, MpicollError
 from ..observe.watchdog import report
 from ..pipeline.state import (
@@ -49,9 +50,16 @@ class _Finished(Work):
     def _copy_when_ended(self, work: Any) -> None:
         """The done callback that fills the caller's tensors: a call that ended in an
         error, or a result ``finish`` refuses, leaves them as they are and is raised by
-        ``wait()`` (from the thread that asks, not the one that ended the call)."""
-        with contextlib.suppress(MpicollError):
-            self._copy(work.host_result())
+        ``wait()`` (from the thread that asks, not the one that ended the call). GPU
+        results on the progress thread (the MPI backend's) are left to ``wait()`` too: that
+        thread runs on device 0's null stream, not the caller's device and stream."""
+        with contextlib.suppress(Exception):
+            result = work.host_result()
+            if on_progress_thread() and any(
+                    is_cupy(r) for r in (result if isinstance(result, (tuple, list))
+                                         else (result,))):
+                return
+            self._copy(result)
 
     def _copy(self, result: Any) -> None:
         with self._lock:
