@@ -597,6 +597,21 @@ def split_group(parent_pg: Any = None, split_ranks: Sequence[Sequence[int]] | No
     return made
 
 
+def _grid(mesh: Any) -> np.ndarray:
+    """A mesh's grid of ranks as given (a tensor, an array or nested lists) as an array;
+    ragged lists, or no sequence, as a 0-d array (which no grid check accepts)."""
+    try:
+        return np.array(mesh.tolist() if hasattr(mesh, "tolist") else mesh)
+    except Exception:  # noqa: BLE001 - refused by the caller's check
+        return np.array(None)
+
+
+def _distinct_names(names: tuple, ndim: int) -> bool:
+    """Whether ``names`` names each of ``ndim`` dimensions once, each a string."""
+    return len(names) == ndim and len(set(names)) == len(names) and \
+        all(isinstance(n, str) for n in names)
+
+
 class DeviceMesh:
     """torch's DeviceMesh over mpicoll: the job's ranks as an n-dimensional grid, with this
     rank's group along each dimension. ``mesh``: the global ranks in the grid's shape (a
@@ -614,10 +629,7 @@ class DeviceMesh:
                  **torch_options: Any) -> None:
         world = _default_group_for_mesh()
         size = world.comm.size
-        try:
-            ranks = np.array(mesh.tolist() if hasattr(mesh, "tolist") else mesh)
-        except Exception:  # noqa: BLE001 - ragged lists, or no sequence: refused below
-            ranks = np.array(None)
+        ranks = _grid(mesh)
         problem = ""
         if ranks.ndim == 0 or ranks.dtype.kind not in "iu" or \
                 sorted(ranks.reshape(-1).tolist()) != list(range(size)):
@@ -630,8 +642,7 @@ class DeviceMesh:
                     tuple(f"dim{d}" for d in range(ranks.ndim))
             except TypeError:
                 names = (None,)
-            if len(names) != ranks.ndim or len(set(names)) != len(names) or \
-                    not all(isinstance(n, str) for n in names):
+            if not _distinct_names(names, ranks.ndim):
                 problem = (f"mesh_dim_names: expected {ranks.ndim} different names, got "
                            f"{mesh_dim_names!r}")
         if torch_options.keys() - {"backend_override", "_init_backend"}:
@@ -686,10 +697,7 @@ class DeviceMesh:
                 raise InvalidArgumentError("DeviceMesh.from_group: a list of groups needs "
                                            "mesh=, the grid of their ranks")
             mesh = groups[0].ranks
-        try:
-            ranks = np.array(mesh.tolist() if hasattr(mesh, "tolist") else mesh)
-        except Exception:  # noqa: BLE001 - ragged lists: refused below
-            ranks = np.array(None)
+        ranks = _grid(mesh)
         me = groups[0].ranks[groups[0].comm.rank]
         if ranks.ndim != len(groups) or ranks.dtype.kind not in "iu" or \
                 len(set(ranks.reshape(-1).tolist())) != ranks.size or not (ranks == me).any():
@@ -706,8 +714,7 @@ class DeviceMesh:
                     f"line through rank {me} along dimension {d} is {line}")
         names = tuple(f"dim{d}" for d in range(ranks.ndim)) if mesh_dim_names is None \
             else tuple(mesh_dim_names) if isinstance(mesh_dim_names, (list, tuple)) else ()
-        if len(names) != ranks.ndim or len(set(names)) != len(names) or \
-                not all(isinstance(n, str) for n in names):
+        if not _distinct_names(names, ranks.ndim):
             raise InvalidArgumentError(f"mesh_dim_names: expected {ranks.ndim} different "
                                        f"names, got {mesh_dim_names!r}")
         return cls._of(device_type, ranks, dict(zip(names, groups, strict=True)), names,
