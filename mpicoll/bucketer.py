@@ -167,12 +167,15 @@ class Bucketer:
             self._add(i, array, sys._getframe(1))
 
     def _refuse_freed(self, what: str) -> None:
-        """Refuse a call after the Communicator it was made on was freed (which frees
-        the one it works on: each rank's, as free() is collective)."""
-        if self._parent.freed and self.comm.freed:
+        """Refuse a call after this Bucketer was freed, or the Communicator it was made
+        on (which frees the one it works on: each rank's, as free() is collective),
+        before anything is copied or counted."""
+        if self.comm.freed:
             raise InvalidArgumentError(
                 f"Bucketer.{what}: the Communicator this Bucketer was made on was freed "
-                "(its free() frees its Bucketers' too); make a Bucketer on a live one")
+                "(its free() frees its Bucketers' too); make a Bucketer on a live one"
+                if self._parent.freed else
+                f"Bucketer.{what}: this Bucketer was freed (Bucketer.free()); make a new one")
 
     def _add(self, i: int, array: Any, site: Any) -> None:
         if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or \

@@ -112,6 +112,14 @@ def test_a_bucketer_dropped_unfreed_goes_with_its_communicator():
     kept = mpicoll.Bucketer(parent, [np.ones(2)])
     kept.free()
     assert kept.comm.freed and not parent._private
+    # its own free(), the Communicator alive: refused as the Bucketer's, before anything
+    # is copied, not as an all_reduce on a freed Communicator the user never freed
+    for what, call in (("add", lambda: kept.add(0, np.full(2, 7.0))), ("wait", kept.wait)):
+        with pytest.raises(mpicoll.InvalidArgumentError,
+                           match=f"Bucketer.{what}: this Bucketer was freed"):
+            call()
+    assert not any(kept._filled)
+    assert parent.all_reduce(np.ones(1))[0] == parent.size
     left = mpicoll.Bucketer(parent, [np.ones(2)])
     parent.free()
     assert left.comm.freed

@@ -426,6 +426,29 @@ def test_a_device_mesh_as_torch_tutorials_use_it(initialized):
     assert line.get_group() is line.get_all_groups()[0] and line.get_local_rank() == rank
 
 
+def test_a_device_mesh_not_in_rank_order_gives_each_rank_its_place_in_the_groups(initialized):
+    """In a grid not in rank order (the ranks reversed), ``get_local_rank(dim)`` is the
+    rank's place in that dimension's group, which holds its ranks sorted (torch's rule),
+    so the chunk of a group collective it picks is its own; ``get_coordinate()`` stays
+    its place in the grid."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    shape = (size // 2, 2) if size % 2 == 0 else (size, 1)
+    grid = np.arange(size)[::-1].reshape(shape)
+    mesh = dist.DeviceMesh("cpu", grid.tolist(), mesh_dim_names=("dp", "tp"))
+    assert mesh.get_coordinate() == tuple(int(i) for i in np.argwhere(grid == rank)[0])
+    for d, name in enumerate(("dp", "tp")):
+        group = mesh.get_group(name)
+        assert mesh.get_local_rank(name) == mesh.get_local_rank(d) == dist.get_rank(group)
+        assert mesh[name].get_local_rank() == dist.get_rank(group)
+        out = np.zeros(mesh.size(d))
+        dist.all_gather_into_tensor(out, np.array([float(rank)]), group=group)
+        assert out[mesh.get_local_rank(name)] == rank
+    again = dist.DeviceMesh.from_group([mesh.get_group("dp"), mesh.get_group("tp")], "cpu",
+                                       mesh=grid.tolist(), mesh_dim_names=("dp", "tp"))
+    assert [again.get_local_rank(d) for d in (0, 1)] == \
+        [dist.get_rank(mesh.get_group(d)) for d in (0, 1)]
+
+
 class _Unpicklable:
     def __reduce__(self):
         raise TypeError("not today")

@@ -774,8 +774,11 @@ class DeviceMesh:
         return [self._groups[name] for name in self._names]
 
     def get_local_rank(self, mesh_dim: str | int | None = None) -> int:
-        """This rank's coordinate along ``mesh_dim`` (its rank in that dimension's group)."""
-        return self._coordinate[self._dim(mesh_dim, "get_local_rank")]
+        """This rank's rank in the group along ``mesh_dim``, as torch's: the group holds its
+        ranks sorted, so in a grid not in rank order (``[[3, 2], [1, 0]]``) it is not this
+        rank's coordinate (``get_coordinate()``), but its place in what the group's
+        collectives give, as ``dist.get_rank(mesh.get_group(mesh_dim))``."""
+        return self._groups[self._names[self._dim(mesh_dim, "get_local_rank")]].comm.rank
 
     def get_rank(self) -> int:
         """This rank's global rank."""
