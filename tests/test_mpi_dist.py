@@ -136,6 +136,44 @@ def test_torch_debug_detail_makes_every_group_in_check_mode(debug_level):
         dist.destroy_process_group()
 
 
+def test_a_dist_calls_site_is_the_programs_line(debug_level):
+    """The site a call's reports name (check mode's MismatchError; the watchdog's report,
+    from the flight recorder) is the program's line that called mpicoll.dist, never a
+    line of mpicoll.dist's own: on the first call, an object collective, and a repeated
+    call that runs its kept decision."""
+    debug_level.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    here = f"{__file__}:"
+    try:
+        calls = (lambda t: dist.all_reduce(t),
+                 lambda t: dist.all_reduce(t, op=dist.ReduceOp.MAX, algorithm="ring"),
+                 lambda t: dist.broadcast(t, src=0),
+                 lambda t: dist.all_gather_into_tensor(np.zeros(size * t.size), t),
+                 lambda t: dist.all_reduce(t, async_op=True).wait())
+        for call in calls if size > 1 else ():
+            with pytest.raises(mpicoll.MismatchError) as raised:
+                call(np.ones(3 if rank == size - 1 else 2))
+            assert here in str(raised.value) and "mpicoll/dist" not in str(raised.value), \
+                str(raised.value)
+    finally:
+        dist.destroy_process_group()
+    debug_level.delenv("TORCH_DISTRIBUTED_DEBUG")
+    dist.init_process_group("gloo")
+    try:
+        watch = dist.group.WORLD.comm._watch
+        t = np.ones(2)
+        for call in (lambda: dist.all_reduce(t), lambda: dist.broadcast(t, src=0),
+                     lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX),
+                     lambda: dist.all_gather_object([None] * size, rank),
+                     lambda: dist.broadcast_object_list([rank], src=0)):
+            for _ in range(3):  # (the second and third: the kept decision's prepared call)
+                call()
+                assert watch.current.call.site.startswith(here), watch.current.call.site
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_bad_debug_level_on_one_rank_raises_on_every_rank(debug_level):
     """TORCH_DISTRIBUTED_DEBUG that names no level on the last rank only: init_process_group
     raises on every rank, naming it (none waits in a group the other never makes)."""

@@ -17,7 +17,17 @@ from ..errors import InvalidArgumentError, MismatchError, MpicollError
 from ..groups import agreed_rows
 from ..pipeline.agree import op_text
 from ..pipeline.validate import unordered
-from .groups import _STATE, GroupMember, ProcessGroup, ReduceOp, _group, _op, _outside, get_rank
+from .groups import (
+    _STATE,
+    GroupMember,
+    ProcessGroup,
+    ReduceOp,
+    _group,
+    _op,
+    _outside,
+    caller_site,
+    get_rank,
+)
 from .work import _Finished, _future_for
 
 # -- collectives: torch's names and in-place semantics --------------------------------
@@ -213,11 +223,13 @@ def _shaped(tensor: Any, name: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
 
 
 def _how(algorithm: str, async_op: bool) -> dict[str, Any]:
-    """The keywords a call passes on: none where they are the defaults, so that the call
-    is keyed for its kept decision as the same direct call is (``pipeline.decided``)."""
+    """The keywords a call passes on: the program's line that called (the call's site,
+    ``_site``, which no decision is keyed by), and no others where they are the defaults,
+    so that the call is keyed for its kept decision as the same direct call is
+    (``pipeline.decided``)."""
     if algorithm == "auto" and not async_op:
-        return {}
-    return {"algorithm": algorithm, "async_op": async_op}
+        return {"_site": caller_site()}
+    return {"algorithm": algorithm, "async_op": async_op, "_site": caller_site()}
 
 
 def _root(g: ProcessGroup, rank: int | None, group_rank: int | None, name: str) -> int:
@@ -254,7 +266,8 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
         if g is None:
             return None
     if algorithm == "auto" and not async_op:  # the most frequent call, with nothing between
-        g.comm.all_reduce(tensor, op._value_ if type(op) is ReduceOp else _op(op), out=tensor)
+        g.comm.all_reduce(tensor, op._value_ if type(op) is ReduceOp else _op(op), out=tensor,
+                          _site=sys._getframe(1))
         return None
     return _maybe(g.comm.all_reduce(tensor, _op(op), out=tensor, **_how(algorithm, async_op)),
                   async_op, [tensor])
@@ -710,7 +723,7 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
         return None
     if timeout is not None and not async_op:
         seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-        g.comm.monitored_barrier(seconds)
+        g.comm.monitored_barrier(seconds, _site=caller_site())
         return None
     return _maybe(g.comm.barrier(**_how(algorithm, async_op)), async_op)
 
@@ -720,6 +733,6 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
     if g is None:
         return
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-    g.comm.monitored_barrier(seconds, wait_all_ranks)
+    g.comm.monitored_barrier(seconds, wait_all_ranks, _site=caller_site())
 
 

@@ -130,14 +130,16 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                 if decisions is not None and x.flags.c_contiguous and (
                         not args or type(args[0]) in PLAIN and (
                             len(args) == 1 or len(args) == 2 and type(args[1]) in PLAIN)):
-                    out = key = None  # (args_key's keys, made inline: a NumPy call's
-                    given = False  # loop, comm.all_reduce(x, out=y), saves its call's 60 ns)
+                    out = key = site = None  # (args_key's keys, made inline: a NumPy
+                    given = False  # call's loop, comm.all_reduce(x, out=y), saves 60 ns)
                     if not kwargs:
                         key = (name, x.shape, x.dtype, args)
                     else:
                         given = takes_out and "out" in kwargs
                         if given:  # (prepared takes it apart from kwargs; put back below)
                             out = kwargs.pop("out")
+                        if kwargs and "_site" in kwargs:  # (mpicoll.dist's: its caller's
+                            site = kwargs.pop("_site")  # frame, the call's site)
                         if out is None or type(out) is ndarray:
                             rest = tuple(kwargs.items()) if kwargs else ()
                             key = (name, x.shape, x.dtype, args, *rest) if rest else \
@@ -148,9 +150,11 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                                     break
                     prepared = None if key is None else decisions.get(key, DECLINED).call
                     if prepared is not None:
-                        return prepared(getframe(1), x, out, args, kwargs)
+                        return prepared(site or getframe(1), x, out, args, kwargs)
                     if given:  # (as the caller gave it, for the longer way)
                         kwargs["out"] = out
+                    if site is not None:
+                        kwargs["_site"] = site
             elif x is None:  # a receiver's broadcast or scatter: comm.scatter(None, root)
                 decisions = self._decisions
                 if decisions is not None and not kwargs and len(args) == 1 and type(
@@ -171,16 +175,19 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                         out_tensor = kwargs.pop("out")
                         out = None if out_tensor is None else view if out_tensor is x \
                             else kept_view(out_tensor)
+                    site = kwargs.pop("_site") if kwargs and "_site" in kwargs else None
                     key = args_key((name, view.shape, view.dtype), args, kwargs) \
                         if out is not None or out_tensor is None else None
                     prepared = None if key is None else decisions.get(key, DECLINED).call
                     if prepared is not None:
-                        result = prepared(getframe(1), view, out, args, kwargs)
+                        result = prepared(site or getframe(1), view, out, args, kwargs)
                         if result is out and out is not None:
                             return out_tensor
                         return x if result is view else to_torch(result)
                     if given:  # (as the caller gave it, for the longer way)
                         kwargs["out"] = out_tensor
+                    if site is not None:
+                        kwargs["_site"] = site
             elif keeps_device and is_cupy(x):  # a contiguous CuPy x: decided.key's keys,
                 # made here (about 2 us less of a GPU call's host time)
                 decisions = self._decisions
@@ -191,13 +198,16 @@ def entry(method: Callable[..., Any]) -> Callable[..., Any]:
                     given = takes_out and "out" in kwargs
                     if given:  # (prepared takes it apart from kwargs; put back below)
                         out = kwargs.pop("out")
+                    site = kwargs.pop("_site") if kwargs and "_site" in kwargs else None
                     key = args_key((name, "cuda", x.data.device_id, x.shape, x.dtype), args,
                                    kwargs)
                     prepared = None if key is None else decisions.get(key, DECLINED).call
                     if prepared is not None:
-                        return prepared(getframe(1), x, out, args, kwargs)
+                        return prepared(site or getframe(1), x, out, args, kwargs)
                     if given:  # (as the caller gave it, for the longer way)
                         kwargs["out"] = out
+                    if site is not None:
+                        kwargs["_site"] = site
         if x is not NOTHING:
             args = (x, *args)
         # the entry's own keywords (stream=, async_op=, and from mpicoll.work.submit _site=,
