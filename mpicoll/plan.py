@@ -100,9 +100,12 @@ class Plan:
         self._pins = _pinned((*args, *kwargs.values()))
         self._stream = kwargs.pop("stream", None)
         self._site = site
-        # the call that made it (check mode: agreed, as every rank numbers it alike), which
-        # names it in each start's agreement (_agree_start)
-        self._made = comm._seq
+        # its number among the Communicator's plans (every rank makes each plan, the
+        # refused ones on none: make_plan), which with the call that made it names it in
+        # each start's agreement (_agree_start); outside check mode making a plan is not
+        # a numbered call, so plans made between two calls share that call's number
+        comm._plans_made += 1
+        self._number, self._made = comm._plans_made, comm._seq
         self._work: Work | None = None
         self._bound: Any = None  # plan(): the start as decided by the first (see _bind_*)
         self._freed = False
@@ -175,8 +178,9 @@ class Plan:
         plan. Its collective and buffers are fingerprinted as any call's, but two plans
         alike (same collective, shapes, dtype) started in different orders would pass and
         pair one plan's buffers with the other's: so each start is first agreed as a
-        numbered step of its own naming the plan by the call that made it, and ranks
-        that disagree raise MismatchError on every rank before any of its messages."""
+        numbered step of its own naming the plan by its number among the Communicator's
+        plans (and the call that made it), and ranks that disagree raise MismatchError on
+        every rank before any of its messages."""
         comm = self.comm
         if not comm.check:
             return
@@ -193,7 +197,8 @@ class Plan:
             _arguments(self.collective, self._args, self._kwargs), comm.size)
         try:
             announce(comm, f"{self.collective} plan", self._site, None,
-                     algorithm=f"{name}: the plan made by call #{self._made}", op=op, root=root)
+                     algorithm=f"{name}: plan #{self._number}, made by call #{self._made}",
+                     op=op, root=root)
         finally:
             comm._entry.release()
 

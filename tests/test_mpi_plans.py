@@ -342,6 +342,34 @@ def test_check_mode_alike_plans_started_in_different_orders_raise_everywhere(how
     comm.free()
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "native"])
+@pytest.mark.parametrize("settled", [False, True])
+def test_check_mode_turned_on_tells_alike_plans_made_before_it_apart(algorithm, settled):
+    """Plans made outside check mode (no numbered call between them: they share the call
+    that made them), check mode turned on, then started in different orders: each start
+    names its plan by its number among the Communicator's plans, so the ranks raise
+    MismatchError on every rank; they gave each other's sums (ring) or waited in MPI's
+    own all_reduce (native) until the timeout."""
+    comm = mpicoll.Communicator()
+    if comm.size < 2:
+        comm.free()
+        pytest.skip("needs two ranks")
+    p, r = comm.size, comm.rank
+    x, y = np.full(2, 1.0 + r), np.full(2, 100.0 * (1 + r))
+    a = comm.all_reduce_init(x, algorithm=algorithm)
+    b = comm.all_reduce_init(y, algorithm=algorithm)
+    want_a, want_b = np.full(2, p * (p + 1) / 2), np.full(2, 100.0 * p * (p + 1) / 2)
+    for _ in range(2 if settled else 0):  # (settled: each start's decision made)
+        np.testing.assert_array_equal(a(), want_a)
+        np.testing.assert_array_equal(b(), want_b)
+    comm.check = True
+    with pytest.raises(mpicoll.MismatchError, match="plan start"):
+        (a if r == 0 else b)()
+    np.testing.assert_array_equal(a(), want_a)
+    np.testing.assert_array_equal(b(), want_b)
+    comm.free()
+
+
 @pytest.mark.parametrize("algorithm", [*REGISTRY["all_reduce"], "native", "auto"])
 @pytest.mark.parametrize("op", ["sum", "avg", "max"])
 def test_a_decided_plan_start_is_recorded_and_right_like_the_first(world, algorithm, op):

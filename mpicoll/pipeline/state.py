@@ -93,6 +93,7 @@ class CallState:
     _seq: int
     _entry: Turn
     _refused_alone: int
+    _plans_made: int
     _freed: bool
     _packet: np.ndarray
     _packet_header: np.ndarray
@@ -109,6 +110,7 @@ class CallState:
         # whose users name the job's global ranks; None: its own ranks alone
         self._rank_names = None
         self._seq = 0
+        self._plans_made = 0  # plans made on it (every rank makes each: mpicoll.plan)
         self._refused_alone = 0
         self._freed = False
         self._entry = Turn()
