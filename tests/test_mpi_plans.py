@@ -370,6 +370,28 @@ def test_check_mode_turned_on_tells_alike_plans_made_before_it_apart(algorithm, 
     comm.free()
 
 
+@pytest.mark.parametrize("algorithm", [*REGISTRY["broadcast"], "native", "auto"])
+def test_a_broadcast_plans_buffer_reshaped_in_place_is_still_the_bound_one(world, algorithm):
+    """A broadcast plan's x is bound at init (MPI's rule: its memory, in its shape and
+    dtype then): the root's or a receiver's ``x.shape = ...`` in place later leaves the
+    starts right, the caller's x given back. The root's start of a small message put x
+    into the header packet in x's new shape and raised NumPy's ValueError before sending
+    it, while the receivers waited for it until the timeout."""
+    p, r = world.size, world.rank
+    for n in (4, 1000):  # (in the header packet, and after it)
+        for reshaping in {0, p - 1}:
+            x = np.arange(float(n)) if r == 0 else np.zeros(n)
+            with world.broadcast_init(x, 0, algorithm=algorithm) as plan:
+                for start in range(4):
+                    if r == reshaping and start == 2:
+                        x.shape = (2, n // 2)
+                    assert plan() is x
+                    np.testing.assert_array_equal(x.reshape(-1), np.arange(float(n)))
+                    if r:
+                        x[...] = 0
+    np.testing.assert_array_equal(world.all_reduce(np.ones(1)), [float(p)])
+
+
 @pytest.mark.parametrize("algorithm", [*REGISTRY["all_reduce"], "native", "auto"])
 @pytest.mark.parametrize("op", ["sum", "avg", "max"])
 def test_a_decided_plan_start_is_recorded_and_right_like_the_first(world, algorithm, op):

@@ -844,7 +844,15 @@ def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
             return x
 
         def bind_root(x: Any, out: Any) -> Callable[[Any], Any]:
-            return lambda call: fresh_root(call, x)
+            # (a plan's: x as bound, a view of its own, whose shape and dtype the caller's
+            # x.shape = ... cannot change in place; the caller's x given back)
+            bound = x.view()
+
+            def run(call: Any) -> Any:
+                fresh_root(call, bound)
+                return x
+
+            return run
 
         return Decision(bind_root, fresh_root, persist, quiet=quiet)
 
@@ -881,14 +889,15 @@ def _broadcast(c: CallState, a: dict, x: Any) -> Callable[..., Any] | None:
     def bind(x: Any, out: Any) -> Callable[[Any], Any] | None:
         if x is not None and not x.flags.writeable:
             return None  # the whole path refuses it (fresh would decline each run)
+        bound = None if x is None else x.view()  # (x as bound: see bind_root)
 
         def run(call: Any) -> Any:
-            result = receive(call, x)
-            if result is DECLINED:  # a plan's x, made read-only since: take part, refuse
-                receive(call, None)
+            if bound is not None and not x.flags.writeable:  # a plan's x, made read-only
+                receive(call, None)  # since: take part, refuse
                 raise InvalidArgumentError(
                     "broadcast: x, the receive buffer this plan bound, was made read-only")
-            return result
+            result = receive(call, bound)
+            return x if result is bound else result
 
         return run
 
