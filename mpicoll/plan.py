@@ -49,6 +49,7 @@ from .errors import (
     MpicollError,
     RemoteError,
 )
+from .ops import resolve_op
 from .pipeline import agree, decided
 from .pipeline.decided import Decision, decide
 from .pipeline.entry import (
@@ -592,8 +593,10 @@ def _pinned(values: tuple) -> list[weakref.ref]:
 
 def _check_algorithm(comm: Communicator, collective: str, arguments: dict[str, Any] | None,
                      algorithm: Any) -> None:
-    """Refuse a plan's unknown algorithm, or a tuning option it does not take or takes
-    another value of, as its first start would (the same errors)."""
+    """Refuse a plan's unknown algorithm, a tuning option it does not take or takes
+    another value of, an op it cannot reduce with (a non-commutative one where it
+    reorders operands; native: one the library lacks for the dtype), or a v-form where it
+    needs equal blocks, as every start would (the same errors)."""
     if arguments is None:  # (refused by _parameter_refusal)
         return
     # (out= where the collective takes none is no tuning option: the start refuses it)
@@ -605,6 +608,16 @@ def _check_algorithm(comm: Communicator, collective: str, arguments: dict[str, A
         return
     name = _ALGORITHMS_OF.get(collective, collective)
     _, registered = comm._chooser._lookup(name, algorithm)
+    spec, op, dtype = SPECS.get(collective), None, None
+    if spec is not None and spec.reduces and arguments.get("x") is not None:
+        try:
+            dtype = as_array(arguments["x"], "x")[0].dtype
+            op = resolve_op(arguments.get("op"), dtype)
+        except Exception:  # noqa: BLE001 - refused by _parameter_refusal, which names it
+            return
+    # (a v-variant's blocks, reduce_scatter's counts: uneven, as their calls pick them)
+    comm._chooser.refuse(name, algorithm, registered, op, dtype,
+                         uneven=collective in _ALGORITHMS_OF or arguments.get("counts") is not None)
     if registered is None:
         if options:
             raise InvalidArgumentError(f"{', '.join(options)}: 'native' takes no tuning options")

@@ -951,6 +951,12 @@ def test_async_op_at_init_on_one_rank_takes_part_and_raises(world):
     ("exscan", {"x": "not an array"}, "x: expected a NumPy or CuPy array"),
     ("gather", {"x": None}, "x: expected an array, got None"),
     ("all_gather", {"x": np.array([object()])}, "dtype object"),
+    # what the algorithm refuses of the op, refused at init (every start refused it)
+    ("all_reduce", {"op": mpicoll.Op(np.add, commutative=False, name="ordered"),
+                    "algorithm": "ring"}, "'ring' needs a commutative op"),
+    ("reduce", {"op": mpicoll.Op(np.add, commutative=False, name="ordered"),
+                "algorithm": "rabenseifner"}, "'rabenseifner' needs a commutative op"),
+    ("scan", {"op": "land", "algorithm": "native"}, "MPI defines 'land'"),
 ])
 def test_parameters_one_rank_gives_are_refused_at_init_and_named_elsewhere(
         world, collective, bad, words):
@@ -973,6 +979,25 @@ def test_parameters_one_rank_gives_are_refused_at_init_and_named_elsewhere(
     if collective == "broadcast":
         np.testing.assert_array_equal(got, np.ones(2))
     np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, float(p)))
+
+
+@pytest.mark.parametrize("algorithm", ["bruck", "auto"])
+def test_a_v_form_on_an_algorithm_of_equal_blocks_is_refused_at_init(world, algorithm):
+    """all_to_all_v on an algorithm that needs equal blocks (bruck), on one rank or on
+    every rank: refused at init (every start refused it; the rank alone refusing its first
+    start left the others in it until the timeout), a RemoteError naming it elsewhere."""
+    p, r = world.size, world.rank
+    x = np.arange(float(p))
+    if r == p - 1 or algorithm == "bruck":
+        with pytest.raises(mpicoll.InvalidArgumentError, match="'bruck' needs equal blocks"):
+            world.all_to_all_v_init(x, [1] * p, algorithm="bruck")
+    else:
+        with pytest.raises(mpicoll.RemoteError, match=f"refused on rank.s. {p - 1}"):
+            world.all_to_all_v_init(x, [1] * p)
+    with world.all_to_all_v_init(x, [1] * p) as plan:
+        rows, counts = plan()
+    assert counts == [1] * p
+    np.testing.assert_array_equal(rows, np.full(p, float(r)))
 
 
 @pytest.mark.parametrize("collective, form, words", [

@@ -124,12 +124,24 @@ class Chooser:
         fn, registered = entry
         if self.tracer is not None:
             self.tracer.chose(algorithm, nbytes)
+        self.refuse(collective, algorithm, registered, op, dtype, uneven)
         if registered is None:  # native
-            if op is not None and not self.native_serves(op, dtype):
-                self.backend.op_check(op, dtype)  # the library must know dtype and op
             if options:
                 raise InvalidArgumentError(f"{', '.join(options)}: 'native' takes no tuning options")
             return fn, algorithm
+        if options:
+            options = self._options(collective, algorithm, registered, options)
+            return functools.partial(fn, **options), algorithm
+        return fn, algorithm
+
+    def refuse(self, collective: str, algorithm: str, registered: Any, op: Op | None,
+               dtype: np.dtype | None, uneven: bool) -> None:
+        """Raise what the algorithm (``registered``, from ``_lookup``; None: native)
+        refuses of a call's op and blocks, the same at every call (a plan: at init)."""
+        if registered is None:  # native: the library must know dtype and op
+            if op is not None and not self.native_serves(op, dtype):
+                self.backend.op_check(op, dtype)
+            return
         if op is not None and registered.commutative_only and not op.commutative:
             able = [a.name for a in REGISTRY[collective].values() if not a.commutative_only]
             raise UnsupportedOpError(
@@ -141,10 +153,6 @@ class Chooser:
             raise InvalidArgumentError(
                 f"algorithm: {collective} {algorithm!r} needs equal blocks; for uneven "
                 f"counts use one of {', '.join(able + (['native'] if collective in self.backend.native else []))}")
-        if options:
-            options = self._options(collective, algorithm, registered, options)
-            return functools.partial(fn, **options), algorithm
-        return fn, algorithm
 
     def auto(self, collective: str, nbytes: int, op: Op | None, dtype: np.dtype | None,
              uneven: bool, library: bool = True) -> str:
