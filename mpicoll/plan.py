@@ -51,6 +51,7 @@ from .errors import (
 )
 from .ops import resolve_op
 from .pipeline import agree, decided
+from .pipeline.choose import auto_takes_no_options
 from .pipeline.decided import Decision, decide
 from .pipeline.entry import (
     numbered,
@@ -603,8 +604,7 @@ def _check_algorithm(comm: Communicator, collective: str, arguments: dict[str, A
     options = {k: v for k, v in (arguments.get("options") or {}).items() if k != "out"}
     if algorithm == "auto":
         if options:  # (the call's own words)
-            raise InvalidArgumentError(
-                f"{', '.join(options)}: tuning options need a named algorithm, not 'auto'")
+            raise auto_takes_no_options(collective, options)
         return
     name = _ALGORITHMS_OF.get(collective, collective)
     _, registered = comm._chooser._lookup(name, algorithm)

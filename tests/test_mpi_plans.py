@@ -942,8 +942,11 @@ def test_async_op_at_init_on_one_rank_takes_part_and_raises(world):
     ("reduce", {"root": True}, "root: expected an int"),
     ("broadcast", {"stream": 5}, "stream: expected a cupy.cuda.Stream"),
     ("all_reduce", {"stream": "s"}, "stream: expected a cupy.cuda.Stream"),
-    ("broadcast", {"bogus": 1}, "bogus: tuning options need a named algorithm"),
-    ("all_gather", {"radix": 2}, "radix: tuning options need a named algorithm"),
+    ("broadcast", {"bogus": 1}, "bogus= is no keyword of broadcast nor a tuning option"),
+    ("all_reduce", {"algoritm": "ring"}, r"algoritm= is no keyword .*did you mean algorithm="),
+    ("all_gather", {"radix": 2}, "radix= is no keyword of all_gather nor a tuning option"),
+    ("all_reduce", {"segment_bytes": 64}, "segment_bytes= is a tuning option of all_reduce "
+                                          "ring_pipelined, double_binary_tree: give algorithm="),
     ("all_reduce", {"algorithm": "ring", "radix": 2}, "takes no option 'radix'"),
     ("scan", {"bogus": 1, "algorithm": "native"}, "'native' takes no tuning options"),
     ("reduce", {"op": "summ"}, "unknown reduction op 'summ'"),

@@ -115,8 +115,7 @@ class Chooser:
                 "its messages)")
         if algorithm == "auto":
             if options:
-                raise InvalidArgumentError(
-                    f"{', '.join(options)}: tuning options need a named algorithm, not 'auto'")
+                raise auto_takes_no_options(collective, options)
             algorithm = self.auto(collective, nbytes, op, dtype, uneven, library)
         entry = self._functions.get((collective, algorithm))
         if entry is None:
@@ -283,3 +282,33 @@ def check_collective(collective: str) -> None:
     if collective not in COLLECTIVES:
         raise InvalidArgumentError(
             f"collective: unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
+
+
+# the keywords of the collectives' calls (a misspelled one arrives as a tuning option)
+_CALL_KEYWORDS = ("algorithm", "op", "root", "out", "counts", "compress", "stream", "async_op")
+
+
+def auto_takes_no_options(collective: str, options: dict[str, Any]) -> InvalidArgumentError:
+    """The refusal of keywords "auto" cannot take: a tuning option (an algorithm's own
+    keyword) names the algorithms that take it; another name, the call's keyword it is
+    closest to (``algoritm=`` is a misspelled ``algorithm=``, no tuning option)."""
+    import difflib
+
+    takers: dict[str, list[str]] = {}
+    for algorithm, registered in REGISTRY.get(collective, {}).items():
+        for option in getattr(registered, "options", ()):
+            takers.setdefault(option, []).append(algorithm)
+    said = []
+    for name in options:
+        if name in takers:
+            said.append(f"{name}= is a tuning option of {collective} {', '.join(takers[name])}: "
+                        "give algorithm= one of them (tuning options need a named algorithm, "
+                        "not 'auto')")
+            continue
+        close = difflib.get_close_matches(name, sorted({*_CALL_KEYWORDS, *takers}), n=1,
+                                          cutoff=0.75)
+        said.append(f"{name}= is no keyword of {collective}" + (
+            f" (did you mean {close[0]}=?)" if close else
+            " nor a tuning option of its algorithms (tuning options need a named algorithm, "
+            "not 'auto')"))
+    return InvalidArgumentError("; ".join(said))
