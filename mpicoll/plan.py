@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .buffers import result_buffer
-from .buffers.arrays import as_array, empty, off_backend_gpu
+from .buffers.arrays import as_array, empty, is_cupy, off_backend_gpu
 from .buffers.arrays import same as _same
 from .errors import (
     CollectiveError,
@@ -95,6 +95,11 @@ class Plan:
     def __init__(self, comm: Communicator, collective: str, args: tuple, kwargs: dict,
                  site: Site) -> None:
         self.comm, self.collective = comm, collective
+        # x and out as bound (MPI's rule: their memory, in their shape and dtype now):
+        # views of their own, which the caller's x.shape = ... or x.dtype = ... in place
+        # cannot change, whichever way a start runs; the caller's arrays given back
+        self._given: dict[int, tuple[Any, Any]] = {}  # id(view): (view, the caller's)
+        args, kwargs = self._bind_views(args, kwargs)
         self._args, self._kwargs = args, kwargs
         # the bound NumPy arrays and the arrays whose memory they view, each with a weak
         # reference: NumPy then refuses to resize them in place (ndarray.resize, even with
@@ -128,6 +133,39 @@ class Plan:
         # holds alike (the backend, check mode and traces are agreed when comm is made)
         self._votes = collective in _PERSISTS and comm._backend.native_is_mpi \
             and not comm.check and comm._tracer is None
+
+    def _bind_views(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """``args`` and ``kwargs`` with x and out as views of their own (NumPy and CuPy
+        arrays; a torch tensor's memory is viewed at each start), kept in ``_given``."""
+        def bound(a: Any) -> Any:
+            if type(a) is not np.ndarray and not is_cupy(a):
+                return a
+            view = a.view()
+            self._given[id(view)] = (view, a)
+            return view
+
+        if args:
+            args = (bound(args[0]), *args[1:])
+        if kwargs.get("out") is not None:
+            kwargs["out"] = bound(kwargs["out"])
+        return args, kwargs
+
+    def _back(self, result: Any) -> Any:
+        """The start's result as the caller knows it: its own array where the result is
+        the view of it bound (see _bind_views)."""
+        given = self._given.get(id(result))
+        return result if given is None or given[0] is not result else given[1]
+
+    def _sync_flags(self) -> None:
+        """Before a start that takes the whole path: the views as writeable as the
+        caller's arrays are now (a result array made read-only since is refused there,
+        as the caller's own)."""
+        for view, array in self._given.values():
+            if type(view) is np.ndarray and view.flags.writeable != array.flags.writeable:
+                try:
+                    view.flags.writeable = array.flags.writeable
+                except ValueError:  # (made writeable again over read-only memory)
+                    pass
 
     def __repr__(self) -> str:
         state = "freed" if self._freed else "active" if \
@@ -168,6 +206,7 @@ class Plan:
             self._restore = restore  # (wait() puts it back and raises)
             return
         self.starts += 1
+        self._sync_flags()
         try:
             self._work = submit(comm, self.collective, self._args, self._kwargs,
                                 self._stream, self._site)
@@ -284,7 +323,7 @@ class Plan:
                 raise
             self._restored()
             try:
-                return self._done()  # (avg's division)
+                return self._back(self._done())  # (avg's division)
             except MpicollError:
                 raise
             except Exception as exc:  # noqa: BLE001 - np.seterr(raise)'s: named
@@ -294,7 +333,7 @@ class Plan:
             raise InvalidArgumentError(f"plan.wait(): this {self.collective} plan is not started")
         work, self._work = self._work, None
         try:
-            return work.wait(timeout)
+            return self._back(work.wait(timeout))
         except BaseException:
             if not work.done:  # not finished: it stays the plan's active start
                 self._work = work
@@ -338,7 +377,7 @@ class Plan:
                 try:
                     if guard is not None and not guard[0].flags.writeable:
                         return self._start_read_only(lean)
-                    return lean()
+                    return self._back(lean())
                 except ConcurrentCallError:  # (a start refused as busy was not made)
                     self.starts -= 1
                     raise
@@ -355,8 +394,10 @@ class Plan:
             if self._bound is not None:  # settled: from the next start on, the lean path
                 self._lean = prepare_start(comm, self.collective, self._site, self._kept,
                                            self._bound, getattr(self._bound, "persistent", None))
-                return numbered(comm, self.collective, self._site, self._args, self._kwargs,
-                                self._settled)  # the resync first, where a rank owes one
+                return self._back(numbered(comm, self.collective, self._site, self._args,
+                                           self._kwargs, self._settled))  # (the resync first,
+                # where a rank owes one)
+            self._sync_flags()
             result = getattr(comm, self.collective)(*self._args, stream=self._stream,
                                                     _site=self._site, **self._kwargs)
         except ConcurrentCallError:
@@ -366,8 +407,8 @@ class Plan:
             self._bind_result(result)
             self._bound = self._decided()
             if self._bound is not None:
-                self._guard_result(result)
-        return result
+                self._guard_result(self._back(result))
+        return self._back(result)
 
     def _settle(self, decision: Decision, run: Any, request: Any, facts: tuple) -> None:
         """The plan's persistent request, made as the plan was (``_persist_at_init``):
@@ -375,8 +416,8 @@ class Plan:
         self._decision, self._bound, self._kept = decision, run, facts
         self._votes = False  # (agreed already)
         self._keep(request)
-        self._guard_result(self._args[0] if self.collective == "broadcast" and self._args
-                           else self._kwargs.get("out"))
+        self._guard_result(self._back(self._args[0] if self.collective == "broadcast" and
+                                      self._args else self._kwargs.get("out")))
         # start() is MPI_Start on every rank (a rank's own steps around it: all_gather's
         # copy into its row before, avg's division after; one rank's start() on the
         # progress thread would be another call, which the others' requests never meet)
@@ -475,6 +516,7 @@ class Plan:
         try:
             self._freed = True
             self._args, self._kwargs, self._bound, self._pins = (), {}, None, []
+            self._given = {}
             self._decision = self._lean = self._start_request = self._wait_request = None
             if self._request is not None:
                 self._retire.detach()

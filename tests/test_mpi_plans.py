@@ -370,6 +370,38 @@ def test_check_mode_turned_on_tells_alike_plans_made_before_it_apart(algorithm, 
     comm.free()
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "auto", "native"])
+@pytest.mark.parametrize("change", ["x.shape", "x.dtype", "out.shape"])
+@pytest.mark.parametrize("form", ["call", "start"])
+def test_a_plans_arrays_changed_in_place_on_one_rank_stay_the_bound_ones(world, algorithm,
+                                                                         change, form):
+    """x and out are bound at init, their memory in their shape and dtype then (MPI's
+    rule): the last rank's ``x.shape = ...``, ``x.dtype = ...`` or ``out.shape = ...`` in
+    place later leaves every start right on every rank, the caller's out given back, by
+    ``plan()`` and by ``start()``/``wait()`` alike. start() ran the whole path on the
+    arrays as they were then: that rank refused them while the others went on, or,
+    x's dtype changed, the others got sums of its bytes read as float32."""
+    p, r = world.size, world.rank
+    x, out = np.full(4, r + 1.0), np.empty(4)
+    with world.all_reduce_init(x, algorithm=algorithm, out=out) as plan:
+        for start in range(3):
+            if r == p - 1 and start == 1:
+                if change == "x.shape":
+                    x.shape = (2, 2)
+                elif change == "x.dtype":
+                    x.dtype = np.float32
+                else:
+                    out.shape = (2, 2)
+            if form == "call":
+                got = plan()
+            else:
+                plan.start()
+                got = plan.wait()
+            assert got is out
+            np.testing.assert_array_equal(out.reshape(-1), np.full(4, p * (p + 1) / 2))
+    np.testing.assert_array_equal(world.all_reduce(np.ones(1)), [float(p)])
+
+
 @pytest.mark.parametrize("algorithm", [*REGISTRY["broadcast"], "native", "auto"])
 def test_a_broadcast_plans_buffer_reshaped_in_place_is_still_the_bound_one(world, algorithm):
     """A broadcast plan's x is bound at init (MPI's rule: its memory, in its shape and
