@@ -691,13 +691,19 @@ def overhead(comm: Communicator, args: argparse.Namespace, say: Callable[..., No
     one run. Where torch is installed (NumPy buffers), also the default call on torch CPU
     tensors over the same memory, against the default call on the NumPy arrays."""
     dtype, iters = np.dtype(args.datatype), args.iters * OVERHEAD_ITERS
-    nbytes = args.size_list[0]
+    # every collective on the same bytes: whole blocks of at least one element per rank
+    # (-b 8 of float32 at 3 ranks would give the collectives of one block per rank none)
+    given = args.size_list[0]
+    nbytes = max(1, given // dtype.itemsize // comm.size) * comm.size * dtype.itemsize
     torch = None
     if args.buffer == "numpy" and comm.backend == "mpi":
         with contextlib.suppress(ImportError):
             import torch
     say(f"\n# per-call overhead at {report.human(nbytes)} ({dtype.name}, op {args.op}, "
         f"{comm.size} ranks; median of {iters} back-to-back calls, the slowest rank's)")
+    if nbytes != given:
+        say(f"# (-b {report.human(given)}: {nbytes // dtype.itemsize // comm.size} "
+            f"{dtype.name} a rank, for every collective alike)")
     say(f"# {'collective':>14} {'library(us)':>11} {'default(us)':>11} {'x':>5} "
         f"{'native(us)':>10} {'x':>5} {'plan(us)':>9} {'x':>5}"
         + (f" {'torch(us)':>9} {'x numpy':>7}" if torch is not None else ""))
@@ -900,6 +906,9 @@ def _check_arguments(parser: _Parser, args: argparse.Namespace) -> None:
                           or "all_reduce" not in chosen):
         parser.error(f"--compress {args.compress}: compresses all_reduce on float32 or "
                      f"float64 (got {', '.join(chosen)} on {args.dtype.name})")
+    if args.compress and args.op in ("land", "lor", "lxor"):  # (as the call refuses them)
+        parser.error(f"--compress {args.compress}: not with -o {args.op} (a logical op tells "
+                     "zero from nonzero, which rounding to 16 bits can change)")
     if args.iters < 1:
         parser.error(f"-n {args.iters}: at least 1 timed iteration")
     if args.warmup_iters < 0:

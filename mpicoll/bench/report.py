@@ -358,6 +358,15 @@ def unwritable(path: str) -> str | None:
         return f"cannot make the folder {folder} ({exc.strerror or exc})"
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"the folder {folder} is not writable"
+    existed = os.path.exists(path)
+    try:  # (opened as the end of the run will, but to append: nothing of it is lost; a
+        # root's os.access says yes to files it cannot write: an immutable one, /proc's)
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        return f"cannot write {path} ({exc.strerror or exc})"
+    if not existed:
+        os.remove(path)
     return None
 
 
