@@ -18,6 +18,17 @@ def _file(ranges) -> str:
     return json.dumps({"mpicoll_tuning": 1, "tables": {"2": {"all_reduce": ranges}}})
 
 
+@pytest.mark.parametrize("text", ["null", "[]", "{}", "0", '""', "false"])
+def test_a_tuning_file_of_no_table_is_refused_not_read_as_an_empty_one(tmp_path, text):
+    """JSON that is no table (null, [], {}, a number, a string) is a corrupt file, named,
+    never an empty table that would leave auto's choices to the defaults unsaid."""
+    path = tmp_path / "tuning.json"
+    path.write_text(text)
+    with pytest.raises(mpicoll.ConfigError, match="not an mpicoll tuning file") as caught:
+        selection.parse_tuning(path.read_text(), str(path))
+    assert str(path) in str(caught.value)
+
+
 @pytest.mark.parametrize("ranges, fault", [
     ([{"algorithm": "ring"}], r"\[0\] .*needs 'below'"),
     ([{"below": -5, "algorithm": "ring"}, {"below": None, "algorithm": "native"}],

@@ -35,8 +35,10 @@ class TuningTable:
     """Decision tables by number of ranks: ``pick(collective, p, nbytes)``."""
 
     def __init__(self, data: dict[str, Any] | None = None) -> None:
-        data = data or {"mpicoll_tuning": VERSION, "tables": {}}
-        if data.get("mpicoll_tuning") != VERSION or not isinstance(data.get("tables"), dict):
+        if data is None:  # (a new, empty table; a file's JSON of any other kind is refused)
+            data = {"mpicoll_tuning": VERSION, "tables": {}}
+        if not isinstance(data, dict) or data.get("mpicoll_tuning") != VERSION or \
+                not isinstance(data.get("tables"), dict):
             raise ValueError("not an mpicoll tuning file (version 1)")
         self.data = data
 
