@@ -697,3 +697,23 @@ def test_a_report_whose_entries_hold_what_a_refused_call_was_given_still_ends_th
     dumped = json.loads((tmp_path / "rank-0.json").read_text())
     calls = dumped["communicators"][0]["calls"]
     assert any("ndarray" in str(call["shape"]) for call in calls), calls
+
+
+def test_a_dump_dir_the_communicator_refused_is_not_written_at_exit(tmp_path):
+    """MPICOLL_DUMP_DIR naming a file: the Communicator raises ConfigError, and the exit
+    writes no dump there (it warned, twice, that it could not write the flight recorder
+    into the folder the ConfigError had refused)."""
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    script = ("import mpicoll\n"
+              "for _ in range(2):\n"
+              "    try:\n"
+              "        mpicoll.Communicator()\n"
+              "    except mpicoll.ConfigError as exc:\n"
+              "        print('refused:', exc)\n")
+    env = dict(os.environ, MPICOLL_DUMP_DIR=str(taken))
+    done = subprocess.run(["timeout", "-k", "5", "60", sys.executable, "-c", script],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("refused: ") == 2 and "MPICOLL_DUMP_DIR" in done.stdout
+    assert "flight recorder" not in done.stderr, done.stderr

@@ -72,13 +72,15 @@ class Watchdog:
         self.dumped = False
         self.born = time.time()
         self.registered = 0
+        self.exit_hook = False  # whether _exiting is registered with atexit
 
     def register(self, watch: Watch, numbered: bool = True) -> None:
         """Watch ``watch``; ``numbered``: it is a Communicator's, which takes the next
         index (a Communicator being made is watched under the index it will have)."""
-        if not self.registered and dump_dir():
+        if not self.exit_hook and dump_dir():
             import atexit
 
+            self.exit_hook = True  # (once: a Communicator refused leaves registered at 0)
             atexit.register(self._exiting)
         with self.lock:
             watch.index = self.registered
@@ -97,8 +99,9 @@ class Watchdog:
     def _exiting(self) -> None:
         """At exit with ``MPICOLL_DUMP_DIR``: leave this rank's recorder for ``trace hang``
         (a rank that left, or died of an exception, while others may still wait)."""
-        if self.fired:
-            return
+        folder = dump_dir()
+        if self.fired or not (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)):
+            return  # (a folder the Communicator refused: its ConfigError said so)
         error = getattr(sys, "last_value", None)
         reason = "exit" if error is None else f"exit after {type(error).__name__}"
         write_dump(self, reason)
