@@ -105,6 +105,16 @@ def test_mesh_mlp_refuses_a_tp_that_does_not_divide_the_ranks():
 
 
 @needs_mpiexec
+def test_data_parallel_refuses_a_bucket_cap_of_no_byte():
+    """--bucket-mb 0 (or below a byte): argparse's error and exit 2, never the Bucketer's
+    refusal as a traceback from every rank."""
+    done = mpiexec(2, "-m", "mpicoll.examples.data_parallel", "--bucket-mb", "0", timeout=60)
+    assert done.returncode == 2
+    assert "--bucket-mb: 0: must be at least one byte" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+@needs_mpiexec
 def test_pipeline_example_draws_the_gpipe_schedule():
     """At 3 stages: all forwards, then all backwards in reverse, the bubble 2/(M+2)."""
     done = mpiexec(3, "-m", "mpicoll.examples.pipeline_parallel", "--micro-batches", "2")

@@ -68,6 +68,17 @@ def parser_for(doc: str) -> argparse.ArgumentParser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def megabytes(text: str) -> float:
+    """An argparse type: a number of megabytes of at least one byte (a bucket's cap)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value * 2**20 >= 1:  # (nan too)
+        raise argparse.ArgumentTypeError(f"{text}: must be at least one byte (1e-6 MB)")
+    return value
+
+
 def positive(text: str) -> int:
     """An argparse type: a whole number of at least 1 (a size, a count of steps)."""
     try:

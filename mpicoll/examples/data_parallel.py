@@ -26,7 +26,7 @@ import numpy as np
 
 import mpicoll
 from mpicoll.buffers import chunk_bounds
-from mpicoll.examples._launch import check, launch, parser_for, positive
+from mpicoll.examples._launch import check, launch, megabytes, parser_for, positive
 
 
 def init_params(sizes: list[int], seed: int = 0) -> list[np.ndarray]:
@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--steps", type=positive, default=20)
     parser.add_argument("--batch", type=positive, default=512, help="global batch size")
     parser.add_argument("--sizes", default="32,256,256,8", help="layer widths")
-    parser.add_argument("--bucket-mb", type=float, default=0.25,
+    parser.add_argument("--bucket-mb", type=megabytes, default=0.25,
                         help="bucket cap in MB, DDP's bucket_cap_mb (DDP's default 25 would "
                              "hold this model's 0.6 MB of gradients in one bucket: no overlap)")
     parser.add_argument("--lr", type=float, default=0.05)
