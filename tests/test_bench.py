@@ -104,6 +104,7 @@ def test_float_means_float32_in_the_output(world, shared_dir):
     (["-f", "1"], "-f 1: the step factor must be a number above 1"),
     (["-f", "nan"], "-f nan: the step factor must be a number above 1"),
     (["-e", "inf"], "'inf' is not a size"),
+    (["-b", "8", "-e", "9999999G"], "-e 9999999G: larger than this machine's memory"),
     (["-d", "int32", "--compress", "bf16"], "--compress bf16: compresses all_reduce"),
     (["--compress", "bf16", "-o", "land"], "--compress bf16: not with -o land"),
     (["--csv", "/proc/mpicoll-bench.csv"], "--csv /proc/mpicoll-bench.csv: cannot write"),

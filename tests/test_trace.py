@@ -359,7 +359,7 @@ def test_communicators_given_trace_files_of_their_own_keep_their_names(tmp_path)
 def test_the_drawing_clis_refuse_an_output_they_cannot_write_clearly(tmp_path, capsys):
     """viz and trace draw, -o: an extension matplotlib writes no file of is the user's
     error naming -o (not a raw traceback, not "not a trace" of the input); a place that
-    refuses the file when written, the same; a name without an extension is written and
+    refuses the file (/proc's), the same, before anything is drawn; a name without an extension is written and
     said as savefig writes it (name.png)."""
     from mpicoll import trace as trace_cli
 
@@ -367,7 +367,9 @@ def test_the_drawing_clis_refuse_an_output_they_cannot_write_clearly(tmp_path, c
     with pytest.raises(SystemExit) as exit_:
         viz.main([*base, "-o", str(tmp_path / "x.txt")])
     assert exit_.value.code == 2 and "matplotlib writes no .txt file" in capsys.readouterr().err
-    assert viz.main([*base, "-o", "/proc/x.png"]) == 2  # (refused only when written)
+    with pytest.raises(SystemExit) as exit_:  # (a place that refuses the file: before
+        viz.main([*base, "-o", "/proc/x.png"])  # anything is drawn, as the bench's -o)
+    assert exit_.value.code == 2 and "cannot write /proc/x.png" in capsys.readouterr().err
     assert viz.main([*base, "-o", str(tmp_path / "diagram")]) == 0
     assert f"wrote {tmp_path / 'diagram.png'}" in capsys.readouterr().out
     assert (tmp_path / "diagram.png").read_bytes()[:8] == PNG
@@ -518,3 +520,21 @@ def test_every_communicators_exit_key_is_agreed_and_its_own():
     keys = run_local(3, body, timeout=20)
     assert keys[0][0] == keys[1][0] == keys[2][0] and keys[0][1] == keys[1][1] == keys[2][1]
     assert keys[0][2] == keys[2][2] != keys[1][2]  # (a split's: ranks 0 and 2 share one)
+
+
+@pytest.mark.parametrize("event, said", [
+    ({"ph": "X", "ts": 0, "dur": 5, "pid": 0, "tid": 0}, "an event lacks 'args'"),
+    ({"ph": "X", "ts": 0, "dur": "5", "pid": 0, "tid": 0, "args": {}},
+     "an event's field is not what mpicoll writes"),
+    ({"ph": "X", "ts": 0, "dur": 5, "pid": 0, "tid": 0, "args": 5},
+     "an event's field is not what mpicoll writes"),
+])
+def test_a_trace_event_missing_or_of_another_type_is_said_as_such(tmp_path, event, said):
+    """A trace event that lacks a field, or has one of another type, is refused naming
+    which (the second was said as 'an event lacks unsupported operand type(s)...')."""
+    from mpicoll.observe import tracefile
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": [event]}))
+    with pytest.raises(ValueError, match=said):
+        tracefile.load(str(path))

@@ -16,6 +16,7 @@ import contextlib
 import functools
 import inspect
 import math
+import os
 import statistics
 import sys
 import time
@@ -70,6 +71,11 @@ def checked_sizes(parser: argparse.ArgumentParser, minbytes: str, maxbytes: str,
         parser.error(f"-b/-e: {exc}")
     if begin > end:
         parser.error(f"-b {minbytes} is larger than -e {maxbytes}")
+    memory = _memory_bytes()
+    if memory and end > memory:  # (a buffer no rank could hold: NumPy's MemoryError, or
+        # the kernel's OOM killer, after the smaller sizes ran)
+        parser.error(f"-e {maxbytes}: larger than this machine's memory "
+                     f"({memory / 2**30:.1f} GiB); every rank holds several buffers of it")
     if not 1 < factor < math.inf:  # (nan fails it too)
         parser.error(f"-f {factor:g}: the step factor must be a number above 1")
     # (the estimate first, so that a step factor near 1 never builds a huge list; then
@@ -84,6 +90,14 @@ def checked_sizes(parser: argparse.ArgumentParser, minbytes: str, maxbytes: str,
 
 
 MAX_SIZES = 1000  # sizes a sweep may have
+
+
+def _memory_bytes() -> int:
+    """This machine's physical memory in bytes (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return 0
 
 
 def parse_size(text: str) -> int:

@@ -37,8 +37,11 @@ def load(path: str) -> list[dict[str, Any]]:
                 continue
             events.append({**e["args"], "rank": e["pid"], "track": e["tid"],
                            "start": e["ts"] / 1e6, "end": (e["ts"] + e["dur"]) / 1e6})
-    except (AttributeError, KeyError, TypeError) as exc:
+    except KeyError as exc:
         raise ValueError(f"{path}: not a trace mpicoll wrote (an event lacks {exc})") from None
+    except (AttributeError, TypeError) as exc:  # (a field of another type: "dur": "5")
+        raise ValueError(f"{path}: not a trace mpicoll wrote (an event's field is not what "
+                         f"mpicoll writes: {exc})") from None
     return events
 
 
