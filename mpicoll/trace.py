@@ -48,7 +48,10 @@ def _command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             print(f"{parser.prog}: {args.path}: no such folder (MPICOLL_DUMP_DIR's)",
                   file=sys.stderr)
             return 2
-        dumps = load_dumps(args.path)
+        unread: list[str] = []
+        dumps = load_dumps(args.path, unread)
+        for problem in unread:  # (the others' dumps still tell what they can)
+            print(f"{parser.prog}: {problem}", file=sys.stderr)
         print("\n".join(explain(dumps)))
         return 0 if dumps else 2
     try:

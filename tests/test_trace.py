@@ -538,3 +538,19 @@ def test_a_trace_event_missing_or_of_another_type_is_said_as_such(tmp_path, even
     path.write_text(json.dumps({"traceEvents": [event]}))
     with pytest.raises(ValueError, match=said):
         tracefile.load(str(path))
+
+
+def test_trace_hang_names_a_dump_that_is_none_and_reads_the_others(tmp_path, capsys):
+    """A rank's dump that is not one (garbage, a rank killed while writing it, JSON of
+    another shape) is named on its own line and left out; it ended the whole report with
+    a traceback naming no file."""
+    from mpicoll import trace as trace_cli
+
+    (tmp_path / "rank-1.json").write_text("garbage")
+    (tmp_path / "rank-2.json").write_text("[]")
+    (tmp_path / "rank-3.json").write_text("{}")
+    assert trace_cli.main(["hang", str(tmp_path)]) == 2  # (no dump left to read)
+    err = capsys.readouterr().err
+    for rank in (1, 2, 3):
+        assert f"rank-{rank}.json: not a dump mpicoll wrote" in err, err
+    assert "Traceback" not in err

@@ -19,14 +19,25 @@ from collections import Counter
 from typing import Any
 
 
-def load_dumps(directory: str) -> dict[int, dict[str, Any]]:
-    """Every rank's dump in ``directory``, by rank."""
+def load_dumps(directory: str, unread: list[str] | None = None) -> dict[int, dict[str, Any]]:
+    """Every rank's dump in ``directory``, by rank; a file that is no dump (a rank killed
+    while writing it) is left out, said in ``unread`` (file: why)."""
     dumps = {}
-    for path in glob.glob(os.path.join(directory, "rank-*.json")):
+    for path in sorted(glob.glob(os.path.join(directory, "rank-*.json"))):
         if re.fullmatch(r"rank-\d+\.json", os.path.basename(path)):
-            with open(path) as f:
-                data = json.load(f)
-            dumps[int(data["rank"])] = data
+            try:
+                with open(path) as f:
+                    data = json.load(f)
+                rank = int(data["rank"])
+                if not isinstance(data.get("communicators"), list):
+                    raise KeyError("communicators")
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                if unread is not None:
+                    reason = f"lacks {exc}" if isinstance(exc, KeyError) else \
+                        f"{type(exc).__name__}: {exc}"
+                    unread.append(f"{path}: not a dump mpicoll wrote ({reason})")
+                continue
+            dumps[rank] = data
     return dumps
 
 
