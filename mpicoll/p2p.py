@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from .buffers import overlapping, overlaps_itself, writable
-from .buffers.arrays import as_array, may_share_memory, module_of, off_backend_gpu
+from .buffers.arrays import as_array, may_share_memory, module_of, off_backend_gpu, shares_memory
 from .errors import (
     CollectiveError,
     CollectiveTimeoutError,
@@ -103,13 +103,16 @@ class Request:
         ``CollectiveTimeoutError``, the message still pending (wait again)."""
         status = _status(status)
         seconds = 0.0 if timeout is None else as_seconds(timeout)
-        if seconds:
+        if seconds and not self.test():  # (watched too: a timeout past the Communicator's,
+            # or math.inf, still ends with the watchdog's report at the Communicator's)
             deadline, pause = time.monotonic() + seconds, 1e-5
-            while not self.test():
-                if time.monotonic() > deadline:
-                    raise CollectiveTimeoutError(f"{self!r}: not done after {seconds:g} s")
-                time.sleep(pause)
-                pause = min(pause * 2, 1e-3)
+            with watched_step(self._comm, self._what,
+                              _waiting(self._what, self._peer, self._tag), getframe(1)):
+                while not self.test():
+                    if time.monotonic() > deadline:
+                        raise CollectiveTimeoutError(f"{self!r}: not done after {seconds:g} s")
+                    time.sleep(pause)
+                    pause = min(pause * 2, 1e-3)
         if self._comm._freed:  # (a message done before the free, never tested since: its
             self.test()  # result stands; one still pending: watched_step refuses it)
         if getattr(self._request, "finished", False) and \
@@ -150,7 +153,7 @@ def _apart(checked: list[tuple], backs: list[Any]) -> None:
         if is_send:
             continue
         for j, other in enumerate(places):
-            if j != i and may_share_memory(places[i], other):
+            if j != i and shares_memory(places[i], other):
                 raise InvalidArgumentError(
                     f"ops[{i}].tensor: the receive's memory overlaps ops[{j}].tensor's, whose "
                     "bytes would then depend on the order the messages end in; give each "

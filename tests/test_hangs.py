@@ -717,3 +717,22 @@ def test_a_dump_dir_the_communicator_refused_is_not_written_at_exit(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("refused: ") == 2 and "MPICOLL_DUMP_DIR" in done.stdout
     assert "flight recorder" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("timeout", ["float('inf')", "60", "-1"])
+def test_a_requests_wait_with_a_timeout_of_its_own_is_still_watched(tmp_path, timeout):
+    """Request.wait(timeout=) longer than the Communicator's timeout (inf too, or one
+    below 0, which is none of its own): the watchdog still reports the wait at the
+    Communicator's timeout, naming the peer and tag, and ends the job; the polling wait
+    ran unwatched, past it or forever."""
+    script = ("import numpy as np, mpicoll\n"
+              "c = mpicoll.Communicator()\n"
+              "request = c.irecv(np.empty(4), 0, 5)\n"
+              f"request.wait(timeout={timeout})\n")
+    env = dict(os.environ, MPICOLL_TIMEOUT="1")
+    started = time.monotonic()
+    done = subprocess.run(["timeout", "-k", "5", "100", sys.executable, "-c", script],
+                          capture_output=True, text=True, env=env)
+    assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
+    assert time.monotonic() - started < 30
+    assert "tag 5" in done.stderr and "<string>:4" in done.stderr, done.stderr[-3000:]

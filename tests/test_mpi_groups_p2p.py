@@ -617,6 +617,17 @@ def test_receives_that_overlap_are_refused_before_any_message(world):
     world.batch_isend_irecv([mpicoll.P2POp("isend", np.full(6, 1.0 + world.rank), right),
                              mpicoll.P2POp("irecv", got, left)])[1].wait()
     np.testing.assert_array_equal(got, np.full(6, 1.0 + left))
+    # receives into memory that shares no byte, its bounds overlapping (a matrix's
+    # columns, its even and odd rows): taken, each column or row set its own message
+    grid = np.zeros((3, 2))
+    for parts in ((grid[:, 0], grid[:, 1]), (grid.reshape(-1)[0::2], grid.reshape(-1)[1::2])):
+        requests = world.batch_isend_irecv(
+            [mpicoll.P2POp("isend", np.full(3, 10.0 * world.rank + k), right) for k in (0, 1)]
+            + [mpicoll.P2POp("irecv", part, left) for part in parts])
+        for request in requests:
+            request.wait()
+        for k, part in enumerate(parts):
+            np.testing.assert_array_equal(part, np.full(3, 10.0 * left + k))
     _next_call_is_right(world)
 
 

@@ -421,6 +421,20 @@ def may_share_memory(a: Any, b: Any) -> bool:
     return False  # host and device memory never overlap
 
 
+def shares_memory(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` share a byte: exactly for NumPy arrays (disjoint columns of
+    one matrix do not, though their bounds overlap), where NumPy solves it in bounded work
+    (else, as their bounds overlap, they are said to)."""
+    if type(a) is np.ndarray and type(b) is np.ndarray:
+        if not np.may_share_memory(a, b):
+            return False
+        try:
+            return bool(np.shares_memory(a, b, max_work=1 << 16))
+        except Exception:  # noqa: BLE001 - numpy's TooHardError: too costly to tell
+            return True
+    return may_share_memory(a, b)
+
+
 def assign_from_host(dst: Any, host: np.ndarray) -> None:
     """``dst[...] = host`` for a NumPy or CuPy ``dst`` (a host-to-device copy on the GPU)."""
     if type(dst) is np.ndarray:
