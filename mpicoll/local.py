@@ -56,7 +56,9 @@ def run_local(size: int, fn: Callable[..., Any], *args: Any,
         thread.start()
     for thread in threads:
         thread.join()
-    first = next((e for e in errors if e is not None and not isinstance(e, AbortedError)),
+    # what went wrong first, not the others' "another rank failed" (AbortedError itself:
+    # a rank's timeout, CollectiveTimeoutError, is one of its kind, and is what went wrong)
+    first = next((e for e in errors if e is not None and type(e) is not AbortedError),
                  next((e for e in errors if e is not None), None))
     if first is not None:
         raise first

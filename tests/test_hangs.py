@@ -449,6 +449,22 @@ def test_local_timeout_raises_in_the_waiting_rank():
     assert time.monotonic() - start < 60
 
 
+def test_run_local_raises_the_rank_that_timed_out_not_another_ranks_giving_up():
+    """Rank 1 times out first (its timeout the shortest) while rank 0 still waits:
+    run_local raises rank 1's CollectiveTimeoutError, which names its peer and tag, not
+    rank 0's "another rank failed" (a timeout is an AbortedError too: it was passed over
+    as one of the others' giving up)."""
+    def body(comm):
+        if comm.rank == 0:
+            time.sleep(0.5)
+            comm.recv(np.zeros(1), 1, 3)  # never sent
+        else:
+            comm.recv(np.zeros(1), 0, 4)  # never sent: times out first
+
+    with pytest.raises(CollectiveTimeoutError, match="rank 1: .*tag 4"):
+        run_local(2, body, timeout=[20, 1])
+
+
 def _each_rank(steps):
     """A body that runs ``steps`` (functions of comm) in turn on every rank and keeps
     each one's result or the text of what it raised."""
