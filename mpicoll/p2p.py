@@ -119,9 +119,14 @@ class Request:
                 getattr(self._request, "error", None) is None:
             got = self._request.wait()  # done (freed since, too): nothing to wait for
         else:
-            with watched_step(self._comm, self._what,
-                              _waiting(self._what, self._peer, self._tag), getframe(1)):
-                got = self._request.wait()
+            try:
+                with watched_step(self._comm, self._what,
+                                  _waiting(self._what, self._peer, self._tag), getframe(1)):
+                    got = self._request.wait()
+            except CollectiveError:  # (cut short: a strided out gets its first bytes too)
+                if self._back is not None:
+                    self._landed()
+                raise
         if self._back is not None:
             self._landed()
         return _filled(status, got) if self._receive else None
@@ -132,6 +137,10 @@ class Request:
         a time)."""
         try:
             done = bool(self._request.test())
+        except CollectiveError:  # (cut short: a strided out gets its first bytes too)
+            if self._back is not None:
+                self._landed()
+            raise
         except MpicollError:
             raise
         except Exception as exc:  # noqa: BLE001 - named, with its cause
@@ -313,8 +322,12 @@ class PointToPoint:
             raise InvalidArgumentError("source: a blocking receive from this rank itself "
                                        "would wait forever (no such message was sent); use "
                                        "isend and irecv")
-        with watched_step(self, "recv", _waiting("recv", source, tag), getframe(1)):
-            got = peers.recv(buf, source, tag)
+        try:
+            with watched_step(self, "recv", _waiting("recv", source, tag), getframe(1)):
+                got = peers.recv(buf, source, tag)
+        except CollectiveError:  # (a message cut short: a strided out holds its first
+            _land(back)  # bytes too, as the error says; else its copy lands unchanged)
+            raise
         _land(back)
         return _filled(status, got)
 

@@ -434,6 +434,8 @@ def test_a_message_longer_than_the_receive_buffer_is_said_so(world):
         world.sendrecv(np.ones(4), 1, np.zeros(4), 1, send_tag=5, recv_tag=5)
         world.send(np.ones(4), 1, tag=6)
         world.send(np.ones(4), 1, tag=7)
+        for tag in (8, 9, 10):
+            world.send(np.arange(1.0, 5.0), 1, tag=tag)
     elif world.rank == 1:
         for source, tag in ((0, 3), (mpicoll.ANY, 4)):  # (from ANY, the sender is the
             # status's, which MPI need not fill in on an error: then "the sender")
@@ -452,6 +454,19 @@ def test_a_message_longer_than_the_receive_buffer_is_said_so(world):
                 else:
                     while not request.test():
                         pass
+        # a strided out (a column) holds the first bytes too, as the error says (recv, and
+        # an irecv's wait and test): its landing copy was dropped with the error
+        for tag in (8, 9, 10):
+            grid = np.zeros((2, 2))
+            with pytest.raises(mpicoll.CollectiveError, match="holds its first bytes"):
+                if tag == 8:
+                    world.recv(grid[:, 0], 0, tag=tag)
+                else:
+                    request = world.irecv(grid[:, 0], 0, tag=tag)
+                    while tag == 10 and not request.test():
+                        pass
+                    request.wait()
+            np.testing.assert_array_equal(grid, [[1.0, 0.0], [2.0, 0.0]])
     np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, float(world.size)))
 
 
