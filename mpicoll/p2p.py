@@ -107,7 +107,7 @@ class Request:
             # or math.inf, still ends with the watchdog's report at the Communicator's)
             deadline, pause = time.monotonic() + seconds, 1e-5
             with watched_step(self._comm, self._what,
-                              _waiting(self._what, self._peer, self._tag), getframe(1)):
+                              _waiting(self._comm, self._what, self._peer, self._tag), _site()):
                 while not self.test():
                     if time.monotonic() > deadline:
                         raise CollectiveTimeoutError(f"{self!r}: not done after {seconds:g} s")
@@ -121,7 +121,7 @@ class Request:
         else:
             try:
                 with watched_step(self._comm, self._what,
-                                  _waiting(self._what, self._peer, self._tag), getframe(1)):
+                                  _waiting(self._comm, self._what, self._peer, self._tag), _site()):
                     got = self._request.wait()
             except CollectiveError:  # (cut short: a strided out gets its first bytes too)
                 if self._back is not None:
@@ -169,11 +169,26 @@ def _apart(checked: list[tuple], backs: list[Any]) -> None:
                     "receive memory of its own")
 
 
-def _waiting(what: str, peer: int, tag: int) -> str:
+def _waiting(comm: Any, what: str, peer: int, tag: int) -> str:
+    """What a watched message waits for, its peer said as the job's rank too where the
+    Communicator is an mpicoll.dist group's."""
+    names = comm._rank_names
+    rank = f"rank {peer}" + (f" (the job's rank {names[peer]})"
+                             if names is not None and 0 <= peer < len(names) else "")
     if what in ("recv", "irecv"):
-        return (f"waiting to receive from {'any rank' if peer == ANY else f'rank {peer}'} "
+        return (f"waiting to receive from {'any rank' if peer == ANY else rank} "
                 f"(point-to-point, {'any tag' if tag == ANY else f'tag {tag}'})")
-    return f"waiting to send to rank {peer} (point-to-point, tag {tag})"
+    return f"waiting to send to {rank} (point-to-point, tag {tag})"
+
+
+def _site(depth: int = 2) -> Any:
+    """The frame of the program's line that made the call (``depth``: the caller of the
+    function that asks), past mpicoll.dist's frames, whose send and recv are these."""
+    frame = getframe(depth)
+    while frame.f_back is not None and \
+            str(frame.f_globals.get("__name__", "")).startswith("mpicoll.dist"):
+        frame = frame.f_back
+    return frame
 
 
 def _peers(comm: Any) -> Any:
@@ -306,7 +321,7 @@ class PointToPoint:
         if dest == self.rank:
             raise InvalidArgumentError("dest: a blocking send to this rank itself would wait "
                                        "forever; use isend and irecv")
-        with watched_step(self, "send", _waiting("send", dest, tag), getframe(1)):
+        with watched_step(self, "send", _waiting(self, "send", dest, tag), _site()):
             peers.send(buf, dest, tag)
 
     def recv(self, out: Any, source: int = ANY, tag: int = 0,
@@ -323,7 +338,7 @@ class PointToPoint:
                                        "would wait forever (no such message was sent); use "
                                        "isend and irecv")
         try:
-            with watched_step(self, "recv", _waiting("recv", source, tag), getframe(1)):
+            with watched_step(self, "recv", _waiting(self, "recv", source, tag), _site()):
                 got = peers.recv(buf, source, tag)
         except CollectiveError:  # (a message cut short: a strided out holds its first
             _land(back)  # bytes too, as the error says; else its copy lands unchanged)
@@ -340,7 +355,7 @@ class PointToPoint:
         if source == self.rank and not self._already_sent(peers, tag):
             raise InvalidArgumentError("source: a blocking probe of this rank itself would "
                                        "wait forever (no such message was sent)")
-        with watched_step(self, "probe", _waiting("recv", source, tag), getframe(1)):
+        with watched_step(self, "probe", _waiting(self, "recv", source, tag), _site()):
             return peers.probe(source, tag, True)
 
     def iprobe(self, source: int = ANY, tag: int = ANY) -> Status | None:
@@ -348,7 +363,7 @@ class PointToPoint:
         None."""
         peers = self._prober("iprobe")
         source, tag = _source(self, peers, source), _tag(peers, tag, True)
-        with watched_step(self, "iprobe", _waiting("recv", source, tag), getframe(1)):
+        with watched_step(self, "iprobe", _waiting(self, "recv", source, tag), _site()):
             return peers.probe(source, tag, False)
 
     def _already_sent(self, peers: Any, tag: int) -> bool:
@@ -359,7 +374,7 @@ class PointToPoint:
         if not hasattr(peers, "probe"):
             return False
         deadline, pause = time.monotonic() + 0.1, 1e-6
-        with watched_step(self, "iprobe", _waiting("recv", self.rank, tag), getframe(2)):
+        with watched_step(self, "iprobe", _waiting(self, "recv", self.rank, tag), _site(3)):
             while peers.probe(self.rank, tag, False) is None:
                 if time.monotonic() > deadline:
                     return False
@@ -387,7 +402,10 @@ class PointToPoint:
         if may_share_memory(sendbuf, recvbuf):  # (MPI forbids the two to overlap)
             sendbuf = sendbuf.copy()
         status = _status(status)
-        with watched_step(self, "sendrecv", _waiting("recv", source, recv_tag), getframe(1)):
+        # (either half may be what waits: a receive no one sends, a send no one takes)
+        note = f"{_waiting(self, 'send', dest, send_tag)} and " \
+            f"{_waiting(self, 'recv', source, recv_tag).removeprefix('waiting ')}"
+        with watched_step(self, "sendrecv", note, _site()):
             got = peers.sendrecv(sendbuf, dest, send_tag, recvbuf, source, recv_tag)
         _land(back)
         return _filled(status, got)
@@ -397,7 +415,7 @@ class PointToPoint:
         ``wait()``."""
         peers = _peers(self)
         dest, tag, buf = _rank(self, dest, "dest"), _tag(peers, tag), _outgoing(self, peers, x)
-        with watched_step(self, "isend", _waiting("send", dest, tag), getframe(1)):
+        with watched_step(self, "isend", _waiting(self, "send", dest, tag), _site()):
             return Request(self, "isend", dest, tag, peers.isend(buf, dest, tag), False)
 
     def irecv(self, out: Any, source: int = ANY, tag: int = 0) -> Request:
@@ -406,7 +424,7 @@ class PointToPoint:
         peers = _peers(self)
         source, tag = _source(self, peers, source), _tag(peers, tag, True)
         buf, back = _incoming(self, peers, out)
-        with watched_step(self, "irecv", _waiting("recv", source, tag), getframe(1)):
+        with watched_step(self, "irecv", _waiting(self, "recv", source, tag), _site()):
             return Request(self, "irecv", source, tag, peers.irecv(buf, source, tag), True,
                            back)
 
@@ -449,7 +467,7 @@ class PointToPoint:
         if not batched:
             requests = []
             note = f"starting {len(checked)} point-to-point messages"
-            with watched_step(self, "batch_isend_irecv", note, getframe(1)):
+            with watched_step(self, "batch_isend_irecv", note, _site()):
                 for kind, (is_send, buf, peer, tag), back in zip(kinds, checked, backs,
                                                                  strict=True):
                     start = peers.isend if is_send else peers.irecv
@@ -458,7 +476,7 @@ class PointToPoint:
             return requests
         note = (f"starting {len(checked)} point-to-point messages with rank(s) "
                 f"{', '.join(str(r) for r in sorted({peer for _, _, peer, _ in checked}))}")
-        with watched_step(self, "batch_isend_irecv", note, getframe(1)):
+        with watched_step(self, "batch_isend_irecv", note, _site()):
             started = peers.batch(checked)
         return [Request(self, kind, peer, tag, request, not is_send, back)
                 for kind, (is_send, _, peer, tag), request, back in zip(kinds, checked, started,

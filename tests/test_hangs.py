@@ -752,3 +752,33 @@ def test_a_requests_wait_with_a_timeout_of_its_own_is_still_watched(tmp_path, ti
     assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
     assert time.monotonic() - started < 30
     assert "tag 5" in done.stderr and "<string>:4" in done.stderr, done.stderr[-3000:]
+
+
+@needs_mpiexec
+def test_a_dist_groups_point_to_point_wait_names_the_jobs_ranks_and_the_programs_line(tmp_path):
+    """mpicoll.dist's recv and isend on a group not in the job's order: the watchdog's
+    report names the peer as the group's rank and the job's (it said "from rank 0" to the
+    job's rank 0, the peer being the job's rank 2), and the program's line, not
+    mpicoll.dist's."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import time\n"
+        "import numpy as np, mpicoll.dist as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "r = dist.get_rank()\n"
+        "g = dist.new_group([2, 0, 1], sort_ranks=False)\n"
+        "if r == 0:\n"
+        "    dist.recv(np.zeros(1), src=2, group=g, tag=7)\n"
+        "elif r == 2:\n"
+        "    dist.isend(np.zeros(1 << 20), dst=1, group=g, tag=8).wait()\n"
+        "else:\n"
+        "    time.sleep(60)\n")
+    env = dict(os.environ, MPICOLL_TIMEOUT="2")
+    done = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", "3", sys.executable,
+                           str(script)], capture_output=True, text=True, env=env)
+    assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
+    found = reports(done.stderr)
+    assert any(f"recv ({script}:7)" in r and "waiting to receive from rank 0 (the job's rank 2) "
+               "(point-to-point, tag 7)" in r for r in found), found
+    assert any(f"isend ({script}:9)" in r and "waiting to send to rank 2 (the job's rank 1) "
+               "(point-to-point, tag 8)" in r for r in found), found
