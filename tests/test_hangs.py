@@ -733,6 +733,14 @@ def test_a_dump_dir_the_communicator_refused_is_not_written_at_exit(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("refused: ") == 2 and "MPICOLL_DUMP_DIR" in done.stdout
     assert "flight recorder" not in done.stderr, done.stderr
+    # a folder not made yet is no refused one: the exit's dump makes it and is written
+    fresh = tmp_path / "not" / "made"
+    done = subprocess.run(["timeout", "-k", "5", "60", sys.executable, "-c",
+                           "import mpicoll\nmpicoll.Communicator()\n"],
+                          capture_output=True, text=True,
+                          env=dict(os.environ, MPICOLL_DUMP_DIR=str(fresh)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (fresh / "rank-0.json").is_file(), done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("timeout", ["float('inf')", "60", "-1"])

@@ -99,9 +99,12 @@ class Watchdog:
     def _exiting(self) -> None:
         """At exit with ``MPICOLL_DUMP_DIR``: leave this rank's recorder for ``trace hang``
         (a rank that left, or died of an exception, while others may still wait)."""
-        folder = dump_dir()
-        if self.fired or not (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)):
-            return  # (a folder the Communicator refused: its ConfigError said so)
+        from .tracing import unwritable
+
+        # (a folder the Communicator refused, by this same check: its ConfigError said so;
+        # one not made yet is made by write_dump)
+        if self.fired or unwritable(dump_dir(), directory=True):
+            return
         error = getattr(sys, "last_value", None)
         reason = "exit" if error is None else f"exit after {type(error).__name__}"
         write_dump(self, reason)
