@@ -233,26 +233,6 @@ def trace_path(path: str, writer: int = 0, peek: bool = False) -> str:
     return f"{root}.{'.'.join(parts)}{ext or '.json'}"
 
 
-def unwritable(path: str, directory: bool = False) -> str:
-    """Why ``path`` cannot be written as a file (or, with ``directory``, made and written
-    as a folder, as ``os.makedirs`` would), or "" when it can."""
-    if directory:
-        probe = os.path.abspath(path)
-        while not os.path.exists(probe) and os.path.dirname(probe) != probe:
-            probe = os.path.dirname(probe)  # makedirs makes the missing ones below it
-        if not os.path.isdir(probe):
-            return f"{probe} is not a directory"
-        return "" if os.access(probe, os.W_OK | os.X_OK) else f"{probe} is not writable"
-    if os.path.isdir(path):
-        return "it is a directory"
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        return f"there is no directory {folder}"
-    if os.path.exists(path):
-        return "" if os.access(path, os.W_OK) else "the file is read-only"
-    return "" if os.access(folder, os.W_OK | os.X_OK) else f"{folder} is not writable"
-
-
 def timed_op(op: Any, tracer: Tracer) -> Any:
     """``op`` with every application recorded as a reduction (made once per op)."""
     timed = tracer._timed_ops.get(op)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
+from ..config import unwritable
 from ..errors import CollectiveError, ConfigError, MpicollError
 from ..pipeline.describe import Call
 from .recorder import Watch, unsaid_receive_timeout
@@ -99,8 +100,6 @@ class Watchdog:
     def _exiting(self) -> None:
         """At exit with ``MPICOLL_DUMP_DIR``: leave this rank's recorder for ``trace hang``
         (a rank that left, or died of an exception, while others may still wait)."""
-        from .tracing import unwritable
-
         # (a folder the Communicator refused, by this same check: its ConfigError said so;
         # one not made yet is made by write_dump)
         if self.fired or unwritable(dump_dir(), directory=True):

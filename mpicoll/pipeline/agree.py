@@ -33,6 +33,7 @@ from .. import selection
 from ..algorithms import REGISTRY
 from ..buffers import dtype_code, dtype_from_code, dtype_from_text, dtype_text, even_bounds
 from ..buffers.cuda import parse_flag
+from ..config import unwritable
 from ..errors import (
     CollectiveTimeoutError,
     ConfigError,
@@ -45,7 +46,7 @@ from ..errors import (
     UnsupportedDtypeError,
 )
 from ..observe.recorder import AGREEMENT_STEPS, DEFAULT_RECORDER, recorder_length, world_ranks
-from ..observe.tracing import trace_path, unwritable
+from ..observe.tracing import trace_path
 from ..observe.watchdog import DEFAULT_TIMEOUT, dump_dir, made_late, timeout_setting
 from ..ops import Op, op_name
 from ..spec import COLLECTIVES
