@@ -42,7 +42,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from sys import _getframe as getframe
 from typing import Any
 
 import numpy as np
@@ -57,7 +56,7 @@ from .errors import (
 )
 from .pipeline.entry import freed, watched_step
 from .transport import Status
-from .work import as_seconds
+from .work import as_seconds, program_frame
 
 ANY = -1  # ``source=ANY``: a message from any rank
 
@@ -96,6 +95,12 @@ class Request:
     def __repr__(self) -> str:
         return f"<mpicoll.Request {self._what} peer {self._peer} tag {self._tag}>"
 
+    def _watched(self) -> Any:
+        """A wait of this request as a watched step, at the program's line that waits."""
+        return watched_step(self._comm, self._what,
+                            _waiting(self._comm, self._what, self._peer, self._tag),
+                            program_frame(3))
+
     def wait(self, status: Status | None = None, timeout: Any = None) -> int | None:
         """Wait until it is done: a receive's source (``status``, where given, filled as
         ``recv``'s), a send's None. ``timeout`` (seconds or a timedelta; None or 0: none
@@ -106,8 +111,7 @@ class Request:
         if seconds and not self.test():  # (watched too: a timeout past the Communicator's,
             # or math.inf, still ends with the watchdog's report at the Communicator's)
             deadline, pause = time.monotonic() + seconds, 1e-5
-            with watched_step(self._comm, self._what,
-                              _waiting(self._comm, self._what, self._peer, self._tag), _site()):
+            with self._watched():
                 while not self.test():
                     if time.monotonic() > deadline:
                         raise CollectiveTimeoutError(f"{self!r}: not done after {seconds:g} s")
@@ -120,8 +124,7 @@ class Request:
             got = self._request.wait()  # done (freed since, too): nothing to wait for
         else:
             try:
-                with watched_step(self._comm, self._what,
-                                  _waiting(self._comm, self._what, self._peer, self._tag), _site()):
+                with self._watched():
                     got = self._request.wait()
             except CollectiveError:  # (cut short: a strided out gets its first bytes too)
                 if self._back is not None:
@@ -179,16 +182,6 @@ def _waiting(comm: Any, what: str, peer: int, tag: int) -> str:
         return (f"waiting to receive from {'any rank' if peer == ANY else rank} "
                 f"(point-to-point, {'any tag' if tag == ANY else f'tag {tag}'})")
     return f"waiting to send to {rank} (point-to-point, tag {tag})"
-
-
-def _site(depth: int = 2) -> Any:
-    """The frame of the program's line that made the call (``depth``: the caller of the
-    function that asks), past mpicoll.dist's frames, whose send and recv are these."""
-    frame = getframe(depth)
-    while frame.f_back is not None and \
-            str(frame.f_globals.get("__name__", "")).startswith("mpicoll.dist"):
-        frame = frame.f_back
-    return frame
 
 
 def _peers(comm: Any) -> Any:
@@ -321,7 +314,7 @@ class PointToPoint:
         if dest == self.rank:
             raise InvalidArgumentError("dest: a blocking send to this rank itself would wait "
                                        "forever; use isend and irecv")
-        with watched_step(self, "send", _waiting(self, "send", dest, tag), _site()):
+        with watched_step(self, "send", _waiting(self, "send", dest, tag), program_frame()):
             peers.send(buf, dest, tag)
 
     def recv(self, out: Any, source: int = ANY, tag: int = 0,
@@ -338,7 +331,7 @@ class PointToPoint:
                                        "would wait forever (no such message was sent); use "
                                        "isend and irecv")
         try:
-            with watched_step(self, "recv", _waiting(self, "recv", source, tag), _site()):
+            with watched_step(self, "recv", _waiting(self, "recv", source, tag), program_frame()):
                 got = peers.recv(buf, source, tag)
         except CollectiveError:  # (a message cut short: a strided out holds its first
             _land(back)  # bytes too, as the error says; else its copy lands unchanged)
@@ -355,7 +348,7 @@ class PointToPoint:
         if source == self.rank and not self._already_sent(peers, tag):
             raise InvalidArgumentError("source: a blocking probe of this rank itself would "
                                        "wait forever (no such message was sent)")
-        with watched_step(self, "probe", _waiting(self, "recv", source, tag), _site()):
+        with watched_step(self, "probe", _waiting(self, "recv", source, tag), program_frame()):
             return peers.probe(source, tag, True)
 
     def iprobe(self, source: int = ANY, tag: int = ANY) -> Status | None:
@@ -363,7 +356,7 @@ class PointToPoint:
         None."""
         peers = self._prober("iprobe")
         source, tag = _source(self, peers, source), _tag(peers, tag, True)
-        with watched_step(self, "iprobe", _waiting(self, "recv", source, tag), _site()):
+        with watched_step(self, "iprobe", _waiting(self, "recv", source, tag), program_frame()):
             return peers.probe(source, tag, False)
 
     def _already_sent(self, peers: Any, tag: int) -> bool:
@@ -374,7 +367,7 @@ class PointToPoint:
         if not hasattr(peers, "probe"):
             return False
         deadline, pause = time.monotonic() + 0.1, 1e-6
-        with watched_step(self, "iprobe", _waiting(self, "recv", self.rank, tag), _site(3)):
+        with watched_step(self, "iprobe", _waiting(self, "recv", self.rank, tag), program_frame(3)):
             while peers.probe(self.rank, tag, False) is None:
                 if time.monotonic() > deadline:
                     return False
@@ -405,7 +398,7 @@ class PointToPoint:
         # (either half may be what waits: a receive no one sends, a send no one takes)
         note = f"{_waiting(self, 'send', dest, send_tag)} and " \
             f"{_waiting(self, 'recv', source, recv_tag).removeprefix('waiting ')}"
-        with watched_step(self, "sendrecv", note, _site()):
+        with watched_step(self, "sendrecv", note, program_frame()):
             got = peers.sendrecv(sendbuf, dest, send_tag, recvbuf, source, recv_tag)
         _land(back)
         return _filled(status, got)
@@ -415,7 +408,7 @@ class PointToPoint:
         ``wait()``."""
         peers = _peers(self)
         dest, tag, buf = _rank(self, dest, "dest"), _tag(peers, tag), _outgoing(self, peers, x)
-        with watched_step(self, "isend", _waiting(self, "send", dest, tag), _site()):
+        with watched_step(self, "isend", _waiting(self, "send", dest, tag), program_frame()):
             return Request(self, "isend", dest, tag, peers.isend(buf, dest, tag), False)
 
     def irecv(self, out: Any, source: int = ANY, tag: int = 0) -> Request:
@@ -424,7 +417,7 @@ class PointToPoint:
         peers = _peers(self)
         source, tag = _source(self, peers, source), _tag(peers, tag, True)
         buf, back = _incoming(self, peers, out)
-        with watched_step(self, "irecv", _waiting(self, "recv", source, tag), _site()):
+        with watched_step(self, "irecv", _waiting(self, "recv", source, tag), program_frame()):
             return Request(self, "irecv", source, tag, peers.irecv(buf, source, tag), True,
                            back)
 
@@ -467,7 +460,7 @@ class PointToPoint:
         if not batched:
             requests = []
             note = f"starting {len(checked)} point-to-point messages"
-            with watched_step(self, "batch_isend_irecv", note, _site()):
+            with watched_step(self, "batch_isend_irecv", note, program_frame()):
                 for kind, (is_send, buf, peer, tag), back in zip(kinds, checked, backs,
                                                                  strict=True):
                     start = peers.isend if is_send else peers.irecv
@@ -476,7 +469,7 @@ class PointToPoint:
             return requests
         note = (f"starting {len(checked)} point-to-point messages with rank(s) "
                 f"{', '.join(str(r) for r in sorted({peer for _, _, peer, _ in checked}))}")
-        with watched_step(self, "batch_isend_irecv", note, _site()):
+        with watched_step(self, "batch_isend_irecv", note, program_frame()):
             started = peers.batch(checked)
         return [Request(self, kind, peer, tag, request, not is_send, back)
                 for kind, (is_send, _, peer, tag), request, back in zip(kinds, checked, started,

@@ -22,6 +22,7 @@ import atexit
 import contextlib
 import numbers
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -214,6 +215,17 @@ def as_seconds(timeout: Any) -> float:
         raise InvalidArgumentError(f"timeout: expected a number of seconds or a timedelta, "
                                    f"got {timeout!r}")
     return max(float(timeout), 0.0)
+
+
+def program_frame(depth: int = 2) -> Any:
+    """The frame of the program's line that made the call (``depth``: 2, the caller of
+    the function that asks), past mpicoll.dist's own frames (its functions are calls of
+    the Communicator's): the site a call's reports and check mode name."""
+    frame = sys._getframe(depth)
+    while frame.f_back is not None and \
+            str(frame.f_globals.get("__name__", "")).startswith("mpicoll.dist"):
+        frame = frame.f_back
+    return frame
 
 
 class Site:

@@ -25,9 +25,9 @@ from .groups import (
     _group,
     _op,
     _outside,
-    caller_site,
     get_rank,
 )
+from ..work import program_frame
 from .work import _Finished, _future_for
 
 # -- collectives: torch's names and in-place semantics --------------------------------
@@ -228,8 +228,8 @@ def _how(algorithm: str, async_op: bool) -> dict[str, Any]:
     so that the call is keyed for its kept decision as the same direct call is
     (``pipeline.decided``)."""
     if algorithm == "auto" and not async_op:
-        return {"_site": caller_site()}
-    return {"algorithm": algorithm, "async_op": async_op, "_site": caller_site()}
+        return {"_site": program_frame()}
+    return {"algorithm": algorithm, "async_op": async_op, "_site": program_frame()}
 
 
 def _root(g: ProcessGroup, rank: int | None, group_rank: int | None, name: str) -> int:
@@ -723,7 +723,7 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: Any = None,
         return None
     if timeout is not None and not async_op:
         seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-        g.comm.monitored_barrier(seconds, _site=caller_site())
+        g.comm.monitored_barrier(seconds, _site=program_frame())
         return None
     return _maybe(g.comm.barrier(**_how(algorithm, async_op)), async_op)
 
@@ -733,6 +733,6 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
     if g is None:
         return
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-    g.comm.monitored_barrier(seconds, wait_all_ranks, _site=caller_site())
+    g.comm.monitored_barrier(seconds, wait_all_ranks, _site=program_frame())
 
 

@@ -110,16 +110,6 @@ class GroupMember:
     WORLD: ProcessGroup | None = None
 
 
-def caller_site() -> Any:
-    """The frame of the program's line that called into mpicoll.dist: the site a call's
-    reports name (check mode's, the watchdog's), past mpicoll.dist's own frames."""
-    frame = sys._getframe(2)
-    while frame.f_back is not None and \
-            str(frame.f_globals.get("__name__", "")).startswith("mpicoll.dist"):
-        frame = frame.f_back
-    return frame
-
-
 def _outside(group: Any) -> bool:
     """Whether ``group`` is torch's marker of a rank outside the group (an int, never a
     bool or a group)."""

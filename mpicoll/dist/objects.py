@@ -11,8 +11,9 @@ import numpy as np
 from ..buffers.arrays import cupy_module
 from ..errors import InvalidArgumentError
 from ..p2p import ANY
+from ..work import program_frame
 from .collectives import _member, _root, _root_of
-from .groups import ProcessGroup, caller_site, get_rank
+from .groups import ProcessGroup, get_rank
 
 # -- objects: torch's *_object collectives ---------------------------------------------------
 #
@@ -83,7 +84,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
     if g is None:
         return
     gathered, counts = g.comm.all_gather_v(_sent(g, _packed(obj, "obj", get_rank())),
-                                         _site=caller_site())
+                                         _site=program_frame())
     objects = _unpacked(_rows(_got(gathered), counts), "object_list")
     if not _a_list(object_list, g.comm.size):  # (it took part: the others have theirs)
         raise InvalidArgumentError(f"object_list: expected a list of {g.comm.size} entries "
@@ -101,7 +102,7 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None,
     root = _root_of(g, g.comm.gather_v, 0 if dst is None and group_dst is None else dst,
                     group_dst, "dst", "auto", False)
     piece = _packed(obj, "obj", get_rank())
-    gathered, counts = g.comm.gather_v(_sent(g, piece), root, _site=caller_site())
+    gathered, counts = g.comm.gather_v(_sent(g, piece), root, _site=program_frame())
     if g.comm.rank != root:
         if piece[0] == _FAILED:  # its own object: it took part, and raises
             _unpacked([piece], "obj")
@@ -133,7 +134,7 @@ def broadcast_object_list(object_list: list[Any], src: int | None = None, group:
             if readable else _failed(
                 f"object_list on rank {get_rank()} (the source): expected a list, got "
                 f"{type(object_list).__name__}")
-    received = _got(g.comm.broadcast(_sent(g, sent), root, _site=caller_site()))  # (size: in the header)
+    received = _got(g.comm.broadcast(_sent(g, sent), root, _site=program_frame()))  # (size: in the header)
     if mine:  # the source keeps its own objects (it raises where they failed to pickle)
         if sent[0] == _FAILED:  # type: ignore[index]
             _unpacked([sent], "object_list")  # type: ignore[list-item]
@@ -172,7 +173,7 @@ def scatter_object_list(scatter_object_output_list: list[Any],
         if problem is not None:  # every rank is told (the source too), each the reason
             pieces = [problem] * size
         data, counts = np.concatenate(pieces), [piece.size for piece in pieces]
-    mine = _got(g.comm.scatter_v(_sent(g, data), counts, root, _site=caller_site()))
+    mine = _got(g.comm.scatter_v(_sent(g, data), counts, root, _site=program_frame()))
     (obj,) = _unpacked([mine], "scatter_object_output_list")
     if not _a_list(scatter_object_output_list, None) or not scatter_object_output_list:
         raise InvalidArgumentError("scatter_object_output_list: expected a list of at least "
