@@ -78,9 +78,9 @@ def parse_tuning(text: str, path: str) -> tuning.TuningTable:
     """A tuning table from a file's text, or a ConfigError naming the file and the fault."""
     try:
         data = json.loads(text)
-        if not isinstance(data, dict):  # (null, [], 0, "": no table, not an empty one)
+        if data is None:  # (a file's null: no table; TuningTable(None) is a new, empty one)
             raise ValueError("not an mpicoll tuning file (version 1)")
-        table = tuning.TuningTable(data)
+        table = tuning.TuningTable(data)  # (refuses JSON of any other kind: [], 0, "")
         for ranks, collectives in table.tables.items():
             # a number as the tables name it: ASCII digits, no leading zero ("02", "²": no)
             if not (str(ranks).isascii() and str(ranks).isdigit()
