@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -627,3 +629,63 @@ def test_a_mesh_whose_later_split_fails_frees_the_groups_it_made(monkeypatch):
 
     assert run_local(2, body, timeout=10) == [[2.0]] * 2
     assert len(made) == 2 and all(any(f is sub for f in freed) for _, sub in made)
+
+
+def _held_then_any(comm, later):
+    """Rank 0 posts an irecv from rank 2 (which sends only once rank 0 has sent to it),
+    then receives tag 7 from any rank by ``later``: rank 1's message is that one's."""
+    if comm.rank == 1:
+        comm.send(np.array([11.0]), 0, tag=7)
+    elif comm.rank == 2:
+        comm.recv(np.zeros(1), 0, tag=1)
+        comm.send(np.array([22.0]), 0, tag=7)
+    else:
+        first, second = np.zeros(1), np.zeros(1)
+        waiting = comm.irecv(first, source=2, tag=7)
+        source = later(comm, second)
+        comm.send(np.ones(1), 2, tag=1)
+        waiting.wait()
+        return source, first[0], second[0]
+
+
+def _recv_any(comm, out):
+    return comm.recv(out, source=mpicoll.ANY, tag=7)
+
+
+def _irecv_any_tested(comm, out):
+    request = comm.irecv(out, source=mpicoll.ANY, tag=7)
+    deadline = time.monotonic() + 5
+    while not request.test():
+        assert time.monotonic() < deadline, "the later irecv never saw rank 1's message"
+    return request.wait()
+
+
+def _probe_any(comm, out):
+    status = comm.probe(source=mpicoll.ANY, tag=7)
+    return comm.recv(out, status.source, tag=7)
+
+
+@pytest.mark.parametrize("later", [_recv_any, _irecv_any_tested, _probe_any])
+def test_a_posted_receive_with_no_message_yet_does_not_hold_a_later_one_up(later):
+    # (MPI's matching: a message goes to the first posted receive it matches; one that
+    # only a later receive matches is that one's at once. Before, the thread ranks waited
+    # for the earlier irecv first, and this program, right under MPI, timed out)
+    assert run_local(3, _held_then_any, later, timeout=10)[0] == (1, 22.0, 11.0)
+
+
+def test_a_posted_receive_cut_short_while_another_matches_raises_at_its_own_wait():
+    def body(comm):
+        if comm.rank == 0:
+            comm.send(np.arange(3.0), 1, tag=5)  # longer than the irecv's one element
+            comm.send(np.array([9.0]), 1, tag=6)
+            return None
+        short, other = np.zeros(1), np.zeros(1)
+        request = comm.irecv(short, 0, tag=5)
+        got = comm.recv(other, 0, tag=6)  # matching here lets the irecv take its message
+        with pytest.raises(mpicoll.CollectiveError, match="longer than"):
+            request.wait()
+        with pytest.raises(mpicoll.CollectiveError, match="longer than"):
+            request.wait()  # (again at every wait, as MPI's status)
+        return got, other[0], short[0]
+
+    assert run_local(2, body, timeout=10)[1] == (0, 9.0, 0.0)

@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 
 from ..buffers.arrays import assign_from_host
-from ..errors import AbortedError, CollectiveTimeoutError, InvalidArgumentError, MismatchError
+from ..errors import (
+    AbortedError,
+    CollectiveError,
+    CollectiveTimeoutError,
+    InvalidArgumentError,
+    MismatchError,
+)
 from . import Status, Workspace, cut_short
 
 
@@ -85,10 +91,12 @@ class PeerBoard:
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.messages: list[tuple[int, int, int, bytes]] = []  # (source, dest, tag, data)
+        self.posted = 0  # messages posted so far (a waiting receive wakes when it grows)
 
     def post(self, source: int, dest: int, tag: int, data: bytes) -> None:
         with self.cond:
             self.messages.append((source, dest, tag, data))
+            self.posted += 1
             self.cond.notify_all()
 
     def _match(self, dest: int, source: int, tag: int) -> int:
@@ -97,23 +105,22 @@ class PeerBoard:
                 return i
         return -1
 
-    def take(self, dest: int, source: int, tag: int, buf: Any, seconds: float,
-             aborted: threading.Event) -> Status | None:
-        """Receive the first matching message (source and tag: either may be mpicoll.ANY)
-        into ``buf``: its Status, or None when none came within ``seconds`` (0: do not
-        wait). ``buf`` None: look, leaving the message where it is (a probe)."""
-        deadline = time.monotonic() + seconds
+    def await_new(self, seen: int, seconds: float, aborted: threading.Event) -> None:
+        """Wait (at most ``seconds``) until a message is posted after the ``seen``-th."""
         with self.cond:
-            while True:
-                if aborted.is_set():
-                    raise AbortedError(f"rank {dest}: another rank failed; giving up")
-                i = self._match(dest, source, tag)
-                if i >= 0:
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self.cond.wait(min(left, 0.05))
+            if aborted.is_set():
+                raise AbortedError("another rank failed; giving up")
+            if self.posted == seen and seconds > 0:
+                self.cond.wait(min(seconds, 0.05))
+
+    def take(self, dest: int, source: int, tag: int, buf: Any) -> Status | None:
+        """Receive the first matching message (source and tag: either may be mpicoll.ANY)
+        into ``buf``, without waiting: its Status, or None while there is none. ``buf``
+        None: look, leaving the message where it is (a probe)."""
+        with self.cond:
+            i = self._match(dest, source, tag)
+            if i < 0:
+                return None
             s, _, t, data = self.messages[i]
             if buf is None:
                 return Status(s, t, len(data))
@@ -128,55 +135,67 @@ class PeerBoard:
 
 class LocalPeers:
     """One thread-rank's point-to-point messages (``comm.send``/``recv``), on its world's
-    board: never mixed with the collectives' mailboxes."""
+    board: never mixed with the collectives' mailboxes.
+
+    Matching as MPI's: a message goes to the receives in the order they were posted. So
+    before any receive (or probe) looks at the board, the irecvs posted before it take,
+    in order, each the first message it matches, if one is there; what they leave is the
+    later receive's. A posted irecv that has no message yet never holds a later receive
+    up (a later ``recv(source=ANY)`` takes the message of another rank)."""
 
     def __init__(self, transport: LocalTransport) -> None:
         self.transport, self.rank = transport, transport.rank
         self.board = transport.world.board
         self.max_tag = (1 << 31) - 1
         self.posted: list[LocalPeerRequest] = []  # irecvs not yet matched, in posting order
+        self.lock = threading.RLock()  # the board's matching, one thread of the rank at a time
 
-    def _earlier(self, source: int, tag: int, before: Any = None) -> None:
-        """Complete the posted receives (before ``before``) that a message for (source,
-        tag) could also match: as MPI, messages go to receives in the order they were
-        posted."""
+    def progress(self, before: Any = None) -> None:
+        """The posted irecvs (those before ``before``) take their messages, in order."""
         for request in list(self.posted):
             if request is before:
                 break
-            if request.could_take(source, tag):
-                request.wait()
+            request.try_take()
+
+    def take(self, buf: Any, source: int, tag: int, before: Any = None) -> Status:
+        """Wait (up to the timeout) for the first message for (source, tag) that no receive
+        posted earlier takes, into ``buf`` (None: look only)."""
+        t = self.transport
+        limit = t.timeout or float("inf")
+        deadline = time.monotonic() + limit
+        while True:
+            seen = self.board.posted
+            with self.lock:
+                self.progress(before)
+                got = self.board.take(self.rank, source, tag, buf)
+            if got is not None:
+                return got
+            left = deadline - time.monotonic()
+            if left <= 0:
+                t.world.aborted.set()
+                raise CollectiveTimeoutError(
+                    f"mpicoll: timeout: rank {self.rank}: no message from "
+                    f"{'any rank' if source < 0 else f'rank {source}'} (tag {tag}) in "
+                    f"{t.timeout:g} s")
+            try:
+                self.board.await_new(seen, left, t.world.aborted)
+            except AbortedError:
+                raise AbortedError(f"rank {self.rank}: another rank failed; giving up") from None
 
     def send(self, buf: Any, dest: int, tag: int) -> None:
         self.board.post(self.rank, dest, tag, _host_bytes(buf))
 
     def recv(self, buf: Any, source: int, tag: int) -> Status:
-        self._earlier(source, tag)
-        return self._take(buf, source, tag)
+        return self.take(buf, source, tag)
 
     def probe(self, source: int, tag: int, wait: bool) -> Status | None:
         """The next matching message's Status, left to be received (None: none yet,
-        where ``wait`` is False). As MPI's, it sees only what no posted receive takes:
-        those that could match complete first (``wait``), or make it None until they
-        have (they take the next such message)."""
+        where ``wait`` is False). As MPI's, it sees only what no posted receive takes."""
         if wait:
-            self._earlier(source, tag)
-            return self._take(None, source, tag)
-        for request in list(self.posted):
-            if request.could_take(source, tag) and not request.test():
-                return None
-        return self.board.take(self.rank, source, tag, None, 0, self.transport.world.aborted)
-
-    def _take(self, buf: Any, source: int, tag: int) -> Status:
-        t = self.transport
-        got = self.board.take(self.rank, source, tag, buf, t.timeout or float("inf"),
-                              t.world.aborted)
-        if got is None:
-            t.world.aborted.set()
-            raise CollectiveTimeoutError(
-                f"mpicoll: timeout: rank {self.rank}: no message from "
-                f"{'any rank' if source < 0 else f'rank {source}'} (tag {tag}) in "
-                f"{t.timeout:g} s")
-        return got
+            return self.take(None, source, tag)
+        with self.lock:
+            self.progress()
+            return self.board.take(self.rank, source, tag, None)
 
     def sendrecv(self, sendbuf: Any, dest: int, send_tag: int, recvbuf: Any, source: int,
                  recv_tag: int) -> Status:
@@ -201,35 +220,56 @@ class LocalPeerRequest:
                  done: bool = False) -> None:
         self.peers, self.buf, self.source, self.tag = peers, buf, source, tag
         self.finished, self.got = done, None
+        self.error: Exception | None = None  # cut short (raised at every wait)
+        self._told = False  # whether a test() has raised the error yet
 
-    def could_take(self, source: int, tag: int) -> bool:
-        """Whether this receive, not yet finished, matches a message from ``source`` with
-        ``tag`` (either of them, or of the receive, may be mpicoll.ANY)."""
-        return not self.finished and (self.tag < 0 or tag < 0 or self.tag == tag) \
-            and (self.source < 0 or source < 0 or self.source == source)
+    def try_take(self) -> None:
+        """Take this receive's message if it is on the board (its error kept, raised by
+        its own wait or test, not by the receive that ran the matching)."""
+        if self.finished:
+            return
+        try:
+            got = self.peers.board.take(self.peers.rank, self.source, self.tag, self.buf)
+        except CollectiveError as error:
+            self.error = error
+            self._done(None)
+            return
+        if got is not None:
+            self._done(got)
 
-    def _done(self, got: Status) -> None:
+    def _done(self, got: Status | None) -> None:
         self.got, self.finished = got, True
         if self in self.peers.posted:
             self.peers.posted.remove(self)
 
+    def _raise(self) -> None:
+        self._told = True
+        raise CollectiveError(str(self.error)) from self.error
+
     def wait(self) -> Status | None:
         if not self.finished:
-            self.peers._earlier(self.source, self.tag, before=self)
-            self._done(self.peers._take(self.buf, self.source, self.tag))
+            try:
+                got = self.peers.take(self.buf, self.source, self.tag, before=self)
+            except CollectiveError as error:  # cut short (a timeout is not kept: it ends
+                self.error = error  # the world's wait, and the job with it)
+                got = None
+            self._done(got)
+        if self.error is not None:
+            self._raise()
         return self.got
 
     def test(self) -> bool:
+        p = self.peers
         if not self.finished:
-            p = self.peers
-            earlier = [r for r in p.posted[:p.posted.index(self)]
-                       if r.could_take(self.source, self.tag)]
-            if not all(r.test() for r in earlier):
-                return False  # an earlier receive takes the next such message first
-            got = p.board.take(p.rank, self.source, self.tag, self.buf, 0,
-                               p.transport.world.aborted)
-            if got is not None:
-                self._done(got)
+            if not p.lock.acquire(False):
+                return False  # (another thread of the rank matches now)
+            try:
+                p.progress(before=self)
+                self.try_take()
+            finally:
+                p.lock.release()
+        if self.error is not None and not self._told:
+            self._raise()
         return self.finished
 
 
