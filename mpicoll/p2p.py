@@ -311,9 +311,10 @@ class PointToPoint:
         """Send ``x`` to rank ``dest``; returns once ``x`` may be reused."""
         peers = _peers(self)
         dest, tag, buf = _rank(self, dest, "dest"), _tag(peers, tag), _outgoing(self, peers, x)
-        if dest == self.rank:
-            raise InvalidArgumentError("dest: a blocking send to this rank itself would wait "
-                                       "forever; use isend and irecv")
+        if dest == self.rank and not self._receive_posted_here(peers, tag):
+            raise InvalidArgumentError("dest: a blocking send to this rank itself, with no "
+                                       "irecv of it posted first, would wait forever; post "
+                                       "the irecv first, or use isend")
         with watched_step(self, "send", _waiting(self, "send", dest, tag), program_frame()):
             peers.send(buf, dest, tag)
 
@@ -375,6 +376,21 @@ class PointToPoint:
                 pause = min(pause * 2, 1e-3)
         return True
 
+    def _receive_posted_here(self, peers: Any, tag: int) -> bool:
+        """Whether an irecv of this rank, posted and not done, takes a message of its own
+        with ``tag`` (then a blocking send to itself ends, as MPI's). Not on nccl: its
+        messages run in the order they are issued, the receive first."""
+        if hasattr(peers, "batch"):
+            return False
+        for request in list(self._receives_here):
+            if request._tag in (tag, ANY):
+                try:
+                    if not request.test():
+                        return True
+                except MpicollError:  # (done, cut short: its own wait says so)
+                    pass
+        return False
+
     def _prober(self, what: str) -> Any:
         peers = _peers(self)
         if not hasattr(peers, "probe"):
@@ -418,8 +434,14 @@ class PointToPoint:
         source, tag = _source(self, peers, source), _tag(peers, tag, True)
         buf, back = _incoming(self, peers, out)
         with watched_step(self, "irecv", _waiting(self, "recv", source, tag), program_frame()):
-            return Request(self, "irecv", source, tag, peers.irecv(buf, source, tag), True,
-                           back)
+            return self._posted(Request(self, "irecv", source, tag,
+                                        peers.irecv(buf, source, tag), True, back))
+
+    def _posted(self, request: Request) -> Request:
+        """An irecv, kept (weakly) where it may take a message of this rank's own."""
+        if request._peer in (self.rank, ANY):
+            self._receives_here.add(request)
+        return request
 
     def batch_isend_irecv(self, ops: Sequence[P2POp]) -> list[Request]:
         """Start every message of ``ops`` (P2POps) and return their Requests, in order
@@ -464,8 +486,9 @@ class PointToPoint:
                 for kind, (is_send, buf, peer, tag), back in zip(kinds, checked, backs,
                                                                  strict=True):
                     start = peers.isend if is_send else peers.irecv
-                    requests.append(Request(self, kind, peer, tag, start(buf, peer, tag),
-                                            not is_send, back))
+                    request = Request(self, kind, peer, tag, start(buf, peer, tag),
+                                      not is_send, back)
+                    requests.append(request if is_send else self._posted(request))
             return requests
         note = (f"starting {len(checked)} point-to-point messages with rank(s) "
                 f"{', '.join(str(r) for r in sorted({peer for _, _, peer, _ in checked}))}")

@@ -689,3 +689,16 @@ def test_a_posted_receive_cut_short_while_another_matches_raises_at_its_own_wait
         return got, other[0], short[0]
 
     assert run_local(2, body, timeout=10)[1] == (0, 9.0, 0.0)
+
+
+def test_a_blocking_send_to_this_thread_rank_itself_after_its_irecv_was_posted():
+    def body(comm):
+        got = np.zeros(2)
+        request = comm.irecv(got, mpicoll.ANY, tag=3)
+        comm.send(np.array([comm.rank, 7.0]), comm.rank, tag=3)
+        assert request.wait() == comm.rank
+        with pytest.raises(mpicoll.InvalidArgumentError, match="no irecv of it posted"):
+            comm.send(np.ones(2), comm.rank, tag=3)  # (that irecv is done)
+        return got.tolist()
+
+    assert run_local(2, body, timeout=10) == [[0.0, 7.0], [1.0, 7.0]]

@@ -662,6 +662,29 @@ def test_a_blocking_receive_of_a_message_this_rank_sent_itself(world):
     _next_call_is_right(world)
 
 
+@pytest.mark.parametrize("source", ["self", "any"])
+def test_a_blocking_send_to_this_rank_itself_after_its_irecv_was_posted(world, source):
+    """The all-to-all of the textbook: an irecv from every rank, this one too, then a
+    blocking send to every rank: a valid MPI program (the send to itself finds its receive
+    posted), at a size past MPI's eager limit too. A send to itself that no posted receive
+    takes (another tag) is still refused, and the next call is right."""
+    n = 1 << 17  # 1 MiB of float64
+    outs = [np.zeros(n) for _ in range(world.size)]
+    # (source=ANY: with a tag of its own, which only this rank's message to itself has)
+    own = (world.rank, 5) if source == "self" else (mpicoll.ANY, 9)
+    requests = [world.irecv(outs[p], *(own if p == world.rank else (p, 5)))
+                for p in range(world.size)]
+    for p in range(world.size):
+        world.send(np.full(n, 100.0 * world.rank + p), p, tag=own[1] if p == world.rank else 5)
+    for request in requests:
+        request.wait()
+    for p in range(world.size):
+        assert outs[p][0] == outs[p][-1] == 100.0 * p + world.rank
+    with pytest.raises(mpicoll.InvalidArgumentError, match="no irecv of it posted"):
+        world.send(np.ones(2), world.rank, tag=6)
+    _next_call_is_right(world)
+
+
 def test_status_counts_whole_elements_only():
     status = mpicoll.Status(0, 0, 10)
     assert status.count(np.int16) == 5 and status.count() == 10

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConcurrentCallError
@@ -102,6 +103,7 @@ class CallState:
     _rank0_timeout: float
     _exit_key: tuple[int, ...]
     _rank_names: list[int] | None
+    _receives_here: weakref.WeakSet
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
@@ -115,6 +117,9 @@ class CallState:
         self._freed = False
         self._entry = Turn()
         self._private: list[Any] = []
+        # its irecvs that may take a message of this rank's own (mpicoll.p2p: a blocking
+        # send to itself is then no deadlock)
+        self._receives_here = weakref.WeakSet()
 
     @property
     def check(self) -> bool:
