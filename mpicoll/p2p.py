@@ -219,18 +219,18 @@ def _rank(comm: Any, value: Any, name: str, any_ok: bool = False) -> int:
     return value
 
 
-def _tag(peers: Any, tag: Any, any_ok: bool = False) -> int:
-    """A message's tag; a receive's (``any_ok``) may be ANY where the backend can match
-    any tag."""
+def _tag(peers: Any, tag: Any, any_ok: bool = False, name: str = "tag") -> int:
+    """A message's tag (the argument ``name``); a receive's (``any_ok``) may be ANY where
+    the backend can match any tag."""
     if any_ok and isinstance(tag, (int, np.integer)) and \
             not isinstance(tag, (bool, np.bool_)) and tag == ANY:
         if not getattr(peers, "any_source", True):
-            raise InvalidArgumentError("tag: mpicoll.ANY (any tag) is not on the nccl backend: "
-                                       "NCCL has no wildcard receive; name the tag")
+            raise InvalidArgumentError(f"{name}: mpicoll.ANY (any tag) is not on the nccl "
+                                       "backend: NCCL has no wildcard receive; name the tag")
         return ANY
     if isinstance(tag, (bool, np.bool_)) or not isinstance(tag, (int, np.integer)) \
             or not 0 <= tag <= peers.max_tag:
-        raise InvalidArgumentError(f"tag: expected an int in 0..{peers.max_tag}"
+        raise InvalidArgumentError(f"{name}: expected an int in 0..{peers.max_tag}"
                                    f"{' or mpicoll.ANY' if any_ok else ''}, got {tag!r}")
     return int(tag)
 
@@ -406,7 +406,8 @@ class PointToPoint:
         (MPI_Sendrecv_replace): ``x`` is sent as it was before the call."""
         peers = _peers(self)
         dest, source = _rank(self, dest, "dest"), _source(self, peers, source)
-        send_tag, recv_tag = _tag(peers, send_tag), _tag(peers, recv_tag, True)
+        send_tag = _tag(peers, send_tag, name="send_tag")
+        recv_tag = _tag(peers, recv_tag, True, "recv_tag")
         sendbuf, (recvbuf, back) = _outgoing(self, peers, x), _incoming(self, peers, out)
         if may_share_memory(sendbuf, recvbuf):  # (MPI forbids the two to overlap)
             sendbuf = sendbuf.copy()
@@ -472,12 +473,13 @@ class PointToPoint:
         for i, (kind, p) in enumerate(zip(kinds, ops, strict=True)):
             if kind == "isend":
                 checked.append((True, _outgoing(self, peers, p.tensor, f"ops[{i}].tensor"),
-                                _rank(self, p.peer, f"ops[{i}].peer"), _tag(peers, p.tag)))
+                                _rank(self, p.peer, f"ops[{i}].peer"),
+                                _tag(peers, p.tag, name=f"ops[{i}].tag")))
             else:
                 buf, back = _incoming(self, peers, p.tensor, f"ops[{i}].tensor")
                 backs[i] = back
                 checked.append((False, buf, _source(self, peers, p.peer, f"ops[{i}].peer"),
-                                _tag(peers, p.tag, not batched)))
+                                _tag(peers, p.tag, not batched, f"ops[{i}].tag")))
         _apart(checked, backs)
         if not batched:
             requests = []

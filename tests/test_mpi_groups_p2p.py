@@ -292,7 +292,7 @@ def test_a_refused_batch_sends_nothing(world):
     if world.size < 2:
         pytest.skip("needs a peer")
     if world.rank == 0:
-        with pytest.raises(mpicoll.InvalidArgumentError, match="tag: expected"):
+        with pytest.raises(mpicoll.InvalidArgumentError, match=r"ops\[1\]\.tag: expected"):
             world.batch_isend_irecv([mpicoll.P2POp("isend", np.full(4, 9.0), 1),
                                      mpicoll.P2POp("isend", np.full(4, 9.0), 1, tag=-1)])
         for request in world.batch_isend_irecv([mpicoll.P2POp("isend", np.ones(4), 1),
@@ -567,6 +567,12 @@ def test_bad_batches_and_tags_are_mpicolls_errors(world):
     for tag in (np.array([1, 2]), -1.0, 3.0):
         with pytest.raises(mpicoll.InvalidArgumentError, match="tag:"):
             world.irecv(np.zeros(2), mpicoll.ANY, tag=tag)
+    with pytest.raises(mpicoll.InvalidArgumentError, match=r"ops\[0\]\.tag:"):
+        world.batch_isend_irecv([mpicoll.P2POp("irecv", np.zeros(2), 0, tag=-5)])
+    with pytest.raises(mpicoll.InvalidArgumentError, match="recv_tag:"):
+        world.sendrecv(np.ones(2), 0, np.zeros(2), 0, recv_tag=1.5)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="send_tag:"):
+        world.sendrecv(np.ones(2), 0, np.zeros(2), 0, send_tag=mpicoll.ANY)
     _next_call_is_right(world)
 
 
