@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from mpicoll.model import predict
 from mpicoll.model.fit import _pairs, fit
 
 
@@ -131,3 +132,13 @@ def test_fit_at_one_rank_is_refused_not_written(tmp_path, capsys):
         main(["fit", "-o", str(out), "-n", "1"])
     assert exit_.value.code == 2 and "fit under mpiexec -n 2" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("nodes", [[3, 2], [5, -1], [2.5, 1.5], "22", [True, True, 1, 1], 5.0,
+                                   [None, 4]])
+def test_node_sizes_that_are_not_the_ranks_are_refused(nodes):
+    # (before, [3, 2] for 4 ranks was priced as nodes of 3 and 2, and "22" as two of 2)
+    with pytest.raises(ValueError, match="nodes: expected"):
+        predict("all_reduce", "hierarchical", 1 << 20, 4, nodes=nodes)
+    assert predict("all_reduce", "hierarchical", 1 << 20, 4, nodes=[3, 0, 1]) == \
+        predict("all_reduce", "hierarchical", 1 << 20, 4, nodes=(1, 3))

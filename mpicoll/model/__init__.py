@@ -199,10 +199,18 @@ def predict(collective: str, algorithm: str, nbytes: int, p: int,
 def _layout(p: int, nodes: int | Sequence[int]) -> tuple[int, int, int]:
     """(N, q, s): the number of nodes and the ranks of the largest and the smallest, of
     ``nodes`` (a number: p ranks spread evenly over that many; or each node's ranks)."""
-    if isinstance(nodes, (int, np.integer)):
+    if isinstance(nodes, (int, np.integer)) and not isinstance(nodes, (bool, np.bool_)):
         count = min(max(int(nodes), 1), max(p, 1))
         return count, math.ceil(p / count), p // count
-    sizes = [int(k) for k in nodes if int(k) > 0] or [p]
+    try:
+        sizes = [int(k) for k in nodes if k != 0]
+        whole = all(isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_))
+                    for k in nodes)
+    except (TypeError, ValueError):
+        sizes, whole = [], False
+    if not whole or any(k < 0 for k in sizes) or sum(sizes) != p:
+        raise ValueError(f"model: nodes: expected a number of nodes or each node's number of "
+                         f"ranks (ints >= 0 that add up to the {p} ranks), got {nodes!r}")
     return len(sizes), max(sizes), min(sizes)
 
 
