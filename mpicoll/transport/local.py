@@ -157,17 +157,24 @@ class LocalPeers:
                 break
             request.try_take()
 
-    def take(self, buf: Any, source: int, tag: int, before: Any = None) -> Status:
+    def take(self, buf: Any, source: int, tag: int, request: Any = None) -> Status | None:
         """Wait (up to the timeout) for the first message for (source, tag) that no receive
-        posted earlier takes, into ``buf`` (None: look only)."""
+        posted earlier takes, into ``buf`` (None: look only); or, given a posted
+        ``request``, until it has taken its message (its Status; None: cut short)."""
         t = self.transport
         limit = t.timeout or float("inf")
         deadline = time.monotonic() + limit
         while True:
             seen = self.board.posted
+            got = None
             with self.lock:
-                self.progress(before)
-                got = self.board.take(self.rank, source, tag, buf)
+                self.progress(request)
+                if request is None:
+                    got = self.board.take(self.rank, source, tag, buf)
+                else:  # (taken by its own matching, or, in another thread, by another's)
+                    request.try_take()
+                    if request.finished:
+                        return request.got
             if got is not None:
                 return got
             left = deadline - time.monotonic()
@@ -248,12 +255,7 @@ class LocalPeerRequest:
 
     def wait(self) -> Status | None:
         if not self.finished:
-            try:
-                got = self.peers.take(self.buf, self.source, self.tag, before=self)
-            except CollectiveError as error:  # cut short (a timeout is not kept: it ends
-                self.error = error  # the world's wait, and the job with it)
-                got = None
-            self._done(got)
+            self.peers.take(self.buf, self.source, self.tag, request=self)
         if self.error is not None:
             self._raise()
         return self.got
