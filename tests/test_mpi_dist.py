@@ -89,7 +89,8 @@ def test_new_group_against_another_call_in_check_mode_raises_on_every_rank(monke
     dist.init_process_group("mpi")
     try:
         rank, size = dist.get_rank(), dist.get_world_size()
-        with pytest.raises(mpicoll.MismatchError, match="new_group call #1"):
+        # (call #1: the default group's progress thread, made with it)
+        with pytest.raises(mpicoll.MismatchError, match="new_group call #2"):
             if rank == 0:
                 dist.new_group([0])
             else:
@@ -238,6 +239,31 @@ def test_the_tutorials_point_to_point_and_all_reduce(initialized):
     work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, async_op=True)
     work.wait()
     assert tensor[0] == size
+
+
+@pytest.mark.parametrize("where", ["world", "new_group", "mesh"])
+def test_a_groups_first_async_call_returns_at_once(initialized, where):
+    """Rank 0's first async call, then a send that rank 1 receives before its own first
+    async call: torch's async call returns at once, and so does this one (its progress
+    thread is made with the group: made at the first async call, its communicator's
+    duplicate, a collective, waited for rank 1's, which waited for the send)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if size < 2:
+        pytest.skip("needs a peer")
+    group = None if where == "world" else dist.new_group(list(range(size))) \
+        if where == "new_group" else dist.init_device_mesh("cpu", (size,), ("dp",)).get_group("dp")
+    tensor, note = np.ones(2), np.zeros(1)
+    if rank == 0:
+        started = time.monotonic()
+        work = dist.all_reduce(tensor, group=group, async_op=True)
+        assert time.monotonic() - started < 5
+        dist.send(np.ones(1), dst=1)
+        work.wait()
+    else:
+        if rank == 1:
+            dist.recv(note, src=0)
+        dist.all_reduce(tensor, group=group, async_op=True).wait()
+    np.testing.assert_array_equal(tensor, np.full(2, float(size)))
 
 
 @pytest.mark.parametrize("timeout", [datetime.timedelta(0), 0, None,

@@ -80,6 +80,11 @@ class ProcessGroup:
             comm._rank_names = list(ranks)
         self.asked = asked  # "gloo" where the group was asked for gloo (run over MPI)
         self._local = {g: i for i, g in enumerate(ranks)}
+        # its async calls' progress thread made now, where every member is (torch's
+        # first async_op=True call returns at once: made there, its duplicate
+        # communicator, a collective, would wait for every member's first async call)
+        if comm._backend.ranks_are_threads or _thread_multiple():
+            comm.start_progress()
 
     def rank(self) -> int:
         return self.comm.rank
@@ -100,6 +105,14 @@ class ProcessGroup:
 
     def __repr__(self) -> str:
         return f"<mpicoll.dist.ProcessGroup ranks {self.ranks}>"
+
+
+def _thread_multiple() -> bool:
+    """Whether MPI runs with MPI_THREAD_MULTIPLE (mpi4py's default), which async calls
+    need (a group made without it: its first async call refuses, saying so)."""
+    from mpi4py import MPI
+
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
 class GroupMember:
