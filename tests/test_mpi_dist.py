@@ -534,6 +534,10 @@ def test_object_collectives_as_torch(initialized):
     dist.gather_object(("hello", rank), gathered, dst=last)
     if rank == last:
         assert gathered == [("hello", r) for r in range(size)]
+    gathered = [None] * size if rank == last else []  # ([] on the others: torch's "not
+    dist.gather_object(rank, gathered, dst=last)  # given" too)
+    if rank == last:
+        assert gathered == list(range(size))
     kept = {3: 4}
     objects = [1, "two", kept] if rank == 0 else [None, None, None]
     dist.broadcast_object_list(objects, src=0)
@@ -1204,6 +1208,23 @@ def test_a_future_does_not_end_the_works_wait_for_the_gpu():
     assert not finished.is_completed()
     Event.done = True
     assert finished.is_completed() and finished.wait() is True
+
+
+def test_all_to_all_single_takes_split_sizes_of_zero_d_int_arrays(initialized):
+    """list(torch.tensor(sizes)) gives torch's 0-d tensors, which torch takes as split
+    sizes: 0-d int arrays are taken too (float, bool or 1-d ones refused on every rank)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    sizes = list(np.arange(1, size + 1))  # rank j gets j + 1 rows from every rank
+    x = np.repeat(np.arange(size, dtype=float), [j + 1 for j in range(size)]) + 10 * rank
+    out = np.zeros((rank + 1) * size)
+    dist.all_to_all_single(out, x, [np.array(rank + 1)] * size, [np.array(k) for k in sizes])
+    np.testing.assert_array_equal(out, np.repeat(10.0 * np.arange(size) + rank, rank + 1))
+    for bad in ([np.array(1.0)] * size, [np.array(True)] * size, [np.array([1])] * size):
+        with pytest.raises(mpicoll.InvalidArgumentError, match="input_split_sizes: expected"):
+            dist.all_to_all_single(np.zeros(size), np.zeros(size), None, bad)
+    t = np.ones(1)
+    dist.all_reduce(t)
+    assert t[0] == size
 
 
 def test_all_to_all_single_with_even_sizes_given_on_one_rank_meets_none_on_the_others(

@@ -4,6 +4,7 @@ lists of tensors and their checks, the coalesced forms."""
 from __future__ import annotations
 
 import hashlib
+import operator
 import sys
 import warnings
 from collections.abc import Sequence
@@ -550,6 +551,17 @@ def all_gather_coalesced(output_tensor_lists: Any, input_tensor_list: Any, group
     return work.get_future() if async_op else None
 
 
+def _whole(value: Any) -> int | None:
+    """``value`` as an int where it is one (not a bool, not a float): else None."""
+    if isinstance(value, (bool, np.bool_)) or "bool" in str(getattr(value, "dtype", "")) \
+            or getattr(value, "ndim", 0) != 0:  # (a 0-d array or tensor of ints: one)
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _splits(sizes: Sequence[int] | None, rows: int, p: int, name: str) -> tuple[list[int], str | None]:
     """torch's split sizes (rows of dim 0 per rank; even when None) for a tensor of
     ``rows`` rows, or what is wrong with them."""
@@ -563,10 +575,11 @@ def _splits(sizes: Sequence[int] | None, rows: int, p: int, name: str) -> tuple[
         values = list(sizes)
     except Exception:  # noqa: BLE001 - as new_group's: refused on every rank
         return [], f"{name}_split_sizes: expected {p} ints, got {sizes!r}"
-    if len(values) != p or not all(isinstance(v, (int, np.integer)) and not isinstance(
-            v, (bool, np.bool_)) and v >= 0 for v in values):
+    whole = [_whole(v) for v in values]  # (ints, NumPy's, or torch's 0-d int tensors:
+    # list(torch.tensor(sizes)), as torch takes them; summed as ints, not as uint8 that wrap)
+    if len(values) != p or any(v is None or v < 0 for v in whole):
         return [], f"{name}_split_sizes: expected {p} non-negative ints, got {values}"
-    values = [int(v) for v in values]  # (summed as NumPy's uint8 they would wrap)
+    values = whole
     if sum(values) != rows:
         return [], (f"{name}_split_sizes: they sum to {sum(values)}, but the {name} has "
                     f"{rows} rows (dim 0)")

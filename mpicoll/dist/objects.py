@@ -106,9 +106,10 @@ def gather_object(obj: Any, object_gather_list: list[Any] | None = None,
     if g.comm.rank != root:
         if piece[0] == _FAILED:  # its own object: it took part, and raises
             _unpacked([piece], "obj")
-        if object_gather_list is not None:
+        if object_gather_list is not None and not (isinstance(object_gather_list, list)
+                                                   and not object_gather_list):
             raise InvalidArgumentError("object_gather_list: must not be given on a rank that "
-                                       "is not the destination (as torch)")
+                                       "is not the destination (None or [], as torch)")
         return
     objects = _unpacked(_rows(_got(gathered), counts), "object_gather_list")
     if not _a_list(object_gather_list, g.comm.size):
