@@ -704,12 +704,19 @@ def test_a_library_error_making_a_communicator_is_named_not_raw(timeout):
     the likely cause, never mpi4py's raw Exception; mpicoll's own errors go as they are."""
     import sys
 
+    from mpi4py import MPI
+
     from mpicoll.observe.watchdog import making
 
     with pytest.raises(mpicoll.CollectiveError, match="making a Communicator failed on rank "
-                       "3: RuntimeError: Other MPI error.*free\\(\\) the Communicators"):
+                       "3: Exception: Other MPI error.*free\\(\\) the Communicators"):
         with making(3, 4, "mpi", timeout, sys._getframe()):
-            raise RuntimeError("Other MPI error")
+            raise MPI.Exception(MPI.ERR_OTHER)
+    # (a failure that is not MPI's: named, without the hint of MPI's)
+    with pytest.raises(mpicoll.CollectiveError, match="3: NameError: name 'x' is not "
+                       "defined$"):
+        with making(3, 4, "mpi", timeout, sys._getframe()):
+            raise NameError("name 'x' is not defined")
     with pytest.raises(mpicoll.ConfigError):
         with making(3, 4, "mpi", timeout, sys._getframe()):
             raise mpicoll.ConfigError("its own")

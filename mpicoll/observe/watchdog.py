@@ -204,10 +204,12 @@ def making(rank: int, size: int, backend: str, timeout: float, site: Any) -> Ite
     except MpicollError:
         raise
     except Exception as exc:  # noqa: BLE001 - MPI's own failure, named (never a raw error)
+        mpi = type(exc).__module__.startswith("mpi4py")  # (MPI's, not another failure's)
         raise CollectiveError(
             f"making a Communicator failed on rank {rank}: {type(exc).__name__}: "
-            f"{' '.join(str(exc).split())[:300]} (where MPI ran out of communicators: "
-            "free() the Communicators no longer used, dup()s and splits too)") from exc
+            f"{' '.join(str(exc).split())[:300]}" + (
+                " (where MPI ran out of communicators: free() the Communicators no longer "
+                "used, dup()s and splits too)" if mpi else "")) from exc
 
 
 def made_late(exc: BaseException, rank: int, size: int) -> None:
