@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from ..model import parse_params  # (auto's reader of the model file: model's own)
 from ..ops import Op
 from . import tuning
-from .mpich_rules import RULED, mpich_default
+from .mpich_rules import NATIVE_BELOW, RULED, mpich_default
 
 
 class Tables(NamedTuple):
@@ -161,8 +161,16 @@ def select(collective: str, nbytes: int, size: int, op: Op | None, has_native: b
     params = tables.params
     if params is None and collective not in RULED:  # a collective MPICH's rules lack
         params = model.Params()
+    if params is not None and has_native and nbytes < NATIVE_BELOW.get(collective, 0):
+        # a small call: the library's own, as the rules below (the model's alpha is what
+        # our messages cost, Python's steps included, so it prices the library's C, which
+        # takes fewer steps where it could, no cheaper than our copy of its algorithm)
+        return "native"
     if params is not None:
-        candidates = [n for n in [*REGISTRY[collective], "native"]
+        # native first: of times the model prices alike, the library's own (its C runs
+        # the algorithm it stands for, without our per-step Python), so a fitted model
+        # keeps the small calls on it as the rules below do
+        candidates = [n for n in ["native", *REGISTRY[collective]]
                       if serves(collective, n, commutative, has_native, uneven)]
         return model.best(collective, nbytes, size, params, candidates, nodes)
     return mpich_default(collective, nbytes, size, op, has_native, uneven)
