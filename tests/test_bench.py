@@ -124,6 +124,11 @@ def test_float_means_float32_in_the_output(world, shared_dir):
     (["overhead", "-e", "1K"], "-e: not with overhead"),
     (["overhead", "--timing", "back-to-back"], "--timing: not with overhead"),
     (["tune", "-c", "0"], "-c 0: not with tune"),
+    # a floor that passes or fails every run, or with nothing of mpicoll's to compare
+    (["--min-busbw", "nan"], "--min-busbw: expected GB/s, a finite number >= 0"),
+    (["--min-busbw", "-1"], "--min-busbw: expected GB/s, a finite number >= 0"),
+    (["--min-busbw", "fast"], "--min-busbw: expected GB/s, a number"),
+    (["--algo", "mpi_library", "--min-busbw", "1"], "--min-busbw: compares mpicoll's rows"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(world, capsys, flags, message):
     with pytest.raises(SystemExit) as stop:

@@ -867,7 +867,7 @@ def _parser() -> _Parser:
     parser.add_argument("--csv", default=None, help="write every row as CSV")
     parser.add_argument("--plot", default=None,
                         help="PNG of busbw against size; FILE-model.png: predicted vs measured")
-    parser.add_argument("--min-busbw", type=float, default=None,
+    parser.add_argument("--min-busbw", type=_gigabytes_per_second, default=None,
                         help="exit 1 when a collective's best busbw (GB/s) stays below this")
     parser.add_argument("--model", default=None,
                         help="cost-model parameters (default: the fitted file, if any)")
@@ -944,6 +944,22 @@ def _check_arguments(parser: _Parser, args: argparse.Namespace) -> None:
         if unknown:
             parser.error(f"--algo: unknown algorithm {', '.join(unknown)} for "
                          f"{', '.join(chosen)}; choose from {', '.join(sorted(known))}")
+        if args.min_busbw is not None and \
+                set(args.algo.split(",")) <= {report.library_row(args.backend)}:
+            parser.error(f"--min-busbw: compares mpicoll's rows, and --algo {args.algo} "
+                         "runs the MPI library's alone")
+
+
+def _gigabytes_per_second(text: str) -> float:
+    """--min-busbw's value: a number of GB/s, at least 0 (nan, inf or a negative one
+    would pass or fail every run whatever it measured)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GB/s, a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected GB/s, a finite number >= 0, got {text!r}")
+    return value
 
 
 def _unwritable_output(args: argparse.Namespace) -> str | None:
