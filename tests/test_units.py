@@ -856,3 +856,17 @@ def test_no_home_folder_means_no_tuning_or_model_file(monkeypatch):
     path = config.config_file("MPICOLL_TUNING", "tuning.json")
     assert config.read_config(path) is None
     assert selection.read_texts() is not None  # (every file missing: nothing raised)
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "scatter", "gather", "reduce"])
+def test_a_knomial_tree_of_fewer_ranks_than_its_radix_is_priced_by_its_messages(collective):
+    """At p <= k a k-nomial tree is the root's p-1 messages, not k-1 (at 2 ranks, radix
+    4: one message, as binomial's; it was priced at three)."""
+    from mpicoll import model
+
+    params = model.Params(alpha=5e-6, beta=1e-9, gamma=1e-10)
+    assert model.predict(collective, "knomial", 1024, 2, params) == pytest.approx(
+        model.predict(collective, "binomial", 1024, 2, params))
+    # (at 3 ranks, radix 8: the root's two messages, as the linear algorithm's)
+    assert model.predict(collective, "knomial", 1024, 3, params, radix=8) == pytest.approx(
+        model.predict(collective, "linear", 1024, 3, params))

@@ -72,7 +72,7 @@ def knomial_barrier(t: Transport, *, radix: int = 4) -> None:
     """K-nomial tree: arrivals gather up the tree to rank 0, the release goes back down.
 
     Steps: 2 ceil(log_k p) levels of up to k-1 messages each.
-    Cost: 2*ceil(log_k p)*(k-1)*alpha
+    Cost: 2*ceil(log_k p)*min(k-1, p-1)*alpha
     """
     p, rank = t.size, t.rank
     children = [child for child, _ in knomial_children(rank, p, radix)]

@@ -135,7 +135,7 @@ def knomial_broadcast(t: Transport, buf: np.ndarray, root: int, *, radix: int = 
 
     Fewer rounds than binomial (log_k p) for more messages per round; k = 2 is binomial.
     Steps: ceil(log_k p) rounds of up to k-1 sends; bytes: n per message, (p-1) n in all.
-    Cost: ceil(log_k p)*(k-1)*(alpha + n*beta)
+    Cost: ceil(log_k p)*min(k-1, p-1)*(alpha + n*beta)
     """
     p, rank = t.size, t.rank
     rel = (rank - root) % p

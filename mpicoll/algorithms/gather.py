@@ -87,7 +87,7 @@ def knomial_gather(t: Transport, src: np.ndarray, dst: np.ndarray | None,
     """K-nomial tree: a rank collects up to k-1 children per level, then sends up at once.
 
     Steps: ceil(log_k p) levels of up to k-1 receives; bytes: (p-1)/p n into the root.
-    Cost: ceil(log_k p)*(k-1)*alpha + (p-1)/p*n*beta
+    Cost: ceil(log_k p)*min(k-1, p-1)*alpha + (p-1)/p*n*beta
     """
     rel = (t.rank - root) % t.size
     _tree_gather(t, src, dst, bounds, root, knomial_parent(rel, radix),

@@ -101,7 +101,7 @@ def knomial_reduce(t: Transport, src: np.ndarray, dst: np.ndarray | None, op: Op
     in rank order as they arrive. For a non-commutative op and root != 0 the tree is
     rooted at 0 and the result is sent on to the root (one step more).
     Steps: ceil(log_k p) levels of up to k-1 messages; reductions: n per message.
-    Cost: ceil(log_k p)*(k-1)*(alpha + n*beta + n*gamma)
+    Cost: ceil(log_k p)*min(k-1, p-1)*(alpha + n*beta + n*gamma)
     """
     p, rank, m = t.size, t.rank, src.size
     tree_root = root if op.commutative else 0

@@ -77,7 +77,7 @@ def knomial_scatter(t: Transport, src: np.ndarray | None, dst: np.ndarray,
     """K-nomial tree: a rank receives its subtree's blocks, then hands each child its share.
 
     Steps: ceil(log_k p) levels of up to k-1 sends; bytes: (p-1)/p n leave the root.
-    Cost: ceil(log_k p)*(k-1)*alpha + (p-1)/p*n*beta
+    Cost: ceil(log_k p)*min(k-1, p-1)*alpha + (p-1)/p*n*beta
     """
     p, rank = t.size, t.rank
     rel = (rank - root) % p

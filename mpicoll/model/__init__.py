@@ -249,7 +249,7 @@ def _cost_line(collective: str, algorithm: str, nbytes: float, p: int, params: P
              "alpha": alpha, "beta": beta, "gamma": params.gamma,
              "N": nodes, "q": q, "s": smallest,
              "alpha_intra": alpha_intra, "beta_intra": beta_intra,
-             "_lg": _lg, "_ceil_log": _ceil_log, "ceil": math.ceil}
+             "_lg": _lg, "_ceil_log": _ceil_log, "ceil": math.ceil, "min": min}
     return float(eval(_compiled(collective, algorithm), {"__builtins__": {}}, scope))
 
 
