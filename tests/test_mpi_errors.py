@@ -139,3 +139,27 @@ def test_a_number_as_out_or_receive_buffer_is_refused(world):
         np.testing.assert_array_equal(world.all_reduce(np.ones(1)), [world.size])
     with pytest.raises(InvalidArgumentError, match="expected an array to write into"):
         world.recv(3.0, 0)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_monitored_barrier_names_the_rank_that_made_another_call_instead():
+    """The last rank skips the monitored barrier and broadcasts from itself (call #1 on
+    every rank): the others' barrier messages go on tags no call's data uses, so rank 0
+    does not take the broadcast's packet as an arrival (MPI's "Message truncated", and
+    rank 0 blamed for not arriving): every rank that came names the last one."""
+    from mpi4py import MPI
+
+    comm = mpicoll.Communicator(MPI.COMM_WORLD)
+    last = comm.size - 1
+    try:
+        if comm.rank == last:
+            comm.broadcast(np.ones(4), root=last, algorithm="linear")
+        else:
+            with pytest.raises(mpicoll.CollectiveTimeoutError,
+                               match=f"monitored_barrier .call #1.: rank {last} did not arrive"):
+                comm.monitored_barrier(timeout=1.0)
+    finally:
+        comm.free()
+    world = mpicoll.Communicator(MPI.COMM_WORLD)
+    assert world.all_reduce(np.ones(2)).tolist() == [comm.size] * 2
+    world.free()

@@ -10,7 +10,11 @@ the ranks that gave up waiting for its answer tell it so, and it raises too. The
 long). In check mode every rank first waits for the last in the call's fingerprint
 exchange; each then tells how long it waited there, and a rank that came later than the
 others by more than rank 0's timeout is named on every rank. Messages are one int64 per
-rank on the control transport, with the call's own tag, which no later call uses.
+rank on the control transport, on the call's side tag (its tag in the range no call's
+data uses, as the pipeline's resync), so a rank that skipped the barrier for another call
+of the same number is never taken for one that arrived; on thread-ranks, whose messages
+between two ranks come in order, with the call's own tag (such a rank's message then
+fails the barrier's check of tag and length, naming it).
 """
 
 from __future__ import annotations
@@ -56,34 +60,14 @@ def monitored_barrier(c: Any, call: Any, timeout: float | None, wait_all_ranks: 
             late = [r for r in range(t.size) if waited.max() - waited[r] > timeout]
             late = late if wait_all_ranks else late[:1]
             missing[:len(late)] = late
-        elif t.rank == 0:
-            deadline = time.monotonic() + timeout
-            arrived = np.zeros(1, np.int64)
-            late, came = [], []
-            for r in range(1, t.size):
-                if t.try_recv(arrived, r, deadline - time.monotonic()):
-                    came.append(r)
-                else:
-                    late.append(r)
-                    if not wait_all_ranks:
-                        break
-            missing[:len(late)] = late
-            for r in range(1, t.size):
-                t.post(missing, r)
-            # ranks that gave up waiting for the answer said so: rank 0 itself came late
-            # (a note sent after their arrival, on this call's tag)
-            gave_up = [r for r in came if t.try_recv(arrived, r, 0.0) and arrived[0] == GAVE_UP]
-            if gave_up:
-                raise CollectiveTimeoutError(
-                    f"{call.name()}: rank 0 (this rank) came too late: rank(s) "
-                    f"{', '.join(map(str, gave_up))} gave up waiting for its answer")
+        elif not c._backend.ranks_are_threads:  # (on MPI: the call's side tag)
+            saved_tag, t.tag = t.tag, t.tag + t.side_tags
+            try:
+                _arrivals(call, t, timeout, wait_all_ranks, missing)
+            finally:
+                t.tag = saved_tag
         else:
-            t.post(np.ones(1, np.int64), 0)
-            if not t.try_recv(missing, 0, 2 * timeout + 1):  # rank 0 waits up to timeout
-                t.post(np.full(1, GAVE_UP, np.int64), 0)  # (rank 0, late, learns it was)
-                raise CollectiveTimeoutError(
-                    f"{call.name()}: rank 0 did not arrive within {2 * timeout + 1:g} s "
-                    f"(rank {t.rank} waited for its answer)")
+            _arrivals(call, t, timeout, wait_all_ranks, missing)
     finally:
         watch.timeout = saved
     late = missing[missing >= 0].tolist()
@@ -93,3 +77,37 @@ def monitored_barrier(c: Any, call: Any, timeout: float | None, wait_all_ranks: 
             f"{call.name()}: {which} did not arrive within {timeout:g} s"
             + ("" if wait_all_ranks else " (the first one missing; wait_all_ranks=True "
                "names all)"))
+
+
+def _arrivals(call: Any, t: Any, timeout: float, wait_all_ranks: bool,
+              missing: np.ndarray) -> None:
+    """Every rank tells rank 0 it arrived; rank 0 answers with the ranks that did not
+    (into ``missing``): see the module's docstring."""
+    arrived = np.zeros(1, np.int64)
+    if t.rank == 0:
+        deadline = time.monotonic() + timeout
+        late, came = [], []
+        for r in range(1, t.size):
+            if t.try_recv(arrived, r, deadline - time.monotonic()):
+                came.append(r)
+            else:
+                late.append(r)
+                if not wait_all_ranks:
+                    break
+        missing[:len(late)] = late
+        for r in range(1, t.size):
+            t.post(missing, r)
+        # ranks that gave up waiting for the answer said so: rank 0 itself came late
+        # (a note sent after their arrival, on this call's tag)
+        gave_up = [r for r in came if t.try_recv(arrived, r, 0.0) and arrived[0] == GAVE_UP]
+        if gave_up:
+            raise CollectiveTimeoutError(
+                f"{call.name()}: rank 0 (this rank) came too late: rank(s) "
+                f"{', '.join(map(str, gave_up))} gave up waiting for its answer")
+    else:
+        t.post(np.ones(1, np.int64), 0)
+        if not t.try_recv(missing, 0, 2 * timeout + 1):  # rank 0 waits up to timeout
+            t.post(np.full(1, GAVE_UP, np.int64), 0)  # (rank 0, late, learns it was)
+            raise CollectiveTimeoutError(
+                f"{call.name()}: rank 0 did not arrive within {2 * timeout + 1:g} s "
+                f"(rank {t.rank} waited for its answer)")
