@@ -287,6 +287,10 @@ def test_abort_on_exception_ends_the_job_at_once(tmp_path):
     assert not reports(done.stderr)
     dump = json.loads((tmp_path / "rank-1.json").read_text())
     assert dump["reason"] == "uncaught exception"
+    # the others' watchdogs (looking once a second at this timeout) wrote theirs before
+    # the abort, and the summary names rank 1's exception
+    assert (tmp_path / "rank-0.json").exists(), sorted(os.listdir(tmp_path))
+    assert "rank 1 raised an uncaught exception" in hang_summary(tmp_path)
 
 
 def hang_summary(directory) -> str:
@@ -328,6 +332,24 @@ def test_trace_hang_names_a_step_that_is_no_numbered_call():
     text = "\n".join(explain({0: _dump(0, making, []), 2: _dump(2, making, [])}))
     assert "ranks 0, 2: in making a Communicator (job.py:8)" in text, text
     assert "rank 1 left no dump" in text and "never reached" not in text
+
+
+def test_trace_hang_names_the_rank_that_raised_not_those_the_abort_ended():
+    """Rank 1 raised an uncaught exception after call #1 (abort_on_exception), rank 0
+    wrote its dump, rank 2 none: the verdict names rank 1's exception first (before, rank
+    1 was "not in a call ... done" and rank 2's missing dump the main suspect)."""
+    from mpicoll.observe.hang import explain
+
+    done = {"seq": 1, "collective": "all_reduce", "site": "/x/job.py:5", "algorithm": "ring",
+            "nbytes": 32, "shape": [4], "dtype": "float64", "op": None, "root": None,
+            "start": 0.0, "end": 0.1, "state": "done"}
+    raised = {**_dump(1, None, [done]), "reason": "uncaught exception"}
+    text = "\n".join(explain({0: _dump(0, None, [done]), 1: raised}))
+    assert "rank 1: not in a call; last call call #1 all_reduce (job.py:5): done -- then " \
+        "it raised an uncaught exception" in text, text
+    verdicts = [line for line in text.splitlines() if line.startswith("what went wrong")]
+    assert verdicts[0].startswith("what went wrong: rank 1 raised an uncaught exception"), text
+    assert "rank 2 left no dump (ended by the abort before writing one)" in text, text
 
 
 def test_trace_hang_reads_a_split_communicator_by_its_members_world_ranks():

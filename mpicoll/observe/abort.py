@@ -37,8 +37,10 @@ def _abort_after(print_exception: Any) -> Any:
             lines.append(f"mpicoll: flight recorder written to {path}")
         report("\n".join(lines))
         # a moment before MPI_Abort: every rank that raised prints its traceback, and the
-        # launcher forwards it, before the first abort kills them all
-        abort_job(EXIT_UNCAUGHT, grace=0.5 if dump_dir() else 0.2)
+        # launcher forwards it, before the first abort kills them all; with dumps, long
+        # enough for the others' watchdogs, which look for the mark once a second at most,
+        # to write theirs (as a timeout's abort waits)
+        abort_job(EXIT_UNCAUGHT, grace=1.5 if dump_dir() else 0.2)
 
     return hook
 

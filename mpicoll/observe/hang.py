@@ -131,8 +131,11 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
             key = "made no call"
         else:
             key = f"not in a call; last call {_call(last)}: {last['state']}"
-            if dumps[rank]["reason"].startswith("exit"):
-                key += f" -- then it left ({dumps[rank]['reason']})"
+            reason = dumps[rank]["reason"]
+            if reason.startswith("exit"):
+                key += f" -- then it left ({reason})"
+            elif reason == "uncaught exception":  # (its traceback: on its stderr)
+                key += " -- then it raised an uncaught exception, which ended the job"
         groups.setdefault(key, []).append(rank)
     for key, ranks in groups.items():
         lines.append(f"{_ranks(ranks)}: {key}")
@@ -164,8 +167,14 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
         elif record["state"].startswith(("failed", "refused")):
             verdict.append(f"rank {rank} failed {_call(record)}: {record['state']}")
     verdict += [f"{_ranks(r)} never reached call #{target} ({b})" for b, r in behind.items()]
+    raised = sorted(r for r, d in dumps.items() if d.get("reason") == "uncaught exception")
+    if raised:  # (first: the others' states follow from it, dumped or not)
+        verdict.insert(0, f"{_ranks(raised)} raised an uncaught exception, which ended the "
+                       "job: its traceback (on its stderr) says why")
     if missing:
-        verdict.append(f"{_ranks(missing)} left no dump: look there first")
+        verdict.append(f"{_ranks(missing)} left no dump"
+                       + (" (ended by the abort before writing one)" if raised
+                          else ": look there first"))
     for rank, now in asides.items():  # a point-to-point message, making a Communicator
         verdict.append(f"rank {rank} waits in {now.get('collective')}: {now['waiting']}")
     if not verdict and waiting:
