@@ -352,6 +352,49 @@ def test_trace_hang_names_the_rank_that_raised_not_those_the_abort_ended():
     assert "rank 2 left no dump (ended by the abort before writing one)" in text, text
 
 
+def test_trace_hang_follows_a_rank_stuck_in_another_communicators_call():
+    """A 2x2 mesh: world rank 3 skipped the tp group's all_reduce (call #1 there) and
+    waits in the world's barrier with ranks 0 and 1; rank 2 waits in that all_reduce for
+    rank 3. Before, rank 2 was "not in a call" and the verdict never named rank 3."""
+    from mpicoll.observe.hang import explain
+
+    def record(seq, collective, state):
+        return {"seq": seq, "collective": collective, "site": "/x/job.py:9",
+                "algorithm": "ring", "state": state}
+
+    def comm(index, members, tag, calls, in_call=None):
+        c = {"index": index, "rank": 0, "size": len(members), "members": members,
+             "born_tag": tag, "calls": calls}
+        if in_call is not None:
+            c["in_call"] = in_call
+        return c
+
+    barrier = {"seq": 3, "collective": "barrier", "running_s": 6.6, "step": 0, "kind": None,
+               "peer": -1, "waiting": "waiting inside the MPI library's own barrier"}
+    done = [record(1, "split", "done"), record(2, "split", "done")]
+    world = [0, 1, 2, 3]
+
+    def dump(rank, comms):
+        return {"rank": rank, "pid": 1, "host": "h", "reason": "timeout", "time": 0.0,
+                "overdue": 0, "communicators": comms}
+
+    stuck = {"seq": 1, "collective": "all_reduce", "site": "/x/job.py:8", "running_s": 6.5,
+             "step": 1, "kind": "sendrecv", "peer": 1,
+             "waiting": "waiting to receive from rank 3"}
+    dumps = {r: dump(r, [comm(0, world, 1, [*done, record(3, "barrier", "running")], barrier),
+                         comm(2, [r - r % 2, r - r % 2 + 1], 5, [])]) for r in (0, 1, 3)}
+    dumps[2] = dump(2, [comm(0, world, 1, done),
+                        comm(2, [2, 3], 5, [record(1, "all_reduce", "running")], stuck)])
+    text = "\n".join(explain(dumps))
+    assert "rank 2: in all_reduce call #1 (job.py:8) on communicator 2 (of world ranks 2, " \
+        "3)" in text, text
+    assert "what went wrong: rank 2 never reached call #3 here: it is stuck in all_reduce" \
+        in text, text
+    assert "what went wrong: rank 3 never reached call #1 on communicator 2 (its last " \
+        "there: #0)" in text, text
+    assert "not in a call" not in text, text
+
+
 def test_trace_hang_reads_a_split_communicator_by_its_members_world_ranks():
     """World ranks 0 and 2 split off (world rank 1 alone, its communicator of the same
     index in its process); world rank 2 never comes to call #1: `trace hang` picks the

@@ -55,6 +55,25 @@ def _key(comm: dict[str, Any] | None) -> Any:
     return (tuple(members), comm.get("born_tag")) if members else comm["index"]
 
 
+def _stuck_elsewhere(dump: dict[str, Any], key: Any) -> dict[str, Any] | None:
+    """The communicator (not the one of ``key``) whose call this rank is stuck in, if
+    any: a rank "not in a call" here may wait in a split's, a dup's or a mesh's."""
+    return next((c for c in dump["communicators"] if "in_call" in c and _key(c) != key), None)
+
+
+def _elsewhere(comm: dict[str, Any]) -> str:
+    """Where a rank stuck on another communicator waits, in words."""
+    now = comm["in_call"]
+    members = comm.get("members")
+    of = f" (of world ranks {', '.join(map(str, members))})" if members else ""
+    site = now.get("site")
+    where = f"{now.get('collective', 'a step')} call #{now['seq']}" + (
+        f" ({_short(site)})" if site else "")
+    waits = f"; {now['waiting']}" if now.get("waiting") else ""
+    return (f"{where} on communicator {comm['index']}{of}, stuck "
+            f"{now.get('running_s', 0.0):.1f} s{waits}")
+
+
 def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, sorted(ranks)))
 
@@ -107,6 +126,8 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
     # group the ranks by what they are doing
     groups: dict[str, list[int]] = {}
     waits: dict[str, list[str]] = {}
+    elsewhere: dict[int, dict[str, Any]] = {}  # ranks stuck in another communicator's call
+    stuck_key = key
     for rank in sorted(states):
         comm, calls = states[rank], states[rank]["calls"]
         last = calls[-1] if calls else None
@@ -127,6 +148,9 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
                     f"({now['kind']})" if 0 <= now.get("peer", -1) < len(members)
                     else f"rank {rank}: {now['waiting']}")
             waits.setdefault(key, []).append(peer)
+        elif (other := _stuck_elsewhere(dumps[rank], stuck_key)) is not None:
+            key = f"in {_elsewhere(other)}"
+            elsewhere[rank] = other
         elif last is None:
             key = "made no call"
         else:
@@ -161,6 +185,8 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
         record = at(rank, target)
         if record is None and rank in asides:  # (in a step of its own: said below)
             continue
+        if record is None and rank in elsewhere:  # (said below: where it waits)
+            continue
         if record is None:
             last = states[rank]["calls"][-1] if states[rank]["calls"] else None
             behind.setdefault(f"last call {_call(last)}" if last else "no call", []).append(rank)
@@ -175,6 +201,20 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
         verdict.append(f"{_ranks(missing)} left no dump"
                        + (" (ended by the abort before writing one)" if raised
                           else ": look there first"))
+    for rank, other in elsewhere.items():
+        verdict.append(f"rank {rank} never reached call #{target} here: it is stuck "
+                       f"in {_elsewhere(other)}")
+        # there, the members not in that call (by their dumps): the ones it waits for
+        seq = other["in_call"]["seq"]
+        for peer in sorted(dumps):
+            theirs = next((c for c in dumps[peer]["communicators"]
+                           if _key(c) == _key(other)), None)
+            if peer == rank or theirs is None or theirs.get("in_call", {}).get("seq") == seq:
+                continue
+            last = theirs["calls"][-1]["seq"] if theirs["calls"] else 0
+            if last < seq:
+                verdict.append(f"rank {peer} never reached call #{seq} on communicator "
+                               f"{theirs['index']} (its last there: #{last})")
     for rank, now in asides.items():  # a point-to-point message, making a Communicator
         verdict.append(f"rank {rank} waits in {now.get('collective')}: {now['waiting']}")
     if not verdict and waiting:
