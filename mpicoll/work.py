@@ -255,6 +255,7 @@ class ProgressThread:
         self.lock = threading.Lock()
         self.pending = 0  # submitted and not finished
         self.running: Work | None = None  # the call it runs now
+        self.calling_back: str | None = None  # the call whose done callbacks run now
         self.owner: int | None = None  # the thread whose calls are pending
         self._thread = threading.Thread(target=self._run, name="mpicoll-progress", daemon=True)
         self._thread.start()
@@ -311,10 +312,12 @@ class ProgressThread:
                 self.pending -= 1
                 if not self.pending:
                     self.owner = None
+            self.calling_back = work.what  # (its done callbacks run now: said at exit)
             try:
                 work._set(result, error)
             finally:
-                work = result = error = None  # nothing of the call outlives it here
+                work = result = error = self.calling_back = None  # nothing of the call
+                # outlives it here
 
     def close(self, timeout: float | None = None) -> bool:
         """Finish what was submitted (within ``timeout`` seconds; None: no bound), then
@@ -362,12 +365,30 @@ def finish_at_exit() -> None:
         # bound here only covers calls still queued behind it
         if progress.close(timeout=None if not timeout else 4 * timeout + 10):
             continue
-        from .observe.watchdog import EXIT_UNCAUGHT, abort_job, report, world_rank
+        from .observe.watchdog import (
+            EXIT_UNCAUGHT,
+            abort_job,
+            dump_dir,
+            mark,
+            report,
+            world_rank,
+            write_dump,
+        )
 
-        report(f"mpicoll: rank {world_rank(progress.comm.rank)} exits with "
-               f"{progress.pending} asynchronous call(s) unfinished; aborting the job "
-               f"(exit code {EXIT_UNCAUGHT})")
-        abort_job(EXIT_UNCAUGHT)
+        rank = world_rank(progress.comm.rank)
+        callback = progress.calling_back  # (its call ended: no longer pending)
+        parts = ([f"{progress.pending} asynchronous call(s) unfinished"] if progress.pending
+                 else []) + ([f"a done callback of its {callback} still running"]
+                             if callback else [])
+        what = ", and ".join(parts) or "its asynchronous calls unfinished"
+        lines = [f"mpicoll: rank {rank} exits with {what} after {4 * timeout + 10:g} s; "
+                 f"aborting the job (exit code {EXIT_UNCAUGHT})"]
+        if dump_dir():  # (the others' watchdogs then write theirs: the abort waits for them)
+            path = write_dump(watchdog(), f"exit with {what}")
+            mark(rank)
+            lines.append(f"mpicoll: flight recorder written to {path}")
+        report("\n".join(lines))
+        abort_job(EXIT_UNCAUGHT, grace=1.5 if dump_dir() else 0.0)
 
 
 def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: Any,

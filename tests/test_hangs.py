@@ -855,3 +855,33 @@ def test_a_dist_groups_point_to_point_wait_names_the_jobs_ranks_and_the_programs
                "(point-to-point, tag 7)" in r for r in found), found
     assert any(f"isend ({script}:9)" in r and "waiting to send to rank 2 (the job's rank 1) "
                "(point-to-point, tag 8)" in r for r in found), found
+
+
+def test_a_done_callback_still_running_at_exit_is_named(monkeypatch, tmp_path):
+    """At exit a rank's progress thread does not end in time, its calls done but one's
+    done callback still running: the report names that callback (it said "0 asynchronous
+    call(s) unfinished"), and with dumps the rank writes its own, which trace hang
+    names, before the abort."""
+    import types
+
+    from mpicoll import work
+    from mpicoll.observe import watchdog as dog
+    from mpicoll.observe.hang import explain, load_dumps
+
+    said, ended = [], []
+    stand_in = types.SimpleNamespace(
+        comm=types.SimpleNamespace(timeout=2.0, rank=1, _exit_key=(0,)), pending=0,
+        calling_back="all_reduce", close=lambda timeout: False)
+    monkeypatch.setattr(work, "_RUNNING", [stand_in])
+    monkeypatch.setattr(dog.watchdog(), "dumped", dog.watchdog().dumped)  # (mark sets it)
+    monkeypatch.setattr(dog, "report", said.append)
+    monkeypatch.setattr(dog, "abort_job", lambda code, grace=0.0: ended.append(code))
+    monkeypatch.setattr(dog, "world_rank", lambda rank: rank)
+    monkeypatch.setenv("MPICOLL_DUMP_DIR", str(tmp_path))
+    work.finish_at_exit()
+    assert ended == [dog.EXIT_UNCAUGHT]
+    assert said[0].startswith("mpicoll: rank 1 exits with a done callback of its all_reduce "
+                              "still running after 18 s; aborting"), said
+    dumps = load_dumps(str(tmp_path))
+    assert "with a done callback of its all_reduce still running" in "\n".join(
+        explain(dumps)), dumps

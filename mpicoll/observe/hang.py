@@ -193,6 +193,10 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
         elif record["state"].startswith(("failed", "refused")):
             verdict.append(f"rank {rank} failed {_call(record)}: {record['state']}")
     verdict += [f"{_ranks(r)} never reached call #{target} ({b})" for b, r in behind.items()]
+    for rank in sorted(dumps):  # a rank that could not end its async calls at exit
+        if dumps[rank].get("reason", "").startswith("exit with "):
+            verdict.append(f"rank {rank} ended the job at its exit, "
+                           f"{dumps[rank]['reason'].removeprefix('exit ')}")
     raised = sorted(r for r, d in dumps.items() if d.get("reason") == "uncaught exception")
     if raised:  # (first: the others' states follow from it, dumped or not)
         verdict.insert(0, f"{_ranks(raised)} raised an uncaught exception, which ended the "
