@@ -17,8 +17,10 @@
 #   MPICOLL_RESULTS   where results/<jobname>-<jobid>/ is made (default: $MPICOLL_ROOT/results)
 #   MPICOLL_TIMEOUT   mpicoll's watchdog, per call (default here 300 s, not the library's
 #                     1800: a hung call ends with mpicoll's report inside the job's limit)
-#   MPICOLL_STEP_TIMEOUT  each launch's own bound, in seconds (default 1500: under the
-#                     jobs' --time; examples.sbatch sets 240 for each of its 13 steps; the
+#   MPICOLL_STEP_TIMEOUT  each launch's own bound, in seconds (default: the job's time
+#                     left at that launch, less 30 s, so the job's own --time bounds the
+#                     run and a step cut short still says so; 1500 where squeue cannot
+#                     tell it; examples.sbatch sets 240 for each of its 13 steps; the
 #                     watchdog ends a hang first, this whatever else)
 #
 # After sourcing: $PYTHON, $MPICOLL_ROOT, $RESULTS (this job's results folder, created),
@@ -106,6 +108,29 @@ if [ "$MPICOLL_LAUNCHER" = pmi2 ]; then
     export MPIR_CVAR_CH4_NETMOD=${MPIR_CVAR_CH4_NETMOD:-ofi}
 fi
 
+# the seconds this job has left (squeue's %L, [D-][HH:]MM:SS), or nothing where squeue
+# cannot say (no limit, no squeue)
+job_seconds_left() {
+    local left
+    left=$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null) || return 0
+    if [[ "$left" =~ ^(([0-9]+)-)?(([0-9]+):)?([0-9]+):([0-9]+)$ ]]; then
+        echo $(( ${BASH_REMATCH[2]:-0} * 86400 + 10#${BASH_REMATCH[4]:-0} * 3600
+                 + 10#${BASH_REMATCH[5]} * 60 + 10#${BASH_REMATCH[6]} ))
+    fi
+}
+
+# a launch's bound in seconds: MPICOLL_STEP_TIMEOUT where given, else the job's time left
+# less 30 s (a step cut short by it says so before SLURM ends the job), else 1500
+step_bound() {
+    if [ -n "$STEP_TIMEOUT_GIVEN" ]; then
+        echo "$MPICOLL_STEP_TIMEOUT"
+        return
+    fi
+    local left
+    left=$(job_seconds_left)
+    if [ -n "$left" ] && [ "$left" -gt 90 ]; then echo $((left - 30)); else echo 1500; fi
+}
+
 # launch [srun options --] command...: one rank per task of the allocation, or the srun
 # options' share of it (-n N for a step of N ranks)
 launch() {
@@ -115,7 +140,7 @@ launch() {
         shift
     fi
     case "$MPICOLL_LAUNCHER" in
-        pmi2 | pmix) timeout -k 10 "$MPICOLL_STEP_TIMEOUT" srun --mpi="$MPICOLL_LAUNCHER" "${options[@]}" "$@" ;;
+        pmi2 | pmix) timeout -k 10 "$(step_bound)" srun --mpi="$MPICOLL_LAUNCHER" "${options[@]}" "$@" ;;
         mpiexec)
             local n=${SLURM_NTASKS:-1} i
             for ((i = 0; i < ${#options[@]}; i++)); do  # mpiexec takes only the rank count
@@ -125,18 +150,20 @@ launch() {
             mpiexec="$(dirname "$PYTHON")/mpiexec"  # (the venv's MPI first: another MPI's
             [ -x "$mpiexec" ] || mpiexec=$(command -v mpiexec || echo mpiexec)  # would start
             # N singletons)
-            timeout -k 10 "$MPICOLL_STEP_TIMEOUT" "$mpiexec" -n "$n" "$@"
+            timeout -k 10 "$(step_bound)" "$mpiexec" -n "$n" "$@"
             ;;
     esac
 }
 
 export MPICOLL_TIMEOUT=${MPICOLL_TIMEOUT:-300}
-MPICOLL_STEP_TIMEOUT=${MPICOLL_STEP_TIMEOUT:-1500}
-[[ "$MPICOLL_STEP_TIMEOUT" =~ ^[1-9][0-9]*$ ]] || mpicoll_fail "MPICOLL_STEP_TIMEOUT=$MPICOLL_STEP_TIMEOUT: expected whole seconds above 0"
+STEP_TIMEOUT_GIVEN=${MPICOLL_STEP_TIMEOUT:+1}
+if [ -n "$STEP_TIMEOUT_GIVEN" ]; then
+    [[ "$MPICOLL_STEP_TIMEOUT" =~ ^[1-9][0-9]*$ ]] || mpicoll_fail "MPICOLL_STEP_TIMEOUT=$MPICOLL_STEP_TIMEOUT: expected whole seconds above 0"
+fi
 RESULTS=${MPICOLL_RESULTS:-$MPICOLL_ROOT/results}/${SLURM_JOB_NAME:-job}-$SLURM_JOB_ID
 mkdir -p "$RESULTS" || mpicoll_fail "cannot create $RESULTS"
 export PYTHON MPICOLL_ROOT RESULTS MPICOLL_LAUNCHER
-echo "# mpicoll job $SLURM_JOB_ID (${SLURM_JOB_NAME:-}) on ${SLURM_JOB_NODELIST:-?}: ${SLURM_NTASKS:-?} tasks, launcher $MPICOLL_LAUNCHER${MPIR_CVAR_CH4_NETMOD:+ (MPICH netmod $MPIR_CVAR_CH4_NETMOD)}, python $PYTHON, results in $RESULTS"
+echo "# mpicoll job $SLURM_JOB_ID (${SLURM_JOB_NAME:-}) on ${SLURM_JOB_NODELIST:-?}: ${SLURM_NTASKS:-?} tasks, launcher $MPICOLL_LAUNCHER${MPIR_CVAR_CH4_NETMOD:+ (MPICH netmod $MPIR_CVAR_CH4_NETMOD)}, python $PYTHON, results in $RESULTS, steps bounded at $(step_bound) s${STEP_TIMEOUT_GIVEN:+ (MPICOLL_STEP_TIMEOUT)}"
 
 # compare [bench arguments...]: every chosen collective x algorithm (and the library's own)
 # over the size sweep, on all tasks; the table, CSV, JSON and plots into $RESULTS, and one

@@ -85,6 +85,27 @@ def test_job_scripts_parse():
         subprocess.run(["bash", "-n", str(script)], check=True)
 
 
+@pytest.mark.parametrize("left,given,bound", [
+    ("59:30", "", "3540"), ("1:00:00", "", "3570"), ("2-03:04:05", "", "183815"),
+    ("UNLIMITED", "", "1500"), ("INVALID", "", "1500"), ("1:00:00", "240", "240")])
+def test_a_steps_bound_is_the_jobs_time_left(tmp_path, left, given, bound):
+    """Each launch runs under the job's time left (squeue's %L) less 30 s, so a job
+    given -t 2:00:00 is not cut at a fixed 1500 s (it was, its results never written);
+    1500 where squeue cannot tell; MPICOLL_STEP_TIMEOUT where given."""
+    squeue = tmp_path / "squeue"
+    squeue.write_text(f"#!/bin/sh\necho '{left}'\n")
+    squeue.chmod(0o755)
+    functions = re.findall(r"^(?:job_seconds_left|step_bound)\(\) \{.*?^\}",
+                           (ROOT / "jobs" / "env.sh").read_text(), re.M | re.S)
+    assert len(functions) == 2
+    done = subprocess.run(
+        ["bash", "-c", "set -euo pipefail\n" + "\n".join(functions) + "\nstep_bound"],
+        env=_plain_env(PATH=f"{tmp_path}:{os.environ['PATH']}", SLURM_JOB_ID="7",
+                       STEP_TIMEOUT_GIVEN="1" if given else "", MPICOLL_STEP_TIMEOUT=given),
+        capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout.strip() == bound, (done.stdout, done.stderr)
+
+
 def test_job_logs_go_to_results_which_every_checkout_has():
     """sbatch does not make --output's folder: results/ is kept in the checkout by its
     own .gitignore, which ignores everything else in it."""
@@ -233,6 +254,9 @@ def test_compare_cpu_on_two_nodes(cluster, tmp_path):
         cluster, tmp_path, "compare_cpu.sbatch", "-w", "1",
         MPICOLL_MAX_BYTES="1K", MPICOLL_ITERS="2")
     assert status == 0, output
+    # its steps bounded by its -t 5 (300 s) less 30 s, as squeue tells the time left
+    bound = re.search(r"steps bounded at (\d+) s", output)
+    assert bound and 200 <= int(bound[1]) <= 270, output
     with open(results / "bench.json") as f:
         header = json.load(f)["header"]
     assert header["slurm_nodes"] == ["c1", "c2"] and header["ranks"] == 4, header
