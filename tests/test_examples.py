@@ -114,6 +114,22 @@ def test_data_parallel_refuses_a_bucket_cap_of_no_byte():
     assert "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("example,flags,said", [
+    ("data_parallel", ["--sizes", "a,b"], "--sizes: 'a' is not a whole number"),
+    ("data_parallel", ["--sizes", "32"], "--sizes: '32': at least two widths"),
+    ("data_parallel", ["--sizes", "32,0,8"], "--sizes: 0: must be at least 1"),
+    ("data_parallel", ["--bucket-mb", "inf"], "--bucket-mb: inf: must be a finite number"),
+    ("distributed_mean", ["--seed", "-1"], "--seed: -1: a seed is at least 0"),
+    ("distributed_argmax", ["--seed", "-5"], "--seed: -5: a seed is at least 0")])
+def test_bad_example_flags_are_argparse_errors(example, flags, said):
+    """Each was a traceback from every rank and exit 70 (int() of a width, max() of no
+    hidden layer, a negative seed for NumPy's generator, int(inf) bytes)."""
+    done = subprocess.run([sys.executable, "-m", f"mpicoll.examples.{example}", *flags],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
 @needs_mpiexec
 def test_pipeline_example_draws_the_gpipe_schedule():
     """At 3 stages: all forwards, then all backwards in reverse, the bubble 2/(M+2)."""

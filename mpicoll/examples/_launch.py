@@ -10,6 +10,7 @@ never join.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 
@@ -76,7 +77,30 @@ def megabytes(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not value * 2**20 >= 1:  # (nan too)
         raise argparse.ArgumentTypeError(f"{text}: must be at least one byte (1e-6 MB)")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite number of MB")
     return value
+
+
+def seed(text: str) -> int:
+    """An argparse type: a random seed, a whole number >= 0 (NumPy's generators refuse
+    a negative one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: a seed is at least 0")
+    return value
+
+
+def widths(text: str) -> list[int]:
+    """An argparse type: comma-separated layer widths, at least two, each at least 1."""
+    parts = text.split(",")
+    if len(parts) < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: at least two widths (input, output), "
+                                         "comma-separated")
+    return [positive(part.strip()) for part in parts]
 
 
 def positive(text: str) -> int:

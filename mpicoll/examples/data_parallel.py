@@ -26,7 +26,7 @@ import numpy as np
 
 import mpicoll
 from mpicoll.buffers import chunk_bounds
-from mpicoll.examples._launch import check, launch, megabytes, parser_for, positive
+from mpicoll.examples._launch import check, launch, megabytes, parser_for, positive, widths
 
 
 def init_params(sizes: list[int], seed: int = 0) -> list[np.ndarray]:
@@ -70,14 +70,15 @@ def main() -> None:
     parser = parser_for(__doc__)
     parser.add_argument("--steps", type=positive, default=20)
     parser.add_argument("--batch", type=positive, default=512, help="global batch size")
-    parser.add_argument("--sizes", default="32,256,256,8", help="layer widths")
+    parser.add_argument("--sizes", type=widths, default="32,256,256,8",
+                        help="layer widths, comma-separated")
     parser.add_argument("--bucket-mb", type=megabytes, default=0.25,
                         help="bucket cap in MB, DDP's bucket_cap_mb (DDP's default 25 would "
                              "hold this model's 0.6 MB of gradients in one bucket: no overlap)")
     parser.add_argument("--lr", type=float, default=0.05)
     args = parser.parse_args()
     comm = mpicoll.Communicator()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = args.sizes
     rng = np.random.default_rng(42)
     x = rng.normal(size=(args.batch, sizes[0]))
     y = np.sin(x @ rng.normal(size=(sizes[0], sizes[-1])))  # a smooth target

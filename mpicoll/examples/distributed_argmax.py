@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 import mpicoll
-from mpicoll.examples._launch import check, launch, parser_for, print_in_rank_order
+from mpicoll.examples._launch import check, launch, parser_for, print_in_rank_order, seed
 
 CANDIDATE = np.dtype([("value", "f8"), ("rank", "i8"), ("index", "i8")])
 
@@ -29,7 +29,7 @@ MAXLOC = mpicoll.Op(better, commutative=True)
 
 def main() -> None:
     parser = parser_for(__doc__)
-    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--seed", type=seed, default=3)
     args = parser.parse_args()
     comm = mpicoll.Communicator()
     values = np.random.default_rng(args.seed + comm.rank).integers(0, 1000, 5 + comm.rank)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import numpy as np
 
 import mpicoll
-from mpicoll.examples._launch import check, launch, parser_for, print_in_rank_order
+from mpicoll.examples._launch import check, launch, parser_for, print_in_rank_order, seed
 
 
 def main() -> None:
     parser = parser_for(__doc__)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
     args = parser.parse_args()
     comm = mpicoll.Communicator()
     values = np.random.default_rng(args.seed + comm.rank).normal(comm.rank, 1.0, 3 * comm.rank + 1)
