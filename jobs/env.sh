@@ -161,6 +161,9 @@ if [ -n "$STEP_TIMEOUT_GIVEN" ]; then
     [[ "$MPICOLL_STEP_TIMEOUT" =~ ^[1-9][0-9]*$ ]] || mpicoll_fail "MPICOLL_STEP_TIMEOUT=$MPICOLL_STEP_TIMEOUT: expected whole seconds above 0"
 fi
 RESULTS=${MPICOLL_RESULTS:-$MPICOLL_ROOT/results}/${SLURM_JOB_NAME:-job}-$SLURM_JOB_ID
+# (a relative MPICOLL_RESULTS: from where the job was submitted, as its folder is made
+# here; the jobs then cd to the checkout, where the relative path would name another)
+[[ "$RESULTS" == /* ]] || RESULTS=$PWD/$RESULTS
 mkdir -p "$RESULTS" || mpicoll_fail "cannot create $RESULTS"
 export PYTHON MPICOLL_ROOT RESULTS MPICOLL_LAUNCHER
 echo "# mpicoll job $SLURM_JOB_ID (${SLURM_JOB_NAME:-}) on ${SLURM_JOB_NODELIST:-?}: ${SLURM_NTASKS:-?} tasks, launcher $MPICOLL_LAUNCHER${MPIR_CVAR_CH4_NETMOD:+ (MPICH netmod $MPIR_CVAR_CH4_NETMOD)}, python $PYTHON, results in $RESULTS, steps bounded at $(step_bound) s${STEP_TIMEOUT_GIVEN:+ (MPICOLL_STEP_TIMEOUT)}"

@@ -106,6 +106,19 @@ def test_a_steps_bound_is_the_jobs_time_left(tmp_path, left, given, bound):
     assert done.returncode == 0 and done.stdout.strip() == bound, (done.stdout, done.stderr)
 
 
+@pytest.mark.parametrize("job", ["compare_cpu.sbatch", "scaling.sbatch"])
+def test_jobs_that_plot_need_matplotlib_before_they_run(tmp_path, job):
+    """A site Python without matplotlib failed only after the whole sweep (the benchmark's
+    --plot refused it); the jobs that plot ask env.sh to check it first."""
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "env.sh").write_text('echo "needs=${MPICOLL_NEEDS:-}"; exit 0\n')
+    env = _plain_env(MPICOLL_ROOT=str(tmp_path), SLURM_JOB_ID="1")
+    env.pop("MPICOLL_NEEDS", None)
+    done = subprocess.run(["bash", str(ROOT / "jobs" / job)], env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout.strip() == "needs=matplotlib", done
+
+
 def test_job_logs_go_to_results_which_every_checkout_has():
     """sbatch does not make --output's folder: results/ is kept in the checkout by its
     own .gitignore, which ignores everything else in it."""
@@ -156,6 +169,8 @@ def test_jobs_on_gpu_nodes_require_the_gpu(tmp_path, job, gpus, required):
                           text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     venv, needs = (".venv-gpu", "cupy") if required else ("", "")
+    if job == "compare_gpu.sbatch":  # (its plots: a Python without matplotlib fails first)
+        needs += ", matplotlib"
     assert done.stdout.strip() == f"require={required} venv={venv} needs={needs}"
 
 
