@@ -119,6 +119,19 @@ def test_jobs_that_plot_need_matplotlib_before_they_run(tmp_path, job):
     assert done.returncode == 0 and done.stdout.strip() == "needs=matplotlib", done
 
 
+def test_a_relative_results_folder_is_taken_from_where_the_job_started(tmp_path):
+    """MPICOLL_RESULTS=out, a job started in another folder than the checkout: its
+    results folder is made there and named by an absolute path (the jobs cd to the
+    checkout, where "out/..." named a folder never made)."""
+    env = _plain_env(MPICOLL_ROOT=str(ROOT), SLURM_JOB_ID="5", MPICOLL_RESULTS="out",
+                     MPICOLL_PYTHON=sys.executable, MPICOLL_LAUNCHER="mpiexec")
+    done = subprocess.run(["bash", "-c", f'source "{ROOT}/jobs/env.sh"; echo "at=$RESULTS"'],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"at={tmp_path}/out/job-5", done.stdout
+    assert (tmp_path / "out" / "job-5").is_dir()
+
+
 def test_job_logs_go_to_results_which_every_checkout_has():
     """sbatch does not make --output's folder: results/ is kept in the checkout by its
     own .gitignore, which ignores everything else in it."""
