@@ -132,11 +132,13 @@ step_bound() {
 }
 
 # launch [srun options --] command...: one rank per task of the allocation, or the srun
-# options' share of it (-n N for a step of N ranks)
+# options' share of it (-n N for a step of N ranks). Options come first (a command never
+# starts with "-"): a "--" later on, the command's own (pytest's), is left to it
 launch() {
     local options=()
-    if [[ " $* " == *" -- "* ]]; then
-        while [ "$1" != "--" ]; do options+=("$1"); shift; done
+    if [[ "${1:-}" == -* ]]; then
+        while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do options+=("$1"); shift; done
+        [ "$#" -gt 0 ] || mpicoll_fail "launch: srun options (${options[*]}) without -- and a command"
         shift
     fi
     case "$MPICOLL_LAUNCHER" in

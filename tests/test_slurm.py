@@ -132,6 +132,30 @@ def test_a_relative_results_folder_is_taken_from_where_the_job_started(tmp_path)
     assert (tmp_path / "out" / "job-5").is_dir()
 
 
+def test_launch_takes_srun_options_only_before_the_command():
+    """launch's own "--" ends the srun options that come first; a "--" of the command's
+    (tests.sbatch ... -k x -- tests/a.py, for pytest) or one inside an argument was taken
+    for it (the command cut in two, or the shell's 'unbound variable')."""
+    text = (ROOT / "jobs" / "env.sh").read_text()
+    functions = [*re.findall(r"^mpicoll_fail\(\) \{.*\}$", text, re.M),
+                 *re.findall(r"^(?:step_bound|launch)\(\) \{.*?^\}", text, re.M | re.S)]
+    assert len(functions) == 3
+    script = "\n".join(["set -euo pipefail", *functions,
+                        "STEP_TIMEOUT_GIVEN=1 MPICOLL_STEP_TIMEOUT=5 MPICOLL_LAUNCHER=pmi2",
+                        "srun() { printf '<%s>' \"$@\"; echo; }",
+                        "timeout() { shift 3; \"$@\"; }",
+                        "launch python -m pytest tests -k x -- tests/a.py",
+                        "launch -n 2 -N 1 -- python 'a -- b'",
+                        "launch python 'a -- b'"])
+    done = subprocess.run(["bash", "-c", script], env=_plain_env(), capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "<--mpi=pmi2><python><-m><pytest><tests><-k><x><--><tests/a.py>",
+        "<--mpi=pmi2><-n><2><-N><1><python><a -- b>",
+        "<--mpi=pmi2><python><a -- b>"], done.stdout
+
+
 def test_job_logs_go_to_results_which_every_checkout_has():
     """sbatch does not make --output's folder: results/ is kept in the checkout by its
     own .gitignore, which ignores everything else in it."""
