@@ -174,8 +174,11 @@ stop() {
         fi
     done
     for pid in ${pids[@]+"${pids[@]}"}; do
-        for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$pid" 2>/dev/null || true
+        for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || continue 2; sleep 0.1; done
+        # still there after 5 s, and still the daemon (never a process that took its id)
+        case "$(cat "/proc/$pid/comm" 2>/dev/null)" in
+            munged | slurmctld | slurmd) kill -9 "$pid" 2>/dev/null || true ;;
+        esac
     done
     rm -f "$DIR"/slurmd-*.pid "$DIR/slurmctld.pid" "$DIR/munged.pid"
 }
