@@ -336,3 +336,16 @@ def test_benchmark_refuses_bad_flags_in_one_line(flags):
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
         done.stderr
     assert done.stderr.startswith("python -m mpicoll.bench: error: ")
+
+
+def test_data_parallel_says_each_ranks_own_overlap():
+    """Rank 0 ran 10 ms and blocked 9, rank 1 ran 4 and blocked 1: at least 1 ms
+    overlapped on every rank (the maxima's difference, 10 - 9, was no rank's and said
+    0 where a rank blocked more than another ran)."""
+    import numpy as np
+
+    from mpicoll.examples.data_parallel import least_overlap
+
+    times = np.array([[9e-3, 10e-3, 0.1], [1e-3, 4e-3, 0.1]])
+    assert least_overlap(times) == pytest.approx(1e-3)
+    assert least_overlap(np.array([[5e-3, 4e-3, 0.1], [1e-3, 4e-3, 0.1]])) == 0.0
