@@ -339,13 +339,14 @@ def test_benchmark_refuses_bad_flags_in_one_line(flags):
 
 
 def test_data_parallel_says_each_ranks_own_overlap():
-    """Rank 0 ran 10 ms and blocked 9, rank 1 ran 4 and blocked 1: at least 1 ms
-    overlapped on every rank (the maxima's difference, 10 - 9, was no rank's and said
-    0 where a rank blocked more than another ran)."""
+    """Rank 0 blocked 9 ms and its all_reduces ran 12, rank 1 blocked 2 and ran 4: every
+    rank overlapped at least 2 ms (the maxima's difference, 12 - 9, was no rank's); rank 0
+    blocked 9 and ran 8, rank 1 blocked 1 and ran 12: rank 0 overlapped nothing (the
+    maxima said 3)."""
     import numpy as np
 
     from mpicoll.examples.data_parallel import least_overlap
 
-    times = np.array([[9e-3, 10e-3, 0.1], [1e-3, 4e-3, 0.1]])
-    assert least_overlap(times) == pytest.approx(1e-3)
-    assert least_overlap(np.array([[5e-3, 4e-3, 0.1], [1e-3, 4e-3, 0.1]])) == 0.0
+    assert least_overlap(np.array([[9e-3, 12e-3, 0.1], [2e-3, 4e-3, 0.1]])) == \
+        pytest.approx(2e-3)
+    assert least_overlap(np.array([[9e-3, 8e-3, 0.1], [1e-3, 12e-3, 0.1]])) == 0.0
