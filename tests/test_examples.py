@@ -350,3 +350,21 @@ def test_data_parallel_says_each_ranks_own_overlap():
     assert least_overlap(np.array([[9e-3, 12e-3, 0.1], [2e-3, 4e-3, 0.1]])) == \
         pytest.approx(2e-3)
     assert least_overlap(np.array([[9e-3, 8e-3, 0.1], [1e-3, 12e-3, 0.1]])) == 0.0
+
+
+def test_rank_ordered_lines_are_one_line_cut_at_a_space(capsys):
+    """A NumPy array's text (several lines) printed as one line, a long one cut at a
+    space with "..." (it was cut mid-number, and its line breaks garbled the output)."""
+    import types
+
+    import numpy as np
+
+    from mpicoll.examples._launch import print_in_rank_order
+
+    comm = types.SimpleNamespace(rank=0, gather=lambda line, root: [line])
+    print_in_rank_order(comm, "t", str(np.arange(40)), width=40)
+    print_in_rank_order(comm, "u", "1.25e-01 " * 6, width=30)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "  rank 0: [ 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14..." and len(lines) == 6, \
+        lines
+    assert lines[5] == "  rank 0: 1.25e-01 1.25e-01 1.25e-01...", lines

@@ -50,10 +50,15 @@ def same(got: object, expected: object, what: str) -> None:
 
 
 def print_in_rank_order(comm: object, title: str, text: str, width: int = 96) -> None:
-    """Rank 0 prints ``title``, then every rank's ``text`` (one line, cut at ``width``) in
-    rank order: the lines travel to rank 0 with a gather, so they never interleave."""
+    """Rank 0 prints ``title``, then every rank's ``text`` (one line: its line breaks as
+    spaces; a longer one cut at a space before ``width``, ending "...") in rank order:
+    the lines travel to rank 0 with a gather, so they never interleave."""
     import numpy as np
 
+    text = " ".join(text.split())  # (NumPy's arrays print over several lines)
+    if len(text) > width:
+        cut = text.rfind(" ", 0, width - 3)
+        text = text[:cut if cut > 0 else width - 3] + "..."
     line = np.frombuffer(text.ljust(width)[:width].encode("ascii", "replace"), np.uint8)
     lines = comm.gather(line, 0)
     if comm.rank == 0:
