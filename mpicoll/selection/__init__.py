@@ -163,8 +163,8 @@ def select(collective: str, nbytes: int, size: int, op: Op | None, has_native: b
         params = model.Params()
     if params is not None and has_native and nbytes < NATIVE_BELOW.get(collective, 0):
         # a small call: the library's own, as the rules below (the model's alpha is what
-        # our messages cost, Python's steps included, so it prices the library's C, which
-        # takes fewer steps where it could, no cheaper than our copy of its algorithm)
+        # our messages cost, Python's steps included: it cannot price the library's C
+        # below our copy of the same algorithm, where the per-call cost is all there is)
         return "native"
     if params is not None:
         # native first: of times the model prices alike, the library's own (its C runs
