@@ -178,12 +178,18 @@ class Bucketer:
                 f"Bucketer.{what}: this Bucketer was freed (Bucketer.free()); make a new one")
 
     def _add(self, i: int, array: Any, site: Any) -> None:
+        # (a bad index, an array added twice: refused here, nothing copied, and this
+        # round's wait() raises on every rank, as for every refused add)
+        wrong = None
         if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or \
                 not 0 <= i < len(self.shapes):
-            raise InvalidArgumentError(f"index: expected an int in 0..{len(self.shapes) - 1} "
-                                       f"(one of the arrays'), got {i!r}")
-        if self._filled[i]:
-            raise InvalidArgumentError(f"array {i} was already added this round")
+            wrong = InvalidArgumentError(f"index: expected an int in 0..{len(self.shapes) - 1}"
+                                         f" (one of the arrays'), got {i!r}")
+        elif self._filled[i]:
+            wrong = InvalidArgumentError(f"array {i} was already added this round")
+        if wrong is not None:
+            self._refused = self._refused or wrong
+            raise wrong
         refusal = None
         try:
             array, _ = as_array(array, f"array {i}")

@@ -553,3 +553,27 @@ def test_a_bucketer_takes_adds_and_waits_from_other_threads():
         return got
 
     assert run_local(2, body, timeout=30) == [[2.0, 4.0, 6.0]] * 2
+
+
+@pytest.mark.parametrize("mistake", ["twice", "index"])
+def test_a_bucketer_add_refused_on_one_rank_for_its_index_makes_every_rank_raise(mistake):
+    """Rank 1 adds array 0 twice (the second add's data never counts), or adds to an index
+    that is no array's: that add raises there, and the round's wait() raises on every
+    rank, as for every refused add (it returned the first add's sums with no word); the
+    next round is right."""
+    def body(comm):
+        buckets = mpicoll.Bucketer(comm, [np.zeros(2), np.zeros(3)], cap_bytes=16)
+        buckets.add(0, np.full(2, 1.0))
+        if comm.rank == 1:
+            with pytest.raises(mpicoll.InvalidArgumentError,
+                               match="already added" if mistake == "twice" else "index"):
+                buckets.add(0 if mistake == "twice" else 5, np.full(2, 9.0))
+        buckets.add(1, np.ones(3))
+        with pytest.raises(mpicoll.InvalidArgumentError if comm.rank == 1
+                           else mpicoll.RemoteError):
+            buckets.wait()
+        buckets.add(1, np.ones(3))
+        buckets.add(0, np.ones(2))
+        return [a.tolist() for a in buckets.wait()]
+
+    assert run_local(3, body, timeout=20) == [[[3.0, 3.0], [3.0, 3.0, 3.0]]] * 3
