@@ -49,6 +49,50 @@ def test_destroy_process_group_frees_every_group_made():
     assert not dist.is_initialized()
 
 
+def test_destroying_the_default_group_destroys_every_group_as_torchs():
+    """destroy_process_group(dist.group.WORLD) is destroy_process_group(), as torch's: it
+    freed the world's Communicator alone, left every other group alive and the default
+    group registered, dead (init_process_group then said 'already initialized'). A group
+    destroyed already is refused, as torch's "Invalid process group specified"."""
+    dist.init_process_group("mpi")
+    size = dist.get_world_size()
+    group = dist.new_group(list(range(size)))
+    dist.destroy_process_group(dist.group.WORLD)
+    assert not dist.is_initialized() and group.comm.freed
+    with pytest.raises(mpicoll.InvalidArgumentError, match="destroyed already"):
+        dist.destroy_process_group(group)
+    dist.init_process_group("mpi")  # (again, as after destroy_process_group())
+    t = np.ones(1)
+    dist.all_reduce(t)
+    assert t[0] == size
+    dist.destroy_process_group()
+
+
+def test_a_one_value_step_of_another_call_is_a_refusal_not_a_backend():
+    """A rank's value in new_group's backend step that is no backend's code (another
+    call's step of one value, its digest about 2.4e9) counts as that rank's refusal:
+    np.bincount of it tried to allocate 18 GiB (a raw MemoryError)."""
+    from mpicoll.dist import groups
+
+    dist.init_process_group("mpi")
+    try:
+        real = groups.agreed_rows
+
+        def one_rank_elsewhere(comm, values, frame, what):
+            rows = real(comm, values, frame, what)
+            rows[-1, 0] = 2**62  # (a digest as another call's step sends: a DeviceMesh's
+            # was 2_445_192_090, which np.bincount took for 18 GiB to allocate)
+            return rows
+
+        groups.agreed_rows = one_rank_elsewhere
+        last = dist.get_world_size() - 1
+        with pytest.raises(mpicoll.InvalidArgumentError, match=rf"refused on rank\(s\) \[{last}\]"):
+            dist.new_group([0])
+    finally:
+        groups.agreed_rows = real
+        dist.destroy_process_group()
+
+
 def test_a_mesh_made_first_makes_the_default_group_as_torchs():
     """The DeviceMesh tutorial's first line, init_device_mesh with no init_process_group
     before it (torchrun's scripts): the default group is made first, as torch's DeviceMesh

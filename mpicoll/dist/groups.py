@@ -290,8 +290,9 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
 
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """Free ``group``, or every group and the default one (every rank calls it; each
-    frees the groups it is in, in the order they were made, as every rank made them)."""
-    if group is None:
+    frees the groups it is in, in the order they were made, as every rank made them).
+    The default group itself (``dist.group.WORLD``) is all of them, as torch's."""
+    if group is None or (group is _STATE["world"] and group is not None):
         groups, _STATE["groups"] = _STATE["groups"], []
         for made in groups:
             if not made.comm.freed:
@@ -306,6 +307,9 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         _STATE["made"] = 0
         GroupMember.WORLD = _Group.WORLD = None
     elif isinstance(group, ProcessGroup):
+        if group.comm.freed:  # (torch: "Invalid process group specified")
+            raise InvalidArgumentError(f"destroy_process_group: {group!r} was destroyed "
+                                       "already")
         group.comm.free()
         groups = _STATE["groups"]  # (not kept: a loop of new_group and destroy would keep
         if group in groups:  # every freed group, and its workspace, to the end)
@@ -445,7 +449,10 @@ def _world_on(backend: Any, problem: str = "", what: str = "new_group") -> Commu
     # call raises on every rank; a rank that never comes: the watchdog's report)
     codes = agreed_rows(world.comm, np.array([0 if problem else _BACKEND_CODES.get(name, 0)],
                                              np.int64), sys._getframe(2), what)[:, 0]
-    given = codes[codes != 0]  # (0: a rank's refusal; the others: the backend most give)
+    # (0: a rank's refusal; the others: the backend most give; a value that is no
+    # backend's code: a rank in another call's step of one value, counted as refused)
+    codes = np.where(np.isin(codes, list(_BACKEND_CODES.values())), codes, 0)
+    given = codes[codes != 0]
     most = int(np.bincount(given).argmax()) if given.size else 0
     if not codes.all() or (codes != most).any():
         odd = [r for r in range(len(codes)) if codes[r] != most or not codes[r]]
