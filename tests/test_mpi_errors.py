@@ -163,3 +163,15 @@ def test_a_monitored_barrier_names_the_rank_that_made_another_call_instead():
     world = mpicoll.Communicator(MPI.COMM_WORLD)
     assert world.all_reduce(np.ones(2)).tolist() == [comm.size] * 2
     world.free()
+
+
+def test_a_communicator_over_comm_null_says_so():
+    """MPI.COMM_NULL (what a Split with MPI.UNDEFINED gives) is named as such: it was
+    "expected an mpi4py intracommunicator, got Intracomm", which it is."""
+    from mpi4py import MPI
+
+    with pytest.raises(InvalidArgumentError, match="MPI.COMM_NULL, which no rank is in"):
+        mpicoll.Communicator(MPI.COMM_NULL)
+    with pytest.raises(InvalidArgumentError, match="expected an mpi4py intracommunicator, "
+                       "got str"):
+        mpicoll.Communicator("world")
