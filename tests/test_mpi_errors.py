@@ -170,8 +170,10 @@ def test_a_communicator_over_comm_null_says_so():
     "expected an mpi4py intracommunicator, got Intracomm", which it is."""
     from mpi4py import MPI
 
-    with pytest.raises(InvalidArgumentError, match="MPI.COMM_NULL, which no rank is in"):
-        mpicoll.Communicator(MPI.COMM_NULL)
+    outside = MPI.COMM_SELF.Split(MPI.UNDEFINED)  # (an Intracomm, COMM_NULL)
+    for null in (MPI.COMM_NULL, outside):
+        with pytest.raises(InvalidArgumentError, match="MPI.COMM_NULL, which no rank is in"):
+            mpicoll.Communicator(null)
     with pytest.raises(InvalidArgumentError, match="expected an mpi4py intracommunicator, "
                        "got str"):
         mpicoll.Communicator("world")

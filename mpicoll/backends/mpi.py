@@ -19,7 +19,7 @@ def mpi_comm(comm: Any) -> Any:
             "pip install 'mpicoll[mpich]' (MPICH from PyPI), or your system's MPI "
             "(apt install libmpich-dev / libopenmpi-dev, or the cluster's module)") from exc
     comm = MPI.COMM_WORLD if comm is None else comm
-    if isinstance(comm, MPI.Intracomm) and comm == MPI.COMM_NULL:
+    if isinstance(comm, MPI.Comm) and comm == MPI.COMM_NULL:
         raise InvalidArgumentError(
             "comm: MPI.COMM_NULL, which no rank is in (as a Split with MPI.UNDEFINED gives "
             "the ranks outside every group): make a Communicator only where there is one")
