@@ -87,16 +87,21 @@ def megabytes(text: str) -> float:
     return value
 
 
-def seed(text: str) -> int:
-    """An argparse type: a random seed, a whole number >= 0 (NumPy's generators refuse
-    a negative one)."""
+def _whole(text: str, least: int, said: str) -> int:
+    """``text`` as a whole number of at least ``least`` (else argparse's error: ``said``)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value}: a seed is at least 0")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value}: {said}")
     return value
+
+
+def seed(text: str) -> int:
+    """An argparse type: a random seed, a whole number >= 0 (NumPy's generators refuse
+    a negative one)."""
+    return _whole(text, 0, "a seed is at least 0")
 
 
 def widths(text: str) -> list[int]:
@@ -110,13 +115,7 @@ def widths(text: str) -> list[int]:
 
 def positive(text: str) -> int:
     """An argparse type: a whole number of at least 1 (a size, a count of steps)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
-    return value
+    return _whole(text, 1, "must be at least 1")
 
 
 def algorithm_option(description: str) -> Callable[[str], str]:
