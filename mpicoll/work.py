@@ -365,15 +365,7 @@ def finish_at_exit() -> None:
         # bound here only covers calls still queued behind it
         if progress.close(timeout=None if not timeout else 4 * timeout + 10):
             continue
-        from .observe.watchdog import (
-            EXIT_UNCAUGHT,
-            abort_job,
-            dump_dir,
-            mark,
-            report,
-            world_rank,
-            write_dump,
-        )
+        from .observe.watchdog import EXIT_UNCAUGHT, dump_and_abort, world_rank
 
         rank = world_rank(progress.comm.rank)
         callback = progress.calling_back  # (its call ended: no longer pending)
@@ -381,14 +373,10 @@ def finish_at_exit() -> None:
                  else []) + ([f"a done callback of its {callback} still running"]
                              if callback else [])
         what = ", and ".join(parts) or "its asynchronous calls unfinished"
-        lines = [f"mpicoll: rank {rank} exits with {what} after {4 * timeout + 10:g} s; "
-                 f"aborting the job (exit code {EXIT_UNCAUGHT})"]
-        if dump_dir():  # (the others' watchdogs then write theirs: the abort waits for them)
-            path = write_dump(watchdog(), f"exit with {what}")
-            mark(rank)
-            lines.append(f"mpicoll: flight recorder written to {path}")
-        report("\n".join(lines))
-        abort_job(EXIT_UNCAUGHT, grace=1.5 if dump_dir() else 0.0)
+        dump_and_abort([f"mpicoll: rank {rank} exits with {what} after "
+                        f"{4 * timeout + 10:g} s; aborting the job (exit code "
+                        f"{EXIT_UNCAUGHT})"], f"exit with {what}", rank, EXIT_UNCAUGHT,
+                       grace=0.0)
 
 
 def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: Any,

@@ -12,16 +12,7 @@ import sys
 import threading
 from typing import Any
 
-from .watchdog import (
-    EXIT_UNCAUGHT,
-    abort_job,
-    dump_dir,
-    mark,
-    report,
-    watchdog,
-    world_rank,
-    write_dump,
-)
+from .watchdog import EXIT_UNCAUGHT, dump_and_abort, world_rank
 
 _INSTALLED = False
 
@@ -29,18 +20,11 @@ _INSTALLED = False
 def _abort_after(print_exception: Any) -> Any:
     def hook(*args: Any) -> None:
         print_exception(*args)  # the traceback first, as Python prints it
-        lines = [f"mpicoll: uncaught exception on rank {world_rank(0)}; aborting the job "
-                 f"(exit code {EXIT_UNCAUGHT})"]
-        if dump_dir():
-            path = write_dump(watchdog(), "uncaught exception")
-            mark(world_rank(0))
-            lines.append(f"mpicoll: flight recorder written to {path}")
-        report("\n".join(lines))
-        # a moment before MPI_Abort: every rank that raised prints its traceback, and the
-        # launcher forwards it, before the first abort kills them all; with dumps, long
-        # enough for the others' watchdogs, which look for the mark once a second at most,
-        # to write theirs (as a timeout's abort waits)
-        abort_job(EXIT_UNCAUGHT, grace=1.5 if dump_dir() else 0.2)
+        # (a moment before MPI_Abort: every rank that raised prints its traceback, and
+        # the launcher forwards it, before the first abort kills them all)
+        dump_and_abort([f"mpicoll: uncaught exception on rank {world_rank(0)}; aborting the "
+                        f"job (exit code {EXIT_UNCAUGHT})"], "uncaught exception",
+                       world_rank(0), EXIT_UNCAUGHT, grace=0.2)
 
     return hook
 

@@ -253,6 +253,22 @@ def abort_job(code: int, grace: float = 0.0) -> None:
     os._exit(code)
 
 
+def dump_and_abort(lines: list[str], reason: str, rank: int, code: int,
+                   grace: float) -> None:
+    """End the job for a failure of this rank's own (not a timeout's, which ``fire``
+    ends): with ``MPICOLL_DUMP_DIR``, this rank's dump (``reason``) and the mark that
+    makes the others' watchdogs write theirs; ``lines`` reported (and where the dump
+    went); then ``abort_job`` after ``grace`` seconds, with dumps 1.5 s, long enough for
+    the others' watchdogs, which look for the mark once a second at most (as a
+    timeout's abort waits)."""
+    if dump_dir():
+        path = write_dump(_WATCHDOG, reason)
+        mark(rank)
+        lines = [*lines, f"mpicoll: flight recorder written to {path}"]
+    report("\n".join(lines))
+    abort_job(code, grace=1.5 if dump_dir() else grace)
+
+
 def watchdog() -> Watchdog:
     """The process's watchdog."""
     return _WATCHDOG
