@@ -55,6 +55,11 @@ def _key(comm: dict[str, Any] | None) -> Any:
     return (tuple(members), comm.get("born_tag")) if members else comm["index"]
 
 
+def _on(dump: dict[str, Any], key: Any) -> dict[str, Any] | None:
+    """A rank's record of the communicator ``key`` (``_key``'s) tells, if it has one."""
+    return next((c for c in dump["communicators"] if _key(c) == key), None)
+
+
 def _stuck_elsewhere(dump: dict[str, Any], key: Any) -> dict[str, Any] | None:
     """The communicator (not the one of ``key``) whose call this rank is stuck in, if
     any: a rank "not in a call" here may wait in a split's, a dup's or a mesh's."""
@@ -102,7 +107,7 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
     states: dict[int, dict[str, Any]] = {}
     size = 0
     for rank, dump in dumps.items():
-        comm = next((c for c in dump["communicators"] if _key(c) == key), None)
+        comm = _on(dump, key)
         if comm is None:
             continue
         size = max(size, comm["size"])
@@ -209,10 +214,9 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
         verdict.append(f"rank {rank} never reached call #{target} here: it is stuck "
                        f"in {_elsewhere(other)}")
         # there, the members not in that call (by their dumps): the ones it waits for
-        seq = other["in_call"]["seq"]
+        seq, there = other["in_call"]["seq"], _key(other)
         for peer in sorted(dumps):
-            theirs = next((c for c in dumps[peer]["communicators"]
-                           if _key(c) == _key(other)), None)
+            theirs = _on(dumps[peer], there)
             if peer == rank or theirs is None or theirs.get("in_call", {}).get("seq") == seq:
                 continue
             last = theirs["calls"][-1]["seq"] if theirs["calls"] else 0

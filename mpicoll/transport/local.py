@@ -105,11 +105,10 @@ class PeerBoard:
                 return i
         return -1
 
-    def await_new(self, seen: int, seconds: float, aborted: threading.Event) -> None:
-        """Wait (at most ``seconds``) until a message is posted after the ``seen``-th."""
+    def await_new(self, seen: int, seconds: float) -> None:
+        """Wait (at most ``seconds``, a twentieth of a second at a time) until a message
+        is posted after the ``seen``-th."""
         with self.cond:
-            if aborted.is_set():
-                raise AbortedError("another rank failed; giving up")
             if self.posted == seen and seconds > 0:
                 self.cond.wait(min(seconds, 0.05))
 
@@ -184,10 +183,9 @@ class LocalPeers:
                     f"mpicoll: timeout: rank {self.rank}: no message from "
                     f"{'any rank' if source < 0 else f'rank {source}'} (tag {tag}) in "
                     f"{t.timeout:g} s")
-            try:
-                self.board.await_new(seen, left, t.world.aborted)
-            except AbortedError:
-                raise AbortedError(f"rank {self.rank}: another rank failed; giving up") from None
+            if t.world.aborted.is_set():
+                raise AbortedError(f"rank {self.rank}: another rank failed; giving up")
+            self.board.await_new(seen, left)
 
     def send(self, buf: Any, dest: int, tag: int) -> None:
         self.board.post(self.rank, dest, tag, _host_bytes(buf))
