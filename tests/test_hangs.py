@@ -7,6 +7,7 @@ not count against what mpicoll promises."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import json
 import os
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -31,21 +33,63 @@ TIMEOUT = 3  # MPICOLL_TIMEOUT of the jobs
 RANKS = 4
 
 
-def job(scenario: str, dump_dir: str, *extra: str,
-        timeout: float = TIMEOUT) -> tuple[subprocess.CompletedProcess, float]:
-    """Run the job with ``MPICOLL_TIMEOUT=timeout``: what it did, and the seconds from
-    the first rank's reaching the scenario to the job's end."""
-    stamps = os.path.join(dump_dir, "stamps")
-    os.makedirs(stamps, exist_ok=True)
-    env = dict(os.environ, MPICOLL_TIMEOUT=str(timeout), MPICOLL_DUMP_DIR=dump_dir,
-               HANG_JOB_STAMPS=stamps)
+CONCURRENT = 3  # jobs at a time: each mostly waits (for its timeout, for its abort)
+
+
+class Job(NamedTuple):
+    """One run of tests/hang_job.py: its scenario, its arguments after it, and the
+    ``MPICOLL_TIMEOUT`` of its ranks."""
+    scenario: str
+    extra: tuple[str, ...] = ()
+    timeout: float = TIMEOUT
+
+    def __str__(self) -> str:  # (the test's id)
+        return "-".join((self.scenario, *self.extra))
+
+
+def run_job(job: Job, dump_dir: pathlib.Path) -> tuple[subprocess.CompletedProcess, float]:
+    """Run the job, its dumps in ``dump_dir``: what it did, and the seconds from the
+    first rank's reaching the scenario to the job's end."""
+    stamps = dump_dir / "stamps"
+    stamps.mkdir(parents=True)
+    env = dict(os.environ, MPICOLL_TIMEOUT=str(job.timeout), MPICOLL_DUMP_DIR=str(dump_dir),
+               HANG_JOB_STAMPS=str(stamps))
     done = subprocess.run(["timeout", "-k", "5", "120", MPIEXEC, "-n", str(RANKS),
-                           sys.executable, os.path.join(HERE, "hang_job.py"), scenario, *extra],
-                          capture_output=True, text=True, env=env)
+                           sys.executable, os.path.join(HERE, "hang_job.py"), job.scenario,
+                           *job.extra], capture_output=True, text=True, env=env)
     ended = time.monotonic()
-    reached = [float(path.read_text()) for path in pathlib.Path(stamps).iterdir()]
+    reached = [float(path.read_text()) for path in stamps.iterdir()]
     assert reached, f"no rank reached the scenario: {done.stderr[-3000:]}"
     return done, ended - min(reached)
+
+
+@pytest.fixture(scope="session")
+def hang_jobs(request, tmp_path_factory):
+    """Every selected test's job, started at the first one's test, ``CONCURRENT`` at a
+    time in the tests' order (the tests of jobs stand together in this file): a Future
+    of (what it did, the seconds from its scenario to its end, its dump folder) a job."""
+    jobs = [item.callspec.params["ran"] for item in request.session.items
+            if isinstance(getattr(item, "callspec", None) and
+                          item.callspec.params.get("ran"), Job)]
+    pool = concurrent.futures.ThreadPoolExecutor(CONCURRENT, "hang-job")
+
+    def start(job: Job) -> concurrent.futures.Future:
+        folder = tmp_path_factory.mktemp(str(job).replace(":", "-"))
+        return pool.submit(lambda: (*run_job(job, folder), folder))
+
+    futures = {job: start(job) for job in dict.fromkeys(jobs)}
+    yield futures
+    pool.shutdown(cancel_futures=True)  # (a run stopped early: -x, Ctrl-C)
+
+
+@pytest.fixture
+def ran(request, hang_jobs, tmp_path) -> tuple[subprocess.CompletedProcess, float]:
+    """The test's job (``Job``, its indirect parameter): what it did and the seconds from
+    the first rank's reaching the scenario to the job's end; its dumps copied into
+    ``tmp_path``."""
+    done, elapsed, folder = hang_jobs[request.param].result()
+    shutil.copytree(folder, tmp_path, dirs_exist_ok=True)
+    return done, elapsed
 
 
 def reports(stderr: str) -> list[str]:
@@ -53,11 +97,12 @@ def reports(stderr: str) -> list[str]:
 
 
 @needs_mpiexec
-@pytest.mark.parametrize("scenario", ["raise", "exit0", "sleep"])
-def test_a_rank_that_leaves_or_lags_ends_the_job_with_a_report(scenario, tmp_path):
+@pytest.mark.parametrize("ran", [Job("raise"), Job("exit0"), Job("sleep")], indirect=True,
+                         ids=str)
+def test_a_rank_that_leaves_or_lags_ends_the_job_with_a_report(ran, tmp_path):
     """Rank 1 raises in plain python, exits with 0 or sleeps: the others wait in call #3
     all_reduce for it, report that, and abort the job."""
-    done, elapsed = job(scenario, str(tmp_path))
+    done, elapsed = ran
     assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
     assert elapsed < TIMEOUT + 10
     found = reports(done.stderr)
@@ -71,11 +116,12 @@ def test_a_rank_that_leaves_or_lags_ends_the_job_with_a_report(scenario, tmp_pat
 
 
 @needs_mpiexec
-def test_a_rank_computing_in_its_op_is_not_reported_waiting_for_a_message(tmp_path):
+@pytest.mark.parametrize("ran", [Job("slow_op")], indirect=True, ids=str)
+def test_a_rank_computing_in_its_op_is_not_reported_waiting_for_a_message(ran, tmp_path):
     """Rank 1's op outlasts the timeout after its first message arrived: its report says
     it waits for no message (it used to name the receive it had finished, so the others'
     reports and its own made a cycle with no culprit); the others name whom they wait for."""
-    done, elapsed = job("slow_op", str(tmp_path))
+    done, elapsed = ran
     assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
     assert elapsed < TIMEOUT + 10
     found = reports(done.stderr)
@@ -85,11 +131,12 @@ def test_a_rank_computing_in_its_op_is_not_reported_waiting_for_a_message(tmp_pa
 
 
 @needs_mpiexec
-def test_a_call_waiting_in_check_modes_comparison_says_so(tmp_path):
+@pytest.mark.parametrize("ran", [Job("check_skip")], indirect=True, ids=str)
+def test_a_call_waiting_in_check_modes_comparison_says_so(ran, tmp_path):
     """Check mode compares every call first (an all_gather of each rank's): a rank that
     never comes leaves the others waiting there, which the report names (it said
     "not waiting for a message (computing, ...)")."""
-    done, elapsed = job("check_skip", str(tmp_path))
+    done, elapsed = ran
     assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
     assert elapsed < TIMEOUT + 10
     found = [r for r in reports(done.stderr) if not r.startswith("mpicoll: timeout: rank 1 ")]
@@ -100,10 +147,11 @@ def test_a_call_waiting_in_check_modes_comparison_says_so(tmp_path):
 
 
 @needs_mpiexec
-def test_a_user_op_failing_on_one_rank_raises_on_every_rank_without_a_hang(tmp_path):
+@pytest.mark.parametrize("ran", [Job("user_op", timeout=30)], indirect=True, ids=str)
+def test_a_user_op_failing_on_one_rank_raises_on_every_rank_without_a_hang(ran, tmp_path):
     """Rank 1's op raises in call #3 (ring): it finishes its messages with what it has,
     every rank learns it at the call's end and raises OpError; no timeout, no abort."""
-    done, elapsed = job("user_op", str(tmp_path), timeout=30)
+    done, elapsed = ran
     assert done.returncode not in (0, EXIT_TIMEOUT, 124), done.stderr[-3000:]
     assert not reports(done.stderr)
     assert elapsed < 25
@@ -114,10 +162,11 @@ def test_a_user_op_failing_on_one_rank_raises_on_every_rank_without_a_hang(tmp_p
 
 
 @needs_mpiexec
-def test_a_rank_late_to_make_a_communicator_ends_the_job_with_a_report(tmp_path):
+@pytest.mark.parametrize("ran", [Job("late_communicator")], indirect=True, ids=str)
+def test_a_rank_late_to_make_a_communicator_ends_the_job_with_a_report(ran, tmp_path):
     """Rank 1 comes late to making a second Communicator: the others, waiting in its
     MPI_Comm_dup before it has a watch of its own, report that and abort the job."""
-    done, elapsed = job("late_communicator", str(tmp_path))
+    done, elapsed = ran
     assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
     assert elapsed < TIMEOUT + 10
     found = reports(done.stderr)
@@ -127,7 +176,8 @@ def test_a_rank_late_to_make_a_communicator_ends_the_job_with_a_report(tmp_path)
 
 
 @needs_mpiexec
-def test_a_communicator_freed_under_a_start_one_rank_never_made_ends_with_a_report(tmp_path):
+@pytest.mark.parametrize("ran", [Job("plan_freed")], indirect=True, ids=str)
+def test_a_communicator_freed_under_a_start_one_rank_never_made_ends_with_a_report(ran, tmp_path):
     """Every rank but 1 starts a persistent plan and frees the Communicator: free() waits
     for the start to end before freeing its request, watched: the job ends with reports
     naming free() and what it waits for."""
@@ -135,7 +185,7 @@ def test_a_communicator_freed_under_a_start_one_rank_never_made_ends_with_a_repo
 
     if MPI.Get_version() < (4, 0):
         pytest.skip("the MPI library has no persistent collectives")
-    done, elapsed = job("plan_freed", str(tmp_path))
+    done, elapsed = ran
     assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
     assert elapsed < TIMEOUT + 10
     found = reports(done.stderr)
@@ -143,15 +193,17 @@ def test_a_communicator_freed_under_a_start_one_rank_never_made_ends_with_a_repo
 
 
 @needs_mpiexec
-def test_a_killed_rank_ends_the_job(tmp_path):
-    done, elapsed = job("kill", str(tmp_path))
+@pytest.mark.parametrize("ran", [Job("kill")], indirect=True, ids=str)
+def test_a_killed_rank_ends_the_job(ran, tmp_path):
+    done, elapsed = ran
     assert done.returncode != 0 and done.returncode != 124
     assert elapsed < TIMEOUT + 10
 
 
 @needs_mpiexec
-def test_mismatched_collectives_end_the_job_and_trace_hang_names_both(tmp_path):
-    done, elapsed = job("mismatch", str(tmp_path))
+@pytest.mark.parametrize("ran", [Job("mismatch")], indirect=True, ids=str)
+def test_mismatched_collectives_end_the_job_and_trace_hang_names_both(ran, tmp_path):
+    done, elapsed = ran
     assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
     assert elapsed < TIMEOUT + 10
     assert any("call #3 all_reduce" in r for r in reports(done.stderr))
@@ -161,11 +213,12 @@ def test_mismatched_collectives_end_the_job_and_trace_hang_names_both(tmp_path):
 
 
 @needs_mpiexec
-def test_a_lone_refusal_never_lets_the_next_call_match_the_others_native_call(tmp_path):
+@pytest.mark.parametrize("ran", [Job("refuse_native")], indirect=True, ids=str)
+def test_a_lone_refusal_never_lets_the_next_call_match_the_others_native_call(ran, tmp_path):
     """Rank 1 refuses its input to a native all_reduce alone; its next call first checks
     that the others refused too (they did not: they wait in MPI_Allreduce), so the job
     ends through the timeout; no rank ever gets a result of mismatched calls."""
-    done, elapsed = job("refuse_native", str(tmp_path))
+    done, elapsed = ran
     assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
     assert elapsed < TIMEOUT + 10
     assert "RESULT" not in done.stdout, done.stdout
@@ -177,12 +230,14 @@ def test_a_lone_refusal_never_lets_the_next_call_match_the_others_native_call(tm
 
 
 @needs_mpiexec
-@pytest.mark.parametrize("algorithm", ["recursive_doubling", "ring", "rabenseifner"])
-def test_a_buffer_one_rank_gives_short_is_never_a_silent_wrong_result(algorithm, tmp_path):
+@pytest.mark.parametrize("ran", [Job(f"short_input:{algorithm}") for algorithm in
+                                 ("recursive_doubling", "ring", "rabenseifner")],
+                         indirect=True, ids=str)
+def test_a_buffer_one_rank_gives_short_is_never_a_silent_wrong_result(ran, tmp_path):
     """Rank 1's x is one element shorter than the others' (a size only it sees): the
     ranks that receive its shorter messages (or send it longer ones) raise, and the
     others wait until the timeout ends the job; no rank returns a result, wrong or not."""
-    done, elapsed = job(f"short_input:{algorithm}", str(tmp_path))
+    done, elapsed = ran
     assert done.returncode == EXIT_TIMEOUT, done.stdout[-2000:] + done.stderr[-3000:]
     assert elapsed < TIMEOUT + 10
     assert "wrong" not in done.stdout, done.stdout
@@ -190,15 +245,16 @@ def test_a_buffer_one_rank_gives_short_is_never_a_silent_wrong_result(algorithm,
 
 
 @needs_mpiexec
-@pytest.mark.parametrize("scenario", ["refuse_then_plan", "refuse_then_async", "refuse_then_dup",
-                                      "refuse_then_bucketer"])
-def test_a_lone_refusal_then_a_plan_or_an_async_call_ends_with_a_report(scenario, tmp_path):
+@pytest.mark.parametrize("ran", [Job(scenario) for scenario in (
+    "refuse_then_plan", "refuse_then_async", "refuse_then_dup", "refuse_then_bucketer")],
+    indirect=True, ids=str)
+def test_a_lone_refusal_then_a_plan_or_an_async_call_ends_with_a_report(ran, tmp_path):
     """Rank 1 refused a call alone: its next step, a plan's init, a first async call
     (a progress thread's duplicate, MPI's own collective), a dup() or a Bucketer (its
     duplicate of comm), first checks that the others
     refused too: the job ends through the timeout with reports, never MPI's 'Message
     truncated' abort nor a result of mismatched calls."""
-    done, elapsed = job(scenario, str(tmp_path))
+    done, elapsed = ran
     assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
     assert elapsed < TIMEOUT + 10
     assert "truncated" not in done.stderr, done.stderr[-3000:]
@@ -207,15 +263,15 @@ def test_a_lone_refusal_then_a_plan_or_an_async_call_ends_with_a_report(scenario
 
 
 @needs_mpiexec
-@pytest.mark.parametrize(("scenario", "waits_in"), [
-    ("plan_vote", "waiting for every rank to make the"),  # (its duplicate, or its vote)
-    ("plan_persistent", "call #6 all_reduce (algorithm native"),
-    ("plan_started", "call #3 all_reduce (algorithm native")])
-def test_a_plan_start_one_rank_never_makes_ends_the_job(scenario, waits_in, tmp_path):
+@pytest.mark.parametrize(("ran", "waits_in"), [
+    (Job("plan_vote"), "waiting for every rank to make the"),  # (its duplicate, or its vote)
+    (Job("plan_persistent"), "call #6 all_reduce (algorithm native"),
+    (Job("plan_started"), "call #3 all_reduce (algorithm native")], indirect=["ran"], ids=str)
+def test_a_plan_start_one_rank_never_makes_ends_the_job(ran, waits_in, tmp_path):
     """Rank 1 never makes a native plan (the others wait in its vote on MPI's persistent
     request, made with the plan) or its fourth start (they wait in the persistent
     request): reported and ended by the watchdog like any call."""
-    done, elapsed = job(scenario, str(tmp_path))
+    done, elapsed = ran
     assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
     assert elapsed < TIMEOUT + 10
     found = reports(done.stderr)
@@ -223,18 +279,19 @@ def test_a_plan_start_one_rank_never_makes_ends_the_job(scenario, waits_in, tmp_
 
 
 @needs_mpiexec
-@pytest.mark.parametrize("scenario", ["plan_test_loop", "plan_unwaited"])
-def test_a_persistent_start_is_watched_until_it_is_waited_for(scenario, tmp_path):
+@pytest.mark.parametrize("ran", [Job("plan_test_loop"), Job("plan_unwaited")], indirect=True,
+                         ids=str)
+def test_a_persistent_start_is_watched_until_it_is_waited_for(ran, tmp_path):
     """A plan.start() on MPI's persistent request returns at once: the others poll test()
     or exit without a wait while rank 1 never starts it; the start is timed as a call
     until it is waited for (at exit too), so the job ends through the timeout with its
     report, never spinning on past it or exiting 0 with requests unfinished."""
-    done, elapsed = job(scenario, str(tmp_path))
+    done, elapsed = ran
     assert done.returncode == EXIT_TIMEOUT, (done.returncode, done.stderr[-3000:])
     assert elapsed < TIMEOUT + 10
     assert "RESULT" not in done.stdout, done.stdout
     found = reports(done.stderr)
-    named = "call #3 all_reduce" if scenario == "plan_test_loop" else \
+    named = "call #3 all_reduce" if "plan_test_loop" in done.args else \
         "the running starts of this rank's plans (at exit)"
     assert found and any(named in r for r in found), found
     assert not any("?:0" in r for r in found), found  # (no line of the program: no site)
@@ -242,8 +299,9 @@ def test_a_persistent_start_is_watched_until_it_is_waited_for(scenario, tmp_path
 
 
 @needs_mpiexec
-def test_an_async_call_that_never_completes_ends_the_job(tmp_path):
-    done, elapsed = job("async", str(tmp_path))
+@pytest.mark.parametrize("ran", [Job("async")], indirect=True, ids=str)
+def test_an_async_call_that_never_completes_ends_the_job(ran, tmp_path):
+    done, elapsed = ran
     assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
     assert elapsed < TIMEOUT + 10
     found = reports(done.stderr)
@@ -252,24 +310,25 @@ def test_an_async_call_that_never_completes_ends_the_job(tmp_path):
 
 
 @needs_mpiexec
-@pytest.mark.parametrize("scenario", ["wait_timeout", "unwaited"])
-def test_a_rank_that_exits_with_an_async_call_unfinished_ends_the_job(scenario, tmp_path):
+@pytest.mark.parametrize("ran", [Job("wait_timeout"), Job("unwaited")], indirect=True, ids=str)
+def test_a_rank_that_exits_with_an_async_call_unfinished_ends_the_job(ran, tmp_path):
     """A wait() that gave up (uncaught), or a call never waited for: at exit the rank
     lets the call finish within the watchdog's bound, which reports it and ends the job,
     instead of waiting in MPI's finalization for ranks that never come."""
-    done, elapsed = job(scenario, str(tmp_path))
+    done, elapsed = ran
     assert done.returncode == EXIT_TIMEOUT, done.stderr[-3000:]
     assert elapsed < TIMEOUT + 10
     found = reports(done.stderr)
     assert found and all("call #2 all_reduce" in r and "communicator 1" in r
                          for r in found), found
-    if scenario == "wait_timeout":
+    if "wait_timeout" in done.args:
         assert "CollectiveTimeoutError" in done.stderr
 
 
 @needs_mpiexec
-def test_monitored_barrier_names_the_late_rank(tmp_path):
-    done, elapsed = job("monitored_barrier", str(tmp_path), "--abort")
+@pytest.mark.parametrize("ran", [Job("monitored_barrier", ("--abort",))], indirect=True, ids=str)
+def test_monitored_barrier_names_the_late_rank(ran, tmp_path):
+    done, elapsed = ran
     assert done.returncode == EXIT_UNCAUGHT, done.stderr[-3000:]
     assert elapsed < 2 * TIMEOUT + 10
     assert "CollectiveTimeoutError: monitored_barrier (call #3): rank 2 did not arrive" \
@@ -277,10 +336,11 @@ def test_monitored_barrier_names_the_late_rank(tmp_path):
 
 
 @needs_mpiexec
-def test_abort_on_exception_ends_the_job_at_once(tmp_path):
+@pytest.mark.parametrize("ran", [Job("raise", ("--abort",), timeout=30)], indirect=True, ids=str)
+def test_abort_on_exception_ends_the_job_at_once(ran, tmp_path):
     """At once, not through the timeout: with a timeout of 30 s, the job ends with the
     exception's exit code and no timeout report, well before the timeout."""
-    done, elapsed = job("raise", str(tmp_path), "--abort", timeout=30)
+    done, elapsed = ran
     assert done.returncode == EXIT_UNCAUGHT, done.stderr[-3000:]
     assert elapsed < 30 / 2, elapsed
     assert "RuntimeError: rank 1 fails between calls" in done.stderr
@@ -291,6 +351,16 @@ def test_abort_on_exception_ends_the_job_at_once(tmp_path):
     # the abort, and the summary names rank 1's exception
     assert (tmp_path / "rank-0.json").exists(), sorted(os.listdir(tmp_path))
     assert "rank 1 raised an uncaught exception" in hang_summary(tmp_path)
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("ran", [Job("monitored_long")], indirect=True, ids=str)
+def test_a_monitored_barrier_may_wait_longer_than_the_communicators_timeout(ran, tmp_path):
+    """monitored_barrier(timeout=T) past the Communicator's timeout: a rank 4 s late
+    with T = 10 and MPICOLL_TIMEOUT=3 is in time; the watchdog does not end the job."""
+    done, _ = ran
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not reports(done.stderr)
 
 
 def hang_summary(directory) -> str:
@@ -650,15 +720,6 @@ def test_local_monitored_barrier_first_missing_only_names_that_rank_on_rank_0_to
         return True
 
     assert run_local(4, body, timeout=10) == [True] * 4
-
-
-@needs_mpiexec
-def test_a_monitored_barrier_may_wait_longer_than_the_communicators_timeout(tmp_path):
-    """monitored_barrier(timeout=T) past the Communicator's timeout: a rank 4 s late
-    with T = 10 and MPICOLL_TIMEOUT=3 is in time; the watchdog does not end the job."""
-    done, _ = job("monitored_long", str(tmp_path))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert not reports(done.stderr)
 
 
 def test_a_monitored_barrier_without_timeout_waits_rank_0s_timeout_on_every_rank():
