@@ -867,6 +867,15 @@ def test_a_dump_dir_the_communicator_refused_is_not_written_at_exit(tmp_path):
                           env=dict(os.environ, MPICOLL_DUMP_DIR=str(fresh)))
     assert done.returncode == 0, done.stderr[-3000:]
     assert (fresh / "rank-0.json").is_file(), done.stderr[-3000:]
+    # the program unset it since: no dump, and no word of one ("cannot write the flight
+    # recorder to rank-0.json: FileNotFoundError" said the exit, with none set)
+    done = subprocess.run(["timeout", "-k", "5", "60", sys.executable, "-c",
+                           "import os, mpicoll\nmpicoll.Communicator()\n"
+                           "del os.environ['MPICOLL_DUMP_DIR']\n"],
+                          capture_output=True, text=True, cwd=tmp_path,
+                          env=dict(os.environ, MPICOLL_DUMP_DIR=str(fresh)))
+    assert done.returncode == 0 and not done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "rank-0.json").exists()
 
 
 @pytest.mark.parametrize("timeout", ["float('inf')", "60", "-1"])

@@ -101,8 +101,8 @@ class Watchdog:
         """At exit with ``MPICOLL_DUMP_DIR``: leave this rank's recorder for ``trace hang``
         (a rank that left, or died of an exception, while others may still wait)."""
         # (a folder the Communicator refused, by this same check: its ConfigError said so;
-        # one not made yet is made by write_dump)
-        if self.fired or unwritable(dump_dir(), directory=True):
+        # one not made yet is made by write_dump; none where the program unset it since)
+        if self.fired or not dump_dir() or unwritable(dump_dir(), directory=True):
             return
         error = getattr(sys, "last_value", None)
         reason = "exit" if error is None else f"exit after {type(error).__name__}"
