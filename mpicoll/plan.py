@@ -30,6 +30,7 @@ rank refusing its arguments, raises on every rank).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 import weakref
@@ -46,6 +47,7 @@ from .errors import (
     CollectiveTimeoutError,
     ConcurrentCallError,
     InvalidArgumentError,
+    MismatchError,
     MpicollError,
     RemoteError,
 )
@@ -819,23 +821,26 @@ def _persist_at_init(comm: Communicator, collective: str, args: tuple, kwargs: d
             or comm._tracer is not None:
         return None
     decision = persist = None
-    fingerprint = 0
+    fingerprint = call = None
     x = args[0] if args else None
     if refusal is None and kwargs.get("stream") is None and arguments is not None:
         try:
+            op = arguments.get("op")
+            # what every rank's call must give alike (their elements, not their shapes:
+            # MPI's counts), and with the shape, what makes the plans one request
+            call = (collective, None if x is None else (math.prod(x.shape), x.dtype.str),
+                    getattr(op, "name", op), arguments.get("root"), arguments.get("algorithm"),
+                    sorted((arguments.get("options") or {}).items()))
+            fingerprint = zlib.crc32(repr((call, getattr(x, "shape", None))).encode())
+            call = zlib.crc32(repr(call).encode())
             decision = decide(comm, collective, args, kwargs)
             if decision is not None and decision.persist is not None:
                 persist = decision.persist(x, kwargs.get("out"))
-            op = arguments.get("op")
-            fingerprint = zlib.crc32(repr((
-                collective, None if x is None else (tuple(x.shape), x.dtype.str),
-                getattr(op, "name", op), arguments.get("root"), arguments.get("algorithm"),
-                sorted((arguments.get("options") or {}).items()))).encode())
         except Exception:  # noqa: BLE001 - this rank votes no; its first start tells why
             persist = None
-    made = _vote_and_make(comm, persist, fingerprint, f"{collective}_init", "waiting for "
+    made = _vote_and_make(comm, persist, fingerprint or 0, f"{collective}_init", "waiting for "
                           "every rank to make the plan (its vote on a persistent request)",
-                          site)
+                          site, call)
     if made is None:
         return None
     run, request = made
@@ -846,12 +851,18 @@ def _persist_at_init(comm: Communicator, collective: str, args: tuple, kwargs: d
 
 
 def _vote_and_make(comm: Communicator, persist: Any, fingerprint: int, what: str, note: str,
-                   site: Site) -> tuple | None:
+                   site: Site, call: int | None = None) -> tuple | None:
     """Every rank says, in one small all-gather watched as ``what``, whether it can run
     its plan on MPI's persistent request (``persist``: its maker, or None), whether it
     gives MPI_IN_PLACE (every rank or none must) and its call's ``fingerprint`` (every
     rank's must be the same); where all agree, each makes the request and all say whether
-    they did. (run, request) on every rank, or None on every rank. A library without
+    they did. (run, request) on every rank, or None on every rank.
+
+    ``call``: what every rank's call must give alike (the collective, x's elements and
+    dtype, op, root, algorithm and options), as one number, or None where this rank
+    cannot say (it passes): ranks whose numbers differ raise MismatchError on every rank,
+    as check mode's agreement would (their plans ran on, to a wrong result or MPI's abort).
+    A library without
     MPI-4's persistent collectives votes no on every rank, as does a transport where a
     request failed before (a rank may fail inside MPI's init, which counts the
     communicator's persistent collectives: no more of them there)."""
@@ -860,11 +871,15 @@ def _vote_and_make(comm: Communicator, persist: Any, fingerprint: int, what: str
     t = comm._backend.transport
     can = persist is not None and t.persists and MPI.Get_version() >= (4, 0)
     in_place = getattr(persist, "in_place", None)
-    mine = np.array([can, in_place is not False, in_place is not True, fingerprint], np.int64)
-    votes = np.zeros((comm.size, 4), np.int64)
+    mine = np.array([can, in_place is not False, in_place is not True, fingerprint,
+                     call is not None, call or 0], np.int64)
+    votes = np.zeros((comm.size, 6), np.int64)
     with watched_step(comm, what, note, site):
         resync_owed(comm, what, site)  # (MPI's own collective next: never before that)
         t.comm.Allgather(mine, votes)
+        said = votes[votes[:, 4] == 1, 5]
+        if len(set(said.tolist())) > 1:
+            raise _unlike(comm, what, votes)
         if not (votes[:, 0].all() and (votes[:, 1].all() or votes[:, 2].all())
                 and (votes[:, 3] == votes[0, 3]).all()):
             return None
@@ -881,6 +896,19 @@ def _vote_and_make(comm: Communicator, persist: Any, fingerprint: int, what: str
         t.release(request)  # never started: a local free
     t.persists = False
     return None
+
+
+def _unlike(comm: Communicator, what: str, votes: np.ndarray) -> MismatchError:
+    """The ranks' calls differ (``_vote_and_make``'s votes): each group of ranks named."""
+    groups: dict[int, list[int]] = {}
+    for rank in np.flatnonzero(votes[:, 4]).tolist():
+        groups.setdefault(int(votes[rank, 5]), []).append(rank)
+    said = "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
+                     f"{'make one' if i == 0 else 'another'}"
+                     for i, ranks in enumerate(groups.values()))
+    return MismatchError(
+        f"{what}: the ranks' plans are not the same call (x's elements or dtype, the op, "
+        f"root, algorithm or options differ): {said} (MPICOLL_CHECK=1 names what differs)")
 
 
 def end_running_starts(comm: Communicator) -> None:

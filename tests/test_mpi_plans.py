@@ -527,6 +527,40 @@ def test_a_native_plan_runs_the_libraries_persistent_request(world, op, inplace)
     np.testing.assert_allclose(world.all_reduce(np.ones(2)), np.full(2, world.size))
 
 
+@pytest.mark.parametrize(("collective", "theirs"), [
+    ("all_reduce", {"dtype": np.float32}), ("reduce", {"size": 5}), ("gather", {"size": 3}),
+    ("scan", {"dtype": np.float32}), ("exscan", {"op": "max"}), ("all_to_all", {"size": 8}),
+    ("all_gather", {"dtype": np.int64}), ("reduce_scatter", {"algorithm": "ring"}),
+    ("reduce", {"root": 1}), ("all_reduce", {"algorithm": "recursive_doubling"})])
+def test_plans_one_rank_makes_of_another_call_raise_everywhere_without_check_mode(
+        world, collective, theirs):
+    """The persistent request's vote holds every rank's call: one rank's other dtype,
+    element count, op, root or algorithm raises MismatchError on every rank as the plans
+    are made (they ran on: reduce_init's float32 against float64 gave a wrong result,
+    all_reduce_init's MPI's abort); the same elements in another shape are one call; the
+    next plan is right."""
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    from mpi4py import MPI
+
+    if MPI.Get_version() < (4, 0):
+        pytest.skip("the MPI library has no persistent collectives")
+    size = theirs.get("size", 4) if world.rank == 1 else 4
+    x = np.arange(size * world.size, dtype=theirs.get("dtype", np.float64)
+                  if world.rank == 1 else np.float64).reshape(world.size, size)
+    kwargs = {k: v for k, v in theirs.items() if k not in ("size", "dtype")} \
+        if world.rank == 1 else {}
+    init = getattr(world, f"{collective}_init")
+    with pytest.raises(mpicoll.MismatchError, match=f"{collective}_init: the ranks' plans "
+                       "are not the same call.*rank 1 another"):
+        init(x, **kwargs)
+    # the same elements, another shape on one rank: one call (MPI's counts)
+    y = np.arange(6.0).reshape((2, 3) if world.rank == 0 else (6,))
+    with world.all_reduce_init(y) as plan:
+        np.testing.assert_array_equal(plan().ravel(), np.arange(6.0) * world.size)
+    np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, world.size))
+
+
 def test_a_persistent_plan_dropped_without_free_lets_its_request_go(world):
     import gc
 
@@ -977,6 +1011,8 @@ def test_async_op_at_init_on_one_rank_takes_part_and_raises(world):
     ("broadcast", {"bogus": 1}, "bogus= is no keyword of broadcast nor a tuning option"),
     ("all_reduce", {"algoritm": "ring"}, r"algoritm= is no keyword .*did you mean algorithm="),
     ("all_gather", {"radix": 2}, "radix= is no keyword of all_gather nor a tuning option"),
+    # (a keyword of other collectives: no "did you mean root=?" of itself)
+    ("all_reduce", {"root": 0}, r"root= is no keyword of all_reduce nor a tuning option"),
     ("all_reduce", {"segment_bytes": 64}, "segment_bytes= is a tuning option of all_reduce "
                                           "ring_pipelined, double_binary_tree: give algorithm="),
     ("all_reduce", {"algorithm": "ring", "radix": 2}, "takes no option 'radix'"),

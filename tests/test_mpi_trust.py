@@ -633,3 +633,30 @@ def test_unaligned_arrays_are_reduced_by_the_mpi_library_too(world, collective, 
                 np.testing.assert_array_equal(plan(), want)
                 np.testing.assert_array_equal(plan(), want)
     _next_call_is_right(comm)
+
+
+def test_a_message_longer_than_its_buffer_in_a_steps_waitall_names_its_sender(world):
+    """A step that waits for several receives at once (binomial gather's children): one
+    message longer than its buffer raises as a single receive's does, naming the sender
+    and the buffer's bytes (it raised MPI's "See the MPI_ERROR field in MPI_Status")."""
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    from mpicoll.transport.mpi import MPITransport
+
+    comm = world.transport.comm.Dup()
+    try:
+        t = MPITransport(comm)
+        t.begin()
+        if world.rank == 1:
+            t.send(np.zeros(8), 0)
+            t.send(np.zeros(2), 0)
+        elif world.rank == 0:
+            first, second = np.zeros(4), np.zeros(4)
+            requests = [t.irecv(first, 1), t.irecv(second, 1)]
+            with pytest.raises(mpicoll.CollectiveError,
+                               match="message from rank 1 is longer than the 32 bytes"):
+                t.waitall(requests)
+            requests[1].Wait()  # (the second message, into its buffer)
+        comm.Barrier()
+    finally:
+        comm.Free()

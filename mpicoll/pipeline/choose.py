@@ -305,8 +305,9 @@ def auto_takes_no_options(collective: str, options: dict[str, Any]) -> InvalidAr
                         "give algorithm= one of them (tuning options need a named algorithm, "
                         "not 'auto')")
             continue
-        close = difflib.get_close_matches(name, sorted({*_CALL_KEYWORDS, *takers}), n=1,
-                                          cutoff=0.75)
+        close = difflib.get_close_matches(  # (another name: root= is no keyword of
+            name, sorted({*_CALL_KEYWORDS, *takers} - {name}), n=1,  # all_reduce's, and
+            cutoff=0.75)  # "did you mean root=?" would say nothing)
         said.append(f"{name}= is no keyword of {collective}" + (
             f" (did you mean {close[0]}=?)" if close else
             " nor a tuning option of its algorithms (tuning options need a named algorithm, "

@@ -224,7 +224,10 @@ class MPITransport(Workspace):
             MPI.Request.Waitall(requests)
         else:
             statuses = self._statuses
-            MPI.Request.Waitall(requests, statuses)  # (mpi4py fills its first ones)
+            try:
+                MPI.Request.Waitall(requests, statuses)  # (mpi4py fills its first ones)
+            except MPI.Exception as exc:
+                raise self._failed_receive(exc, requests, statuses) from exc
             self._check_receives(requests, statuses)
         if self._copies:  # staged receives among them: now copy them to the device
             waited = {id(r) for r in requests}
@@ -252,6 +255,22 @@ class MPITransport(Workspace):
             else:
                 pending.append(received)
         self._receives = pending
+
+    def _failed_receive(self, exc: MPI.Exception, requests: list[MPI.Request],
+                        statuses: list[MPI.Status]) -> Exception:
+        """Waitall's error, where MPI put it in a receive's status (MPI_ERR_IN_STATUS): a
+        message longer than its buffer said as ``recv`` says it, naming the sender (it
+        was "See the MPI_ERROR field in MPI_Status"); any other as it is."""
+        if exc.Get_error_class() != MPI.ERR_IN_STATUS:
+            return exc
+        for received in self._receives:
+            for k, r in enumerate(requests[:len(statuses)]):
+                if r is received[0] and MPI.Get_error_class(
+                        statuses[k].Get_error()) == MPI.ERR_TRUNCATE:
+                    self._receives = []
+                    sender = statuses[k].Get_source()
+                    return cut_short(sender if sender >= 0 else received[2], -1, received[1])
+        return exc
 
     def _drop_copies(self) -> None:
         """Cancel the staged receives a failed call left posted, and wait for them, so
