@@ -985,7 +985,7 @@ def test_a_cpu_group_of_an_nccl_job(fake_cupy):
         assert device.get().tolist() == [float(size)] * 2
         last = dist.new_group([size - 1], backend="cpu:gloo")
         assert (last is dist.GroupMember.NON_GROUP_MEMBER) == (rank != size - 1)
-        with pytest.raises(mpicoll.InvalidArgumentError, match=rf"rank\(s\) \[{size - 1}\]"):
+        with pytest.raises(mpicoll.InvalidArgumentError, match=rf"rank\(s\) {size - 1}[;:, ]"):
             dist.new_group(backend="ucc" if rank == size - 1 else "gloo")  # every rank raises
         again = dist.new_group(backend="gloo")  # then the next call, as every rank makes it
         assert dist.get_backend(again) == "gloo"  # (as torch: the backend asked for)

@@ -23,7 +23,7 @@ def test_a_wrong_rank_on_one_rank_raises_on_every_rank():
 
     size, me = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
     wrong = size if me == size - 1 else me
-    with pytest.raises(mpicoll.InvalidArgumentError, match=rf"rank\(s\) \[{size - 1}\]"):
+    with pytest.raises(mpicoll.InvalidArgumentError, match=rf"rank\(s\) {size - 1}[;:, ]"):
         dist.init_process_group("gloo", rank=wrong, world_size=size)
     assert not dist.is_initialized()
     dist.init_process_group("gloo", rank=me, world_size=size)
@@ -86,7 +86,7 @@ def test_a_one_value_step_of_another_call_is_a_refusal_not_a_backend():
 
         groups.agreed_rows = one_rank_elsewhere
         last = dist.get_world_size() - 1
-        with pytest.raises(mpicoll.InvalidArgumentError, match=rf"refused on rank\(s\) \[{last}\]"):
+        with pytest.raises(mpicoll.InvalidArgumentError, match=rf"refused on rank\(s\) {last}[;: ]"):
             dist.new_group([0])
     finally:
         groups.agreed_rows = real
@@ -227,7 +227,7 @@ def test_a_bad_debug_level_on_one_rank_raises_on_every_rank(debug_level):
     size, me = MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank()
     if me == size - 1:
         debug_level.setenv("TORCH_DISTRIBUTED_DEBUG", "LOUD")
-    with pytest.raises(mpicoll.InvalidArgumentError, match=rf"rank\(s\) \[{size - 1}\]"):
+    with pytest.raises(mpicoll.InvalidArgumentError, match=rf"rank\(s\) {size - 1}[;:, ]"):
         dist.init_process_group("mpi")
     assert not dist.is_initialized()
     if me == size - 1:  # DETAIL there alone: check mode on one rank, refused on every rank
@@ -425,7 +425,7 @@ def test_a_device_mesh_made_by_torchs_constructor_from_a_grid_of_ranks(initializ
         bad = [[0, 0]]
     if size > 1 and rank != size - 1:
         bad = list(range(size))
-    with pytest.raises(mpicoll.InvalidArgumentError, match=rf"refused on rank\(s\) \[{size - 1}\]"):
+    with pytest.raises(mpicoll.InvalidArgumentError, match=rf"refused on rank\(s\) {size - 1}[;: ]"):
         dist.DeviceMesh("cpu", bad)
     with pytest.raises(mpicoll.InvalidArgumentError, match="same grid"):
         dist.DeviceMesh("cpu", np.arange(size), mesh_dim_names=("a", "b") if rank == 0 else ("a",))
@@ -830,7 +830,7 @@ def test_new_group_refused_on_one_rank_raises_on_every_rank(initialized):
                  lambda wrong=wrong: dist.new_subgroups(size + 1 if wrong else 1)]
         for make in tries:
             with pytest.raises(mpicoll.InvalidArgumentError,
-                               match=rf"refused on rank\(s\) \[{culprit}\]"):
+                               match=rf"refused on rank\(s\) {culprit}[;: ]"):
                 make()
     group = dist.new_group([0])
     t = np.ones(1)
@@ -1443,7 +1443,7 @@ def test_objects_point_to_point_and_subgroups_by_enumeration(initialized):
     with pytest.raises(mpicoll.InvalidArgumentError, match="more than one subgroup"):
         dist.new_subgroups_by_enumeration([[0], [0]])
     # a list holding what no rank is (unhashable) on one rank: refused on every rank
-    faulty = "ranks_per_subgroup_list" if rank == size - 1 else rf"refused on rank\(s\) \[{size - 1}\]"
+    faulty = "ranks_per_subgroup_list" if rank == size - 1 else rf"refused on rank\(s\) {size - 1}[;: ]"
     with pytest.raises(mpicoll.InvalidArgumentError, match=faulty):
         dist.new_subgroups_by_enumeration([[[0]]] if rank == size - 1 else [[0]])
     halves = [list(range(0, size, 2)), list(range(1, size, 2))]

@@ -277,11 +277,11 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         ranks = [int(r) for r in np.flatnonzero(flags == 1)]
         if ranks:
             raise InvalidArgumentError(
-                f"init_process_group: rank(s) {ranks} were given a rank or world size that is "
+                f"init_process_group: rank(s) {', '.join(map(str, ranks))} were given a rank or world size that is "
                 f"not the MPI launcher's{': ' + problem if problem else ''}; start the job "
                 "with mpiexec or srun")
         ranks = [int(r) for r in np.flatnonzero(flags == 2)]
-        raise InvalidArgumentError(f"init_process_group: on rank(s) {ranks}, "
+        raise InvalidArgumentError(f"init_process_group: on rank(s) {', '.join(map(str, ranks))}, "
                                    f"{debug or 'TORCH_DISTRIBUTED_DEBUG is not a debug level'}")
     world = ProcessGroup(comm, list(range(comm.size)), _asked(backend))
     _STATE["world"], _STATE["backend"], _STATE["made"] = world, name, 1
@@ -457,7 +457,7 @@ def _world_on(backend: Any, problem: str = "", what: str = "new_group") -> Commu
     if not codes.all() or (codes != most).any():
         odd = [r for r in range(len(codes)) if codes[r] != most or not codes[r]]
         raise InvalidArgumentError(
-            f"{what}: refused on rank(s) {odd}{' (here: ' + problem + ')' if problem else ''}"
+            f"{what}: refused on rank(s) {', '.join(map(str, odd))}{' (here: ' + problem + ')' if problem else ''}"
             f"; every rank gives the same backend (here {backend!r}) and valid arguments")
     if name == _STATE["backend"]:
         return world.comm
@@ -677,7 +677,7 @@ class DeviceMesh:
             most = max(values, key=values.count) if values else 0  # (the grid most give)
             odd = [r for r in range(size) if given[r] != most or not most]
             raise InvalidArgumentError(
-                f"DeviceMesh: refused on rank(s) {odd}{' (here: ' + problem + ')' if problem else ''}"
+                f"DeviceMesh: refused on rank(s) {', '.join(map(str, odd))}{' (here: ' + problem + ')' if problem else ''}"
                 "; every rank gives the same grid of the job's ranks and the same names")
         groups: dict[str, ProcessGroup] = {}
         try:
