@@ -502,6 +502,46 @@ def test_ctrl_c_landing_anywhere_in_calls_never_leaves_the_communicator_taken(wo
     comm.free()
 
 
+@pytest.mark.parametrize("call", ["whole path", "decided", "plan"])
+def test_a_ctrl_c_as_a_call_ends_leaves_it_done_and_untimed(world, monkeypatch, call):
+    """A KeyboardInterrupt raised as the clock of a call's end returns (the call had
+    ended): its entry says done, not running, and the watchdog no longer times it (it
+    would end the job if the rank then did something else past its timeout)."""
+    if world.size > 1:
+        pytest.skip("one process: an interrupt mid-call leaves the other ranks waiting")
+    import mpicoll.observe.recorder
+    import mpicoll.pipeline.entry
+
+    comm = world.dup()
+    x = np.ones(4)
+    plan = comm.all_reduce_init(x, algorithm="ring") if call == "plan" else None
+    run = {"whole path": lambda: comm.all_reduce(x, algorithm="recursive_doubling"),
+           "decided": lambda: comm.all_reduce(x), "plan": plan}[call]
+    if call != "whole path":
+        run()  # (decided since, or the plan settled)
+        run()
+    real, readings = time.monotonic, []
+
+    def interrupting_clock() -> float:  # (a call reads it twice: its start, its end)
+        readings.append(real())
+        if len(readings) == 2:
+            raise KeyboardInterrupt
+        return readings[-1]
+
+    for module in (mpicoll.observe.recorder, mpicoll.pipeline.entry):
+        monkeypatch.setattr(module, "now", interrupting_clock)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    monkeypatch.undo()
+    assert len(readings) == 2
+    assert comm._watch.started == 0.0
+    assert comm._watch.current.state == "done", comm._watch.current.state
+    np.testing.assert_array_equal(run(), x)
+    if plan is not None:
+        plan.free()
+    comm.free()
+
+
 @pytest.mark.parametrize("make", [
     lambda comm, x, out: comm.all_reduce_init(x, out=out, algorithm="native"),  # Start, Wait
     lambda comm, x, out: comm.all_reduce_init(x, "avg", out=out, algorithm="native"),  # done()

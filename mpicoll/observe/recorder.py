@@ -203,11 +203,14 @@ class Watch:
 
     def leave(self) -> None:
         """The call ended (its state is done unless ``failed`` said otherwise)."""
+        # (in this order: a Ctrl-C's KeyboardInterrupt raised as now() returns leaves the
+        # ended call neither "running" nor timed by the watchdog, which would end the job
+        # if this rank then did something else past its timeout)
+        self.started = 0.0
         rec = self.current
-        rec.end = now()
         if rec.state is RUNNING:
             rec.state = DONE
-        self.started = 0.0
+        rec.end = now()
 
     def timed_out(self, exc: BaseException, rank: int) -> None:
         """A receive of the current call that timed out in the waiting thread (the local

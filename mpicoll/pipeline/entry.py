@@ -484,11 +484,11 @@ def prepare(c: CallState, name: str, method: Any,
             watch.interrupted(exc)
             raise
         finally:  # (Watch.leave; the turn given back whatever interrupts it: Ctrl-C)
-            try:
+            try:  # (its state first: a Ctrl-C raised as now() returns leaves it done)
                 rec = watch.current
-                rec.end = now()
                 if rec.state is RUNNING:
                     rec.state = DONE
+                rec.end = now()
             finally:
                 watch.started = 0.0
                 give(True)
@@ -572,10 +572,10 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
             raise
         finally:  # (Watch.leave; the turn given back whatever interrupts it: Ctrl-C)
             try:
-                if not running:
-                    rec.end = now()
+                if not running:  # (its state first, as prepared's)
                     if rec.state is RUNNING:
                         rec.state = DONE
+                    rec.end = now()
             finally:
                 watch.started = 0.0
                 give(True)
