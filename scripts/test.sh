@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, pytest in one process (local transport, units, MPI at 1 rank,
-# the real CuPy/NCCL APIs), then the MPI tests under mpiexec at 2, 3, 4 and 5 ranks (at 8:
-# the conformance files), and with simulated nodes (MPICOLL_RANKS_PER_NODE), each under a timeout. The one-process run includes tests/test_slurm.py: the jobs/ scripts on a
-# two-node SLURM cluster that it starts on this host (scripts/slurm-cluster.sh).
+# The whole test suite: lint, pytest at 1 rank on two workers (local transport, units, MPI
+# at 1 rank, the real CuPy/NCCL APIs), then the MPI tests under mpiexec at 2, 3, 4 and 5
+# ranks (at 8: the conformance files), and with simulated nodes (MPICOLL_RANKS_PER_NODE),
+# each under a timeout. The run at 1 rank includes tests/test_slurm.py: the jobs/ scripts
+# on a two-node SLURM cluster that it starts on this host (scripts/slurm-cluster.sh).
 # A failing rank aborts its job (python -m mpi4py), so nothing hangs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,8 +64,14 @@ fi
 echo "== ruff"
 .venv/bin/ruff check mpicoll tests examples
 
-echo "== pytest, 1 process"
-bounded $PY -m mpi4py -m pytest --with-mpi -q -rfEs -p no:cacheprovider tests
+# on two workers (pytest-xdist; each an MPI process of one rank), each test file on one of
+# them (--dist loadfile: a file's fixtures, the SLURM cluster's, the hang jobs', in one
+# process): most of these tests keep one core busy, the thread ranks' under one GIL, or
+# wait (the SLURM jobs, the hang jobs' timeouts); one after another they took 7 minutes
+WORKERS=${MPICOLL_TEST_WORKERS:-2}
+echo "== pytest, MPI at 1 rank ($WORKERS workers)"
+bounded $PY -m mpi4py -m pytest --with-mpi -q -rfEs -p no:cacheprovider \
+    -n "$WORKERS" --dist loadfile tests
 
 # nodes simulated on this machine (MPICOLL_RANKS_PER_NODE): even (2 + 2) and uneven
 # (3 + 2) nodes, so the hierarchical algorithms and the groups run with several nodes;
@@ -77,8 +84,10 @@ NODE_FILES="tests/test_mpi.py tests/test_mpi_groups_p2p.py tests/test_mpi_dist.p
 # MPI's own, and the agreement scenarios; what the other files test does not change
 # with the rank count past 5, and at 8 they took 2 of the suite's minutes
 WIDE_FILES="tests/test_mpi.py tests/test_mpi_agreement.py tests/test_scan.py"
+# the files with MPI tests (marked mpi) alone: every rank collects the others' 4000 tests
+# to deselect them, 1.4 s a rank each run
+MPI_FILES=$(grep -l "pytest.mark.mpi" tests/test_*.py | tr '\n' ' ')
 for n in $RANKS; do
-    left=()
     if [ "$n" -gt 5 ]; then
         echo "== pytest under mpiexec -n $n (the conformance files: $WIDE_FILES)"
         # shellcheck disable=SC2086
@@ -86,14 +95,19 @@ for n in $RANKS; do
             -q -rfEs -p no:cacheprovider $WIDE_FILES
         continue
     fi
+    files=$MPI_FILES noted=""
     for layout in $LAYOUTS; do
-        if [ "${layout%%:*}" = "$n" ]; then
-            for f in $NODE_FILES; do left+=("--ignore=$f"); done
+        if [ "${layout%%:*}" = "$n" ]; then  # (NODE_FILES run with nodes, below)
+            # shellcheck disable=SC2086
+            files=$(for f in $MPI_FILES; do case " $(echo $NODE_FILES) " in *" $f "*) ;;
+                    *) printf '%s ' "$f" ;; esac; done)
+            noted=" (NODE_FILES: with simulated nodes, below)"
         fi
     done
-    echo "== pytest under mpiexec -n $n${left:+ (NODE_FILES: with simulated nodes, below)}"
+    echo "== pytest under mpiexec -n $n$noted"
+    # shellcheck disable=SC2086
     bounded $MPIEXEC -n "$n" $PY -m mpi4py -m pytest --with-mpi -m mpi \
-        -q -rfEs -p no:cacheprovider ${left[@]+"${left[@]}"} tests
+        -q -rfEs -p no:cacheprovider $files
 done
 for layout in $LAYOUTS; do
     n=${layout%%:*} k=${layout##*:}
