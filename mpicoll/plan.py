@@ -232,13 +232,18 @@ class Plan:
 
         refuse_in_callback(f"{self.collective} plan.{what}")  # (as every call: before any
         # message, on every rank alike)
-        if not comm._entry.acquire(False):
-            raise ConcurrentCallError(busy(comm, f"{self.collective} plan.{what}"))
-        # (and what it was made with: a plan made before check mode was turned on was not
-        # compared when it was made)
-        (name, _), op, root = _agreed_at_init(
-            _arguments(self.collective, self._args, self._kwargs), comm.size)
+        try:  # (the turn: as numbered takes it)
+            comm._entry.take()
+        except IndexError:
+            raise ConcurrentCallError(busy(comm, f"{self.collective} plan.{what}")) from None
+        except BaseException:  # (Ctrl-C as take() returned: the turn was taken)
+            comm._entry.give(True)
+            raise
         try:
+            # (and what it was made with: a plan made before check mode was turned on was
+            # not compared when it was made)
+            (name, _), op, root = _agreed_at_init(
+                _arguments(self.collective, self._args, self._kwargs), comm.size)
             announce(comm, f"{self.collective} plan", self._site, None,
                      algorithm=f"{name}: plan #{self._number}, made by call #{self._made}",
                      op=op, root=root)
@@ -753,13 +758,15 @@ def make_plan(comm: Communicator, collective: str, args: tuple, kwargs: dict, fr
         refusal = refusal or InvalidArgumentError(
             f"{collective}_init: {type(exc).__name__}: {exc}")
     if comm.check:  # making a plan is agreed: every rank raises a refusal or a mismatch
-        from .pipeline.entry import announce
+        from .pipeline.entry import announce, busy
 
-        if not comm._entry.acquire(False):
-            from .errors import ConcurrentCallError
-            from .pipeline.entry import busy
-
-            raise ConcurrentCallError(busy(comm, f"{collective}_init"))
+        try:  # (the turn: as numbered takes it)
+            comm._entry.take()
+        except IndexError:
+            raise ConcurrentCallError(busy(comm, f"{collective}_init")) from None
+        except BaseException:  # (Ctrl-C as take() returned: the turn was taken)
+            comm._entry.give(True)
+            raise
         try:
             announce(comm, f"{collective}_init", site, refusal,
                      *_agreed_at_init(arguments, comm.size))

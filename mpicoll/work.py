@@ -408,11 +408,16 @@ def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: 
     from .pipeline.entry import announce, busy
     from .pipeline.validate import stream_refusal
 
-    if not comm._entry.acquire(False):
+    try:  # (the turn: as numbered takes it)
+        comm._entry.take()
+    except IndexError:
         refusal = ConcurrentCallError(busy(comm, f"{name}(async_op=True)"))
         if comm._progress is not None:  # a blocking call of another thread holds comm
             _refused(comm._progress, name, args, kwargs, stream, site, refusal)
-        raise refusal
+        raise refusal from None
+    except BaseException:  # (Ctrl-C as take() returned: the turn was taken)
+        comm._entry.give(True)
+        raise
     try:
         refusal = refused
         progress = comm._progress

@@ -288,8 +288,14 @@ def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, meth
         raise freed(name)
     if CALLBACK_THREADS and in_done_callback():
         raise refused_in_callback(name)
-    if not held and not c._entry.acquire(False):
-        raise ConcurrentCallError(busy(c, name))
+    if not held:  # (Turn.acquire's steps inline: a Ctrl-C raised as a method's call
+        try:  # returns would land after the turn was taken, before the try below
+            c._entry.take()  # gives it back, and leave it taken for good)
+        except IndexError:
+            raise ConcurrentCallError(busy(c, name)) from None
+        except BaseException:  # (Ctrl-C as take() returned: the turn was taken)
+            c._entry.give(True)
+            raise
     if c._freed and not held:  # (freed by another thread since the check above)
         c._entry.release()
         raise freed(name)
@@ -663,8 +669,13 @@ def watched_step(c: CallState, what: str, note: str, site: Any = None) -> Iterat
         raise freed(what)
     if CALLBACK_THREADS and in_done_callback():
         raise refused_in_callback(what)
-    if not c._entry.acquire(False):
-        raise ConcurrentCallError(busy(c, what))
+    try:  # (the turn: as numbered takes it)
+        c._entry.take()
+    except IndexError:
+        raise ConcurrentCallError(busy(c, what)) from None
+    except BaseException:  # (Ctrl-C as take() returned: the turn was taken)
+        c._entry.give(True)
+        raise
     try:
         call = Call(c._seq, what)
         if site is not None:
