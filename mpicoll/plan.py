@@ -703,6 +703,14 @@ def _parameter_refusal(comm: Communicator, collective: str, args: tuple, kwargs:
     if elsewhere := off_backend_gpu(comm._backend.device):
         return InvalidArgumentError(f"{collective}_init: {elsewhere}")
     spec = SPECS.get(collective)
+    if spec is None and collective in _ALGORITHMS_OF and "x" in arguments:
+        # a v-variant's x: an array it takes, where this rank gives it as input (scatter_v:
+        # the root alone), as the start would refuse it at once (its counts: agreed there)
+        if collective == "scatter_v" and arguments.get("root") != comm.rank:
+            return None
+        verdict = Verdict()
+        validate_array(verdict, arguments["x"], device_only=comm._backend.device_only)
+        return verdict.params or verdict.input
     if spec is None or spec.input_at_root_only or "x" not in arguments:
         return None  # (a root's input travels in its header: every rank learns it there)
     # x, where every rank gives it as input (a refusal the call would raise at once,

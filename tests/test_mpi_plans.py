@@ -1021,6 +1021,9 @@ def test_async_op_at_init_on_one_rank_takes_part_and_raises(world):
     ("all_reduce", {"op": "band"}, "op 'band' cannot reduce dtype float64"),
     ("exscan", {"x": "not an array"}, "x: expected a NumPy or CuPy array"),
     ("gather", {"x": None}, "x: expected an array, got None"),
+    # (the v-variants' x: refused at init too, where each start refused it)
+    ("all_gather_v", {"x": None}, "x: expected an array, got None"),
+    ("gather_v", {"x": "rows"}, "x: expected a NumPy or CuPy array"),
     ("all_gather", {"x": np.array([object()])}, "dtype object"),
     # what the algorithm refuses of the op, refused at init (every start refused it)
     ("all_reduce", {"op": mpicoll.Op(np.add, commutative=False, name="ordered"),
