@@ -71,7 +71,7 @@ echo "== ruff"
 WORKERS=${MPICOLL_TEST_WORKERS:-2}
 echo "== pytest, MPI at 1 rank ($WORKERS workers)"
 bounded $PY -m mpi4py -m pytest --with-mpi -q -rfEs -p no:cacheprovider \
-    -n "$WORKERS" --dist loadfile tests
+    -n "$WORKERS" --dist loadfile --no-loadscope-reorder tests
 
 # nodes simulated on this machine (MPICOLL_RANKS_PER_NODE): even (2 + 2) and uneven
 # (3 + 2) nodes, so the hierarchical algorithms and the groups run with several nodes;

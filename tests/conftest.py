@@ -20,6 +20,18 @@ def _under_mpi(config) -> bool:
                 config.getoption("--only-mpi", default=False))
 
 
+# the files that take longest first: on the suite's two workers (scripts/test.sh: --dist
+# loadfile --no-loadscope-reorder, which keeps this order) each starts at once and the
+# other files fill in around them; xdist's own order (most tests first) started the SLURM
+# and hang jobs, few tests and minutes of waiting, last, to run on alone at the end
+LONGEST_FIRST = ("test_slurm.py", "test_hangs.py", "test_local.py", "test_examples.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    first = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # (stable)
+
+
 def pytest_report_header(config):
     import numpy
 
