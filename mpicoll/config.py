@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from .errors import ConfigError
@@ -35,14 +36,23 @@ def read_config(path: Path) -> str | None:
 
 def unwritable(path: str, directory: bool = False) -> str:
     """Why ``path`` cannot be written as a file (or, with ``directory``, made and written
-    as a folder, as ``os.makedirs`` would), or "" when it can."""
+    as a folder: it is made, as ``os.makedirs`` would, and a file made in it and removed),
+    or "" when it can. (A folder is tried, not judged by its permissions: root may write
+    anywhere by them, yet cannot make /proc/x, nor write on a read-only file system.)"""
     if directory:
         probe = os.path.abspath(path)
         while not os.path.exists(probe) and os.path.dirname(probe) != probe:
             probe = os.path.dirname(probe)  # makedirs makes the missing ones below it
         if not os.path.isdir(probe):
             return f"{probe} is not a directory"
-        return "" if os.access(probe, os.W_OK | os.X_OK) else f"{probe} is not writable"
+        try:
+            os.makedirs(path, exist_ok=True)
+            handle, name = tempfile.mkstemp(prefix=".mpicoll-probe-", dir=path)
+            os.close(handle)
+            os.remove(name)
+        except OSError as exc:
+            return f"it cannot be made a writable folder ({exc.strerror or exc})"
+        return ""
     if os.path.isdir(path):
         return "it is a directory"
     folder = os.path.dirname(os.path.abspath(path))

@@ -480,3 +480,33 @@ def test_freeing_a_communicator_whose_bucketer_another_thread_waits_on():
         return results[0][1], buckets.comm.freed
 
     assert run_local(2, body, timeout=10) == [([2.0, 2.0], True)] * 2
+
+
+def test_a_world_given_up_sends_no_later_message_and_a_wait_raises_aborted_error():
+    """Once a rank gave the local world up (its timeout): a rank that goes on to a later
+    call sends nothing, and a rank whose wait meets such a message, sent as the world
+    gave up, raises AbortedError, as the README says every other rank does (it raised
+    MismatchError: "message from rank 2 has tag 4 ...; expected tag 3", one run in four)."""
+    world = LocalWorld(2, timeout=5)
+    early, late = world.endpoint(0), world.endpoint(1)
+    early.begin()
+    late.begin()
+    late.begin()  # (a call ahead)
+    late.send(np.ones(2), 0)  # its message, sent before the world was given up
+    box = world.mailboxes[1][0]
+
+    class GivenUpAsTaken:  # (the world given up as the wait takes it: the race, certain)
+        def get(self, timeout):
+            item = box.get(timeout=timeout)
+            world.aborted.set()
+            return item
+
+        def put(self, item):
+            box.put(item)
+
+    world.mailboxes[1][0] = GivenUpAsTaken()
+    with pytest.raises(mpicoll.AbortedError, match="rank 0: another rank failed"):
+        early.recv(np.empty(2), 1)
+    with pytest.raises(mpicoll.AbortedError, match="rank 1: another rank failed"):
+        late.send(np.ones(2), 0)
+    assert box.empty()

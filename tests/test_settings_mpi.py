@@ -52,6 +52,9 @@ def shared_dir(tmp_path_factory):
     ("MPICOLL_FLIGHT_RECORDER", "many"), ("MPICOLL_FLIGHT_RECORDER", "99999999999999999999"),
     ("MPICOLL_FLIGHT_RECORDER", "\u00b2"), ("MPICOLL_CHECK", "maybe"),
     ("MPICOLL_CUDA_AWARE", "maybe"), ("MPICOLL_DUMP_DIR", "{file}/dumps"),
+    # (a folder no one can make, root too, whom permissions let write anywhere: it was
+    # judged by /proc's permissions and passed, and the dumps were lost at exit)
+    ("MPICOLL_DUMP_DIR", "/proc/mpicoll-dumps"),
 ])
 def test_a_malformed_setting_on_one_rank_raises_on_every_rank(monkeypatch, shared_dir,
                                                                variable, value):

@@ -319,6 +319,10 @@ class LocalTransport(Workspace):
         self.let_go()
 
     def send(self, buf: np.ndarray, dest: int) -> None:
+        # (the world given up: no message of a later call goes out, which a rank still in
+        # an earlier one would take for a mismatch)
+        if self.world.aborted.is_set():
+            raise AbortedError(f"rank {self.rank}: another rank failed; giving up")
         self.world.mailboxes[self.rank][dest].put((self.tag, buf.tobytes()))
 
     def recv(self, buf: np.ndarray, source: int) -> None:
@@ -357,6 +361,8 @@ class LocalTransport(Workspace):
             # an earlier call's message that no receive took (that call was refused):
             # as in MPI, it never matches a later call
         if tag != self.tag or len(data) != buf.nbytes:
+            if self.world.aborted.is_set():  # (a later call's, sent as the world gave up)
+                raise AbortedError(f"rank {self.rank}: another rank failed; giving up")
             self.world.aborted.set()
             raise MismatchError(
                 f"rank {self.rank}: message from rank {source} has tag {tag} and "
