@@ -28,7 +28,7 @@ from .pipeline import agree, run
 from .pipeline.choose import Chooser, check_collective
 from .pipeline.choose import algorithms as _names
 from .pipeline.describe import Call
-from .pipeline.entry import announce, entry, freed, resync_owed, take_turn
+from .pipeline.entry import announce, entry, freed, resync_owed, turn
 from .pipeline.state import CallState, close_progress, let_go, refuse_in_callback
 from .pipeline.validate import dtype_given
 from .plan import end_running_starts, init_method
@@ -182,11 +182,8 @@ class Communicator(CallState, PointToPoint, Groups):
         one's, for another thread (collective); ``check``: its check mode (default: this one's)."""
         if self._freed:
             raise freed("dup")
-        take_turn(self, "dup")  # it sends on this one's communicator too
-        try:
+        with turn(self, "dup"):  # it sends on this one's communicator too
             return self._duplicate(sys._getframe(1), check)
-        finally:
-            self._entry.release()
 
     def _duplicate(self, site: Any, check: bool | None = None) -> Communicator:
         """``dup()`` for a caller that holds this Communicator's entry (made at ``site``)."""
@@ -225,12 +222,9 @@ class Communicator(CallState, PointToPoint, Groups):
 
     def _merge_trace(self, path: str, refusal: type[Exception]) -> None:
         """write_trace, watched; rank 0's failure to write raises ``refusal`` everywhere."""
-        take_turn(self, "write_trace")  # it sends on this one's communicator too
-        try:
-            with self._watch.aside(Call(self._seq, "write_trace", 3)):
-                failure = write_merged(self._tracer, self._backend.transport, path)
-        finally:
-            self._entry.release()
+        with turn(self, "write_trace"), \
+                self._watch.aside(Call(self._seq, "write_trace", 3)):  # (it sends on this
+            failure = write_merged(self._tracer, self._backend.transport, path)  # one too)
         if failure is not None:
             raise refusal(failure)
 
@@ -251,9 +245,9 @@ class Communicator(CallState, PointToPoint, Groups):
         ``trace=path``), release the private communicators (also at MPI finalization)."""
         refuse_in_callback("free")  # (it would join the progress thread it runs on)
         end_running_starts(self)  # (a watched wait, before its calls refuse)
-        take_turn(self, "free")  # (another thread in a call: refused, nothing freed)
-        self._freed, self._decisions = True, None  # its calls and plans refuse from now
-        self._entry.release()  # on (no kept decision runs on the released communicators)
+        with turn(self, "free"):  # (another thread in a call: refused, nothing freed)
+            self._freed, self._decisions = True, None  # its calls and plans refuse from
+            # now on (no kept decision runs on the released communicators)
         close_progress(self)
         try:
             if self._trace_file is not None:

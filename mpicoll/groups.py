@@ -27,7 +27,7 @@ from .errors import InvalidArgumentError, MismatchError
 from .observe.recorder import AGREEMENT_STEPS
 from .pipeline import agree
 from .pipeline.describe import Call
-from .pipeline.entry import freed, numbered, take_turn, watched_step
+from .pipeline.entry import freed, numbered, turn, watched_step
 
 _BAD_COLOR, _BAD_KEY, _BAD_RANKS, _BAD_MESH, _BAD_BACKEND = 1, 2, 4, 8, 16
 _REASONS = {_BAD_COLOR: "color: expected an int in 0..2**31-1 or None",
@@ -138,7 +138,7 @@ def agreed_rows(comm: Any, mine: np.ndarray, site: Any, what: str,
     whose collectives move device arrays, over its MPI side: a step watched under
     ``what`` (not numbered: check mode does not fingerprint it), refused as a call is on
     a freed Communicator or in a done callback, MPI's errors named as mpicoll's.
-    ``held``: the caller holds ``comm``'s turn (``take_turn``) and keeps it."""
+    ``held``: the caller holds ``comm``'s turn (``turn``) and keeps it."""
     if comm._backend.separate_control:
         n = mine.size
         table = np.zeros(n * comm.size, np.int64)
@@ -206,11 +206,8 @@ def _apart(values: np.ndarray) -> tuple[str, str] | None:
 def _turn(comm: Any, what: str) -> Iterator[None]:
     """``comm``'s turn held for a whole split (its agreement, MPI_Comm_split and the new
     Communicator: no other thread's call between them), or a mesh's splits."""
-    take_turn(comm, what)
-    try:
+    with turn(comm, what):
         yield
-    finally:
-        comm._entry.release()
 
 
 def _make(comm: Any, color: int | None, key: int, colors: np.ndarray, keys: np.ndarray) -> Any:

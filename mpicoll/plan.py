@@ -30,6 +30,7 @@ rank refusing its arguments, raises on every rank).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -62,7 +63,7 @@ from .pipeline.entry import (
     public_signature,
     resync_owed,
     said_in_ranks,
-    take_turn,
+    turn,
     watched_step,
 )
 from .pipeline.validate import Verdict, reduction_op, stream_refusal
@@ -517,10 +518,8 @@ class Plan:
         Communicator's turn (another thread in a call of it, a plan() of this one too:
         ConcurrentCallError, nothing let go)."""
         comm = self.comm
-        held = not comm._freed
-        if held:
-            take_turn(comm, f"{self.collective} plan.free()")
-        try:
+        with turn(comm, f"{self.collective} plan.free()") if not comm._freed else \
+                contextlib.nullcontext():
             self._freed = True
             self._args, self._kwargs, self._bound, self._pins = (), {}, None, []
             self._given = {}
@@ -529,9 +528,6 @@ class Plan:
                 self._retire.detach()
                 comm._backend.transport.release(self._request)
                 self._request = None
-        finally:
-            if held:
-                comm._entry.release()
 
     def __enter__(self) -> Plan:
         return self

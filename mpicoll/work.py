@@ -480,18 +480,15 @@ def start_progress(comm: Any, frame: Any) -> None:
     ``async_op=True`` call makes it otherwise: where ranks make their first async calls on
     two communicators in different orders, those duplicates would wait for each other).
     The Bucketer's constructor calls it for its communicator."""
-    from .pipeline.entry import freed, take_turn
+    from .pipeline.entry import freed, turn
 
     if comm._freed:
         raise freed("start_progress")
     if comm._backend.queues_on_stream or comm._progress is not None:
         return
 
-    take_turn(comm, "start_progress")
-    try:
+    with turn(comm, "start_progress"):
         _made_progress(comm, Site(frame))
-    finally:
-        comm._entry.release()
 
 
 def _refused(progress: ProgressThread, name: str, args: tuple, kwargs: dict, stream: Any,

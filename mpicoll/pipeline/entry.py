@@ -48,13 +48,26 @@ def busy(c: CallState, what: str) -> str:
             "before the threads start")
 
 
-def take_turn(c: CallState, what: str) -> None:
-    """Take ``c``'s entry for ``what``, a step that sends on ``c`` but is no numbered call
-    (dup, write_trace, start_progress; the caller gives it back): refused in a done
-    callback (every rank runs the callback alike) or while another thread is in a call."""
+@contextlib.contextmanager
+def turn(c: CallState, what: str) -> Iterator[None]:
+    """``c``'s entry held for ``what``, a step that sends on ``c`` but is no numbered call
+    (dup, write_trace, start_progress, free, a split): refused in a done callback (every
+    rank runs the callback alike) or while another thread is in a call; given back however
+    the step ends. A Ctrl-C raised as the turn is taken, or as the step is entered, gives
+    it back too (the generator's finally, run as it is dropped): a function that took it
+    returned to its caller's ``try``, where such an interrupt left it taken for good."""
     refuse_in_callback(what)
-    if not c._entry.acquire(False):
-        raise ConcurrentCallError(busy(c, what))
+    try:
+        c._entry.take()
+    except IndexError:
+        raise ConcurrentCallError(busy(c, what)) from None
+    except BaseException:  # (Ctrl-C as take() returned: the turn was taken)
+        c._entry.give(True)
+        raise
+    try:
+        yield
+    finally:
+        c._entry.release()
 
 
 def freed(what: str) -> InvalidArgumentError:
@@ -282,7 +295,7 @@ def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, meth
     its refusal (if any) settled as every stage's, then ``method(c, call, *args,
     **kwargs)``: the whole path. ``keep``: the key under which the whole path's decision
     is kept once it succeeds (``mpicoll.pipeline.decided``); ``held``: the caller holds
-    ``c``'s turn (``take_turn``) for a step of its own around the call (a split), and
+    ``c``'s turn (``turn``) for a step of its own around the call (a split), and
     keeps it. Nothing but mpicoll's errors leaves it."""
     if c._freed:  # (free() is collective: every rank refuses, before any message)
         raise freed(name)
