@@ -554,3 +554,22 @@ def test_trace_hang_names_a_dump_that_is_none_and_reads_the_others(tmp_path, cap
     for rank in (1, 2, 3):
         assert f"rank-{rank}.json: not a dump mpicoll wrote" in err, err
     assert "Traceback" not in err
+
+
+def test_a_traced_communicator_keeps_few_timed_ops_of_ops_made_per_call():
+    """Traced, every op's applications are timed through a timed copy of it: a user's Op
+    made per call (the README says that is fine) no longer keeps every one alive with
+    the tracer (the copies grew by one a call), only the most recent few."""
+    def add(a, b, out):
+        np.add(a, b, out=out)
+
+    def body(comm):
+        for _ in range(200):
+            comm.all_reduce(np.ones(4), mpicoll.Op(add), algorithm="ring")
+        return len(comm._tracer._timed_ops)
+
+    kept = run_local(2, body, trace=True)
+    assert all(k < 200 for k in kept), kept  # (one a call: 200)
+    from mpicoll.observe.tracing import TIMED_OPS
+
+    assert kept == [TIMED_OPS] * 2

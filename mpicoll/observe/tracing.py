@@ -233,11 +233,19 @@ def trace_path(path: str, writer: int = 0, peek: bool = False) -> str:
     return f"{root}.{'.'.join(parts)}{ext or '.json'}"
 
 
+TIMED_OPS = 64  # ops a tracer keeps timed: the most recent (a user's Op made per call
+# is new each call: kept all, they grew with the calls, every one alive with the tracer)
+
+
 def timed_op(op: Any, tracer: Tracer) -> Any:
-    """``op`` with every application recorded as a reduction (made once per op)."""
+    """``op`` with every application recorded as a reduction (made once per op, the
+    ``TIMED_OPS`` most recent kept)."""
     timed = tracer._timed_ops.get(op)
     if timed is None:
         import dataclasses
+
+        if len(tracer._timed_ops) >= TIMED_OPS:  # (the oldest first: dicts keep order)
+            del tracer._timed_ops[next(iter(tracer._timed_ops))]
 
         def fn(a: Any, b: Any, out: Any) -> None:
             start = time.perf_counter()

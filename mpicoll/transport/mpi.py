@@ -19,6 +19,7 @@ GPU buffers (CuPy arrays) take one of two paths, decided once per communicator b
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 import weakref
@@ -465,8 +466,10 @@ class MPIPeers:
         self.comm = new_comm(transport.comm.Dup, "Communicator")
         self.transport = transport
         # requests dropped before they finished: kept, with the memory MPI still reads or
-        # writes (a strided send's copy, a staged message's host buffer), until it is done
-        self._orphans: list[PeerRequest] = []
+        # writes (a strided send's copy, a staged message's host buffer), until it is done;
+        # oldest first (reap), and how many were kept after the last reap
+        self._orphans: collections.deque[PeerRequest] = collections.deque()
+        self._kept = 0
         tag_ub = self.comm.Get_attr(MPI.TAG_UB)
         self.max_tag = int(tag_ub) if tag_ub else 32767
 
@@ -541,9 +544,19 @@ class MPIPeers:
 
     def reap(self) -> None:
         """Let go of the requests dropped unfinished (``PeerRequest.__del__``) that MPI
-        has finished with (a staged receive's message then onto its GPU array)."""
-        for request in [r for r in self._orphans if r.done_quietly()]:
-            self._orphans.remove(request)  # (one by one: a __del__ may append meanwhile)
+        has finished with (a staged receive's message then onto its GPU array): each call
+        tests the two oldest, and one more for each dropped since the last call, those
+        not done going to the back. A cost bounded by the drops, not by how many are
+        kept: testing every one each call made each point-to-point call slower with every
+        receive dropped that no message ever matches (MPI keeps it posted: so is it here)."""
+        orphans = self._orphans
+        if not orphans:
+            return
+        for _ in range(min(len(orphans), 2 + max(0, len(orphans) - self._kept))):
+            request = orphans.popleft()  # (a __del__ may append meanwhile: deques are safe)
+            if not request.done_quietly():
+                orphans.append(request)
+        self._kept = len(orphans)
 
     def free(self) -> None:
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
@@ -603,7 +616,7 @@ class PeerRequest:
     """An MPI request of ``MPIPeers``: ``wait()`` (a receive's Status), ``test()``."""
 
     def __init__(self, request: MPI.Request, keep: Any, device: Any = None,
-                 source: int = -1, tag: int = -1, orphans: list | None = None,
+                 source: int = -1, tag: int = -1, orphans: Any = None,
                  receive: bool = False) -> None:
         self.request, self.keep, self.device = request, keep, device
         self.receive = receive
