@@ -405,7 +405,7 @@ def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: 
             raise refused
         return work
     from .errors import ConcurrentCallError, InvalidArgumentError
-    from .pipeline.entry import announce, busy
+    from .pipeline.entry import announce, busy, freed
     from .pipeline.validate import stream_refusal
 
     try:  # (the turn: as numbered takes it)
@@ -419,6 +419,9 @@ def submit(comm: Any, name: str, args: tuple, kwargs: dict, stream: Any, frame: 
         comm._entry.give(True)
         raise
     try:
+        if comm._freed:  # freed by another thread since the caller's check (as numbered
+            # checks again): a new progress thread would be made on the freed communicator
+            raise freed(f"{name}(async_op=True)")
         refusal = refused
         progress = comm._progress
         if refusal is None and progress is not None and progress.other_thread_pending():

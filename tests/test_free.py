@@ -145,3 +145,30 @@ def test_a_message_done_before_the_free_is_waited_for_after_it():
     comm.free()
     assert receive.wait() == comm.rank and send.wait() is None
     np.testing.assert_array_equal(got, np.full(2, 7.0))
+
+
+def test_an_async_call_meeting_a_free_made_since_its_first_check_is_refused(monkeypatch):
+    """Another thread's free() landing between an async call's first look at the
+    Communicator and its submission: the call refuses as every call on a freed one
+    does (it went on: made a new progress thread and its duplicate on the freed
+    Communicator, which stayed running; over MPI, a COMM_NULL message)."""
+    import mpicoll.communicator
+    import mpicoll.work
+    from mpicoll.local import run_local
+
+    submit = mpicoll.communicator.submit
+
+    def freed_meanwhile(comm, *args, **kwargs):  # (the other thread's free(), made certain)
+        comm.free()
+        return submit(comm, *args, **kwargs)
+
+    monkeypatch.setattr(mpicoll.communicator, "submit", freed_meanwhile)
+
+    def body(comm):
+        mine = comm.dup()
+        with pytest.raises(mpicoll.InvalidArgumentError, match="this Communicator was freed"):
+            mine.all_reduce(np.ones(3), async_op=True)
+        return mine._progress is None
+
+    assert run_local(2, body, timeout=10) == [True, True]
+    assert not any(p._thread.is_alive() for p in mpicoll.work._RUNNING)
