@@ -836,12 +836,15 @@ def _persist_at_init(comm: Communicator, collective: str, args: tuple, kwargs: d
     x = args[0] if args else None
     if refusal is None and kwargs.get("stream") is None and arguments is not None:
         try:
-            op = arguments.get("op")
+            op, root = arguments.get("op"), arguments.get("root")
             # what every rank's call must give alike (their elements, not their shapes:
-            # MPI's counts), and with the shape, what makes the plans one request
+            # MPI's counts), each as check mode compares it ("sum" and ReduceOp.SUM one
+            # op, 1 and np.int64(1) one root), and with the shape, what makes the plans
+            # one request
             call = (collective, None if x is None else (math.prod(x.shape), x.dtype.str),
-                    getattr(op, "name", op), arguments.get("root"), arguments.get("algorithm"),
-                    sorted((arguments.get("options") or {}).items()))
+                    None if op is None else agree.op_text(op), _plain(root),
+                    arguments.get("algorithm"),
+                    sorted((k, _plain(v)) for k, v in (arguments.get("options") or {}).items()))
             fingerprint = zlib.crc32(repr((call, getattr(x, "shape", None))).encode())
             call = zlib.crc32(repr(call).encode())
             decision = decide(comm, collective, args, kwargs)
@@ -909,13 +912,20 @@ def _vote_and_make(comm: Communicator, persist: Any, fingerprint: int, what: str
     return None
 
 
+def _plain(value: Any) -> Any:
+    """An integer argument as Python's int (NumPy's repr differs), anything else as it is."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    return value
+
+
 def _unlike(comm: Communicator, what: str, votes: np.ndarray) -> MismatchError:
     """The ranks' calls differ (``_vote_and_make``'s votes): each group of ranks named."""
     groups: dict[int, list[int]] = {}
     for rank in np.flatnonzero(votes[:, 4]).tolist():
         groups.setdefault(int(votes[rank, 5]), []).append(rank)
     said = "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
-                     f"{'make one' if i == 0 else 'another'}"
+                     f"{('make' if len(ranks) > 1 else 'makes') + ' one' if i == 0 else 'another'}"
                      for i, ranks in enumerate(groups.values()))
     return MismatchError(
         f"{what}: the ranks' plans are not the same call (x's elements or dtype, the op, "

@@ -561,6 +561,29 @@ def test_plans_one_rank_makes_of_another_call_raise_everywhere_without_check_mod
     np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, world.size))
 
 
+@pytest.mark.parametrize(("collective", "mine", "theirs"), [
+    ("all_reduce", {"op": "sum"}, {"op": mpicoll.ReduceOp.SUM}),
+    ("all_reduce", {"op": "max"}, {"op": mpicoll.ReduceOp.MAX, "algorithm": "auto"}),
+    ("reduce", {"root": 1}, {"root": np.int64(1)}),
+    ("all_reduce", {"algorithm": "ring_pipelined", "segment_bytes": 64},
+     {"algorithm": "ring_pipelined", "segment_bytes": np.int64(64)})])
+def test_plans_of_one_call_spelled_another_way_on_one_rank_are_one_call(world, collective,
+                                                                         mine, theirs):
+    """One call spelled two ways (an op by its name or as ReduceOp, a root or an option
+    as Python's int or NumPy's): one plan, right on every rank, as check mode takes it."""
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    root = 1 % world.size
+    x = np.full(4, world.rank + 1.0)
+    init = getattr(world, f"{collective}_init")
+    with init(x, **(theirs if world.rank == 1 else mine)) as plan:
+        got = plan()
+    if collective == "all_reduce" or world.rank == root:
+        ranks = np.arange(1.0, world.size + 1)
+        want = ranks.max() if (mine.get("op") == "max") else ranks.sum()
+        np.testing.assert_array_equal(got, np.full(4, want))
+
+
 def test_a_persistent_plan_dropped_without_free_lets_its_request_go(world):
     import gc
 
