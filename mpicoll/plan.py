@@ -228,19 +228,11 @@ class Plan:
         comm = self.comm
         if not comm.check:
             return
-        from .pipeline.entry import announce, busy
-        from .pipeline.state import refuse_in_callback
+        from .pipeline.entry import announce
 
-        refuse_in_callback(f"{self.collective} plan.{what}")  # (as every call: before any
-        # message, on every rank alike)
-        try:  # (the turn: as numbered takes it)
-            comm._entry.take()
-        except IndexError:
-            raise ConcurrentCallError(busy(comm, f"{self.collective} plan.{what}")) from None
-        except BaseException:  # (Ctrl-C as take() returned: the turn was taken)
-            comm._entry.give(True)
-            raise
-        try:
+        # (refused in a done callback, as every call: before any message, on every rank
+        # alike)
+        with turn(comm, f"{self.collective} plan.{what}"):
             # (and what it was made with: a plan made before check mode was turned on was
             # not compared when it was made)
             (name, _), op, root = _agreed_at_init(
@@ -248,8 +240,6 @@ class Plan:
             announce(comm, f"{self.collective} plan", self._site, None,
                      algorithm=f"{name}: plan #{self._number}, made by call #{self._made}",
                      op=op, root=root)
-        finally:
-            comm._entry.release()
 
     def _restored(self) -> None:
         """After a start made on a result array the caller had made read-only: the

@@ -680,28 +680,18 @@ def watched_step(c: CallState, what: str, note: str, site: Any = None) -> Iterat
     ``what`` (``note``: what it waits for), nothing but mpicoll's errors leaving it."""
     if c._freed:
         raise freed(what)
-    if CALLBACK_THREADS and in_done_callback():
-        raise refused_in_callback(what)
-    try:  # (the turn: as numbered takes it)
-        c._entry.take()
-    except IndexError:
-        raise ConcurrentCallError(busy(c, what)) from None
-    except BaseException:  # (Ctrl-C as take() returned: the turn was taken)
-        c._entry.give(True)
-        raise
-    try:
-        call = Call(c._seq, what)
-        if site is not None:
-            call.at(site)
-        with c._watch.aside(call, note):
-            yield
-    except MpicollError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - MPI's errors, named
-        raise CollectiveError(f"{what} on rank {c.rank}: {type(exc).__name__}: "
-                              f"{' '.join(str(exc).split())}") from exc
-    finally:
-        c._entry.release()
+    with turn(c, what):
+        try:
+            call = Call(c._seq, what)
+            if site is not None:
+                call.at(site)
+            with c._watch.aside(call, note):
+                yield
+        except MpicollError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - MPI's errors, named
+            raise CollectiveError(f"{what} on rank {c.rank}: {type(exc).__name__}: "
+                                  f"{' '.join(str(exc).split())}") from exc
 
 
 def announce(c: CallState, label: str, site: Any, refusal: Exception | None,

@@ -32,7 +32,9 @@ class Turn:
     against 100), on the path of every call. ``take()`` gives the turn or raises
     IndexError (another thread has it); ``give()`` gives it back, once per take;
     ``release()`` is ``give(True)``, a C call too (a Python method's entry is where a
-    pending Ctrl-C is raised: before the turn is given back)."""
+    pending Ctrl-C is raised: before the turn is given back). Take it with ``entry.turn``,
+    or as ``numbered`` does, in the try that gives it back: a method returning it (a
+    Lock's ``acquire``) let a pending Ctrl-C land after it was taken, before that try."""
 
     __slots__ = ("take", "give", "release")
 
@@ -40,17 +42,6 @@ class Turn:
         token = [True]
         self.take, self.give = token.pop, token.append
         self.release = functools.partial(token.append, True)
-
-    def acquire(self, blocking: bool = False) -> bool:
-        """The turn, if no other thread has it (a Lock's ``acquire(False)``)."""
-        try:
-            self.take()
-        except IndexError:
-            return False
-        except BaseException:  # (Ctrl-C as take() returned: the turn was taken)
-            self.give(True)
-            raise
-        return True
 
 
 class CallState:
