@@ -301,8 +301,8 @@ def numbered(c: CallState, name: str, site: Any, args: tuple, kwargs: dict, meth
         raise freed(name)
     if CALLBACK_THREADS and in_done_callback():
         raise refused_in_callback(name)
-    if not held:  # (Turn.acquire's steps inline: a Ctrl-C raised as a method's call
-        try:  # returns would land after the turn was taken, before the try below
+    if not held:  # (taken inline, as entry.turn takes it, on the path of every call: a
+        try:  # Ctrl-C raised as a helper returned it would land before the try below
             c._entry.take()  # gives it back, and leave it taken for good)
         except IndexError:
             raise ConcurrentCallError(busy(c, name)) from None
