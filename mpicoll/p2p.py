@@ -150,6 +150,8 @@ class Request:
             raise CollectiveError(f"{self._what}: {type(exc).__name__}: {exc}") from exc
         if done and self._back is not None:
             self._landed()
+        elif not done and self._comm._backend.ranks_are_threads:  # (the peer, a thread of
+            time.sleep(0)  # this process, needs the GIL to go on: as Work.test's)
         return done
 
     is_completed = test  # torch's name

@@ -69,6 +69,50 @@ def test_local_every_collective_async(size):
     run_local(size, _every_collective_async, timeout=20)
 
 
+def _polled_until_done(done, cap=10 ** 6):
+    """How many times ``done()`` answered False before True (at most ``cap``)."""
+    polls = 0
+    while not done():
+        polls += 1
+        if polls == cap:
+            break
+    return polls
+
+
+def test_polling_test_in_a_loop_lets_the_progress_thread_run():
+    """A caller that polls work.test() in a tight loop (torch's is_completed()) gives the
+    progress thread the GIL: with Python's switch interval at 5 s, a poll that held it
+    would keep the call from starting for 5 s (a million polls first)."""
+    import sys
+
+    interval = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(5.0)
+        results = run_local(2, _polling_rank, timeout=60)
+    finally:
+        sys.setswitchinterval(interval)
+    for polls_async, polls_p2p in results:
+        assert polls_async < 10 ** 6 and polls_p2p < 10 ** 6
+
+
+def _polling_rank(comm):
+    x = np.arange(1 << 12, dtype=np.float64)
+    work = comm.all_reduce(x, algorithm="ring", async_op=True)
+    polls_async = _polled_until_done(work.test)
+    assert np.array_equal(work.wait(), x * comm.size)
+    got = np.empty(3)
+    if comm.rank == 0:
+        request = comm.irecv(got, 1, 5)
+        polls_p2p = _polled_until_done(request.test)
+        request.wait()
+        assert np.array_equal(got, [1.0, 2.0, 3.0])
+    else:  # (sent once rank 0 polls: this thread then needs the GIL back to send)
+        time.sleep(0.05)
+        comm.send(np.array([1.0, 2.0, 3.0]), 0, 5)
+        polls_p2p = 0
+    return polls_async, polls_p2p
+
+
 def _errors_from_wait(comm):
     bad = comm.all_reduce(np.ones(3), algorithm="no_such_algorithm", async_op=True)
     with pytest.raises(mpicoll.InvalidArgumentError, match="no_such_algorithm"):
