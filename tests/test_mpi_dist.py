@@ -931,11 +931,12 @@ def test_the_same_mistake_on_every_rank_raises_mpicoll_errors(initialized):
         (lambda: dist.all_gather([np.zeros(3, int) for _ in range(size)], x), "float64"),
         (lambda: dist.all_gather([np.zeros(3)] * (size + 1), x), "tensor_list"),
         (lambda: dist.reduce_scatter_tensor(np.zeros(3), np.zeros(3 * size + 1)),
-         "input" if size > 1 else "out"),
+         "input" if size > 1 else "^output"),
         (lambda: dist.reduce_scatter(np.zeros(3), [np.zeros(3)] * (size + 1)), "input_list"),
-        (lambda: dist.reduce_scatter(np.zeros(3), [np.zeros(2)] * size), "out: expected shape"),
+        (lambda: dist.reduce_scatter(np.zeros(3), [np.zeros(2)] * size),
+         "^output: expected shape"),
         (lambda: dist.reduce_scatter(np.zeros(2), [np.zeros(2)] * (size - 1) + [np.zeros(3)]),
-         "input_list: tensors of one shape" if size > 1 else "out: expected shape"),
+         "input_list: tensors of one shape" if size > 1 else "^output: expected shape"),
         (lambda: dist.all_to_all_single(np.zeros(size * 2), np.zeros(size * 2 + 1)),
          "split evenly" if size > 1 else "elements"),
         (lambda: dist.all_to_all_single(np.zeros(size * 2), np.zeros(size * 2),
@@ -953,7 +954,7 @@ def test_the_same_mistake_on_every_rank_raises_mpicoll_errors(initialized):
         (lambda: dist.gather(x, [np.zeros(3)] * size, dst=0) if rank != 0 else
          dist.gather(x, None, dst=0), "gather_list"),
         (lambda: dist.broadcast(3.0, src=0), "tensor"),
-        (lambda: dist.all_reduce(3.0), "out"),
+        (lambda: dist.all_reduce(3.0), "^tensor: expected an array to write into"),
     ]
     for call, match in cases:
         _every_rank_refuses(call, match)
@@ -989,6 +990,30 @@ def test_one_rank_s_wrong_output_takes_part_then_raises(initialized):
     else:
         dist.all_to_all_single(single, np.arange(size, dtype=float))
         assert single.tolist() == [float(rank)] * size
+    t = np.ones(1)
+    dist.all_reduce(t)
+    assert t[0] == size
+
+
+@pytest.mark.parametrize("wrong", ["number", "list", "read-only"])
+@pytest.mark.parametrize("call", ["all_reduce", "reduce"])
+def test_an_in_place_calls_refusal_names_its_tensor_as_torch(initialized, wrong, call):
+    """all_reduce and reduce write into the one tensor they are given: a refusal of it
+    (a number, a list, a read-only array) names it ``tensor``, torch's argument, not the
+    core call's x or out=; the next call runs. (A reduce's read-only tensor is refused
+    where it is written: at dst; a number on every rank, as torch's.)"""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    given = {"number": 3.0, "list": [1.0, 2.0], "read-only": np.ones(2)}[wrong]
+    if wrong == "read-only":
+        given.setflags(write=False)
+    if call == "reduce" and wrong == "read-only" and rank != size - 1:
+        dist.reduce(given, dst=size - 1)
+    else:
+        with pytest.raises(mpicoll.InvalidArgumentError, match="^tensor: "):
+            if call == "all_reduce":
+                dist.all_reduce(given)
+            else:
+                dist.reduce(given, dst=size - 1)
     t = np.ones(1)
     dist.all_reduce(t)
     assert t[0] == size

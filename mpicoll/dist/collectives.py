@@ -223,6 +223,17 @@ def _shaped(tensor: Any, name: str, shape: tuple[int, ...]) -> tuple[Any, Any]:
     return shaped, copy_back
 
 
+def _named(exc: InvalidArgumentError, **names: str) -> None:
+    """The core call's refusal of its ``x`` or ``out=`` in the caller's names (torch's:
+    ``x="tensor", out="tensor"`` for an in-place call's one tensor), made in ``exc``
+    (raised again as it is, its cause and traceback kept)."""
+    text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else ""
+    for name, torchs in names.items():
+        if text.startswith(f"{name}: "):
+            exc.args = (f"{torchs}: {text.removeprefix(f'{name}: ')}", *exc.args[1:])
+            return
+
+
 def _how(algorithm: str, async_op: bool) -> dict[str, Any]:
     """The keywords a call passes on: the program's line that called (the call's site,
     ``_site``, which no decision is keyed by), and no others where they are the defaults,
@@ -266,12 +277,16 @@ def all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None, async_op:
         g = _member(group, "all_reduce")
         if g is None:
             return None
-    if algorithm == "auto" and not async_op:  # the most frequent call, with nothing between
-        g.comm.all_reduce(tensor, op._value_ if type(op) is ReduceOp else _op(op), out=tensor,
-                          _site=sys._getframe(1))
-        return None
-    return _maybe(g.comm.all_reduce(tensor, _op(op), out=tensor, **_how(algorithm, async_op)),
-                  async_op, [tensor])
+    try:
+        if algorithm == "auto" and not async_op:  # the most frequent call, nothing between
+            g.comm.all_reduce(tensor, op._value_ if type(op) is ReduceOp else _op(op),
+                              out=tensor, _site=sys._getframe(1))
+            return None
+        return _maybe(g.comm.all_reduce(tensor, _op(op), out=tensor,
+                                        **_how(algorithm, async_op)), async_op, [tensor])
+    except InvalidArgumentError as exc:
+        _named(exc, x="tensor", out="tensor")
+        raise
 
 
 def broadcast(tensor: Any, src: int | None = None, group: Any = None, async_op: bool = False,
@@ -299,8 +314,17 @@ def reduce(tensor: Any, dst: int | None = None, op: Any = ReduceOp.SUM, group: A
         return None
     root = _root_of(g, g.comm.reduce, dst, group_dst, "dst", algorithm, async_op)
     out = tensor if g.comm.rank == root else None
-    return _maybe(g.comm.reduce(tensor, _op(op), root, out=out, **_how(algorithm, async_op)),
-                  async_op, [tensor])
+    try:  # a number: torch refuses it on every rank (the root's call cannot write into
+        writable(tensor, "tensor")  # it; the others take part, then raise)
+        problem = None
+    except InvalidArgumentError as exc:
+        problem = str(exc)
+    try:
+        return _then(g.comm.reduce, (tensor, _op(op), root), _nothing, problem, [tensor],
+                     out=out, **_how(algorithm, async_op))
+    except InvalidArgumentError as exc:
+        _named(exc, x="tensor", out="tensor")
+        raise
 
 
 def all_gather(tensor_list: list[Any], tensor: Any, group: Any = None, async_op: bool = False,
@@ -394,8 +418,13 @@ def _reduced_into(g: ProcessGroup, rows: Any, op: Any, output: Any, out: Any, so
     if other is not None:
         return _then(g.comm.reduce_scatter, (rows, _op(op)), _nothing, other,
                      **_how(algorithm, async_op))
-    return _then(g.comm.reduce_scatter, (rows, _op(op)), _nothing, _no_output(output, "output"),
-                 [output], out=output, **_how(algorithm, async_op))
+    try:
+        return _then(g.comm.reduce_scatter, (rows, _op(op)), _nothing,
+                     _no_output(output, "output"), [output], out=output,
+                     **_how(algorithm, async_op))
+    except InvalidArgumentError as exc:
+        _named(exc, out="output")
+        raise
 
 
 # torch 2.13's names for the single-tensor forms (the older names are deprecated there)
