@@ -32,7 +32,7 @@ from .pipeline.entry import freed, numbered, turn, watched_step
 _BAD_COLOR, _BAD_KEY, _BAD_RANKS, _BAD_MESH, _BAD_BACKEND = 1, 2, 4, 8, 16
 _REASONS = {_BAD_COLOR: "color: expected an int in 0..2**31-1 or None",
             _BAD_KEY: "key: expected an int in -2**31..2**31-1",
-            _BAD_RANKS: "ranks: expected distinct ints in range",
+            _BAD_RANKS: "ranks: expected distinct ranks of the Communicator, ints in 0..{last}",
             _BAD_MESH: "shape: expected positive ints whose product is the ranks, with as "
                        "many distinct str names",
             _BAD_BACKEND: "backend: expected the parent's (or None)"}
@@ -172,7 +172,8 @@ def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int
     table = agreed_rows(comm, mine, site, what, held=True)
     bad = np.flatnonzero(table[:, 0]).tolist()
     if bad:
-        reasons = sorted({_REASONS[f] for r in bad for f in _REASONS if table[r, 0] & f})
+        reasons = sorted({_REASONS[f].format(last=comm.size - 1) for r in bad for f in _REASONS
+                          if table[r, 0] & f})
         raise InvalidArgumentError(f"{what}: refused on rank(s) {', '.join(map(str, bad))}: "
                                    f"{'; '.join(reasons)}")
     apart = _apart(table[:, 4])  # the call each rank makes

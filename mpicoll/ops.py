@@ -258,6 +258,10 @@ def op_name(op: object) -> str:
     try:
         return ReduceOp(op).value
     except ValueError:
+        if op == "premul_sum":  # (mpicoll.dist's ReduceOp.PREMUL_SUM)
+            raise InvalidArgumentError(
+                "op: PREMUL_SUM (NCCL's sum of inputs each scaled first) is not supported; "
+                "scale the tensor, then reduce with SUM") from None
         names = ", ".join(repr(m.value) for m in ReduceOp)
         raise InvalidArgumentError(
             f"op: unknown reduction op {op!r}; expected one of {names} or an mpicoll.Op"

@@ -38,6 +38,17 @@ def test_a_bad_key_on_one_thread_rank_raises_everywhere():
     assert run_local(3, body, timeout=10) == [3.0] * 3
 
 
+@pytest.mark.parametrize("ranks", [[0, 0, 1], [0, 3], [0, 1.0]])
+def test_bad_ranks_of_new_group_on_one_thread_rank_raise_everywhere_naming_the_range(ranks):
+    def body(comm):
+        with pytest.raises(mpicoll.InvalidArgumentError,
+                           match=r"rank\(s\) 2: ranks: expected distinct ranks .* in 0\.\.2$"):
+            comm.new_group(ranks if comm.rank == 2 else [0, 1])
+        return comm.all_reduce(np.ones(1))[0]
+
+    assert run_local(3, body, timeout=10) == [3.0] * 3
+
+
 def test_point_to_point_on_thread_ranks():
     def body(comm):
         p, r = comm.size, comm.rank

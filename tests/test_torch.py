@@ -355,7 +355,7 @@ def test_dist_takes_torch_distributeds_own_reduce_ops():
             dist.all_reduce(t, op=theirs)
             assert t.tolist() == [float(want)] * 2, theirs
         for premul in (torch_dist.ReduceOp.PREMUL_SUM, dist.ReduceOp.PREMUL_SUM):
-            with pytest.raises(mpicoll.InvalidArgumentError, match="premul_sum"):
+            with pytest.raises(mpicoll.InvalidArgumentError, match="PREMUL_SUM .* not supported"):
                 dist.all_reduce(torch.ones(2), op=premul)
         t = torch.ones(2)
         dist.all_reduce(t)
