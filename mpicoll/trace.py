@@ -54,8 +54,9 @@ def _command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             print(f"{parser.prog}: {problem}", file=sys.stderr)
         print("\n".join(explain(dumps)))
         return 0 if dumps else 2
+    about: dict = {}
     try:
-        events = load(args.path)
+        events = load(args.path, about)
     except ValueError as exc:
         print(f"{parser.prog}: {exc}", file=sys.stderr)
         return 2
@@ -94,6 +95,10 @@ def _command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
               f"{row['ranks']:>5} {row['steps']:>5} {row['bytes_sent']:>12} "
               f"{row['critical_us']:>13.1f} {row['messages_us']:>13.1f} "
               f"{row['reduce_us']:>11.1f} {row['model_us']:>10.1f}")
+    untraced = about.get("untraced_calls")
+    if isinstance(untraced, dict) and untraced:
+        print(f"# not traced: the calls past each rank's first {about.get('max_records')} "
+              "records (" + ", ".join(f"rank {r}: {n}" for r, n in untraced.items()) + ")")
     return 0
 
 

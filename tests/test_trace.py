@@ -267,6 +267,46 @@ def _traced_job(tmp_path, ranks: int, body: str):
     return path
 
 
+def test_a_long_jobs_trace_keeps_whole_calls_up_to_its_records_and_counts_the_rest(
+        monkeypatch):
+    """A rank keeps at most MAX_RECORDS records: the calls that begin past them are
+    counted, not traced, and each traced call is whole (its call, every message)."""
+    from mpicoll.observe import tracing as recording
+
+    monkeypatch.setattr(recording, "MAX_RECORDS", 30)
+
+    def body(comm):
+        for _ in range(10):
+            comm.all_reduce(np.ones(30), algorithm="ring")
+        return comm.trace_events(), comm._tracer.untraced
+
+    for events, untraced in run_local(3, body, trace=True):
+        calls = [e["call"] for e in events if e["kind"] == "call"]
+        assert calls == list(range(1, len(calls) + 1)) and untraced == 10 - len(calls) > 0
+        for call in calls:  # whole: the ring's 2(p-1) sends and receives each
+            assert sum(e["kind"] == "send" and e["call"] == call for e in events) == 4
+            assert sum(e["kind"] == "recv" and e["call"] == call for e in events) == 4
+        assert len(events) - len([e for e in events if e["call"] == calls[-1]]) < 30
+
+
+def test_a_merged_trace_says_which_calls_each_rank_left_untraced(tmp_path):
+    path = _traced_job(tmp_path, 2, (
+        "from mpicoll.observe import tracing\n"
+        "tracing.MAX_RECORDS = 20\n"
+        "comm = mpicoll.Communicator()\n"
+        "for _ in range(8):\n"
+        "    comm.all_reduce(np.ones(8), algorithm='ring')\n"
+        "comm.free()\n"))
+    with open(path) as f:
+        about = json.load(f)["otherData"]
+    assert about["max_records"] == 20 and set(about["untraced_calls"]) == {"0", "1"}
+    assert all(0 < n < 8 for n in about["untraced_calls"].values())
+    done = subprocess.run([sys.executable, "-m", "mpicoll.trace", "summary", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "# not traced: the calls past each rank's first 20 " \
+        "records (rank 0: " in done.stdout, done.stdout + done.stderr
+
+
 def test_mpicoll_trace_variable_writes_one_file_per_communicator(tmp_path):
     from test_examples import MPIEXEC
 

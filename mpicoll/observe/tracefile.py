@@ -15,8 +15,10 @@ import numpy as np
 from .. import model
 
 
-def load(path: str) -> list[dict[str, Any]]:
-    """The message, reduction and call events of a trace file, times in seconds.
+def load(path: str, about: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The message, reduction and call events of a trace file, times in seconds;
+    ``about``, where given, filled with what the file says of itself (its ranks, and
+    ``untraced_calls``: each rank's calls past the records a rank keeps, not traced).
 
     Raises:
         ValueError: the file cannot be read, or is not a trace mpicoll wrote (says which).
@@ -30,6 +32,8 @@ def load(path: str) -> list[dict[str, Any]]:
         raise ValueError(f"{path}: not JSON ({exc})") from None
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
         raise ValueError(f"{path}: not a trace mpicoll wrote (no traceEvents list)")
+    if about is not None and isinstance(trace.get("otherData"), dict):
+        about.update(trace["otherData"])
     events = []
     try:
         for e in trace["traceEvents"]:

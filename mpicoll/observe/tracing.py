@@ -60,6 +60,12 @@ def _chunk(buf: Any, parts: int, workspace: tuple = ()) -> tuple[int | None, int
     return bisect.bisect_right(_bounds(base.nbytes, parts), offset) - 1, offset
 
 
+# the records a rank keeps (calls, messages, reductions; some 270 bytes each, and 440 more
+# as events when merged): a long job's trace stays bounded. The calls that begin
+# once a rank holds this many are counted, not traced (whole calls: each is traced
+# entirely or not at all); the merged file says how many on each rank
+MAX_RECORDS = 200_000
+
 _FIELDS = ("kind", "collective", "algorithm", "call", "start", "end", "track")
 _MESSAGE_FIELDS = (*_FIELDS, "peer", "bytes", "step", "chunk", "offset")
 
@@ -83,6 +89,9 @@ class Tracer:
         # this call's (message, its buffer) and (reduction, its operands and result)
         self._unplaced: list[tuple[list[Any], Any]] = []
         self.transport: Any = None  # the traced transport (its workspace is no chunk)
+        self.full = False  # this call is not traced: MAX_RECORDS were kept before it
+        self.untraced = 0  # the calls not traced so
+        self._scratch: list[Any] = [None] * 12  # what an untraced message's record is
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -102,6 +111,9 @@ class Tracer:
 
     def begin_call(self, collective: str) -> None:
         self.calls += 1
+        self.full = len(self._records) >= MAX_RECORDS
+        if self.full:
+            self.untraced += 1
         self.collective, self.algorithm, self.nbytes = collective, "", 0
         self._sent = self._received = 0
         self._start = time.perf_counter()
@@ -110,6 +122,9 @@ class Tracer:
         self.algorithm, self.nbytes = algorithm, nbytes
 
     def end_call(self) -> None:
+        if self.full:
+            self._unplaced.clear()
+            return
         self._records.append(["call", self.collective, self.algorithm, self.calls,
                               self._start, time.perf_counter(), _CALL, self.nbytes])
         arenas = getattr(self.transport, "arenas", None)
@@ -124,6 +139,8 @@ class Tracer:
         self._unplaced.clear()
 
     def message(self, kind: str, buf: Any, peer: int, start: float, end: float) -> list:
+        if self.full:
+            return self._scratch
         if kind == "send":
             step, self._sent = self._sent, self._sent + 1
         else:
@@ -136,6 +153,8 @@ class Tracer:
 
     def reduction(self, nbytes: int, start: float, end: float, operands: tuple = ()) -> None:
         """A reduction of ``operands`` (a, b, out) took start..end (placed at end_call)."""
+        if self.full:
+            return
         record = ["reduce", self.collective, self.algorithm, self.calls, start, end, _REDUCE,
                   nbytes, None, 0, []]  # out's chunk and offset, a's and b's: at end_call
         self._records.append(record)
@@ -311,14 +330,19 @@ def chrome_trace(events: list[dict[str, Any]], size: int, about: dict | None = N
             "otherData": {"producer": "mpicoll", "ranks": size, **(about or {})}}
 
 
-def gather_events(tracer: Tracer, comm: Any, tag: int) -> list[dict[str, Any]] | None:
-    """Every rank's events in rank 0's clock, on rank 0 (None elsewhere). Collective over
-    the mpi4py communicator ``comm`` (``tag``: see ``clock_offset``); metadata only, so
-    mpi4py's pickle is fine here."""
+def gather_events(tracer: Tracer, comm: Any, tag: int,
+                  ) -> tuple[list[dict[str, Any]], dict[int, int]] | None:
+    """Every rank's events in rank 0's clock, and the calls each rank made past
+    ``MAX_RECORDS`` (not traced; ranks with none left out), on rank 0 (None elsewhere).
+    Collective over the mpi4py communicator ``comm`` (``tag``: see ``clock_offset``);
+    metadata only, so mpi4py's pickle is fine here."""
     offset = clock_offset(comm, tag)
     mine = [{**e, "start": e["start"] + offset, "end": e["end"] + offset} for e in tracer.events]
-    everything = comm.gather(mine, 0)
-    return None if everything is None else [e for rank in everything for e in rank]
+    everything = comm.gather((mine, tracer.untraced), 0)
+    if everything is None:
+        return None
+    return [e for events, _ in everything for e in events], \
+        {rank: n for rank, (_, n) in enumerate(everything) if n}
 
 
 def write_merged(tracer: Tracer, transport: Any, path: str) -> str | None:
@@ -329,14 +353,23 @@ def write_merged(tracer: Tracer, transport: Any, path: str) -> str | None:
     import json
 
     transport.begin()
-    events = gather_events(tracer, transport.comm, transport.tag)
+    gathered = gather_events(tracer, transport.comm, transport.tag)
     failure = None
-    if events is not None:
+    if gathered is not None:
+        events, untraced = gathered
+        about = None if not untraced else {"untraced_calls": {
+            str(rank): n for rank, n in untraced.items()}, "max_records": MAX_RECORDS}
         try:
             with open(path, "w") as f:
-                json.dump(chrome_trace(events, tracer.size), f)
+                json.dump(chrome_trace(events, tracer.size, about), f)
         except OSError as exc:
             failure = f"write_trace: rank 0 cannot write the trace to {path}: {exc}"
+        if untraced and failure is None:
+            from .watchdog import report
+
+            report(f"mpicoll: {path}: the trace holds each rank's first {MAX_RECORDS} records "
+                   f"(mpicoll.observe.tracing.MAX_RECORDS); the calls after were not traced: "
+                   + ", ".join(f"rank {r}: {n}" for r, n in sorted(untraced.items())))
     return transport.comm.bcast(failure, 0)
 
 
