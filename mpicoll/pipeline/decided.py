@@ -706,7 +706,7 @@ def _from_spec(c: CallState, a: dict, x: np.ndarray, name: str) -> Decision | No
         if spec.input_in_result:  # all_gather: x into its row first, unless it is that row
             if not _fits(out, shape, dtype):
                 return None
-            row = out[rank]
+            row = out[rank, ...]  # (a view: out[rank] of a 0-d x's result is a scalar)
             if same_memory(x.reshape(-1), row.reshape(-1)):
                 copy_in = None
             elif np.may_share_memory(x, out):
