@@ -78,12 +78,14 @@ bounded $PY -m mpi4py -m pytest --with-mpi -q -rfEs -p no:cacheprovider \
 # at those rank counts the plain run leaves these files to the run with nodes
 LAYOUTS="4:2 5:3"
 NODE_FILES="tests/test_mpi.py tests/test_mpi_groups_p2p.py tests/test_mpi_dist.py
-            tests/test_mpi_agreement.py tests/test_mpi_plans.py tests/test_model_fit.py"
+            tests/test_mpi_agreement.py tests/test_mpi_plans.py tests/test_model_fit.py
+            tests/test_mpi_fuzz.py"
 # above 5 ranks (8: three levels of every tree, 4x oversubscribed on two cores) the
 # conformance files alone: every algorithm, dtype, op, shape and root against NumPy and
 # MPI's own, and the agreement scenarios; what the other files test does not change
 # with the rank count past 5, and at 8 they took 2 of the suite's minutes
-WIDE_FILES="tests/test_mpi.py tests/test_mpi_agreement.py tests/test_scan.py"
+WIDE_FILES="tests/test_mpi.py tests/test_mpi_agreement.py tests/test_scan.py
+            tests/test_mpi_fuzz.py"
 # the files with MPI tests (marked mpi) alone: every rank collects the others' 4000 tests
 # to deselect them, 1.4 s a rank each run
 MPI_FILES=$(grep -l "pytest.mark.mpi" tests/test_*.py | tr '\n' ' ')
