@@ -104,6 +104,33 @@ def test_check_mode_names_the_rank_apart_from_the_others_even_rank_0():
         np.testing.assert_array_equal(got, [3])
 
 
+@pytest.mark.parametrize("collective", ["broadcast", "scatter"])
+def test_check_mode_holds_a_receivers_buffer_to_the_roots_data(collective):
+    """A broadcast's (scatter's) data is the root's: a receiver whose buffer (out=) is of
+    another shape or dtype is the rank named, not the root, even where the receivers
+    that give None leave the root alone in its shape (a tie went to the lowest rank)."""
+    root = 2
+
+    def body(comm):
+        wrong = np.zeros(4) if collective == "broadcast" else np.zeros(2, np.float32)
+        if collective == "broadcast":
+            x = np.arange(3.0) if comm.rank == root else wrong if comm.rank == 1 else None
+            call = lambda: comm.broadcast(x, root)  # noqa: E731
+        else:
+            x = np.ones((comm.size, 2)) if comm.rank == root else None
+            out = wrong if comm.rank == 1 else None
+            call = lambda: comm.scatter(x, root, out=out)  # noqa: E731
+        with pytest.raises(mpicoll.MismatchError) as raised:
+            call()
+        said = str(raised.value)
+        assert f"rank 1 differs in {'shape' if collective == 'broadcast' else 'dtype'}" in said \
+            and "rank 2 differs" not in said and f"; rank {root}: {collective}" in said, said
+        return comm.all_reduce(np.ones(1))
+
+    for got in run_local(4, body, timeout=5, check=True):
+        np.testing.assert_array_equal(got, [4])
+
+
 def test_backend_and_comm_are_checked():
     with pytest.raises(mpicoll.InvalidArgumentError, match="backend: unknown"):
         mpicoll.Communicator(None, backend="gloo")
@@ -150,16 +177,35 @@ def test_v_variant_counts_are_checked():
                        mpicoll.InvalidArgumentError, "got dict_keys, which has no order")
 
 
-def test_v_variants_find_a_dtype_mismatch_on_every_rank():
+@pytest.mark.parametrize("apart", [0, 1])
+def test_v_variants_find_a_dtype_mismatch_on_every_rank(apart):
+    """The rank named is the one apart from the others, rank 0 too (it named every
+    other rank, as if rank 0's call were the reference)."""
     def body(comm):
-        x = np.ones((comm.rank, 2), "f4" if comm.rank != 1 else "f8")
-        with pytest.raises(mpicoll.MismatchError, match=r"rank\(s\) 1 differ from rank 0"):
+        x = np.ones((comm.rank, 2), "f4" if comm.rank != apart else "f8")
+        said = rf"rank\(s\) {apart} differ from the others"
+        with pytest.raises(mpicoll.MismatchError, match=said):
             comm.all_gather_v(x)
-        with pytest.raises(mpicoll.MismatchError, match=r"rank\(s\) 1 differ from rank 0"):
+        with pytest.raises(mpicoll.MismatchError, match=said):
             comm.all_to_all_v(np.ones((comm.size, 2), x.dtype), [1] * comm.size)
         return True
 
     assert all(run_local(4, body, timeout=5))
+
+
+@pytest.mark.parametrize("algorithm", ["linear", "binomial", "auto"])
+def test_gather_v_ranks_that_disagree_on_the_root_raise_on_every_rank(algorithm):
+    """Outside check mode too: the rows' exchange carries each rank's root (where no rank
+    took the root's part, every rank only sent and returned None, silently)."""
+    def body(comm):
+        root = 0 if comm.rank == 1 else 1
+        with pytest.raises(mpicoll.MismatchError,
+                           match=r"disagree on the root: rank\(s\) 1 \(root 0\) apart from "
+                                 r"the others' root 1"):
+            comm.gather_v(np.ones((2, 2)), root=root, algorithm=algorithm)
+        return comm.all_reduce(np.ones(1))[0]
+
+    assert run_local(3, body, timeout=5) == [3.0] * 3
 
 
 def test_scatter_v_refusals_reach_every_rank():

@@ -35,6 +35,20 @@ def test_all_to_all_v_auto_decides_from_the_global_total(world):
     np.testing.assert_array_equal(got[:, 0], np.arange(1, world.size, dtype=float))
 
 
+@pytest.mark.parametrize("algorithm", [*REGISTRY["gather"], "native", "auto"])
+def test_gather_v_ranks_that_disagree_on_the_root_raise_on_every_rank(world, algorithm):
+    """Outside check mode: the rows' exchange carries each rank's root (the last rank
+    names rank 0 while the others name rank 1; where no rank took the root's part, every
+    rank only sent and returned None, silently)."""
+    if world.size < 3:
+        pytest.skip("a root most ranks name and one apart: 3 ranks")
+    root = 0 if world.rank == world.size - 1 else 1
+    with pytest.raises(mpicoll.MismatchError, match="disagree on the root: "
+                       rf"rank\(s\) {world.size - 1} \(root 0\) apart from the others' root 1"):
+        world.gather_v(np.ones((2, 2)), root=root, algorithm=algorithm)
+    _next_call_is_right(world)
+
+
 @pytest.mark.parametrize("algorithm", [*REGISTRY["reduce"], "native", "auto"])
 def test_reduce_with_a_bad_out_at_the_root_then_a_correct_reduce(world, algorithm):
     """Reproducer 2: the next reduce gets its own data, not the previous call's."""

@@ -49,7 +49,7 @@ from ..observe.recorder import AGREEMENT_STEPS, DEFAULT_RECORDER, recorder_lengt
 from ..observe.tracing import trace_path
 from ..observe.watchdog import DEFAULT_TIMEOUT, dump_dir, made_late, timeout_setting
 from ..ops import Op, op_name
-from ..spec import COLLECTIVES
+from ..spec import COLLECTIVES, SPECS
 from ..transport.compress import WIRE
 from .describe import Call
 from .validate import Verdict
@@ -249,6 +249,11 @@ def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: 
             kinds, counts = np.unique(values, return_counts=True)
             most = kinds[counts == counts.max()]
             reference[f] = next(v for v in values.tolist() if v in most)
+    root = _data_root(call.collective, reference, rows)
+    if root is not None:  # broadcast's, scatter's data is the root's: its dtype and shape
+        for f in (_DTYPE, _SHAPE):  # are the call's, a receiver's buffer apart from them
+            if rows[root, f] != ANY:
+                reference[f] = rows[root, f]
     differ = {}
     for r in range(t.size):
         apart = [name for f, name in enumerate(_FIELDS)
@@ -264,11 +269,27 @@ def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: 
         def what(r: int) -> str:
             return f"{names.get(int(rows[r, 0]), '?')} call #{rows[r, 6]} at {sites[r]}"
 
-        first = next((r for r in range(t.size) if r not in differ), None)
+        first = root if root is not None and root not in differ else \
+            next((r for r in range(t.size) if r not in differ), None)
         detail = "; ".join(f"rank {r} differs in {', '.join(f)} ({what(r)})"
                            for r, f in differ.items())
         others = "" if first is None else f"; rank {first}: {what(first)}"
         raise MismatchError(f"{call.name()}: ranks disagree on the call: {detail}{others}")
+
+
+_ROOT, _DTYPE, _SHAPE = (_FIELDS.index(f) for f in ("root", "dtype", "shape"))
+
+
+def _data_root(collective: str, reference: np.ndarray, rows: np.ndarray) -> int | None:
+    """The root whose data a call of ``collective`` (its fingerprint's name: "scatter
+    async", "broadcast_init", ...) carries, where the ranks agree on it and it names
+    itself; else None."""
+    name = collective.split()[0].removesuffix("_init")
+    spec = SPECS.get(name)
+    if spec is None or not spec.input_at_root_only:
+        return None
+    root = int(reference[_ROOT])
+    return root if 0 <= root < len(rows) and rows[root, _ROOT] == root else None
 
 
 def resync(c: CallState, call: Call) -> None:
@@ -446,38 +467,60 @@ def unpack_header(header: np.ndarray, root: int, call: Call | None, v: Verdict |
 # -- the v-variants' tables --------------------------------------------------------------
 
 
-def row_table(c: CallState, call: Call, x: Any, refusal: MpicollError | None) -> list[int]:
-    """All-gather every rank's (rows, dtype/row-shape signature, refusal); return the rows.
+def row_table(c: CallState, call: Call, x: Any, refusal: MpicollError | None,
+              root: int | None = None) -> list[int]:
+    """All-gather every rank's (rows, dtype/row-shape signature, refusal, ``root``: a
+    gather_v's); return the rows.
 
-    Every rank sees the whole table, so a refusal or a disagreement raises on every rank.
+    Every rank sees the whole table, so a refusal or a disagreement raises on every rank
+    (a root the ranks disagree on too: where no rank took the root's part, every rank
+    would only send, and return with nothing said).
     """
     t = c._backend.control
-    table = np.zeros(3 * t.size, np.int64)
+    table = np.zeros(4 * t.size, np.int64)
+    mine = table[4 * t.rank:4 * t.rank + 4]
+    mine[3] = -1 if root is None else root
     if refusal is None:
-        table[3 * t.rank:3 * t.rank + 3] = (x.shape[0], signature(x.dtype, x.shape[1:]), 0)
+        mine[:2] = x.shape[0], signature(x.dtype, x.shape[1:])
     else:
-        table[3 * t.rank + 2] = 1
-    all_gather(c, table, 3, "the exchange of every rank's rows, before the data")
-    rows = table.reshape(t.size, 3)
-    check_table(call, rows[:, 1], rows[:, 2], refusal)
+        mine[2] = 1
+    all_gather(c, table, 4, "the exchange of every rank's rows, before the data")
+    rows = table.reshape(t.size, 4)
+    check_table(call, rows[:, 1], rows[:, 2], refusal, rows[:, 3])
     return rows[:, 0].tolist()
 
 
 def check_table(call: Call, signatures: np.ndarray, refusals: np.ndarray,
-                refusal: MpicollError | None) -> None:
+                refusal: MpicollError | None, roots: np.ndarray | None = None) -> None:
     """Raise on every rank when a rank refused (that rank its own ``refusal``), or the
-    ranks' signatures differ."""
+    ranks' roots or signatures differ (the ranks apart from what most give named)."""
     if refusal is not None:
         raise refusal
     refused = np.flatnonzero(refusals).tolist()
     if refused:
         raise RemoteError(f"{call.name()}: rank(s) {', '.join(map(str, refused))} "
                           "refused their input")
-    differ = [r for r in range(len(signatures)) if signatures[r] != signatures[0]]
-    if differ:
+    if roots is not None and (apart := _apart_from_most(roots)):
+        differ, most = apart
+        raise MismatchError(
+            f"{call.name()}: ranks disagree on the root: rank(s) "
+            + ", ".join(f"{r} (root {roots[r]})" for r in differ)
+            + f" apart from the others' root {most}")
+    if apart := _apart_from_most(signatures):
         raise MismatchError(
             f"{call.name()}: ranks disagree on the dtype or the shape after the first "
-            f"dimension: rank(s) {', '.join(map(str, differ))} differ from rank 0")
+            f"dimension: rank(s) {', '.join(map(str, apart[0]))} differ from the others")
+
+
+def _apart_from_most(values: np.ndarray) -> tuple[list[int], int] | None:
+    """The ranks whose value is not the one most ranks give (in a tie, the lowest such
+    rank's), and that value; None where every rank gives one value."""
+    if (values == values[0]).all():
+        return None
+    kinds, counts = np.unique(values, return_counts=True)
+    most = kinds[counts == counts.max()]
+    reference = next(v for v in values.tolist() if v in most)
+    return [r for r in range(len(values)) if values[r] != reference], reference
 
 
 # -- when a Communicator is made --------------------------------------------------------

@@ -597,7 +597,7 @@ def gather_v(c: CallState, call: Call, x: Any, root: Any, algorithm: Any,
     agree.settle(c, call, v, (algorithm, options), root=root, dtype=getattr(x, "dtype", None),
                  shape=x.shape[1:] if x is not None and x.ndim else None, input_travels=True)
     b.control.use(None)
-    rows = agree.row_table(c, call, x, v.input)  # trees need every subtree's size
+    rows = agree.row_table(c, call, x, v.input, root)  # trees need every subtree's size
     rest = math.prod(x.shape[1:])
     bounds = counts_bounds([r * rest for r in rows])
     fn = c._chooser.function("gather", algorithm, bounds[-1] * x.itemsize, options=options,
