@@ -650,9 +650,11 @@ def _check_algorithm(comm: Communicator, collective: str, arguments: dict[str, A
             op = resolve_op(arguments.get("op"), dtype)
         except Exception:  # noqa: BLE001 - refused by _parameter_refusal, which names it
             return
-    # (a v-variant's blocks, reduce_scatter's counts: uneven, as their calls pick them)
+    # (a v-variant's blocks, reduce_scatter's counts: uneven, as their calls pick them;
+    # all_to_all_v's exchange finds whether its blocks are alike, at each start)
     comm._chooser.refuse(name, algorithm, registered, op, dtype,
-                         uneven=collective in _ALGORITHMS_OF or arguments.get("counts") is not None)
+                         uneven=collective in _ALGORITHMS_OF and collective != "all_to_all_v"
+                         or arguments.get("counts") is not None)
     if registered is None:
         if options:
             raise InvalidArgumentError(f"{', '.join(options)}: 'native' takes no tuning options")

@@ -152,10 +152,41 @@ def test_tuning_options_are_checked():
                        mpicoll.InvalidArgumentError, "segment_bytes: expected an int")
 
 
-def test_bruck_all_to_all_needs_equal_blocks():
-    _raises_everywhere(3, lambda c: c.all_to_all_v(np.ones(3), [1, 1, 1], algorithm="bruck"),
+def test_bruck_all_to_all_v_runs_on_equal_blocks_and_refuses_others_everywhere():
+    """The counts' exchange tells every rank whether every block is alike: bruck runs
+    there, and is refused on every rank where one rank's blocks differ."""
+    def body(comm):
+        rows, counts = comm.all_to_all_v(np.full((6, 2), comm.rank), [2] * 3, algorithm="bruck")
+        assert counts == [2] * 3 and (rows[:, 0] == np.repeat(range(3), 2)).all()
+        return True
+
+    assert run_local(3, body, timeout=5) == [True] * 3
+    _raises_everywhere(3, lambda c: c.all_to_all_v(np.ones(3), [1, 1, 1] if c.rank else [0, 1, 2],
+                                                   algorithm="bruck"),
                        mpicoll.InvalidArgumentError,
                        "'bruck' needs equal blocks; for uneven counts use one of linear, pairwise")
+
+
+@pytest.mark.parametrize("collective", ["all_to_all_v", "all_gather_v", "gather_v"])
+def test_v_variants_whose_ranks_name_two_algorithms_raise_on_every_rank(collective):
+    """Outside check mode too: the counts' exchange carries each rank's algorithm (ranks
+    that ran two waited for each other until the timeout)."""
+    others, apart = {"all_to_all_v": ("pairwise", "linear"),
+                     "all_gather_v": ("ring", "recursive_doubling"),
+                     "gather_v": ("binomial", "linear")}[collective]
+
+    def body(comm):
+        algorithm = apart if comm.rank == 2 else others
+        x = np.ones((comm.size, 2))
+        call = {"all_to_all_v": lambda: comm.all_to_all_v(x, [1] * comm.size, algorithm=algorithm),
+                "all_gather_v": lambda: comm.all_gather_v(x, algorithm=algorithm),
+                "gather_v": lambda: comm.gather_v(x, algorithm=algorithm)}[collective]
+        with pytest.raises(mpicoll.MismatchError, match=r"disagree on the algorithm .*: "
+                                                        r"rank\(s\) 2 name another"):
+            call()
+        return comm.all_reduce(np.ones(1))[0]
+
+    assert run_local(4, body, timeout=5) == [4.0] * 4
 
 
 def test_v_variant_counts_are_checked():

@@ -1019,6 +1019,25 @@ def test_an_in_place_calls_refusal_names_its_tensor_as_torch(initialized, wrong,
     assert t[0] == size
 
 
+@pytest.mark.parametrize("async_op", [False, True])
+def test_all_to_all_forms_run_an_algorithm_of_equal_blocks(initialized, async_op):
+    """all_to_all_single and all_to_all (all_to_all_v underneath, whatever the split
+    sizes) run bruck, which needs equal blocks, where every block is alike."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    out = np.zeros(2 * size)
+    work = dist.all_to_all_single(out, np.full(2 * size, float(rank)), algorithm="bruck",
+                                  async_op=async_op)
+    if async_op:
+        work.wait()
+    assert out.tolist() == [float(r) for r in range(size) for _ in range(2)]
+    outs = [np.zeros(3) for _ in range(size)]
+    work = dist.all_to_all(outs, [np.full(3, rank * 10.0 + j) for j in range(size)],
+                           algorithm="bruck", async_op=async_op)
+    if async_op:
+        work.wait()
+    assert [o.tolist() for o in outs] == [[r * 10.0 + rank] * 3 for r in range(size)]
+
+
 def test_one_rank_s_wrong_output_with_async_and_an_algorithm(initialized):
     """The rank with the wrong output makes the call as the others do (async_op=True on
     the progress thread's communicator, the algorithm named), waits, then raises."""

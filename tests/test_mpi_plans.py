@@ -1081,19 +1081,26 @@ def test_parameters_one_rank_gives_are_refused_at_init_and_named_elsewhere(
     np.testing.assert_array_equal(world.all_reduce(np.ones(2)), np.full(2, float(p)))
 
 
-@pytest.mark.parametrize("algorithm", ["bruck", "auto"])
-def test_a_v_form_on_an_algorithm_of_equal_blocks_is_refused_at_init(world, algorithm):
-    """all_to_all_v on an algorithm that needs equal blocks (bruck), on one rank or on
-    every rank: refused at init (every start refused it; the rank alone refusing its first
-    start left the others in it until the timeout), a RemoteError naming it elsewhere."""
+def test_a_v_form_on_an_algorithm_of_equal_blocks_runs_where_every_block_is_alike(world):
+    """all_to_all_v on bruck (equal blocks only): a plan runs where every rank's blocks
+    are alike, each start learning so in its counts' exchange; a plan of blocks unlike is
+    refused at its start on every rank, and one rank that names bruck where the others
+    name another algorithm raises MismatchError on every rank (it waited until the
+    timeout), the next plan running."""
     p, r = world.size, world.rank
     x = np.arange(float(p))
-    if r == p - 1 or algorithm == "bruck":
-        with pytest.raises(mpicoll.InvalidArgumentError, match="'bruck' needs equal blocks"):
-            world.all_to_all_v_init(x, [1] * p, algorithm="bruck")
-    else:
-        with pytest.raises(mpicoll.RemoteError, match=f"refused on rank.s. {p - 1}"):
-            world.all_to_all_v_init(x, [1] * p)
+    with world.all_to_all_v_init(x, [1] * p, algorithm="bruck") as plan:
+        for _ in range(2):
+            rows, counts = plan()
+            assert counts == [1] * p
+            np.testing.assert_array_equal(rows, np.full(p, float(r)))
+    if p > 1:
+        with world.all_to_all_v_init(x, [0] * (p - 1) + [p], algorithm="bruck") as plan, \
+                pytest.raises(mpicoll.InvalidArgumentError, match="'bruck' needs equal blocks"):
+            plan()
+        with world.all_to_all_v_init(x, [1] * p, algorithm="bruck" if r == p - 1 else "pairwise") \
+                as plan, pytest.raises(mpicoll.MismatchError, match="disagree on the algorithm"):
+            plan()
     with world.all_to_all_v_init(x, [1] * p) as plan:
         rows, counts = plan()
     assert counts == [1] * p

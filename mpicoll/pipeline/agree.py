@@ -468,38 +468,52 @@ def unpack_header(header: np.ndarray, root: int, call: Call | None, v: Verdict |
 
 
 def row_table(c: CallState, call: Call, x: Any, refusal: MpicollError | None,
-              root: int | None = None) -> list[int]:
-    """All-gather every rank's (rows, dtype/row-shape signature, refusal, ``root``: a
-    gather_v's); return the rows.
+              algorithm: Any, root: int | None = None) -> list[int]:
+    """All-gather every rank's (rows, dtype/row-shape signature, refusal, ``algorithm``
+    (with its options: ``algorithm_number``), ``root``: a gather_v's); return the rows.
 
     Every rank sees the whole table, so a refusal or a disagreement raises on every rank
-    (a root the ranks disagree on too: where no rank took the root's part, every rank
+    (an algorithm or root the ranks disagree on too: ranks that ran two algorithms would
+    wait for each other until the timeout; where no rank took the root's part, every rank
     would only send, and return with nothing said).
     """
     t = c._backend.control
-    table = np.zeros(4 * t.size, np.int64)
-    mine = table[4 * t.rank:4 * t.rank + 4]
-    mine[3] = -1 if root is None else root
+    table = np.zeros(5 * t.size, np.int64)
+    mine = table[5 * t.rank:5 * t.rank + 5]
+    mine[3:] = -1 if root is None else root, algorithm_number(algorithm, call.collective)
     if refusal is None:
         mine[:2] = x.shape[0], signature(x.dtype, x.shape[1:])
     else:
         mine[2] = 1
-    all_gather(c, table, 4, "the exchange of every rank's rows, before the data")
-    rows = table.reshape(t.size, 4)
-    check_table(call, rows[:, 1], rows[:, 2], refusal, rows[:, 3])
+    all_gather(c, table, 5, "the exchange of every rank's rows, before the data")
+    rows = table.reshape(t.size, 5)
+    check_table(call, rows[:, 1], rows[:, 2], refusal, rows[:, 4], rows[:, 3])
     return rows[:, 0].tolist()
 
 
+def algorithm_number(algorithm: Any, collective: str) -> int:
+    """A number for a call's ``algorithm`` (name, or (name, options)) as check mode
+    compares it: what the v-variants' tables carry."""
+    return crc(_algorithm_text(algorithm, collective.split()[0]))
+
+
 def check_table(call: Call, signatures: np.ndarray, refusals: np.ndarray,
-                refusal: MpicollError | None, roots: np.ndarray | None = None) -> None:
+                refusal: MpicollError | None, algorithms: np.ndarray | None = None,
+                roots: np.ndarray | None = None) -> None:
     """Raise on every rank when a rank refused (that rank its own ``refusal``), or the
-    ranks' roots or signatures differ (the ranks apart from what most give named)."""
+    ranks' algorithms, roots or signatures differ (the ranks apart from what most give
+    named)."""
     if refusal is not None:
         raise refusal
     refused = np.flatnonzero(refusals).tolist()
     if refused:
         raise RemoteError(f"{call.name()}: rank(s) {', '.join(map(str, refused))} "
                           "refused their input")
+    if algorithms is not None and (apart := _apart_from_most(algorithms)):
+        raise MismatchError(
+            f"{call.name()}: ranks disagree on the algorithm (or its options): rank(s) "
+            f"{', '.join(map(str, apart[0]))} name another than the others; give every "
+            "rank the same")
     if roots is not None and (apart := _apart_from_most(roots)):
         differ, most = apart
         raise MismatchError(

@@ -573,7 +573,7 @@ def all_gather_v(c: CallState, call: Call, x: Any, algorithm: Any,
     agree.settle(c, call, v, (algorithm, options), dtype=getattr(x, "dtype", None),
                  shape=x.shape[1:] if x is not None and x.ndim else None, input_travels=True)
     b.control.use(None)
-    rows = agree.row_table(c, call, x, v.input)
+    rows = agree.row_table(c, call, x, v.input, (algorithm, options))
     rest = math.prod(x.shape[1:])
     bounds = counts_bounds([r * rest for r in rows])
     fn = c._chooser.function("all_gather", algorithm, bounds[-1] * x.itemsize, options=options,
@@ -597,7 +597,8 @@ def gather_v(c: CallState, call: Call, x: Any, root: Any, algorithm: Any,
     agree.settle(c, call, v, (algorithm, options), root=root, dtype=getattr(x, "dtype", None),
                  shape=x.shape[1:] if x is not None and x.ndim else None, input_travels=True)
     b.control.use(None)
-    rows = agree.row_table(c, call, x, v.input, root)  # trees need every subtree's size
+    rows = agree.row_table(c, call, x, v.input, (algorithm, options), root)  # (trees need
+    # every subtree's size)
     rest = math.prod(x.shape[1:])
     bounds = counts_bounds([r * rest for r in rows])
     fn = c._chooser.function("gather", algorithm, bounds[-1] * x.itemsize, options=options,
@@ -618,31 +619,39 @@ def all_to_all_v(c: CallState, call: Call, x: Any, send_counts: Any, algorithm: 
     if send is not None and x is not None and x.ndim and sum(send) != x.shape[0]:
         v.refuse("input", InvalidArgumentError(
             f"send_counts: they add up to {sum(send)}, but x has {x.shape[0]} rows"))
-    c._chooser.pick(v, "all_to_all", algorithm, 0, options=options, uneven=True)
+    # (an algorithm of equal blocks, bruck: refused below, on every rank alike, where the
+    # exchange finds the blocks uneven)
+    c._chooser.pick(v, "all_to_all", algorithm, 0, options=options)
     agree.settle(c, call, v, (algorithm, options), dtype=getattr(x, "dtype", None),
                  shape=x.shape[1:] if x is not None and x.ndim else None, input_travels=True)
     # every rank tells every rank how many rows come, with its dtype/shape signature, its
-    # refusal and its whole input's size: so "auto" decides from the global total
+    # refusal, its whole input's size (so "auto" decides from the global total), the
+    # rows of each of its blocks where all are alike (-1: not: every rank learns whether
+    # every block of the call is alike, so an algorithm of equal blocks may run) and its
+    # algorithm (ranks that ran two would wait for each other)
     refused = v.input is not None
-    outgoing = np.zeros((t.size, 4), np.int64)
+    outgoing = np.zeros((t.size, 6), np.int64)
+    outgoing[:, 5] = agree.algorithm_number((algorithm, options), call.collective)
     if refused:
         outgoing[:, 2] = 1
     else:
         outgoing[:, 0], outgoing[:, 1], outgoing[:, 3] = send, agree.signature(
             x.dtype, x.shape[1:]), x.nbytes
+        outgoing[:, 4] = send[0] if len(set(send)) == 1 else -1
     incoming = np.empty_like(outgoing)
-    pairs = even_bounds(4, t.size)
+    pairs = even_bounds(6, t.size)
     exchange = b.control_native.get("all_to_all") or _pairwise()
     b.control.use(None)
     exchange(b.control, outgoing.reshape(-1), pairs, incoming.reshape(-1), pairs)
-    agree.check_table(call, incoming[:, 1], incoming[:, 2], v.input)
+    agree.check_table(call, incoming[:, 1], incoming[:, 2], v.input, incoming[:, 5])
     received = incoming[:, 0].tolist()
     total = int(incoming[:, 3].sum())  # the same on every rank
+    alike = bool(incoming[0, 4] >= 0 and (incoming[:, 4] == incoming[0, 4]).all())  # (too)
     row = math.prod(x.shape[1:])
     send_bounds = counts_bounds([n * row for n in send])
     recv_bounds = counts_bounds([n * row for n in received])
     fn = c._chooser.function("all_to_all", algorithm, total // t.size, options=options,
-                             uneven=True)
+                             uneven=not alike)
     if fn is b.native.get("all_to_all"):  # the library's own: its v-form, where it has one
         fn = getattr(fn, "v_form", fn)
     result = empty((sum(received), *x.shape[1:]), x.dtype, like=x)
