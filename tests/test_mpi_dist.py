@@ -639,11 +639,18 @@ def test_torch_names_tutorials_reach_for(initialized):
     assert t[0] == 1.0
 
 
-def test_a_bad_list_on_one_rank_raises_without_leaving_the_others_waiting(initialized):
+@pytest.mark.parametrize("async_op", [False, True])
+def test_a_bad_list_on_one_rank_raises_without_leaving_the_others_waiting(initialized, async_op):
+    """(The source names its list, as torch's argument, async too: it said the core
+    call's "x: expected an array, got None" from wait().)"""
     rank, size = dist.get_rank(), dist.get_world_size()
     got = np.zeros(2)
-    with pytest.raises(mpicoll.MpicollError):  # the source's list travels in its header
-        dist.scatter(got, [np.zeros(2)] * (size + 1) if rank == 0 else None, src=0)
+    raised = mpicoll.InvalidArgumentError if rank == 0 else mpicoll.MpicollError
+    with pytest.raises(raised, match="^scatter_list: expected" if rank == 0 else None):
+        work = dist.scatter(got, [np.zeros(2)] * (size + 1) if rank == 0 else None, src=0,
+                            async_op=async_op)  # (the source's list travels in its header)
+        if async_op:
+            work.wait()
     short = [np.zeros(2) for _ in range(size - 1 if rank == size - 1 else size)]
     if rank == size - 1:  # it takes part, then refuses its own list
         with pytest.raises(mpicoll.InvalidArgumentError, match="tensor_list"):

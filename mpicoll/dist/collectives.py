@@ -719,6 +719,8 @@ def scatter(tensor: Any, scatter_list: list[Any] | None = None, src: int | None 
     elif _given_list(scatter_list):
         problem = "scatter_list: must not be given on a rank that is not the source (as torch)"
     problem = problem or _no_output(tensor, "tensor")
+    if refusal is not None:  # (async too: the root waits for the call, then raises it)
+        problem = str(refusal)
     try:  # a refused list travels in the root's header: every rank raises
         return _then(g.comm.scatter, (stacked, root), _nothing, problem, [tensor],
                      out=tensor, **_how(algorithm, async_op))
