@@ -1289,6 +1289,21 @@ def test_a_start_refused_as_busy_is_not_counted(world):
     plan.free()
 
 
+def test_a_busy_persistent_plans_refusal_names_the_call_it_refuses(world):
+    """A plan on MPI's persistent request refused as busy says which of its calls was:
+    plan.start() (it said plan() for both)."""
+    plan = world.all_reduce_init(np.ones(2), algorithm="native")
+    assert plan._start_request is not None  # (MPI_Start on its request)
+    world._entry.take()
+    try:
+        with pytest.raises(mpicoll.ConcurrentCallError, match=r"all_reduce plan\.start\(\)"):
+            plan.start()
+    finally:
+        world._entry.release()
+    np.testing.assert_array_equal(plan(), np.full(2, float(world.size)))
+    plan.free()
+
+
 def test_a_plans_arrays_cannot_be_resized_and_a_stray_out_is_refused_at_init(world):
     """The arrays a plan binds (and their bases) cannot be resized in place while it lives
     (the memory its starts use would be freed: stale or corrupt results); out= given to a

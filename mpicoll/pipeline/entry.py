@@ -535,6 +535,8 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
     code, offset = site.f_code, site.f_lasti
     mpi_start, mpi_wait, result = persistent or (None, None, None)
     request_wait = request_wait or mpi_wait
+    said = f"{name} plan.start()" if mpi_start is not None and mpi_wait is None \
+        else f"{name} plan()"  # (what a refusal names)
     # whether the request may still be active (a start that Ctrl-C ended before its wait
     # ended it, a second Ctrl-C landing in that wait): the next start waits for it first
     # (MPI_Wait returns at once on an ended request); shared with run's own starts
@@ -544,11 +546,11 @@ def prepare_start(c: CallState, name: str, site: Any, kept: tuple, run: Callable
 
     def start() -> Any:
         if CALLBACK_THREADS and in_done_callback():
-            raise refused_in_callback(f"{name} plan()")
+            raise refused_in_callback(said)
         try:
             take()  # (the Communicator's turn, or IndexError: another thread has it)
         except IndexError:
-            raise ConcurrentCallError(busy(c, f"{name} plan()")) from None
+            raise ConcurrentCallError(busy(c, said)) from None
         except BaseException:  # (Ctrl-C as take() returned: the turn was taken)
             give(True)
             raise
