@@ -159,16 +159,30 @@ class Plan:
         given = self._given.get(id(result))
         return result if given is None or given[0] is not result else given[1]
 
-    def _sync_flags(self) -> None:
-        """Before a start that takes the whole path: the views as writeable as the
-        caller's arrays are now (a result array made read-only since is refused there,
-        as the caller's own)."""
-        for view, array in self._given.values():
-            if type(view) is np.ndarray and view.flags.writeable != array.flags.writeable:
+    def _arguments_now(self) -> tuple[tuple, dict]:
+        """The plan's arguments for a start that takes the whole path, its views as
+        writeable as the caller's arrays are now: one made read-only since is given as a
+        read-only view of its own (refused there, as the caller's own array), the bound
+        view left writeable (the decided starts write through it, and check the caller's
+        array themselves: made read-only, a bound view had stayed so once the caller made
+        the array writeable again, and the next start failed on this rank alone, mid-call);
+        one made writeable again is made so."""
+        swapped = {}
+        for key, (view, array) in self._given.items():
+            if type(view) is not np.ndarray or view.flags.writeable == array.flags.writeable:
+                continue
+            if array.flags.writeable:
                 try:
-                    view.flags.writeable = array.flags.writeable
-                except ValueError:  # (made writeable again over read-only memory)
+                    view.flags.writeable = True
+                except ValueError:  # (read-only memory: refused there)
                     pass
+            else:
+                swapped[key] = view.view()
+                swapped[key].flags.writeable = False
+        if not swapped:
+            return self._args, self._kwargs
+        return tuple(swapped.get(id(a), a) for a in self._args), \
+            {k: swapped.get(id(v), v) for k, v in self._kwargs.items()}
 
     def __repr__(self) -> str:
         state = "freed" if self._freed else "active" if \
@@ -209,10 +223,9 @@ class Plan:
             self._restore = restore  # (wait() puts it back and raises)
             return
         self.starts += 1
-        self._sync_flags()
+        args, kwargs = self._arguments_now()
         try:
-            self._work = submit(comm, self.collective, self._args, self._kwargs,
-                                self._stream, self._site)
+            self._work = submit(comm, self.collective, args, kwargs, self._stream, self._site)
         except ConcurrentCallError:  # (a start refused as busy was not made)
             self.starts -= 1
             raise
@@ -332,10 +345,10 @@ class Plan:
         work, self._work = self._work, None
         try:
             return self._back(work.wait(timeout))
-        except BaseException:
-            if not work.done:  # not finished: it stays the plan's active start
-                self._work = work
-            raise
+        except BaseException as exc:
+            if exc is not work._error:  # the wait's own bound (or Ctrl-C), finished since
+                self._work = work  # or not: it stays the plan's active start, to wait for
+            raise                  # again (the call's own error ended it)
 
     def _overdue(self, started: tuple | None = None) -> bool:
         """Whether the running start (MPI's persistent request) has run past the
@@ -389,15 +402,17 @@ class Plan:
         try:
             if self.starts == 2 and self._votes:
                 self._persist()
-            if self._bound is not None:  # settled: from the next start on, the lean path
+            if self._bound is not None and not comm.check:  # settled: from the next start
+                # on, the lean path (in check mode every start takes the whole path, which
+                # compares it: a rank whose start is not decided takes it, as every rank)
                 self._lean = prepare_start(comm, self.collective, self._site, self._kept,
                                            self._bound, getattr(self._bound, "persistent", None))
                 return self._back(numbered(comm, self.collective, self._site, self._args,
                                            self._kwargs, self._settled))  # (the resync first,
                 # where a rank owes one)
-            self._sync_flags()
-            result = getattr(comm, self.collective)(*self._args, stream=self._stream,
-                                                    _site=self._site, **self._kwargs)
+            args, kwargs = self._arguments_now()
+            result = getattr(comm, self.collective)(*args, stream=self._stream,
+                                                    _site=self._site, **kwargs)
         except ConcurrentCallError:
             self.starts -= 1
             raise
@@ -536,11 +551,11 @@ class _Ended:
     done = True
 
     def __init__(self, result: Any, error: Exception | None = None) -> None:
-        self.result, self.error = result, error
+        self.result, self._error = result, error  # (_error: as a Work's)
 
     def wait(self, timeout: float | None = None) -> Any:
-        if self.error is not None:
-            raise self.error
+        if self._error is not None:
+            raise self._error
         return self.result
 
     def test(self) -> bool:

@@ -1289,6 +1289,119 @@ def test_a_start_refused_as_busy_is_not_counted(world):
     plan.free()
 
 
+@pytest.mark.parametrize("algorithm", ["pairwise", "linear", "native"])
+def test_a_start_on_an_out_made_read_only_on_one_rank_then_writeable_again(world, algorithm):
+    """plan.start() of a settled plan whose out= the last rank made read-only: that rank
+    takes part and raises, the others get theirs; once writeable again, every start is
+    right on every rank (the plan's own view of it stayed read-only: the next start
+    failed on that rank alone, mid-call, the others waiting)."""
+    p, r = world.size, world.rank
+    x, out = np.zeros(p), np.zeros(p)
+    plan = world.all_to_all_init(x, algorithm=algorithm, out=out)
+    for step in range(4):
+        x[...] = np.arange(p) + 10 * r + 100 * step
+        want = np.arange(p) * 10 + r + 100 * step
+        if step == 1 and r == p - 1:  # (every rank starts it, as every start)
+            out.flags.writeable = False
+            with pytest.raises(mpicoll.InvalidArgumentError, match="writeable|read-only"):
+                plan.start()
+                plan.wait()
+            out.flags.writeable = True
+            continue
+        if step in (1, 3):
+            plan.start()
+            got = plan.wait()
+        else:
+            got = plan()
+        np.testing.assert_array_equal(got, want)
+        assert got is out
+    plan.free()
+
+
+@pytest.mark.parametrize("collective", ["exscan", "reduce"])
+def test_check_mode_turned_on_over_plans_settled_on_some_ranks_only(world, collective):
+    """A plan settled (decided) on some ranks only (another's strided out= keeps it on the
+    whole path): with check mode turned on since, every start takes the whole path and
+    is compared (the settled ranks ran theirs uncompared; the others waited)."""
+    p, r = world.size, world.rank
+    x = np.arange(4.0) + r
+    strided = r == p - 1 and (collective == "exscan" and r != 0 or
+                              collective == "reduce" and r == 0)
+    out = np.zeros((4, 2))[:, 0] if strided else None
+    given = {} if out is None else {"out": out}
+    plan = world.exscan_init(x, "sum", algorithm="binomial", **given) if collective == "exscan" \
+        else world.reduce_init(x, "sum", 0, algorithm="binomial", **given)
+    plan()
+    world.check = True
+    try:
+        for _ in range(2):
+            got = plan()
+            if collective == "exscan":
+                want = None if r == 0 else sum(np.arange(4.0) + k for k in range(r))
+            else:
+                want = sum(np.arange(4.0) + k for k in range(p)) if r == 0 else None
+            if want is None:
+                assert got is None
+            else:
+                np.testing.assert_array_equal(got, want)
+    finally:
+        world.check = False
+    plan.free()
+
+
+def test_a_wait_whose_timeout_meets_the_end_of_the_start_keeps_it(world, monkeypatch):
+    """plan.wait(timeout=) that raises as the start ends: the start stays the plan's, and
+    the next wait() gives its result (it was lost: "this plan is not started")."""
+    plan = world.all_reduce_init(np.ones(2), algorithm="ring")
+    plan.start()
+    work = plan._work
+    real = work.wait
+
+    def finished_as_it_timed_out(timeout=None):
+        real()
+        raise mpicoll.CollectiveTimeoutError("all_reduce: not finished after 0 s")
+
+    monkeypatch.setattr(work, "wait", finished_as_it_timed_out)
+    with pytest.raises(mpicoll.CollectiveTimeoutError):
+        plan.wait(timeout=0)
+    monkeypatch.setattr(work, "wait", real)
+    np.testing.assert_array_equal(plan.wait(), np.full(2, float(world.size)))
+    plan.free()
+
+
+@pytest.mark.parametrize("turned", ["on", "off"])
+def test_check_mode_turned_on_or_off_reaches_the_async_calls(world, turned):
+    """comm.check set after the progress thread's duplicate was made reaches it, between
+    the calls queued before and after: on, an async call whose op differs on one rank
+    raises MismatchError on every rank (it returned a mix, silently); off, one rank's
+    read-only out= is that rank's refusal alone (the others raised)."""
+    from mpi4py import MPI
+
+    comm = mpicoll.Communicator(MPI.COMM_WORLD, check=turned == "off")
+    comm.start_progress()
+    comm.check = turned == "on"
+    p, r = comm.size, comm.rank
+    x = np.arange(4.0) + r
+    if turned == "on":
+        op = "max" if r == p - 1 else "sum"
+        if p == 1:
+            np.testing.assert_array_equal(comm.all_reduce(x, op, async_op=True).wait(), x)
+        else:
+            with pytest.raises(mpicoll.MismatchError, match="differs in op"):
+                comm.all_reduce(x, op, algorithm="ring", async_op=True).wait()
+    else:
+        out = np.zeros(4)
+        out.flags.writeable = r != p - 1
+        work = comm.all_reduce(x, algorithm="ring", out=out, async_op=True)
+        if r == p - 1:
+            with pytest.raises(mpicoll.InvalidArgumentError, match="writeable"):
+                work.wait()
+        else:
+            np.testing.assert_array_equal(work.wait(), sum(np.arange(4.0) + k for k in range(p)))
+    np.testing.assert_array_equal(comm.all_reduce(np.ones(1), async_op=True).wait(), [p])
+    comm.free()
+
+
 def test_a_busy_persistent_plans_refusal_names_the_call_it_refuses(world):
     """A plan on MPI's persistent request refused as busy says which of its calls was:
     plan.start() (it said plan() for both)."""

@@ -126,6 +126,14 @@ class CallState:
         if self._watch is not None and not self._freed:  # (made: __init__ sets the table)
             self._decisions = None if self._check or self._tracer is not None else \
                 (self._decisions if self._decisions is not None else {})
+            # its asynchronous calls' and plans' starts too: the progress thread's
+            # duplicate takes it between the calls queued before and after, in the order
+            # every rank queues them (it kept the setting it was made with)
+            progress = getattr(self, "_progress", None)
+            if progress is not None:
+                checked = self._check
+                progress.submit("check", lambda duplicate: setattr(duplicate, "check", checked),
+                                claim=False)
 
     @property
     def rank(self) -> int:
