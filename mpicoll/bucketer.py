@@ -285,9 +285,11 @@ class Bucketer:
                 failure = failure or exc
         # an array one rank's add refused went as zeros: every rank learns it here (one
         # small exchange a round), so no rank takes such a round's sums for right
-        refused, self._refused = self._refused, None
+        refused = self._refused  # (forgotten once every rank has learnt it: an exchange
+        # refused, in a done callback or on a freed Communicator, leaves the round open)
         ranks = np.flatnonzero(agreed_rows(self.comm, np.array([refused is not None], np.int64),
                                            sys._getframe(2), "Bucketer.wait")[:, 0]).tolist()
+        self._refused = None
         if ranks and failure is None:
             failure = refused or RemoteError(
                 f"Bucketer.wait: add refused an array on rank(s) {_ranks(ranks)}, which took "

@@ -355,6 +355,38 @@ def test_a_bucketer_refuses_indices_that_are_not_ints_and_ends_a_round_whose_buc
     assert run_local(2, body, timeout=20) == [([3.0, 3.0], [2.0, 2.0, 2.0])] * 2
 
 
+def test_a_bucketer_wait_refused_before_its_exchange_keeps_the_rounds_refused_add():
+    """A wait refused in its exchange (made in a done callback) leaves the round open with
+    the refused add still known: the wait retried raises on every rank (it returned
+    the sums with that rank's array as zeros, silently)."""
+    def body(comm):
+        buckets = mpicoll.Bucketer(comm, [np.zeros(4)], op="sum")
+        if comm.rank == 1:
+            with pytest.raises(mpicoll.InvalidArgumentError, match="shape"):
+                buckets.add(0, np.ones(5))
+        else:
+            buckets.add(0, np.ones(4))
+        said = []
+
+        def waits(work):
+            try:
+                buckets.wait()
+            except mpicoll.MpicollError as exc:
+                said.append(type(exc))
+
+        work = comm.barrier(async_op=True)
+        work.add_done_callback(waits)
+        work.wait()
+        assert said == [mpicoll.ConcurrentCallError]
+        with pytest.raises(mpicoll.InvalidArgumentError if comm.rank == 1 else
+                           mpicoll.RemoteError, match="shape|rank.s. 1"):
+            buckets.wait()
+        buckets.add(0, np.ones(4))
+        return buckets.wait()[0].tolist()
+
+    assert run_local(3, body, timeout=20) == [[3.0] * 4] * 3
+
+
 @pytest.mark.parametrize("check", [False, True])
 def test_a_bucketer_add_refused_on_one_rank_raises_at_every_ranks_wait(check):
     """One rank's add gets an array of the wrong shape (or no array): it raises there at
