@@ -57,13 +57,14 @@ class Status:
 
 
 def cut_short(source: int, tag: int, nbytes: int) -> CollectiveError:
-    """A message longer than its receive buffer of ``nbytes`` (MPI's MPI_ERR_TRUNCATE; the
-    buffer holds its first bytes), from ``source`` with ``tag`` (-1: not known)."""
+    """A message longer than its receive buffer of ``nbytes`` (MPI's MPI_ERR_TRUNCATE;
+    the buffer may hold its first bytes, or none: MPICH writes none of a large message a
+    rank sends itself), from ``source`` with ``tag`` (-1: not known)."""
     sender = f"rank {source}" if source >= 0 else "the sender"
     return CollectiveError(
         f"the message from {sender}{f' (tag {tag})' if tag >= 0 else ''} is longer than "
-        f"the {nbytes} bytes of the buffer it was received into, which holds its first "
-        "bytes only; probe() tells a message's size before its receive")
+        f"the {nbytes} bytes of the buffer it was received into, which may hold its first "
+        "bytes, or none of it; probe() tells a message's size before its receive")
 
 
 class Transport(Protocol):
