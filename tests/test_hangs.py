@@ -765,7 +765,9 @@ def test_work_wait_is_bounded(monkeypatch):
     start = time.monotonic()
     with pytest.raises(CollectiveTimeoutError, match="all_reduce: not finished after"):
         work.wait()
-    assert time.monotonic() - start < work.GRACE + 2
+    # (bounded, not timed: 0.7 s here, and a clean-clone run once took 5.2 s under the
+    # hang jobs' load; the suite's other bounds allow 10 s too)
+    assert time.monotonic() - start < work.GRACE + 10
     with pytest.raises(TimeoutError):
         work.wait(timeout=0.01)
 
