@@ -81,13 +81,13 @@ def _polled_until_done(done, cap=10 ** 6):
 
 def test_polling_test_in_a_loop_lets_the_progress_thread_run():
     """A caller that polls work.test() in a tight loop (torch's is_completed()) gives the
-    progress thread the GIL: with Python's switch interval at 5 s, a poll that held it
-    would keep the call from starting for 5 s (a million polls first)."""
+    progress thread the GIL: with Python's switch interval at 1 s, a poll that held it
+    would keep the call from starting for 1 s (a million polls first, some 0.2 s)."""
     import sys
 
     interval = sys.getswitchinterval()
     try:
-        sys.setswitchinterval(5.0)
+        sys.setswitchinterval(1.0)
         results = run_local(2, _polling_rank, timeout=60)
     finally:
         sys.setswitchinterval(interval)
