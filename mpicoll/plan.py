@@ -102,6 +102,7 @@ class Plan:
         # views of their own, which the caller's x.shape = ... or x.dtype = ... in place
         # cannot change, whichever way a start runs; the caller's arrays given back
         self._given: dict[int, tuple[Any, Any]] = {}  # id(view): (view, the caller's)
+        self._swapped: dict[int, tuple[Any, Any]] = {}  # as _given: see _arguments_now
         args, kwargs = self._bind_views(args, kwargs)
         self._args, self._kwargs = args, kwargs
         # the bound NumPy arrays and the arrays whose memory they view, each with a weak
@@ -157,6 +158,8 @@ class Plan:
         """The start's result as the caller knows it: its own array where the result is
         the view of it bound (see _bind_views)."""
         given = self._given.get(id(result))
+        if given is None and self._swapped:  # (a whole-path start's read-only view)
+            given = self._swapped.get(id(result))
         return result if given is None or given[0] is not result else given[1]
 
     def _arguments_now(self) -> tuple[tuple, dict]:
@@ -179,6 +182,8 @@ class Plan:
             else:
                 swapped[key] = view.view()
                 swapped[key].flags.writeable = False
+        # (what _back gives as the caller's array: a broadcast root's result is its x)
+        self._swapped = {id(v): (v, self._given[key][1]) for key, v in swapped.items()}
         if not swapped:
             return self._args, self._kwargs
         return tuple(swapped.get(id(a), a) for a in self._args), \

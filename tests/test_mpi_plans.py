@@ -1402,6 +1402,27 @@ def test_check_mode_turned_on_or_off_reaches_the_async_calls(world, turned):
     comm.free()
 
 
+def test_a_broadcast_plans_root_gets_its_own_read_only_x_back_from_the_whole_path(world):
+    """A root's x made read-only (it is only read): a start that takes the whole path
+    (start(), or any start in check mode) gives back x itself, as every start does (it
+    gave a view of it, the whole path's read-only view of its own)."""
+    r = world.rank
+    x = np.arange(4.0) if r == 0 else np.zeros(4)
+    plan = world.broadcast_init(x, root=0)
+    plan()
+    if r == 0:
+        x.flags.writeable = False
+    plan.start()
+    assert plan.wait() is x
+    world.check = True
+    try:
+        assert plan() is x
+    finally:
+        world.check = False
+    np.testing.assert_array_equal(x, np.arange(4.0))
+    plan.free()
+
+
 def test_a_busy_persistent_plans_refusal_names_the_call_it_refuses(world):
     """A plan on MPI's persistent request refused as busy says which of its calls was:
     plan.start() (it said plan() for both)."""

@@ -510,10 +510,12 @@ def check_table(call: Call, signatures: np.ndarray, refusals: np.ndarray,
         raise RemoteError(f"{call.name()}: rank(s) {', '.join(map(str, refused))} "
                           "refused their input")
     if algorithms is not None and (apart := _apart_from_most(algorithms)):
+        rest = [r for r in range(len(algorithms)) if r not in apart[0]]
         raise MismatchError(
             f"{call.name()}: ranks disagree on the algorithm (or its options): rank(s) "
-            f"{', '.join(map(str, apart[0]))} name another than the others; give every "
-            "rank the same")
+            f"{', '.join(map(str, apart[0]))} name another than rank(s) "
+            f"{', '.join(map(str, rest))}; give every rank the same (\"auto\" and a name "
+            "differ too)")
     if roots is not None and (apart := _apart_from_most(roots)):
         differ, most = apart
         raise MismatchError(
