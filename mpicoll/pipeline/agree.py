@@ -246,9 +246,7 @@ def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: 
     for f in range(len(_FIELDS)):  # the value most ranks that know the field have (in a
         values = fields[known[:, f], f]  # tie, the lowest such rank's): the ranks apart
         if values.size:                  # from it are named, never the many that agree
-            kinds, counts = np.unique(values, return_counts=True)
-            most = kinds[counts == counts.max()]
-            reference[f] = next(v for v in values.tolist() if v in most)
+            reference[f] = _most(values)
     root = _data_root(call.collective, reference, rows)
     if root is not None:  # broadcast's, scatter's data is the root's: its dtype and shape
         for f in (_DTYPE, _SHAPE):  # are the call's, a receiver's buffer apart from them
@@ -494,7 +492,7 @@ def row_table(c: CallState, call: Call, x: Any, refusal: MpicollError | None,
 def algorithm_number(algorithm: Any, collective: str) -> int:
     """A number for a call's ``algorithm`` (name, or (name, options)) as check mode
     compares it: what the v-variants' tables carry."""
-    return crc(_algorithm_text(algorithm, collective.split()[0]))
+    return crc(_algorithm_text(algorithm, collective))
 
 
 def check_table(call: Call, signatures: np.ndarray, refusals: np.ndarray,
@@ -529,14 +527,20 @@ def check_table(call: Call, signatures: np.ndarray, refusals: np.ndarray,
 
 
 def _apart_from_most(values: np.ndarray) -> tuple[list[int], int] | None:
-    """The ranks whose value is not the one most ranks give (in a tie, the lowest such
-    rank's), and that value; None where every rank gives one value."""
+    """The ranks whose value is not ``_most``'s, and that value; None where every rank
+    gives one value."""
     if (values == values[0]).all():
         return None
+    reference = _most(values)
+    return [r for r in range(len(values)) if values[r] != reference], reference
+
+
+def _most(values: np.ndarray) -> int:
+    """The value most ranks give (in a tie, the lowest such rank's): what a disagreement
+    is told apart from, so that the few apart are named, never the many that agree."""
     kinds, counts = np.unique(values, return_counts=True)
     most = kinds[counts == counts.max()]
-    reference = next(v for v in values.tolist() if v in most)
-    return [r for r in range(len(values)) if values[r] != reference], reference
+    return next(v for v in values.tolist() if v in most)
 
 
 # -- when a Communicator is made --------------------------------------------------------
