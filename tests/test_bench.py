@@ -268,6 +268,28 @@ def test_check_counts_the_librarys_own_row_too(world, shared_dir, monkeypatch):
     assert all(r["wrong"] == 0 for r in rows if r["algorithm"] == "ring")
 
 
+def test_avg_rows_of_the_library_are_its_sum_divided(world, shared_dir):
+    """-o avg: MPI has no avg; the mpi_library row is its sum divided by the ranks
+    combined, as its caller divides it (it was the sum, counted wrong at every size)."""
+    out_json = os.path.join(shared_dir, "avg.json")
+    collectives = "all_reduce,reduce,reduce_scatter,scan,exscan"
+    assert main([collectives, "-o", "avg", *SMALL, "--algo", "ring", "--json", out_json]) == 0
+    world.barrier()
+    rows = json.load(open(out_json))["rows"]
+    library = [r for r in rows if r["algorithm"] == "mpi_library"]
+    assert {r["collective"] for r in library} == set(collectives.split(","))
+    assert all(r["wrong"] == 0 for r in rows), rows
+
+
+def test_a_collective_named_twice_is_timed_once(world, shared_dir):
+    out_json = os.path.join(shared_dir, "twice.json")
+    assert main(["all_reduce,all_reduce", *SMALL, "--algo", "ring", "--json", out_json]) == 0
+    world.barrier()
+    rows = json.load(open(out_json))["rows"]
+    keys = [(r["size"], r["algorithm"]) for r in rows]
+    assert rows and len(keys) == len(set(keys)), keys
+
+
 def test_min_busbw_and_back_to_back_and_inplace(world):
     assert main(["all_reduce", *SMALL, "--algo", "ring", "--min-busbw", "1e9"]) == 1
     assert main(["all_gather", *SMALL, "--algo", "ring,auto", "--timing", "back-to-back",
@@ -515,6 +537,37 @@ def test_scaling_takes_each_rows_own_prediction(world, shared_dir, capsys):
         assert {r["algorithm"]: r["predicted_us"] for r in records} == \
             {r["algorithm"]: r["predicted_us"] for r in rows}
     world.barrier()
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"time_us": None}, "time_us: expected a number, got None"),
+    ({"wrong": None}, "wrong: expected int, got None"),
+    ({"size": "8"}, "size: expected int, got '8'"),
+    ({"ranks": "2"}, "ranks: expected int, got '2'"),
+    ({"rows": []}, "have no rows"),
+])
+def test_scaling_refuses_a_hand_edited_run_in_one_line(tmp_path, capsys, edit, message):
+    """A ranks-*.json whose fields are not of their kind: one line naming the field and
+    exit 2, before any CSV or figure is written (they were a raw TypeError, after)."""
+    from mpicoll.bench import scaling
+
+    row = {"collective": "all_reduce", "algorithm": "ring", "size": 8, "time_us": 1.5,
+           "wrong": 0, "predicted_us": 1.0}
+    head = {"ranks": 2, "hosts": 1}
+    for key, value in edit.items():
+        (head if key == "ranks" else row)[key] = value
+    run = {"header": head, "rows": edit.get("rows", [row])}
+    (tmp_path / "ranks-2.json").write_text(json.dumps(run))
+    good = dict(run, header={"ranks": 4, "hosts": 1}, rows=[dict(row, time_us=2.0)])
+    (tmp_path / "ranks-4.json").write_text(json.dumps(good if "rows" not in edit else run))
+    png = str(tmp_path / "s.png")
+    try:
+        status = scaling.main([str(tmp_path), "-o", png])
+    except SystemExit as stop:
+        status = stop.code
+    err = capsys.readouterr().err
+    assert status == 2 and message in err and "Traceback" not in err, err
+    assert not os.path.exists(str(tmp_path / "s.csv"))
 
 
 def test_a_figure_without_matplotlib_is_refused_before_the_run(world, shared_dir, capsys,

@@ -235,9 +235,15 @@ def library_call(comm: Communicator, collective: str, x: np.ndarray, op: str,
     if spec.input_at_root_only and not is_root:
         src = None
     invoke = spec.invoke
+    # avg: MPI has none; the library's sum, divided here as its caller would divide it
+    # (by the ranks combined: exscan's rank 0 has no result)
+    ranks = spec.combined(comm.rank, p) if opd is not None and opd.average and \
+        fn not in comm._backend.averages_itself and dst is not None else 0
 
-    def call() -> None:
-        invoke(fn, t, src, dst, bounds, opd, root)
+    def call(result: Any = dst) -> None:
+        invoke(fn, t, src, result, bounds, opd, root)
+        if ranks:
+            result /= ranks
 
     own = None  # where the library's form takes this rank's input inside its result
     if spec.input_in_result:  # (all_gather: its row)
@@ -879,7 +885,8 @@ def _parser() -> _Parser:
 
 
 def _collectives(names: str) -> list[str]:
-    return list(RECORDS) if names == "all" else names.split(",")
+    # (each once, in the order given: all_reduce,all_reduce times it once)
+    return list(RECORDS) if names == "all" else list(dict.fromkeys(names.split(",")))
 
 
 def _check_arguments(parser: _Parser, args: argparse.Namespace) -> None:

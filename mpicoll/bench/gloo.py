@@ -56,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         import torch.distributed as torch_dist
     except ImportError:
-        print("python -m mpicoll.bench.gloo: needs torch (pip install torch)", file=sys.stderr)
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.rank == 0:  # (once, not a line from every rank)
+            print("python -m mpicoll.bench.gloo: needs torch (pip install torch)",
+                  file=sys.stderr)
         return 2
     import mpicoll.dist as dist
 

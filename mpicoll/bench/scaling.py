@@ -34,24 +34,42 @@ def load(directory: str) -> list[dict[str, Any]]:
             # the nodes the run saw (simulated ones too), else its SLURM nodes or hosts
             nodes = len(head.get("nodes") or ()) or len(head.get("slurm_nodes") or ()) \
                 or head["hosts"]
+            ranks = _typed(head, "ranks", int)
             for row in run["rows"]:
                 records.append({
-                    "collective": row["collective"], "algorithm": row["algorithm"],
-                    "ranks": head["ranks"], "nodes": nodes, "size": row["size"],
-                    "time_us": row["time_us"], "wrong": row["wrong"],
+                    "collective": _typed(row, "collective", str),
+                    "algorithm": _typed(row, "algorithm", str),
+                    "ranks": ranks, "nodes": nodes, "size": _typed(row, "size", int),
+                    "time_us": _typed(row, "time_us", float),
+                    "wrong": _typed(row, "wrong", int),
                     "predicted_us": _predicted(row, head),
                 })
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{path}: not a benchmark's --json run ({type(exc).__name__}: "
                              f"{exc})") from None
     return sorted(records, key=lambda r: (r["collective"], r["algorithm"], r["ranks"]))
+
+
+def _typed(record: dict[str, Any], key: str, kind: type) -> Any:
+    """``record[key]``, of ``kind`` (float: any number; int: an integer, never a bool), or
+    a TypeError naming the field (a hand-edited run's ``"ranks": "2"`` or ``null``)."""
+    value = record[key]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is float and number:
+        return float(value)
+    if kind is int and number and float(value).is_integer():
+        return int(value)
+    if kind is str and isinstance(value, str):
+        return value
+    raise TypeError(f"{key}: expected {'a number' if kind is float else kind.__name__}, got "
+                    f"{value!r}")
 
 
 def _predicted(row: dict[str, Any], head: dict[str, Any]) -> float:
     """The row's own prediction (the run's whole model, two-level parameters too, and for
     auto the algorithm it ran); for a file without one, the run's alpha, beta, gamma."""
     if "predicted_us" in row:
-        return float(row["predicted_us"])
+        return _typed(row, "predicted_us", float)
     params = model.Params(alpha=head["model"]["alpha"], beta=head["model"]["beta"],
                           gamma=head["model"]["gamma"])
     stand_in = "native" if row["algorithm"] in (*LIBRARY_ROWS, "auto") else \
@@ -114,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if not records:
-        print(f"{parser.prog}: no ranks-*.json in {args.directory}", file=sys.stderr)
+        runs = glob.glob(os.path.join(args.directory, "ranks-*.json"))
+        print(f"{parser.prog}: " + (f"the {len(runs)} ranks-*.json in {args.directory} have "
+                                    "no rows" if runs else
+                                    f"no ranks-*.json in {args.directory}"), file=sys.stderr)
         return 2
     png = args.output or os.path.join(args.directory, "scaling.png")
     png, problem = figure_path(png)
