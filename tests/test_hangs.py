@@ -695,6 +695,56 @@ def test_local_monitored_barrier_late_at_rank_0_raises_on_every_rank():
     assert run_local(3, body, timeout=10) == [3.0] * 3
 
 
+def test_local_monitored_barrier_rank_0_late_within_the_others_wait_is_named_everywhere():
+    """Rank 0 late by more than the timeout, yet within the others' wait for its answer
+    (2 * 0.4 + 1 s): every rank returned as if all came in time; now each rank's wait,
+    less rank 0's own, tells how much later rank 0 came, named on every rank."""
+    def body(comm):
+        if comm.rank == 0:
+            time.sleep(1.0)
+        with pytest.raises(CollectiveTimeoutError,
+                           match=r"rank 0 did not arrive within 0.4 s: it came 1(\.\d+)? s"):
+            comm.monitored_barrier(timeout=0.4)
+        return comm.all_reduce(np.ones(2))[0]
+
+    assert run_local(3, body, timeout=10) == [3.0] * 3
+
+
+def test_local_monitored_barrier_timeouts_that_differ_blame_no_rank_that_came():
+    """Rank 1's timeout= is shorter than rank 0's and rank 2 is late within rank 0's:
+    rank 1 gives up on rank 0's answer; rank 0 and 2 no longer say rank 0 came too late
+    (it came first): they name rank 1's shorter timeout; the next call runs."""
+    def body(comm):
+        if comm.rank == 2:
+            time.sleep(2.0)
+        with pytest.raises(CollectiveTimeoutError) as raised:
+            comm.monitored_barrier(timeout=0.3 if comm.rank == 1 else 5)
+        message = str(raised.value)
+        if comm.rank == 1:
+            assert "rank 0 did not arrive within 0.3 s" in message, message
+        else:
+            assert "rank(s) 1 gave up waiting for rank 0's answer first: their timeout= " \
+                   "is shorter than rank 0's (5 s)" in message, message
+        return comm.all_reduce(np.ones(2))[0]
+
+    assert run_local(3, body, timeout=10) == [3.0] * 3
+
+
+def test_local_monitored_barrier_one_ranks_bad_timeout_takes_part_then_raises():
+    """timeout=-1 on rank 1 alone: it takes part as with none given, then raises; the
+    others pass (it came), and the next call runs (it waited at the next call until the
+    watchdog, its refusal's resync owed to ranks that had none)."""
+    def body(comm):
+        if comm.rank == 1:
+            with pytest.raises(mpicoll.InvalidArgumentError, match="timeout: expected seconds"):
+                comm.monitored_barrier(timeout=-1)
+        else:
+            comm.monitored_barrier(timeout=datetime.timedelta(seconds=5))  # (a timedelta, as torch's)
+        return comm.all_reduce(np.ones(2))[0]
+
+    assert run_local(3, body, timeout=10) == [3.0] * 3
+
+
 def test_local_monitored_barrier_in_check_mode_names_the_late_rank_on_every_rank():
     """In check mode every rank waits for the last in the fingerprint exchange; the
     waits tell who came late, by more than the timeout: named on every rank."""
