@@ -452,6 +452,55 @@ def test_receives_match_in_the_order_they_were_posted():
     assert run_local(2, body, timeout=10)[1] == (1.0, 2.0)
 
 
+@pytest.mark.parametrize("later", ["test", "wait", "recv"])
+def test_a_message_sent_during_a_matching_pass_goes_to_the_earliest_irecv(monkeypatch, later):
+    """Rank 0's two messages land just after rank 1's first irecv looked and found
+    none, in the same pass as a later receive's look: that later receive took the first
+    message, past the earlier irecv (MPI gives it the second). The pass now holds the
+    board, so the messages wait for its end (rank 0 is held 0.3 s here at most)."""
+    import threading
+
+    from mpicoll.transport import local
+
+    looked, sent = threading.Event(), threading.Event()
+    first: list = []
+    take = local.PeerBoard.take
+
+    def take_then_let_rank_0_send(self, dest, source, tag, buf):
+        got = take(self, dest, source, tag, buf)
+        if got is None and buf is not None and first and np.shares_memory(buf, first[0]) and \
+                not looked.is_set():
+            looked.set()  # (the earliest irecv found none: rank 0 sends now, in the pass)
+            sent.wait(0.3)
+        return got
+
+    monkeypatch.setattr(local.PeerBoard, "take", take_then_let_rank_0_send)
+
+    def body(comm):
+        if comm.rank == 0:
+            looked.wait(10)
+            comm.isend(np.array([1]), 1, 0).wait()
+            comm.isend(np.array([2]), 1, 0).wait()
+            sent.set()
+            return None
+        earlier, after = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        first.append(earlier)
+        request = comm.irecv(earlier, 0, 0)
+        if later == "recv":
+            comm.recv(after, 0, 0)
+        else:
+            second = comm.irecv(after, 0, 0)
+            if later == "test":
+                while not second.test():
+                    time.sleep(0.001)
+            else:
+                second.wait()
+        request.wait()
+        return int(earlier[0]), int(after[0])
+
+    assert run_local(2, body, timeout=20)[1] == (1, 2)
+
+
 def test_a_split_of_thread_ranks_keeps_their_job_nodes(monkeypatch):
     monkeypatch.setenv("MPICOLL_RANKS_PER_NODE", "2")
 

@@ -140,7 +140,10 @@ class LocalPeers:
     before any receive (or probe) looks at the board, the irecvs posted before it take,
     in order, each the first message it matches, if one is there; what they leave is the
     later receive's. A posted irecv that has no message yet never holds a later receive
-    up (a later ``recv(source=ANY)`` takes the message of another rank)."""
+    up (a later ``recv(source=ANY)`` takes the message of another rank). A matching pass
+    holds the board (its condition's lock, which ``take`` takes again) from the first
+    irecv's look to the last: a message another rank posted in between would otherwise
+    go to a later receive, past the earlier irecv that found none a moment before."""
 
     def __init__(self, transport: LocalTransport) -> None:
         self.transport, self.rank = transport, transport.rank
@@ -166,7 +169,7 @@ class LocalPeers:
         while True:
             seen = self.board.posted
             got = None
-            with self.lock:
+            with self.lock, self.board.cond:  # (the whole pass, as the class says)
                 self.progress(request)
                 if request is None:
                     got = self.board.take(self.rank, source, tag, buf)
@@ -198,7 +201,7 @@ class LocalPeers:
         where ``wait`` is False). As MPI's, it sees only what no posted receive takes."""
         if wait:
             return self.take(None, source, tag)
-        with self.lock:
+        with self.lock, self.board.cond:
             self.progress()
             return self.board.take(self.rank, source, tag, None)
 
@@ -264,8 +267,9 @@ class LocalPeerRequest:
             if not p.lock.acquire(False):
                 return False  # (another thread of the rank matches now)
             try:
-                p.progress(before=self)
-                self.try_take()
+                with p.board.cond:
+                    p.progress(before=self)
+                    self.try_take()
             finally:
                 p.lock.release()
         if self.error is not None and not self._told:
