@@ -56,6 +56,18 @@ def test_every_algorithm_compresses_within_the_wire_rounding(world, algorithm, d
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("dtype", [">f4", ">f8"])
+def test_a_big_endian_x_compresses_as_its_native_twin(world, dtype):
+    """x of the other byte order (all-reduced as it is without compress=): refused as
+    "not float32" with it; now compressed, the result of x's own dtype."""
+    x = _x(world, np.dtype(dtype).newbyteorder("="))
+    exact = world.all_reduce(x.astype(np.float64), algorithm="native")
+    got = world.all_reduce(x.astype(dtype), compress="bf16", algorithm="ring")
+    assert got.dtype == np.dtype(dtype)
+    assert np.max(np.abs(got - exact) / exact) <= 2 * world.size * UNIT["bf16"]
+
+
+@pytest.mark.mpi
 def test_compressed_in_place_and_avg(world):
     x = _x(world, np.float32)
     want = world.all_reduce(x.astype(np.float64), "avg")

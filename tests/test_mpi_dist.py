@@ -372,6 +372,9 @@ def test_groups_translate_global_ranks_and_mark_non_members(initialized):
         assert t[0] == upper[-1]
     else:
         assert group is dist.GroupMember.NON_GROUP_MEMBER and dist.get_rank(group) == -1
+    with pytest.raises(mpicoll.InvalidArgumentError, match="src: expected a rank .int., got "
+                       "float 0.0"):  # (it said "rank 0.0 is not in this group")
+        dist.broadcast(np.zeros(1), src=0.0)
     last = dist.new_group([size - 1])  # every rank makes it
     if size > 1 and rank == size - 1:
         with pytest.raises(mpicoll.InvalidArgumentError, match="not in this group"):

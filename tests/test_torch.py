@@ -332,6 +332,10 @@ def test_dist_lists_of_bfloat16_and_parameters_as_torch_distributed():
         weight = torch.nn.Parameter(torch.full((2, 2), float(rank)))
         dist.broadcast(weight, src=0)
         assert weight.requires_grad and (weight.detach() == 0).all()
+        # a mixed list is named in torch's words (it said "numpy int64 among numpy float32")
+        with pytest.raises(mpicoll.InvalidArgumentError,
+                           match=r"tensors\[1\]: torch.int64 among torch.float32 tensors"):
+            dist.all_reduce_coalesced([torch.ones(2), torch.ones(2, dtype=torch.int64)])
     finally:
         dist.destroy_process_group()
 

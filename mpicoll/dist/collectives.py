@@ -455,11 +455,18 @@ def _coalesced(tensors: Any, name: str, one: bool = True) -> tuple[list[Any], st
         except MpicollError as exc:
             return [], str(exc)
         if views and (view.dtype != views[0].dtype or module_of(view) is not module_of(views[0])):
-            return [], (f"{name}[{i}]: {module_of(view).__name__} {view.dtype} among "
-                        f"{module_of(views[0]).__name__} {views[0].dtype} tensors (all of "
-                        "one dtype, as torch's)")
+            return [], (f"{name}[{i}]: {_kind(t, view)} among {_kind(tensors[0], views[0])} "
+                        "tensors (all of one dtype, as torch's)")
         views.append(view)
     return views, None
+
+
+def _kind(tensor: Any, view: Any) -> str:
+    """A tensor's dtype as its caller names it: torch.float32, numpy float32, cupy int8."""
+    dtype = getattr(tensor, "dtype", None)
+    if type(tensor).__module__.split(".")[0] == "torch" and dtype is not None:
+        return str(dtype)
+    return f"{module_of(view).__name__} {view.dtype}"
 
 
 def _layout(views: Sequence[Any], *more: Any) -> int:

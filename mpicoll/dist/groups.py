@@ -94,12 +94,13 @@ class ProcessGroup:
 
     def local(self, global_rank: int, name: str) -> int:
         """A global rank as this group's rank (torch's src/dst/peer are global)."""
+        if isinstance(global_rank, (bool, np.bool_)) or not isinstance(
+                global_rank, (int, np.integer)):  # (1.0 and True hash as 1)
+            raise InvalidArgumentError(f"{name}: expected a rank (int), got "
+                                       f"{type(global_rank).__name__} {global_rank!r}")
         try:
-            if isinstance(global_rank, (bool, np.bool_)) or not isinstance(
-                    global_rank, (int, np.integer)):  # (1.0 and True hash as 1)
-                raise TypeError
             return self._local[global_rank]
-        except (KeyError, TypeError):
+        except KeyError:
             raise InvalidArgumentError(
                 f"{name}: rank {global_rank!r} is not in this group (ranks {self.ranks})") from None
 

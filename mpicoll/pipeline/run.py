@@ -507,7 +507,8 @@ def _wire(v: Verdict, compress: Any, x: Any, algorithm: Any, op: Op | None = Non
     if not isinstance(compress, str) or compress not in WIRE:  # (a list is unhashable)
         v.refuse("params", InvalidArgumentError(
             f"compress: expected one of {sorted(WIRE)} or None, got {compress!r}"))
-    elif x is not None and x.dtype not in (np.float32, np.float64):
+    elif x is not None and (x.dtype.kind != "f" or x.dtype.itemsize not in (4, 8)):
+        # (either byte order: x.dtype may be >f4)
         v.refuse("params", InvalidArgumentError(
             f"compress: float32 or float64 data only, got {x.dtype}"))
     elif op is not None and op.builtin and op.name in ("land", "lor", "lxor"):
