@@ -35,7 +35,6 @@ from ..pipeline import agree
 from ..pipeline.validate import Verdict
 
 GRACE = 5.0  # seconds past a monitored barrier's own bound before the watchdog ends it
-GAVE_UP = 2  # a rank's second note to rank 0: it stopped waiting for rank 0's answer
 
 
 def monitored_barrier(c: Any, call: Any, timeout: float | None, wait_all_ranks: bool) -> None:
@@ -64,7 +63,7 @@ def monitored_barrier(c: Any, call: Any, timeout: float | None, wait_all_ranks: 
     try:
         # check mode compares the call first (every rank waits for the last there: each
         # tells how long it waited, and a rank that came later than the others by more
-        # than the timeout is named on every rank); otherwise a bad timeout raises here
+        # than the timeout is named on every rank, and a bad timeout on every rank)
         arrived_at = time.monotonic()
         agree.settle(c, call, verdict, ("monitored", {"wait_all_ranks": bool(wait_all_ranks)}))
         if c.check:  # (each rank's wait and timeout; rank 0's timeout decides, as below)
