@@ -848,6 +848,33 @@ def test_async_op_on_a_device_other_than_0(fake_cupy):
         assert got.get(stream=stream).tolist() == [comm.size * (comm.size + 1) / 2] * 5
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("cuda_aware", ["0", "1"])
+def test_a_receiver_given_no_array_gets_its_async_result_on_its_own_gpu(fake_cupy, cuda_aware):
+    """broadcast(None) and scatter(None) with async_op=True, and a scatter plan's
+    start()/wait(), at ranks of GPU 1 and 2: no array told the progress thread which GPU
+    (the root's header tells the call it is a GPU call), so it ran on device 0 and its
+    null stream: the result on another GPU, and staged, not there yet (garbage)."""
+    comm = _communicator(cuda_aware)
+    p, root = comm.size, 0
+    with fake_cupy.cuda.Device(comm.rank % 3):
+        x = fake_cupy.asarray(np.arange(2.0 * p)) if comm.rank == root else None
+        rows = fake_cupy.asarray(np.arange(2.0 * p).reshape(p, 2)) if comm.rank == root \
+            else None
+        plan = comm.scatter_init(rows, root, algorithm="linear")
+        for step in range(2):
+            got = [comm.broadcast(x, root, algorithm="binomial", async_op=True).wait(),
+                   comm.scatter(rows, root, algorithm="linear", async_op=True).wait()]
+            plan.start()
+            got.append(plan.wait())
+            row = [2.0 * comm.rank, 2.0 * comm.rank + 1]
+            for result, want in zip(got, (np.arange(2.0 * p), row, row), strict=True):
+                assert result.device.id == comm.rank % 3, step
+                assert result.get().tolist() == list(want), step
+        plan.free()
+    comm.free()
+
+
 def _stream_of_kind(fake_cupy, kind):
     """A stream CuPy gives ``device_id == -1`` (the stream of whichever device is
     current), or None: the current stream, which is ``Stream.null`` where none was set."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from .arrays import DLPACK_CUDA, DLPACK_CUDA_MANAGED, cupy_module, is_cupy
+from .arrays import DLPACK_CUDA, DLPACK_CUDA_MANAGED, cupy_module, device_cupy, is_cupy
 
 _CUDA_AWARE_ENV = "MPICOLL_CUDA_AWARE"
 _DEVICE_ENV = "MPICOLL_DEVICE"
@@ -332,13 +333,33 @@ def capture_device_and_stream(stream: Any = None,
     for a rank of GPU k, and run unordered after the caller's stream. The context makes
     the caller's device and stream (``stream`` when given) current again, and at its end
     waits for that stream, so the result is ready when the call's ``Work`` finishes.
-    Where no GPU is in play (no ``stream``, no CuPy buffer), it does nothing.
+    Where no GPU is in play (no ``stream``, no CuPy buffer, and a host array given or
+    CuPy never imported), it does nothing. A call given no array at all (a receiver's
+    ``broadcast(None)``, ``scatter``; a ``scatter_v`` root's list of rows) may still
+    make a GPU result, as the root's header says: it runs on the caller's device too.
     """
-    if stream is None and not any(on_gpu(b) for b in buffers):
-        return contextlib.nullcontext
+    buffers = [*buffers]
+    rows = [r for b in buffers if isinstance(b, (list, tuple)) for r in b]
+    if stream is None and not any(on_gpu(b) for b in (*buffers, *rows)):
+        if "cupy" not in sys.modules or any(
+                isinstance(b, np.ndarray) or hasattr(b, "__dlpack__")
+                for b in (*buffers, *rows)):
+            return contextlib.nullcontext
+        try:  # (no driver, no device: a host call, then)
+            cupy = device_cupy()
+            device = stream_device(None)
+        except Exception:  # noqa: BLE001 - no GPU to run on
+            return contextlib.nullcontext
+        return _on(cupy, device, cupy.cuda.get_current_stream())
     cupy = cupy_module()
     device = stream_device(stream)
     stream = cupy.cuda.get_current_stream() if stream is None else stream
+    return _on(cupy, device, stream)
+
+
+def _on(cupy: Any, device: int, stream: Any) -> Callable[[], AbstractContextManager]:
+    """``capture_device_and_stream``'s context: ``device`` and ``stream`` current, the
+    stream waited for at its end."""
     # the per-thread default stream (CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1, Stream.ptds)
     # is each thread's own: on the progress thread it names another stream, which waits
     # (on the GPU) for what the caller's had queued by now
