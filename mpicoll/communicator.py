@@ -80,7 +80,8 @@ class Communicator(CallState, PointToPoint, Groups):
 
     def __init__(self, comm: Any = None, backend: str | Backend = "mpi", *,
                  check: bool | None = None, trace: bool | str | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, _tables: Any = None) -> None:
+        # (_tables: a parent's agreed tuning and model tables: a split's or dup's)
         self._progress: ProgressThread | None = None  # runs the async_op=True calls
         with watched_making(backend, comm, timeout, sys._getframe(1)):  # collective steps
             super().__init__(backend if isinstance(backend, Backend) else  # the calls' state
@@ -101,7 +102,8 @@ class Communicator(CallState, PointToPoint, Groups):
             self._watch.enter(0, "Communicator", sys._getframe(1), (), {})  # collective too
             try:
                 agree.settings(self, mine)  # a refusal on any rank raises on every rank
-                self._chooser = Chooser(self._backend, self.size, agree.tables(self))
+                self._chooser = Chooser(self._backend, self.size,
+                                        agree.tables(self) if _tables is None else _tables)
             finally:
                 self._watch.leave()
         except BaseException:  # free what was made: MPI's duplicate, NCCL's, the watch
@@ -194,7 +196,8 @@ class Communicator(CallState, PointToPoint, Groups):
         with self._watch.aside(call):  # collective: it may wait (traced as this one is: its
             return Communicator(backend=self._backend.duplicate(),  # file numbered apart)
                                 check=self.check if check is None else check,
-                                trace=self._traced, timeout=self.timeout)
+                                trace=self._traced, timeout=self.timeout,
+                                _tables=self._chooser.tables)
 
     def _submit(self, name: str, args: tuple, kwargs: dict, stream: Any, frame: Any,
                 refused: Exception | None = None) -> Work:

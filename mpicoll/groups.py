@@ -7,9 +7,12 @@ Making one is a collective every rank of ``comm`` makes, in the same order as it
 It is agreed first: every rank's (color, key) travels in one numbered all_gather, so a
 bad color or key on one rank, or ``new_group`` ranks that differ between ranks, raise on
 every rank before anything is made; then MPI_Comm_split (or the local backend's own
-split) makes the group, and the new Communicator agrees its settings as any does. It
-has the parent's backend (on NCCL each rank keeps its GPU), check mode and timeout; its
-rank order follows ``key`` (ties by the parent's rank), as MPI_Comm_split's.
+split) makes the group, and the new Communicator agrees its settings among its ranks as
+any does; whether every group was made is then agreed over the parent, so a setting
+only one group's ranks read wrong raises on every rank. It has the parent's backend (on
+NCCL each rank keeps its GPU), check mode, timeout and tuning and model tables (as the
+parent's rank 0 read them); its rank order follows ``key`` (ties by the parent's rank),
+as MPI_Comm_split's.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidArgumentError, MismatchError
+from .errors import InvalidArgumentError, MismatchError, MpicollError
 from .observe.recorder import AGREEMENT_STEPS
 from .pipeline import agree
 from .pipeline.describe import Call
@@ -189,7 +192,19 @@ def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int
     call = Call(comm._seq, "split")
     call.at(site)
     with comm._watch.aside(call):  # collective: it may wait
-        return _make(comm, color, key, colors, keys)
+        try:
+            group, failure = _make(comm, color, key, colors, keys), None
+        except MpicollError as exc:  # (raised on its group's ranks alone)
+            group, failure = None, exc
+        # each group agreed its settings among its own ranks: one that failed (a trace
+        # path, an environment variable only its ranks read) raises on every rank
+        try:
+            agree.outcome(comm, what, failure)
+        except MpicollError:
+            if group is not None:
+                group.free()  # (every rank of it frees it: each learnt the same)
+            raise
+    return group
 
 
 def _apart(values: np.ndarray) -> tuple[str, str] | None:
@@ -217,7 +232,10 @@ def _make(comm: Any, color: int | None, key: int, colors: np.ndarray, keys: np.n
     sub = comm._backend.split(color, key, colors, keys)
     if sub is None:
         return None
-    group = type(comm)(backend=sub, check=comm.check, timeout=comm.timeout)
+    # (the tuning and model files: the parent's, as its rank 0 read them, not re-read
+    # on the group's own rank 0: one table for every group of a job)
+    group = type(comm)(backend=sub, check=comm.check, timeout=comm.timeout,
+                       _tables=comm._chooser.tables)
     # its nodes are the parent's, for its members (in MPI_Comm_split's order: key, then
     # rank), as every rank agreed them: the same on every member, and never another
     # layout than the parent's where its members alone would read one (ranks of two

@@ -42,15 +42,20 @@ def test_fit_measures_the_links_inside_and_between_nodes(world):
 
 
 @pytest.mark.mpi
-def test_the_fits_table_is_for_the_nodes_it_measured(world, tmp_path, capsys):
+def test_the_fits_table_is_for_the_nodes_it_measured(world, tmp_path, capsys, monkeypatch):
     """``model fit`` prints its predictions for the layout it measured: with several
-    nodes, both links (it printed one node's table, the link between nodes nowhere)."""
+    nodes, both links (it printed one node's table, the link between nodes nowhere).
+    A corrupt model file where auto reads it is what a fit replaces: it runs past it
+    (its Communicator raised the file's ConfigError, as a traceback)."""
     from mpi4py import MPI
 
     from mpicoll.model.__main__ import main
 
     if world.size < 2:
         pytest.skip("fit runs at 2 ranks or more")
+    corrupt = tmp_path / "corrupt-model.json"
+    corrupt.write_text("{ not json")
+    monkeypatch.setenv("MPICOLL_MODEL", str(corrupt))
     path = MPI.COMM_WORLD.bcast(str(tmp_path / "model.json"), root=0)
     assert main(["fit", "-o", path, "-n", "1"]) == 0
     if world.rank == 0:

@@ -138,6 +138,37 @@ def test_running_out_of_mpi_communicators_is_said_on_every_rank(world):
     _next_call_is_right(world)
 
 
+@pytest.mark.mpi(min_size=2)
+def test_a_group_keeps_its_parents_tuning_and_a_setting_its_ranks_alone_read_fails_everywhere(
+        monkeypatch, tmp_path):
+    """Ranks 1.. see a corrupt tuning file and an unwritable MPICOLL_TRACE after the
+    parent was made (rank 0's are fine). The group of ranks 1.. re-read the files on its
+    own rank 0 (rank 1): a ConfigError on its ranks alone, while rank 0 went on (a mesh
+    then waited until the watchdog). Now a group keeps the parent's tables, and a group
+    whose own settings fail raises on every rank of the parent; the next call runs."""
+    from mpi4py import MPI
+
+    world = mpicoll.Communicator(MPI.COMM_WORLD)
+    if world.rank > 0:
+        corrupt = tmp_path / "corrupt.json"
+        corrupt.write_text("{ not json")
+        monkeypatch.setenv("MPICOLL_TUNING", str(corrupt))
+    sub = world.split(0 if world.rank == 0 else 1)  # (it raised on ranks 1.. alone)
+    assert sub.size == (1 if world.rank == 0 else world.size - 1)
+    assert sub.all_reduce(np.ones(2))[0] == sub.size
+    sub.free()
+    monkeypatch.setenv("MPICOLL_TRACE", str(tmp_path / "t.json") if world.rank == 0
+                       else "/no/such/folder/t.json")
+    for make in (lambda: world.split(0 if world.rank == 0 else 1),
+                 lambda: world.mesh((1, world.size), ("a", "b"))):
+        with pytest.raises(mpicoll.ConfigError, match=r"failed on rank\(s\) 1.* of this "
+                           r"Communicator .*MPICOLL_TRACE: cannot write the trace"):
+            make()
+    monkeypatch.delenv("MPICOLL_TRACE")
+    _next_call_is_right(world)
+    world.free()
+
+
 def test_a_ring_of_sends_and_receives_with_tags(world):
     if world.size < 2:
         pytest.skip("needs a peer")

@@ -71,8 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             parser.error(f"-o: {problem}")
         from ..communicator import Communicator
+        from ..selection import Tables
 
-        comm = Communicator()
+        # (no tuning or model file read: the fit times named algorithms, never auto, and
+        # a bad model file is what it replaces; it refused to run past one)
+        comm = Communicator(_tables=Tables())
         params = fit(comm, iters=args.iters)
         nodes = [len(ranks) for ranks in comm.nodes]  # (the table's layout: the fit's)
         comm.free()

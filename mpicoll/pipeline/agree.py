@@ -35,6 +35,7 @@ from ..buffers import dtype_code, dtype_from_code, dtype_from_text, dtype_text, 
 from ..buffers.cuda import parse_flag
 from ..config import unwritable
 from ..errors import (
+    CollectiveError,
     CollectiveTimeoutError,
     ConfigError,
     InvalidArgumentError,
@@ -817,6 +818,36 @@ def settings(c: CallState, mine: Settings) -> None:
     c._exit_key = tuple(rows[int(np.argmin(rows[:, n + 5])), n + 5:n + 8].tolist())
     c._node_of = node_indices(rows[:, n + 2], rows[:, n + 3], rows[:, n + 5])
     c._backend.transport.nodes = c._node_of  # what hierarchical algorithms split by
+
+
+# the kinds of error a step finished apart may end in, most particular first
+_OUTCOME_KINDS = (SettingMismatchError, ConfigError, InvalidArgumentError, MismatchError,
+                  CollectiveTimeoutError, CollectiveError, MpicollError)
+
+
+def outcome(c: CallState, what: str, failure: MpicollError | None) -> None:
+    """After a step each rank of ``c`` finished apart from some others (a split's groups,
+    each made by its own members, reading settings and files only they read): every
+    rank's ``failure`` (its error, or None) in one all-gather over ``c``'s control, and
+    where any rank has one, it is raised on every rank, naming the ranks it ended on:
+    this rank's own as its kind (its cause), else the first one's."""
+    t = c._backend.control
+    width = 1 + _TEXT_BYTES // 8
+    table = np.zeros(t.size * width, np.int64)
+    if failure is not None:
+        row = table[t.rank * width:(t.rank + 1) * width]
+        row[0] = 1 + next(i for i, kind in enumerate(_OUTCOME_KINDS) if isinstance(failure, kind))
+        row[1:] = _text(" ".join(str(failure).split()), _TEXT_BYTES)
+    all_gather(c, table, width)
+    rows = table.reshape(t.size, width)
+    failed = np.flatnonzero(rows[:, 0]).tolist()
+    if not failed:
+        return
+    first = failed[0]
+    kind = type(failure) if failure is not None else _OUTCOME_KINDS[int(rows[first, 0]) - 1]
+    said = str(failure) if failure is not None else _untext(rows[first, 1:])
+    raise kind(f"{what}: failed on rank(s) {_ranks(failed)} of this Communicator (their "
+               f"group could not be made; every rank raises): {said}") from failure
 
 
 def tables(c: CallState) -> selection.Tables:
