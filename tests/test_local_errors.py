@@ -165,6 +165,10 @@ def test_bruck_all_to_all_v_runs_on_equal_blocks_and_refuses_others_everywhere()
                                                    algorithm="bruck"),
                        mpicoll.InvalidArgumentError,
                        "'bruck' needs equal blocks; for uneven counts use one of linear, pairwise")
+    _raises_everywhere(3, lambda c: c.all_to_all_v(np.ones(3), [1, 1, 1] if c.rank else [0, 1, 2],
+                                                   algorithm=np.str_("bruck")),  # (as 'bruck',
+                       mpicoll.InvalidArgumentError,  # not np.str_('bruck'))
+                       "all_to_all 'bruck' needs equal blocks")
 
 
 @pytest.mark.parametrize("collective", ["all_to_all_v", "all_gather_v", "gather_v"])

@@ -144,13 +144,13 @@ class Chooser:
         if op is not None and registered.commutative_only and not op.commutative:
             able = [a.name for a in REGISTRY[collective].values() if not a.commutative_only]
             raise UnsupportedOpError(
-                f"algorithm: {collective} {algorithm!r} needs a commutative op; "
+                f"algorithm: {collective} {str(algorithm)!r} needs a commutative op; "
                 f"{op.name!r} is not. Algorithms that keep rank order: {', '.join(able)}"
                 + (", native" if collective in self.backend.native else ""))
         if uneven and registered.even_only:
             able = [a.name for a in REGISTRY[collective].values() if not a.even_only]
             raise InvalidArgumentError(
-                f"algorithm: {collective} {algorithm!r} needs equal blocks; for uneven "
+                f"algorithm: {collective} {str(algorithm)!r} needs equal blocks; for uneven "
                 f"counts use one of {', '.join(able + (['native'] if collective in self.backend.native else []))}")
 
     def auto(self, collective: str, nbytes: int, op: Op | None, dtype: np.dtype | None,
@@ -214,7 +214,7 @@ class Chooser:
             if name not in registered.options:
                 takes = ", ".join(registered.options) or "none"
                 raise InvalidArgumentError(
-                    f"{name}: {collective} {algorithm!r} takes no option {name!r} "
+                    f"{name}: {collective} {str(algorithm)!r} takes no option {name!r} "
                     f"(its options: {takes})")
             if name in phases:  # the algorithm of a phase, by name
                 # (a phase runs on one node's ranks or one per node: an algorithm made
