@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidArgumentError, MismatchError, MpicollError
+from .errors import CollectiveError, InvalidArgumentError, MismatchError, MpicollError
 from .observe.recorder import AGREEMENT_STEPS
 from .pipeline import agree
 from .pipeline.describe import Call
@@ -194,8 +194,11 @@ def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int
     with comm._watch.aside(call):  # collective: it may wait
         try:
             group, failure = _make(comm, color, key, colors, keys), None
-        except MpicollError as exc:  # (raised on its group's ranks alone)
+        except Exception as exc:  # noqa: BLE001 - raised on its group's ranks alone
             group, failure = None, exc
+            if not isinstance(exc, MpicollError):  # (as a call's: mpicoll's errors only)
+                failure = CollectiveError(f"{what}: {type(exc).__name__}: {exc}")
+                failure.__cause__ = exc
         # each group agreed its settings among its own ranks: one that failed (a trace
         # path, an environment variable only its ranks read) raises on every rank
         try:
