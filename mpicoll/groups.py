@@ -200,7 +200,10 @@ def _split(comm: Any, color: int | None, key: int, faults: int, fingerprint: int
                 failure = CollectiveError(f"{what}: {type(exc).__name__}: {exc}")
                 failure.__cause__ = exc
         # each group agreed its settings among its own ranks: one that failed (a trace
-        # path, an environment variable only its ranks read) raises on every rank
+        # path, an environment variable only its ranks read) raises on every rank. (A
+        # failure on some ranks of one group alone, after MPI_Comm_split, is no group's
+        # agreed failure: its other ranks wait in the group's making, and the watchdog
+        # ends it, naming the step)
         try:
             agree.outcome(comm, what, failure)
         except MpicollError:

@@ -730,6 +730,24 @@ def test_local_monitored_barrier_timeouts_that_differ_blame_no_rank_that_came():
     assert run_local(3, body, timeout=10) == [3.0] * 3
 
 
+def test_local_monitored_barrier_a_shorter_timeout_given_up_does_not_hide_the_missing_rank():
+    """Rank 1's timeout= is shorter than rank 0's and it gives up; rank 2 is missing
+    past rank 0's: rank 0 said "rank 0 (this rank) came too late" (it came first), and
+    only rank 2 learnt that rank 2 was missing. Rank 0 and 2 name rank 2, within rank
+    0's timeout (the one that decides, said on every rank)."""
+    def body(comm):
+        if comm.rank == 2:
+            time.sleep(2.5)
+        with pytest.raises(CollectiveTimeoutError) as raised:
+            comm.monitored_barrier(timeout=1.5 if comm.rank == 0 else 0.2)
+        message = str(raised.value)
+        if comm.rank != 1:
+            assert "rank 2 did not arrive within 1.5 s" in message, message
+        return comm.all_reduce(np.ones(2))[0]
+
+    assert run_local(3, body, timeout=10) == [3.0] * 3
+
+
 def test_local_monitored_barrier_one_ranks_bad_timeout_takes_part_then_raises():
     """timeout=-1 on rank 1 alone: it takes part as with none given, then raises; the
     others pass (it came), and the next call runs (it waited at the next call until the

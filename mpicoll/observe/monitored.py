@@ -76,12 +76,12 @@ def monitored_barrier(c: Any, call: Any, timeout: float | None, wait_all_ranks: 
             missing[:len(late)] = late
         elif not c._backend.ranks_are_threads:  # (on MPI: the call's side tag)
             saved_tag, t.tag = t.tag, t.tag + t.side_tags
-            try:
-                _arrivals(call, t, timeout, wait_all_ranks, missing)
+            try:  # (rank 0's timeout, as every rank names it)
+                timeout = _arrivals(call, t, timeout, wait_all_ranks, missing)
             finally:
                 t.tag = saved_tag
         else:
-            _arrivals(call, t, timeout, wait_all_ranks, missing)
+            timeout = _arrivals(call, t, timeout, wait_all_ranks, missing)
     finally:
         watch.timeout = saved
     late = missing[missing >= 0].tolist()
@@ -99,13 +99,14 @@ ARRIVED, GAVE_UP, ANSWERED = 1.0, 2.0, 3.0
 
 
 def _arrivals(call: Any, t: Any, timeout: float, wait_all_ranks: bool,
-              missing: np.ndarray) -> None:
+              missing: np.ndarray) -> float:
     """Every rank tells rank 0 it arrived; rank 0 answers with the ranks that did not
     (into ``missing``). Where none is missing, each rank then tells rank 0 how long it
     waited for that answer, and rank 0 tells every rank whether rank 0 itself came later
     than one of them by more than its timeout (their wait, less rank 0's own, is how
     much later it came: no clock is compared), or whether a rank gave up on its answer
-    first (its timeout= shorter than rank 0's): every rank raises it alike."""
+    first (its timeout= shorter than rank 0's): every rank raises it alike. Returns rank
+    0's timeout (its answer carries it): the one that decided."""
     p, arrived_at = t.size, time.monotonic()
     note, message = np.zeros(3, np.float64), np.full(p + 3, -1.0)
     mine = -1.0 if timeout == float("inf") else float(timeout)
@@ -120,8 +121,9 @@ def _arrivals(call: Any, t: Any, timeout: float, wait_all_ranks: bool,
                 f"had no answer from it in {2 * timeout + 1:g} s; unless rank 0's own "
                 "timeout= is longer: give every rank the same)")
         missing[:] = message[:p]
+        decided = float("inf") if message[p] < 0 else float(message[p])
         if (missing >= 0).any():
-            return
+            return decided
         note[:] = ANSWERED, time.monotonic() - arrived_at, mine
         t.post(note, 0)
         if not t.try_recv(message, 0, 2 * timeout + 1):  # (sent as soon as all answered)
@@ -129,7 +131,7 @@ def _arrivals(call: Any, t: Any, timeout: float, wait_all_ranks: bool,
                 f"{call.name()}: rank 0 answered, then sent no verdict within "
                 f"{2 * timeout + 1:g} s")
         _raise_verdict(call, message, p)
-        return
+        return decided
     deadline = arrived_at + timeout
     late, came = [], []
     for r in range(1, p):
@@ -140,18 +142,22 @@ def _arrivals(call: Any, t: Any, timeout: float, wait_all_ranks: bool,
             if not wait_all_ranks:
                 break
     missing[:len(late)] = late
-    message[:p] = missing
+    message[:p], message[p] = missing, mine
     for r in range(1, p):
         t.post(message, r)
     if late:
-        # ranks that gave up waiting for the answer said so: rank 0 itself came late
-        # (a note sent after their arrival, on this call's tag)
-        gave_up = [r for r in came if t.try_recv(note, r, 0.0) and note[0] == GAVE_UP]
-        if gave_up:
+        # ranks that gave up waiting for the answer said so (a note sent after their
+        # arrival, on this call's tag): rank 0 itself came late, unless each gave up first
+        # for a timeout= shorter than rank 0's (then the missing rank is the news)
+        gave_up = []
+        for r in came:
+            if t.try_recv(note, r, 0.0) and note[0] == GAVE_UP:
+                gave_up.append((r, float(note[2])))
+        if any(not 0 <= theirs < timeout for _, theirs in gave_up):
             raise CollectiveTimeoutError(
                 f"{call.name()}: rank 0 (this rank) came too late: rank(s) "
-                f"{', '.join(map(str, gave_up))} gave up waiting for its answer")
-        return
+                f"{', '.join(str(r) for r, _ in gave_up)} gave up waiting for its answer")
+        return timeout
     # each rank's second note: it had the answer, or gave up on it. How much later than
     # rank r rank 0 came: r's wait less rank 0's, each until r's note (for a note that
     # was waiting here, less than that: a rank that gave up is judged by its timeout)
@@ -177,6 +183,7 @@ def _arrivals(call: Any, t: Any, timeout: float, wait_all_ranks: bool,
         if r not in gave_up:
             t.post(message, r)
     _raise_verdict(call, message, p)
+    return timeout
 
 
 VERDICT_OK, VERDICT_LATE, VERDICT_LATE_GAVE_UP, VERDICT_SHORTER = 0.0, 1.0, 2.0, 3.0

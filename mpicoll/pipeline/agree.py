@@ -847,7 +847,8 @@ def outcome(c: CallState, what: str, failure: MpicollError | None) -> None:
     kind = type(failure) if failure is not None else _OUTCOME_KINDS[int(rows[first, 0]) - 1]
     said = str(failure) if failure is not None else _untext(rows[first, 1:])
     raise kind(f"{what}: failed on rank(s) {_ranks(failed)} of this Communicator (their "
-               f"group could not be made; every rank raises): {said}") from failure
+               f"group could not be made; every rank raises; ranks named after this are "
+               f"the group's): {said}") from failure
 
 
 def tables(c: CallState) -> selection.Tables:
