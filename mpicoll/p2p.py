@@ -39,6 +39,7 @@ A backend's peers object says what it cannot do: ``any_source`` (default True) a
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -108,8 +109,25 @@ class Request:
         ``CollectiveTimeoutError``, the message still pending (wait again)."""
         status = _status(status)
         seconds = 0.0 if timeout is None else as_seconds(timeout)
-        if seconds and not self.test():  # (watched too: a timeout past the Communicator's,
-            # or math.inf, still ends with the watchdog's report at the Communicator's)
+        if self._comm._freed and not self.test():
+            # its Communicator freed since it started: as MPI_Comm_free leaves pending
+            # messages to complete normally, it is waited for (no new call's refusal),
+            # bounded by the Communicator's timeout as any wait (and by its own)
+            own = bool(seconds) and seconds <= (self._comm.timeout or math.inf)
+            limit = seconds if own else self._comm.timeout or math.inf
+            deadline, pause = time.monotonic() + limit, 1e-5
+            while not self.test():
+                if time.monotonic() > deadline:
+                    raise CollectiveTimeoutError(
+                        f"{self!r}: not done after {limit:g} s" + (
+                            ", the message still pending (wait again)" if own else
+                            ", its Communicator freed (comm.free()) with it pending: the "
+                            "peer did not take part in time"))
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)
+        elif seconds and not self.test():  # (watched too: a timeout past the
+            # Communicator's, or math.inf, still ends with the watchdog's report at the
+            # Communicator's)
             deadline, pause = time.monotonic() + seconds, 1e-5
             with self._watched():
                 while not self.test():
@@ -117,19 +135,17 @@ class Request:
                         raise CollectiveTimeoutError(f"{self!r}: not done after {seconds:g} s")
                     time.sleep(pause)
                     pause = min(pause * 2, 1e-3)
-        if self._comm._freed:  # (a message done before the free, never tested since: its
-            self.test()  # result stands; one still pending: watched_step refuses it)
-        if getattr(self._request, "finished", False) and \
-                getattr(self._request, "error", None) is None:
-            got = self._request.wait()  # done (freed since, too): nothing to wait for
-        else:
-            try:
+        try:
+            if self._comm._freed or getattr(self._request, "finished", False) and \
+                    getattr(self._request, "error", None) is None:
+                got = self._request.wait()  # done (freed since, too): nothing to wait for
+            else:
                 with self._watched():
                     got = self._request.wait()
-            except CollectiveError:  # (cut short: a strided out gets its first bytes too)
-                if self._back is not None:
-                    self._landed()
-                raise
+        except CollectiveError:  # (cut short: a strided out gets its first bytes too)
+            if self._back is not None:
+                self._landed()
+            raise
         if self._back is not None:
             self._landed()
         return _filled(status, got) if self._receive else None

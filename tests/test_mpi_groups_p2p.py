@@ -169,6 +169,25 @@ def test_a_group_keeps_its_parents_tuning_and_a_setting_its_ranks_alone_read_fai
     world.free()
 
 
+@pytest.mark.mpi(min_size=2)
+def test_messages_pending_when_their_communicator_is_freed_complete(world):
+    """An isend and irecv of 1.6 MB (MPI's rendezvous: pending until both wait) across
+    comm.free(): as MPI_Comm_free leaves them, they complete at their wait. The wait
+    refused them as a new call ("make calls on a live one"), on some ranks and some
+    runs, and a receive matched before the free lost its data."""
+    sub = world.dup()
+    big = np.arange(200_000.0)
+    got = np.zeros_like(big)
+    right, left = (world.rank + 1) % world.size, (world.rank - 1) % world.size
+    requests = [sub.irecv(got, left, tag=3), sub.isend(big, right, tag=3)]
+    sub.free()
+    assert requests[0].wait(timeout=30) == left and requests[1].wait() is None
+    np.testing.assert_array_equal(got, big)
+    with pytest.raises(mpicoll.InvalidArgumentError, match="was freed"):
+        sub.irecv(np.zeros(2), left, tag=9)  # (a new message on it: refused)
+    _next_call_is_right(world)
+
+
 def test_a_ring_of_sends_and_receives_with_tags(world):
     if world.size < 2:
         pytest.skip("needs a peer")
