@@ -404,6 +404,37 @@ def test_trace_hang_names_a_step_that_is_no_numbered_call():
     assert "rank 1 left no dump" in text and "never reached" not in text
 
 
+def test_trace_hang_names_a_root_or_algorithm_the_ranks_gave_apart():
+    """The same collective at the call, another root (or algorithm) on some ranks: the
+    verdict says which (it said "every rank is in call #3"), and ranks that finished a
+    call the others wait in are not said to be in it."""
+    from mpicoll.observe.hang import explain
+
+    def record(root, algorithm="binomial", end=None):
+        return {"seq": 3, "collective": "reduce", "site": "/x/job.py:9", "nbytes": 32,
+                "algorithm": algorithm, "shape": [4], "dtype": "float64", "op": None,
+                "root": root, "start": 0.0, "end": end, "state": "done" if end else "in step 1"}
+
+    def stuck(peer):
+        return {"seq": 3, "running_s": 5.0, "step": 1, "kind": "send", "peer": peer,
+                "aside": False, "waiting": f"waiting to send to rank {peer}",
+                "collective": "reduce", "site": "/x/job.py:9"}
+
+    text = "\n".join(explain({0: _dump(0, stuck(1), [record(1)]),
+                              1: _dump(1, stuck(0), [record(0)]),
+                              2: _dump(2, stuck(0), [record(0)])}))
+    assert "what went wrong: the ranks gave call #3 another root: rank 0 root 1; ranks 1, 2 " \
+        "root 0" in text, text
+    assert "every rank with a dump" not in text
+    text = "\n".join(explain({0: _dump(0, stuck(1), [record(0, "ring")]),
+                              1: _dump(1, stuck(0), [record(0)])}))
+    assert "another algorithm: rank 0 algorithm ring; rank 1 algorithm binomial" in text, text
+    text = "\n".join(explain({0: _dump(0, stuck(2), [record(None)]),
+                              1: _dump(1, stuck(2), [record(None)]),
+                              2: _dump(2, None, [record(None, end=0.1)])}))
+    assert "ranks 0, 1 wait in call #3 for rank 2; rank 2: in no call of it" in text, text
+
+
 def test_trace_hang_names_the_rank_that_raised_not_those_the_abort_ended():
     """Rank 1 raised an uncaught exception after call #1 (abort_on_exception), rank 0
     wrote its dump, rank 2 none: the verdict names rank 1's exception first (before, rank
@@ -415,7 +446,7 @@ def test_trace_hang_names_the_rank_that_raised_not_those_the_abort_ended():
             "start": 0.0, "end": 0.1, "state": "done"}
     raised = {**_dump(1, None, [done]), "reason": "uncaught exception"}
     text = "\n".join(explain({0: _dump(0, None, [done]), 1: raised}))
-    assert "rank 1: not in a call; last call call #1 all_reduce (job.py:5): done -- then " \
+    assert "rank 1: not in a call; last call #1 all_reduce (job.py:5): done -- then " \
         "it raised an uncaught exception" in text, text
     verdicts = [line for line in text.splitlines() if line.startswith("what went wrong")]
     assert verdicts[0].startswith("what went wrong: rank 1 raised an uncaught exception"), text

@@ -159,7 +159,7 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
         elif last is None:
             key = "made no call"
         else:
-            key = f"not in a call; last call {_call(last)}: {last['state']}"
+            key = f"not in a call; last {_call(last)}: {last['state']}"
             reason = dumps[rank]["reason"]
             if reason.startswith("exit"):
                 key += f" -- then it left ({reason})"
@@ -184,6 +184,16 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
     if len({k.split(" (")[0] for k in kinds}) > 1:
         verdict.append(f"mismatch at call #{target}: " + "; ".join(
             f"{_ranks(r)} called {k.split(' ', 2)[2]}" for k, r in kinds.items()))
+    else:  # the same collective: what else its records say the ranks gave apart (a root
+        for field in ("root", "algorithm", "op"):  # two ranks take, two algorithms' steps)
+            given: dict[str, list[int]] = {}
+            for rank in sorted(states):
+                record = at(rank, target)
+                if record is not None and record.get(field) is not None:
+                    given.setdefault(str(record[field]), []).append(rank)
+            if len(given) > 1:
+                verdict.append(f"the ranks gave call #{target} another {field}: " + "; ".join(
+                    f"{_ranks(r)} {field} {value}" for value, r in given.items()))
     asides = {r: c["in_call"] for r, c in waiting.items() if c["in_call"].get("aside")}
     behind: dict[str, list[int]] = {}
     for rank in sorted(states):
@@ -194,7 +204,7 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
             continue
         if record is None:
             last = states[rank]["calls"][-1] if states[rank]["calls"] else None
-            behind.setdefault(f"last call {_call(last)}" if last else "no call", []).append(rank)
+            behind.setdefault(f"last {_call(last)}" if last else "no call", []).append(rank)
         elif record["state"].startswith(("failed", "refused")):
             verdict.append(f"rank {rank} failed {_call(record)}: {record['state']}")
     verdict += [f"{_ranks(r)} never reached call #{target} ({b})" for b, r in behind.items()]
@@ -228,7 +238,16 @@ def explain(dumps: dict[int, dict[str, Any]]) -> list[str]:
     if not verdict and waiting:
         peers = sorted({world(c["in_call"]["peer"]) for c in waiting.values()
                         if 0 <= c["in_call"].get("peer", -1) < len(members)})
-        verdict.append(f"every rank with a dump is in call #{target}; they wait for "
-                       + (_ranks(peers) if peers else "the library's own collective"))
+        them = _ranks(peers) if peers else "the library's own collective"
+        gone = sorted(r for r in states if r not in waiting)
+        if gone:  # (some finished the call and went on: what the others wait for is a
+            # message they never sent, or one that went elsewhere)
+            verdict.append(f"{_ranks(sorted(waiting))} wait in call #{target} for {them}; "
+                           f"{_ranks(gone)}: in no call of it (finished it, or went on): "
+                           "look for an argument they gave apart that the records do not "
+                           "show (counts, a size)")
+        else:
+            verdict.append(f"every rank with a dump is in call #{target}; they wait for "
+                           + them)
     lines += ["what went wrong: " + v for v in verdict] or ["what went wrong: nothing found"]
     return lines
