@@ -120,6 +120,8 @@ class Communicator(CallState, PointToPoint, Groups):
                                       (self._watch.members or [0])[0], finish_at_exit, self._exit_key) if isinstance(mine.trace, str) else None)
         self._packet = np.zeros(agree.HEADER_BYTES + max(self._backend.packed_bytes, 0), np.uint8)
         self._packet_header = self._packet[:agree.HEADER_BYTES].view(np.int64)
+        if self._tracer is not None:  # (its messages are the header's: see observe.tracing)
+            self._tracer.header = self._packet
         if not (self.check or self._tracer is not None):
             self._decisions = {}  # what a default call decided, for the next like it
 

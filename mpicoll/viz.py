@@ -37,6 +37,7 @@ import numpy as np
 
 import mpicoll
 from mpicoll.local import run_local
+from mpicoll.observe.tracing import algorithm_messages
 from mpicoll.spec import SPECS
 
 _ITEMS = np.dtype(np.float32)  # the traced call's data
@@ -219,6 +220,11 @@ def trace_flow(collective: str, algorithm: str, ranks: int, per_chunk: int = 4,
     with _ranks_per_node(ranks_per_node):
         ran = run_local(ranks, _run, collective, algorithm, per_chunk, timeout=30, trace=True)
     nodes, traced = tuple(node for node, _ in ran), [events for _, events in ran]
+    # the algorithm's messages alone (not the header packet's where the data went apart
+    # from it; never mpicoll's agreements), as the tutorials draw it
+    drawn = {id(e) for e in algorithm_messages([e for events in traced for e in events])}
+    traced = [[e for e in events if e["kind"] not in ("send", "recv") or id(e) in drawn]
+              for events in traced]
     _follow_workspace([[e for e in events if e["kind"] in ("send", "recv", "reduce")]
                        for events in traced], per_chunk * _ITEMS.itemsize)
     # a receive is reduced when the rank's next event after it is a reduction

@@ -72,6 +72,38 @@ def test_chunks_staged_in_the_workspace_follow_the_textbook():
     assert flow.owner_note() == "then rank r holds chunk r reduced"
 
 
+@pytest.mark.parametrize("algorithm", ["linear", "binomial", "knomial", "bine"])
+def test_viz_draws_a_scatters_rows_not_its_header_packet(algorithm):
+    """The header packet (shape and dtype, broadcast first) is mpicoll's, not the
+    algorithm's: scatter was drawn with two more steps of 1024-byte messages."""
+    steps = viz.flow("scatter", algorithm, 4)
+    assert all(nbytes <= 3 * 16 for messages in steps for *_, nbytes in messages), steps
+    assert sum(len(messages) for messages in steps) <= 3 if algorithm == "linear" else True
+
+
+def test_trace_roles_keep_the_header_and_agreements_apart_from_the_algorithm():
+    """A binomial broadcast of 4000 B on 2 ranks is one step of 4000 B (the summary said
+    2 steps and 5024 B: the 1 KiB header packet counted as the algorithm's, chunk 0), and
+    a compressed ring all_reduce's wire agreement is no step of the ring's."""
+    def body(comm):
+        comm.broadcast(np.arange(1000, dtype=np.float32) if comm.rank == 0 else None, 0,
+                       algorithm="binomial")
+        comm.all_reduce(np.ones(500, np.float32), algorithm="ring", compress="bf16")
+        comm.broadcast(np.ones(4, np.float32) if comm.rank == 0 else None, 0,
+                       algorithm="binomial")  # (small: the packet carries the data)
+        return comm.trace_events()
+
+    events = [e for rank in run_local(2, body, trace=True) for e in rank]
+    roles = {(e["call"], e.get("role")) for e in events if e["kind"] in ("send", "recv")}
+    assert (1, "header") in roles and (2, "control") in roles, roles
+    header = [e for e in events if e.get("role") == "header"]
+    assert all(e["chunk"] is None for e in header)
+    rows = {r["call"]: r for r in tracefile.summarize(events)}
+    assert (rows[1]["steps"], rows[1]["bytes_sent"]) == (1, 4000), rows[1]
+    assert (rows[2]["steps"], rows[2]["bytes_sent"]) == (2, 2 * 2 * 250 * 2), rows[2]
+    assert rows[3]["steps"] == 1 and rows[3]["bytes_sent"] > 0  # (the packet's, shown)
+
+
 def test_tree_rounds_and_ascii():
     steps = viz.flow("broadcast", "binomial", 8)
     assert [len(m) for m in steps] == [1, 2, 4]  # a binomial tree doubles each round

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import model
+from .tracing import algorithm_messages
 
 
 def load(path: str, about: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -76,7 +77,9 @@ def summarize(events: list[dict[str, Any]],
     for call, mine in sorted(calls.items()):
         spans = [e for e in mine if e["kind"] == "call"]
         ranks = sorted({e["rank"] for e in spans})
-        sends = [e for e in mine if e["kind"] == "send"]
+        # the algorithm's messages (not the header packet's, unless it carried the data;
+        # never mpicoll's agreements: see observe.tracing's roles)
+        sends = [e for e in algorithm_messages(mine) if e["kind"] == "send"]
         per_rank_sends = defaultdict(int)
         for e in sends:
             per_rank_sends[e["rank"]] += 1

@@ -24,11 +24,12 @@ and ops are the untraced ones, so the cost is one ``is None`` test per call.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,37 @@ import numpy as np
 from ..buffers import chunk_bounds
 
 _CALL, _MESSAGES, _REDUCE = 0, 1, 2  # the Chrome trace's thread ids: one track each
+
+
+def _base(buf: Any) -> Any:
+    """The array ``buf`` is a view of (itself where it is none's)."""
+    base = buf
+    while isinstance(base, np.ndarray) and isinstance(base.base, np.ndarray):
+        base = base.base
+    return base
+
+
+@contextlib.contextmanager
+def controlling(tracer: Tracer | None) -> Iterator[None]:
+    """The messages sent meanwhile are mpicoll's agreements (role "control"), not the
+    algorithm's; nothing where ``tracer`` is None (tracing off)."""
+    if tracer is None:
+        yield
+        return
+    tracer.control += 1
+    try:
+        yield
+    finally:
+        tracer.control -= 1
+
+
+def algorithm_messages(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The sends and receives of one call that are its algorithm's: never mpicoll's
+    agreements; the header packet's only where it carried the data (no other message)."""
+    messages = [e for e in events if e["kind"] in ("send", "recv")
+                and e.get("role", "data") != "control"]
+    data = [e for e in messages if e.get("role", "data") == "data"]
+    return data if data else messages
 
 
 @functools.lru_cache(maxsize=256)
@@ -49,9 +81,7 @@ def _chunk(buf: Any, parts: int, workspace: tuple = ()) -> tuple[int | None, int
     offset there)."""
     if type(buf) is not np.ndarray:
         return None, 0
-    base = buf
-    while isinstance(base.base, np.ndarray):
-        base = base.base
+    base = _base(buf)
     offset = buf.__array_interface__["data"][0] - base.__array_interface__["data"][0]
     if any(base is arena for arena in workspace):
         return None, offset
@@ -67,7 +97,11 @@ def _chunk(buf: Any, parts: int, workspace: tuple = ()) -> tuple[int | None, int
 MAX_RECORDS = 200_000
 
 _FIELDS = ("kind", "collective", "algorithm", "call", "start", "end", "track")
-_MESSAGE_FIELDS = (*_FIELDS, "peer", "bytes", "step", "chunk", "offset")
+# role: "data" (the algorithm's own message), "header" (the Communicator's header
+# packet: a broadcast's or scatter's shape and dtype, and the data too where it fits),
+# "control" (mpicoll's agreements: a v-variant's counts, a compressed call's wire, check
+# mode's comparison); trace summary and viz count the algorithm's steps without them
+_MESSAGE_FIELDS = (*_FIELDS, "peer", "bytes", "step", "chunk", "offset", "role")
 
 
 class Tracer:
@@ -91,7 +125,9 @@ class Tracer:
         self.transport: Any = None  # the traced transport (its workspace is no chunk)
         self.full = False  # this call is not traced: MAX_RECORDS were kept before it
         self.untraced = 0  # the calls not traced so
-        self._scratch: list[Any] = [None] * 12  # what an untraced message's record is
+        self._scratch: list[Any] = [None] * 13  # what an untraced message's record is
+        self.control = 0  # > 0: the messages now are mpicoll's agreements (see role)
+        self.header: Any = None  # the Communicator's header packet (its messages' role)
 
     @property
     def events(self) -> list[dict[str, Any]]:
@@ -134,6 +170,8 @@ class Tracer:
                 a, b, out = buf
                 record[8], record[9] = _chunk(out, self.size, workspace)
                 record[10] = [_chunk(a, self.size, workspace), _chunk(b, self.size, workspace)]
+            elif self.header is not None and _base(buf) is self.header:
+                record[10], record[11], record[12] = None, _chunk(buf, 0)[1], "header"
             else:
                 record[10], record[11] = _chunk(buf, self.size, workspace)
         self._unplaced.clear()
@@ -146,7 +184,8 @@ class Tracer:
         else:
             step, self._received = self._received, self._received + 1
         record = [kind, self.collective, self.algorithm, self.calls, start, end, _MESSAGES,
-                  peer, int(buf.nbytes), step, None, 0]  # chunk, offset: at end_call
+                  peer, int(buf.nbytes), step, None, 0,  # chunk, offset: at end_call
+                  "control" if self.control else "data"]
         self._records.append(record)
         self._unplaced.append((record, buf))
         return record
@@ -322,6 +361,8 @@ def chrome_trace(events: list[dict[str, Any]], size: int, about: dict | None = N
         else:
             arrow = "->" if e["kind"] == "send" else "<-"
             name = f"{e['kind']} {arrow} {e['peer']}" + ("" if e["chunk"] is None else f" chunk {e['chunk']}")
+            if e.get("role", "data") != "data":  # (the header packet, an agreement)
+                name += f" ({e['role']})"
         args = {k: v for k, v in e.items() if k not in ("start", "end", "track", "rank")}
         trace.append({"name": name, "cat": e["collective"], "ph": "X", "pid": e["rank"],
                       "tid": e["track"], "ts": (e["start"] - origin) * 1e6,

@@ -48,7 +48,7 @@ from ..errors import (
     UnsupportedDtypeError,
 )
 from ..observe.recorder import AGREEMENT_STEPS, DEFAULT_RECORDER, recorder_length, world_ranks
-from ..observe.tracing import trace_path
+from ..observe.tracing import controlling, trace_path
 from ..observe.watchdog import DEFAULT_TIMEOUT, dump_dir, made_late, timeout_setting
 from ..ops import Op, op_name
 from ..spec import COLLECTIVES, SPECS
@@ -100,21 +100,23 @@ def all_gather(c: CallState, table: np.ndarray, block: int, note: str = "") -> N
     own, before or after its data: it waits for every rank to reach it)."""
     b = c._backend
     fn = b.control_native.get("all_gather") or REGISTRY["all_gather"]["recursive_doubling"].fn
-    if not note:
-        fn(b.control, table, even_bounds(block, b.control.size))
-        return
-    rec = c._watch.current
-    kept, rec.note = rec.note, f"waiting for every rank to reach {note}"
-    try:
-        fn(b.control, table, even_bounds(block, b.control.size))
-    finally:
-        rec.note = kept
+    with controlling(c._tracer):  # (traced as mpicoll's own, not the algorithm's)
+        if not note:
+            fn(b.control, table, even_bounds(block, b.control.size))
+            return
+        rec = c._watch.current
+        kept, rec.note = rec.note, f"waiting for every rank to reach {note}"
+        try:
+            fn(b.control, table, even_bounds(block, b.control.size))
+        finally:
+            rec.note = kept
 
 
 def broadcast(c: CallState, buf: np.ndarray, root: int) -> None:
     b = c._backend
     fn = b.control_native.get("broadcast") or REGISTRY["broadcast"]["binomial"].fn
-    fn(b.control, buf, root)
+    with controlling(c._tracer):
+        fn(b.control, buf, root)
 
 
 def _text(text: str, nbytes: int) -> np.ndarray:
@@ -329,7 +331,8 @@ def resync(c: CallState, call: Call) -> None:
         "the same, or run with MPICOLL_CHECK=1 to have every rank raise)")
     try:  # point-to-point messages on those tags: never the library's own collective,
         # which MPI would match with a collective the others still wait in
-        REGISTRY["all_gather"]["recursive_doubling"].fn(t, table, even_bounds(1, t.size))
+        with controlling(c._tracer):
+            REGISTRY["all_gather"]["recursive_doubling"].fn(t, table, even_bounds(1, t.size))
     except CollectiveTimeoutError as exc:  # (the local backend's receive), said with why
         c._watch.timed_out(exc, c.rank)
         raise
@@ -370,7 +373,8 @@ def told_wire(c: CallState, fn: Any, wire: np.dtype, compress: str) -> Any:
         try:
             if shared:
                 control.use(None)
-            exchange(control, table, even_bounds(1, control.size))
+            with controlling(c._tracer):
+                exchange(control, table, even_bounds(1, control.size))
         finally:
             rec.note = note
         if shared:
