@@ -26,45 +26,6 @@ def test_unknown_algorithm_names_the_valid_ones():
                        mpicoll.InvalidArgumentError, "expected 'auto' or one of ring, recursive_doubling")
 
 
-def _from_a_thread(function):
-    """``function()`` run on a thread of its own, joined: its result, or its error raised."""
-    import threading
-
-    got = []
-
-    def run():
-        try:
-            got.append((True, function()))
-        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
-            got.append((False, exc))
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(30)
-    ok, value = got[0]
-    if not ok:
-        raise value
-    return value
-
-
-def test_check_mode_names_a_rank_whose_call_comes_from_another_thread():
-    """Two threads sharing one Communicator (one at a time) give its call numbers to the
-    calls each rank's threads happened to make first: a rank whose call #2 comes from
-    another thread than its call #1, where the others' does not, is named on every rank
-    (the ranks' calls were alike in all else, and combined two threads' data, silently).
-    A hand-over every rank makes alike passes, and the next call runs."""
-    def body(comm):
-        comm.all_reduce(np.ones(2))
-        second = lambda: comm.all_reduce(np.ones(2))  # noqa: E731
-        with pytest.raises(mpicoll.MismatchError, match=r"rank 2 differs in thread .* one "
-                           "Communicator serves one thread at a time"):
-            _from_a_thread(second) if comm.rank == 2 else second()
-        assert _from_a_thread(lambda: comm.all_reduce(np.ones(2)))[0] == comm.size
-        return comm.all_reduce(np.ones(2))[0]  # (back to its own thread, on every rank)
-
-    assert run_local(4, body, timeout=5, check=True) == [4.0] * 4
-
-
 def test_a_reduction_names_its_op_before_its_root():
     """The first refusal is the one raised: a reduction checks x, op and the algorithm,
     then the root (gather, without an op, checks the root first)."""

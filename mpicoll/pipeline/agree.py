@@ -24,7 +24,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import threading
 import zlib
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +64,7 @@ ANY = -1  # a fingerprint field this rank cannot know (broadcast/scatter with No
 NAMES = (*COLLECTIVES, "all_gather_v", "gather_v", "scatter_v", "all_to_all_v",
          "monitored_barrier")
 _FIELDS = ("collective", "algorithm or its options", "op", "root", "dtype", "shape",
-           "call number", "counts", "thread (that of its call before, or another)")
+           "call number", "counts")
 _SITE_BYTES, _TEXT_BYTES = 96, 160
 _ROW = len(_FIELDS) + 1 + (_SITE_BYTES + _TEXT_BYTES) // 8
 
@@ -214,23 +213,12 @@ def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: 
         op_field = ANY if op is None else crc(op_text(op))
     except MpicollError:
         op_field = crc(repr(op))
-    # whether the call comes from another thread than this Communicator's call before:
-    # which thread calls is a value one rank alone sees, and two threads sharing one
-    # Communicator (one thread at a time) give the ranks' call numbers to other calls,
-    # each rank as its threads happened to come; a hand-over every rank makes alike
-    # passes (the thread's identity itself is no rank's to compare)
-    thread = getattr(_THIS_THREAD, "number", None)
-    if thread is None:  # (numbered once: an ident is reused once its thread has ended)
-        thread = _THIS_THREAD.number = next(_THREADS_SEEN)
-    switched = int(c._checked_thread is not None and c._checked_thread != thread)
-    c._checked_thread = thread
     mine[:len(_FIELDS) + 1] = (
         crc(call.collective), crc(_algorithm_text(algorithm, call.collective)), op_field,
         root if isinstance(root, (int, np.integer)) and not isinstance(root, bool) else ANY,
         ANY if dtype is None else dtype_crc(np.dtype(dtype)),
         ANY if shape is None else crc(repr(tuple(shape))),
-        call.seq, ANY if counts is None else crc(repr(tuple(counts))), switched,
-        1 if verdict else 0)
+        call.seq, ANY if counts is None else crc(repr(tuple(counts))), 1 if verdict else 0)
     start = len(_FIELDS) + 1
     mine[start:start + _SITE_BYTES // 8] = _text(call.site, _SITE_BYTES)
     if verdict:
@@ -287,17 +275,10 @@ def fingerprint(c: CallState, call: Call, verdict: Verdict, algorithm: Any, op: 
         detail = "; ".join(f"rank {r} differs in {', '.join(f)} ({what(r)})"
                            for r, f in differ.items())
         others = "" if first is None else f"; rank {first}: {what(first)}"
-        threads = "" if not any(_FIELDS[_THREAD] in f for f in differ.values()) else (
-            "; one Communicator serves one thread at a time, the same on every rank: give "
-            "each thread its own with comm.dup(), made before the threads start")
-        raise MismatchError(f"{call.name()}: ranks disagree on the call: {detail}{others}"
-                            f"{threads}")
+        raise MismatchError(f"{call.name()}: ranks disagree on the call: {detail}{others}")
 
 
-_THIS_THREAD = threading.local()  # this thread's number, in the order threads first call
-_THREADS_SEEN = itertools.count(1)
-_ROOT, _DTYPE, _SHAPE, _THREAD = (_FIELDS.index(f) for f in ("root", "dtype", "shape",
-                                                              _FIELDS[-1]))
+_ROOT, _DTYPE, _SHAPE = (_FIELDS.index(f) for f in ("root", "dtype", "shape"))
 
 
 def _data_root(collective: str, reference: np.ndarray, rows: np.ndarray) -> int | None:

@@ -95,7 +95,6 @@ class CallState:
     _exit_key: tuple[int, ...]
     _rank_names: list[int] | None
     _receives_here: weakref.WeakSet
-    _checked_thread: int | None
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
@@ -106,9 +105,6 @@ class CallState:
         self._seq = 0
         self._plans_made = 0  # plans made on it (every rank makes each: mpicoll.plan)
         self._refused_alone = 0
-        # the thread of its last call check mode compared (a call from another thread is
-        # a fingerprint's field: see agree.fingerprint)
-        self._checked_thread = None
         self._freed = False
         self._entry = Turn()
         self._private: list[Any] = []
