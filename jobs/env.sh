@@ -87,7 +87,7 @@ case "$MPICOLL_LAUNCHER" in
         command -v srun >/dev/null || mpicoll_fail "srun is not on PATH"
         # (the list read whole first: grep -q stopping at the first match could end srun
         # with SIGPIPE, a failed pipeline under pipefail)
-        plugins=$(srun --mpi=list 2>&1 || true)
+        plugins=$(timeout 60 srun --mpi=list 2>&1 || true)
         grep -qw "$MPICOLL_LAUNCHER" <<<"$plugins" \
             || mpicoll_fail "this SLURM has no --mpi=$MPICOLL_LAUNCHER plugin ($(tr '\n' ' ' <<<"$plugins"))"
         ;;
@@ -112,7 +112,7 @@ fi
 # cannot say (no limit, no squeue)
 job_seconds_left() {
     local left
-    left=$(squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null) || return 0
+    left=$(timeout 30 squeue -h -j "$SLURM_JOB_ID" -o %L 2>/dev/null) || return 0
     if [[ "$left" =~ ^(([0-9]+)-)?(([0-9]+):)?([0-9]+):([0-9]+)$ ]]; then
         echo $(( ${BASH_REMATCH[2]:-0} * 86400 + 10#${BASH_REMATCH[4]:-0} * 3600
                  + 10#${BASH_REMATCH[5]} * 60 + 10#${BASH_REMATCH[6]} ))
@@ -120,7 +120,8 @@ job_seconds_left() {
 }
 
 # a launch's bound in seconds: MPICOLL_STEP_TIMEOUT where given, else the job's time left
-# less 30 s (a step cut short by it says so before SLURM ends the job), else 1500
+# less 30 s (a step cut short by it says so before SLURM ends the job; at least 10 s: a
+# job in its last minute still gets a bound of its own), else 1500
 step_bound() {
     if [ -n "$STEP_TIMEOUT_GIVEN" ]; then
         echo "$MPICOLL_STEP_TIMEOUT"
@@ -128,7 +129,7 @@ step_bound() {
     fi
     local left
     left=$(job_seconds_left)
-    if [ -n "$left" ] && [ "$left" -gt 90 ]; then echo $((left - 30)); else echo 1500; fi
+    if [ -z "$left" ]; then echo 1500; elif [ "$left" -gt 40 ]; then echo $((left - 30)); else echo 10; fi
 }
 
 # launch [srun options --] command...: one rank per task of the allocation, or the srun

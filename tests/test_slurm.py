@@ -87,7 +87,8 @@ def test_job_scripts_parse():
 
 @pytest.mark.parametrize("left,given,bound", [
     ("59:30", "", "3540"), ("1:00:00", "", "3570"), ("2-03:04:05", "", "183815"),
-    ("UNLIMITED", "", "1500"), ("INVALID", "", "1500"), ("1:00:00", "240", "240")])
+    ("UNLIMITED", "", "1500"), ("INVALID", "", "1500"), ("1:00:00", "240", "240"),
+    ("1:00", "", "30"), ("0:20", "", "10")])  # (a job's last minute: its time left, not 1500)
 def test_a_steps_bound_is_the_jobs_time_left(tmp_path, left, given, bound):
     """Each launch runs under the job's time left (squeue's %L) less 30 s, so a job
     given -t 2:00:00 is not cut at a fixed 1500 s (it was, its results never written);
