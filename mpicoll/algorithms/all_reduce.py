@@ -297,8 +297,10 @@ def allgather_reduce_all_reduce(t: Transport, src: np.ndarray, dst: np.ndarray, 
     """Every rank gathers every input (recursive doubling), then reduces them locally in
     rank order: the fewest steps, for tiny messages; any op.
 
-    Steps: lg p2 (+2 if folded); bytes: (p-1) n per rank; reductions: (p-1) n per rank.
-    Cost: (lg p2 + 2*[p != p2])*alpha + (p-1)*n*beta + (p-1)*n*gamma
+    Steps: lg p2 (+2 if folded); bytes: (p-1) n per rank, and where p is no power of two
+    the fold's n and the unfold's p n (recursive doubling's all_gather of p n bytes);
+    reductions: (p-1) n per rank.
+    Cost: (lg p2 + 2*[p != p2])*alpha + (p-1)*n*beta + [p != p2]*(n + p*n)*beta + (p-1)*n*gamma
     """
     p, rank, m = t.size, t.rank, src.size
     with t.workspace() as ws:

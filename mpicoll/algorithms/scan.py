@@ -105,8 +105,9 @@ def recursive_doubling_exscan(t: Transport, src: np.ndarray, dst: np.ndarray,
     left out of its result: the first partner below gives the result its first operand.
 
     Any p: a partner past the last rank is skipped.
-    Steps: ceil(lg p); bytes: n per step; reductions: up to 2n per step (n at the last).
-    Cost: ceil(lg p)*(alpha + n*beta) + (2*ceil(lg p) - 1)*n*gamma
+    Steps: ceil(lg p); bytes: n per step; reductions: up to 2n per step (n at the last;
+    the first value the result gets is copied, not reduced).
+    Cost: ceil(lg p)*(alpha + n*beta) + (2*ceil(lg p) - 2)*n*gamma
     """
     p, rank = t.size, t.rank
     with t.workspace() as ws:
