@@ -21,8 +21,9 @@ class InvalidArgumentError(MpicollError, ValueError):
     """An argument has a bad value (unknown name, root out of range, wrong shape)."""
 
 
-class UnsupportedDtypeError(MpicollError, TypeError):
-    """The op, algorithm or backend cannot work on this dtype."""
+class UnsupportedDtypeError(MpicollError, TypeError, ValueError):
+    """The op, algorithm or backend cannot work on this dtype (a TypeError, as NumPy's;
+    a ValueError too, as torch.distributed's: MAX of complex tensors)."""
 
 
 class UnsupportedOpError(MpicollError, ValueError):

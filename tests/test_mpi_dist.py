@@ -111,6 +111,11 @@ def test_a_mesh_made_first_makes_the_default_group_as_torchs():
         t = np.full(2, float(rank))
         dist.all_reduce(t, group=mesh.get_group("tp"))
         assert t.tolist() == [float(sum(mesh["tp"].mesh.tolist()))] * 2
+        # one mesh however often it is sliced, as torch's (they compared unequal)
+        assert mesh["tp"] == mesh["tp"] and len({mesh["tp"], mesh["tp"]}) == 1
+        assert mesh["tp"] != mesh["dp"]
+        with pytest.raises(ValueError, match="complex"):  # (as torch's: a ValueError too)
+            dist.all_reduce(np.ones(2, np.complex64), op=dist.ReduceOp.MAX)
     finally:
         dist.destroy_process_group()
     grid = np.arange(size).reshape(shape)

@@ -832,6 +832,20 @@ class DeviceMesh:
         return DeviceMesh._of(self.device_type, self.mesh[index], {n: self._groups[n] for n in names},
                           names, tuple(self._coordinate[d] for d in dims), self._rank)
 
+    def _identity(self) -> tuple:
+        return (tuple(self.mesh.reshape(-1).tolist()), self.mesh.shape, self.device_type,
+                self.mesh_dim_names)
+
+    def __eq__(self, other: object) -> bool:
+        """As torch's: the same grid of ranks, device type and names (``mesh["tp"]`` made
+        twice is one mesh; code compares meshes and keys dicts by them)."""
+        if not isinstance(other, DeviceMesh):
+            return NotImplemented
+        return self is other or self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
+
     def __repr__(self) -> str:
         return (f"DeviceMesh('{self.device_type}', {self.mesh.tolist()}, "
                 f"mesh_dim_names={self.mesh_dim_names})")
