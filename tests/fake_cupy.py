@@ -989,6 +989,8 @@ def make_module(api: int = 14) -> types.ModuleType:
     cupy.shares_memory = lambda a, b: np.shares_memory(a._memory, b._memory)
     cupy.asnumpy = lambda a, stream=None: a.get(stream=stream)
     cupy.copyto = _cupy_copyto
+    cupy.stack = lambda arrays, axis=0: np.stack(arrays, axis)  # (dispatched to ndarray's
+    cupy.concatenate = lambda arrays, axis=0: np.concatenate(arrays, axis)  # own, as CuPy's)
     cupy.from_dlpack = lambda x: from_dlpack(x, api)
     cupy.float32, cupy.float64, cupy.int32 = np.float32, np.float64, np.int32
 

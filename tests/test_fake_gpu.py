@@ -1188,6 +1188,17 @@ def test_dist_async_device_outputs_are_filled_on_the_callers_device(fake_cupy, c
             assert dist.all_reduce(np.ones(1), async_op=True).wait() is True
             assert work.wait() is True
             assert [r.get().tolist() for r in rows] == [[float(j)] * 2 for j in range(size)]
+            # its future too: the copy made on device 1 and its stream (it raised there,
+            # made on the progress thread's device 0)
+            rows = [fake_cupy.zeros(2) for _ in range(size)]
+            future = dist.all_gather(rows, fake_cupy.asarray(np.full(2, float(rank))),
+                                     async_op=True).get_future()
+            got = future.wait()
+            assert [r.get().tolist() for r in got] == [[float(j)] * 2 for j in range(size)]
+            # the list forms that stack the caller's arrays (cupy.stack, as CuPy's)
+            out = fake_cupy.zeros(2)
+            dist.reduce_scatter(out, [fake_cupy.ones(2) for _ in range(size)])
+            assert out.get().tolist() == [float(size)] * 2
     finally:
         dist.destroy_process_group()
     # (on the progress thread a callback's failure is reported on stderr, not warned)

@@ -125,12 +125,21 @@ class _Finished(Work):
             if made:
                 self._future = _future_for(self._value)
         if made:
+            # (its callback may run on the progress thread, on device 0's null stream: a
+            # GPU output's copy is made on this caller's device and stream, as wait()'s)
+            from ..buffers.cuda import capture_device_and_stream
+
+            try:
+                self._on_callers_gpu = capture_device_and_stream(None, self._value)
+            except Exception:  # noqa: BLE001 - no GPU to run on: the copy as it is
+                self._on_callers_gpu = contextlib.nullcontext
             self._work.add_done_callback(self._complete)
         return self._future
 
     def _complete(self, work: Any) -> None:
         try:  # (on NCCL: the copies queued on the stream, the GPU not waited for)
-            self._copy(work.host_result())
+            with self._on_callers_gpu():
+                self._copy(work.host_result())
         except BaseException as exc:  # noqa: BLE001 - the future's error
             self._future.set_exception(exc)
             return
