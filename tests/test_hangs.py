@@ -850,6 +850,22 @@ def test_local_monitored_barrier_names_every_late_rank():
     assert run_local(4, body, timeout=10) == [True] * 4
 
 
+def test_local_monitored_barrier_a_late_rank_leaves_the_next_call_whole():
+    """Rank 1 late, wait_all_ranks: the ranks that came raise and go on to their next
+    call, whose first message reached rank 0 while it looked for a gave-up note: taken
+    for a mismatch, it aborted every rank's next call. A later call's message is now
+    kept for that call."""
+    def body(comm):
+        if comm.rank == 1:
+            time.sleep(1.3)
+        with pytest.raises(CollectiveTimeoutError, match="rank 1 did not arrive within 0.5 s"):
+            comm.monitored_barrier(timeout=0.5, wait_all_ranks=True)
+        return comm.all_reduce(np.ones(4)).tolist()
+
+    for _ in range(3):  # (the next call's message must land in that moment: each run)
+        assert run_local(4, body, timeout=10) == [[4.0] * 4] * 4
+
+
 def test_local_monitored_barrier_passes_when_all_arrive_and_the_next_call_works():
     def body(comm):
         comm.monitored_barrier(timeout=5)

@@ -302,6 +302,7 @@ class LocalTransport(Workspace):
         self.side_tags = 1 << 40  # the pipeline's resync tags: above every call's
         self.job_rank = rank  # this thread-rank in the first world (a split's endpoint: its)
         self._duplicates = 0
+        self._held: dict[int, tuple[int, bytes]] = {}  # a later call's message, by source
 
     def duplicate(self) -> LocalTransport:
         """This rank's endpoint of a duplicate world (every rank calls it in turn, as
@@ -339,27 +340,37 @@ class LocalTransport(Workspace):
                 f"in {self.timeout:g} s (receive, tag {self.tag}, step {self.step})")
 
     def try_recv(self, buf: np.ndarray, source: int, seconds: float) -> bool:
-        """Receive into ``buf`` if the message comes within ``seconds``; whether it came."""
+        """Receive into ``buf`` if the message comes within ``seconds``; whether it came.
+        A later call's message (its sender has gone on: a monitored barrier's rank that
+        raised) is kept for that call, not taken for a mismatch: False."""
         self.step += 1
         self.wait_kind, self.wait_peer = "recv", source
-        return self._take(buf, source, max(seconds, 0.0))
+        return self._take(buf, source, max(seconds, 0.0), trying=True)
 
     def post(self, buf: np.ndarray, dest: int) -> None:
         """Send without waiting (every local send is buffered)."""
         self.send(buf, dest)
 
-    def _take(self, buf: np.ndarray, source: int, seconds: float) -> bool:
+    def _take(self, buf: np.ndarray, source: int, seconds: float, trying: bool = False) -> bool:
         box = self.world.mailboxes[source][self.rank]
         deadline = time.monotonic() + seconds
         while True:
             if self.world.aborted.is_set():
                 raise AbortedError(f"rank {self.rank}: another rank failed; giving up")
-            try:
-                tag, data = box.get(timeout=0.05)
-            except queue.Empty:
-                if time.monotonic() > deadline:
-                    return False
-                continue
+            held = self._held.pop(source, None)  # (a later call's, kept by a try_recv)
+            if held is not None:
+                tag, data = held
+            else:
+                try:
+                    tag, data = box.get(timeout=min(0.05, max(deadline - time.monotonic(),
+                                                              0.001)))
+                except queue.Empty:
+                    if time.monotonic() > deadline:
+                        return False
+                    continue
+            if trying and tag > self.tag:  # (its sender is in a later call: kept for it)
+                self._held[source] = (tag, data)
+                return False
             if tag >= self.tag:
                 break
             # an earlier call's message that no receive took (that call was refused):
