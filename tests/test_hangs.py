@@ -745,9 +745,9 @@ def test_local_monitored_barrier_timeouts_that_differ_blame_no_rank_that_came():
     """Rank 1's timeout= is shorter than rank 0's and rank 2 is late within rank 0's:
     rank 1 gives up on rank 0's answer; rank 0 and 2 no longer say rank 0 came too late
     (it came first): they name rank 1's shorter timeout; the next call runs."""
-    def body(comm):
+    def body(comm):  # (rank 1 gives up at 1.6 s, rank 2 comes at 3 s, within rank 0's 5 s)
         if comm.rank == 2:
-            time.sleep(2.0)
+            time.sleep(3.0)
         with pytest.raises(CollectiveTimeoutError) as raised:
             comm.monitored_barrier(timeout=0.3 if comm.rank == 1 else 5)
         message = str(raised.value)
@@ -766,14 +766,15 @@ def test_local_monitored_barrier_a_shorter_timeout_given_up_does_not_hide_the_mi
     past rank 0's: rank 0 said "rank 0 (this rank) came too late" (it came first), and
     only rank 2 learnt that rank 2 was missing. Rank 0 and 2 name rank 2, within rank
     0's timeout (the one that decides, said on every rank)."""
-    def body(comm):
+    def body(comm):  # (rank 1 gives up at 1.4 s, rank 0 at 3 s, rank 2 comes at 4.5 s:
+        # wide apart, for a loaded machine)
         if comm.rank == 2:
-            time.sleep(2.5)
+            time.sleep(4.5)
         with pytest.raises(CollectiveTimeoutError) as raised:
-            comm.monitored_barrier(timeout=1.5 if comm.rank == 0 else 0.2)
+            comm.monitored_barrier(timeout=3 if comm.rank == 0 else 0.2)
         message = str(raised.value)
         if comm.rank != 1:
-            assert "rank 2 did not arrive within 1.5 s" in message, message
+            assert "rank 2 did not arrive within 3 s" in message, message
         return comm.all_reduce(np.ones(2))[0]
 
     assert run_local(3, body, timeout=10) == [3.0] * 3
