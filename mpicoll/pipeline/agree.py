@@ -97,9 +97,11 @@ def all_gather(c: CallState, table: np.ndarray, block: int, note: str = "") -> N
     """All-gather ``table`` (rank r's ``block`` items at r * block) over control.
     ``note``: what the watchdog says the call waits for meanwhile (a step of the call's
     own, before or after its data: it waits for every rank to reach it)."""
-    b = c._backend
+    b, tracer = c._backend, c._tracer
     fn = b.control_native.get("all_gather") or REGISTRY["all_gather"]["recursive_doubling"].fn
-    with controlling(c._tracer):  # (traced as mpicoll's own, not the algorithm's)
+    if tracer is not None:  # (traced as mpicoll's own messages, not the algorithm's)
+        tracer.control += 1
+    try:
         if not note:
             fn(b.control, table, even_bounds(block, b.control.size))
             return
@@ -109,12 +111,18 @@ def all_gather(c: CallState, table: np.ndarray, block: int, note: str = "") -> N
             fn(b.control, table, even_bounds(block, b.control.size))
         finally:
             rec.note = kept
+    finally:
+        if tracer is not None:
+            tracer.control -= 1
 
 
 def broadcast(c: CallState, buf: np.ndarray, root: int) -> None:
-    b = c._backend
+    b, tracer = c._backend, c._tracer
     fn = b.control_native.get("broadcast") or REGISTRY["broadcast"]["binomial"].fn
-    with controlling(c._tracer):
+    if tracer is None:
+        fn(b.control, buf, root)
+        return
+    with controlling(tracer):  # (traced as mpicoll's own messages)
         fn(b.control, buf, root)
 
 
