@@ -723,7 +723,7 @@ def test_local_monitored_barrier_late_at_rank_0_raises_on_every_rank():
             comm.monitored_barrier(timeout=0.4)
         return comm.all_reduce(np.ones(2))[0]
 
-    assert run_local(3, body, timeout=10) == [3.0] * 3
+    assert run_local(3, body, timeout=30) == [3.0] * 3
 
 
 def test_local_monitored_barrier_rank_0_late_within_the_others_wait_is_named_everywhere():
@@ -738,7 +738,7 @@ def test_local_monitored_barrier_rank_0_late_within_the_others_wait_is_named_eve
             comm.monitored_barrier(timeout=0.4)
         return comm.all_reduce(np.ones(2))[0]
 
-    assert run_local(3, body, timeout=10) == [3.0] * 3
+    assert run_local(3, body, timeout=30) == [3.0] * 3
 
 
 def test_local_monitored_barrier_timeouts_that_differ_blame_no_rank_that_came():
@@ -758,7 +758,7 @@ def test_local_monitored_barrier_timeouts_that_differ_blame_no_rank_that_came():
                    "is shorter than rank 0's (5 s)" in message, message
         return comm.all_reduce(np.ones(2))[0]
 
-    assert run_local(3, body, timeout=10) == [3.0] * 3
+    assert run_local(3, body, timeout=30) == [3.0] * 3
 
 
 def test_local_monitored_barrier_a_shorter_timeout_given_up_does_not_hide_the_missing_rank():
@@ -777,7 +777,7 @@ def test_local_monitored_barrier_a_shorter_timeout_given_up_does_not_hide_the_mi
             assert "rank 2 did not arrive within 3 s" in message, message
         return comm.all_reduce(np.ones(2))[0]
 
-    assert run_local(3, body, timeout=10) == [3.0] * 3
+    assert run_local(3, body, timeout=30) == [3.0] * 3
 
 
 def test_local_monitored_barrier_one_ranks_bad_timeout_takes_part_then_raises():
@@ -792,7 +792,7 @@ def test_local_monitored_barrier_one_ranks_bad_timeout_takes_part_then_raises():
             comm.monitored_barrier(timeout=datetime.timedelta(seconds=5))  # (a timedelta, as torch's)
         return comm.all_reduce(np.ones(2))[0]
 
-    assert run_local(3, body, timeout=10) == [3.0] * 3
+    assert run_local(3, body, timeout=30) == [3.0] * 3
 
 
 def test_local_monitored_barrier_in_check_mode_names_the_late_rank_on_every_rank():
@@ -806,7 +806,7 @@ def test_local_monitored_barrier_in_check_mode_names_the_late_rank_on_every_rank
         comm.monitored_barrier(timeout=5)  # all in time
         return comm.all_reduce(np.ones(2))[0]
 
-    assert run_local(3, body, timeout=10, check=True) == [3.0] * 3
+    assert run_local(3, body, timeout=30, check=True) == [3.0] * 3
 
 
 def test_local_monitored_barrier_first_missing_only_names_that_rank_on_rank_0_too():
@@ -819,7 +819,7 @@ def test_local_monitored_barrier_first_missing_only_names_that_rank_on_rank_0_to
             comm.monitored_barrier(timeout=0.3)
         return True
 
-    assert run_local(4, body, timeout=10) == [True] * 4
+    assert run_local(4, body, timeout=30) == [True] * 4
 
 
 def test_a_monitored_barrier_without_timeout_waits_rank_0s_timeout_on_every_rank():
@@ -848,7 +848,7 @@ def test_local_monitored_barrier_names_every_late_rank():
             comm.monitored_barrier(timeout=0.3, wait_all_ranks=True)
         return True
 
-    assert run_local(4, body, timeout=10) == [True] * 4
+    assert run_local(4, body, timeout=30) == [True] * 4
 
 
 def test_local_monitored_barrier_a_late_rank_leaves_the_next_call_whole():
@@ -864,7 +864,7 @@ def test_local_monitored_barrier_a_late_rank_leaves_the_next_call_whole():
         return comm.all_reduce(np.ones(4)).tolist()
 
     for _ in range(3):  # (the next call's message must land in that moment: each run)
-        assert run_local(4, body, timeout=10) == [[4.0] * 4] * 4
+        assert run_local(4, body, timeout=30) == [[4.0] * 4] * 4
 
 
 def test_local_monitored_barrier_passes_when_all_arrive_and_the_next_call_works():
@@ -872,7 +872,7 @@ def test_local_monitored_barrier_passes_when_all_arrive_and_the_next_call_works(
         comm.monitored_barrier(timeout=5)
         return comm.all_reduce(np.ones(1)).tolist()
 
-    assert run_local(3, body, timeout=10) == [[3.0]] * 3
+    assert run_local(3, body, timeout=30) == [[3.0]] * 3
 
 
 def test_work_wait_is_bounded(monkeypatch):
