@@ -115,26 +115,14 @@ class Request:
             # bounded by the Communicator's timeout as any wait (and by its own)
             own = bool(seconds) and seconds <= (self._comm.timeout or math.inf)
             limit = seconds if own else self._comm.timeout or math.inf
-            deadline, pause = time.monotonic() + limit, 1e-5
-            while not self.test():
-                if time.monotonic() > deadline:
-                    raise CollectiveTimeoutError(
-                        f"{self!r}: not done after {limit:g} s" + (
-                            ", the message still pending (wait again)" if own else
-                            ", its Communicator freed (comm.free()) with it pending: the "
-                            "peer did not take part in time"))
-                time.sleep(pause)
-                pause = min(pause * 2, 1e-3)
+            self._poll(limit, ", the message still pending (wait again)" if own else
+                       ", its Communicator freed (comm.free()) with it pending: the peer "
+                       "did not take part in time")
         elif seconds and not self.test():  # (watched too: a timeout past the
             # Communicator's, or math.inf, still ends with the watchdog's report at the
             # Communicator's)
-            deadline, pause = time.monotonic() + seconds, 1e-5
             with self._watched():
-                while not self.test():
-                    if time.monotonic() > deadline:
-                        raise CollectiveTimeoutError(f"{self!r}: not done after {seconds:g} s")
-                    time.sleep(pause)
-                    pause = min(pause * 2, 1e-3)
+                self._poll(seconds)
         try:
             if self._comm._freed or getattr(self._request, "finished", False) and \
                     getattr(self._request, "error", None) is None:
@@ -149,6 +137,16 @@ class Request:
         if self._back is not None:
             self._landed()
         return _filled(status, got) if self._receive else None
+
+    def _poll(self, seconds: float, said: str = "") -> None:
+        """``test()`` until it is done, for at most ``seconds``; past them, a
+        CollectiveTimeoutError (``said`` after its words)."""
+        deadline, pause = time.monotonic() + seconds, 1e-5
+        while not self.test():
+            if time.monotonic() > deadline:
+                raise CollectiveTimeoutError(f"{self!r}: not done after {seconds:g} s{said}")
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)
 
     def test(self) -> bool:
         """Whether it is done, without blocking (while another thread waits on this
