@@ -153,7 +153,7 @@ def _arrivals(call: Any, t: Any, timeout: float, wait_all_ranks: bool,
         for r in came:
             if t.try_recv(note, r, 0.0) and note[0] == GAVE_UP:
                 gave_up.append((r, float(note[2])))
-        if any(not 0 <= theirs < timeout for _, theirs in gave_up):
+        if not all(_shorter(theirs, timeout) for _, theirs in gave_up):
             raise CollectiveTimeoutError(
                 f"{call.name()}: rank 0 (this rank) came too late: rank(s) "
                 f"{', '.join(str(r) for r, _ in gave_up)} gave up waiting for its answer")
@@ -167,7 +167,7 @@ def _arrivals(call: Any, t: Any, timeout: float, wait_all_ranks: bool,
             note[:] = GAVE_UP, 0.0, -1.0  # (no word from it: as one that gave up)
         if note[0] == GAVE_UP:
             gave_up.append(r)
-            shorter = shorter and 0 <= note[2] < timeout
+            shorter = shorter and _shorter(float(note[2]), timeout)
             continue
         by = float(note[1]) - (time.monotonic() - arrived_at)
         if by > later_by:
@@ -184,6 +184,12 @@ def _arrivals(call: Any, t: Any, timeout: float, wait_all_ranks: bool,
             t.post(message, r)
     _raise_verdict(call, message, p)
     return timeout
+
+
+def _shorter(theirs: float, timeout: float) -> bool:
+    """Whether a rank that gave up on rank 0's answer did so for a timeout= shorter than
+    rank 0's (its note's -1: none, never shorter), not because rank 0 came late."""
+    return 0 <= theirs < timeout
 
 
 VERDICT_OK, VERDICT_LATE, VERDICT_LATE_GAVE_UP, VERDICT_SHORTER = 0.0, 1.0, 2.0, 3.0
