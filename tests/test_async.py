@@ -377,6 +377,9 @@ def test_a_bucketer_wait_refused_before_its_exchange_keeps_the_rounds_refused_ad
         work = comm.barrier(async_op=True)
         work.add_done_callback(waits)
         work.wait()
+        deadline = time.monotonic() + 10  # (the callback runs in the thread that ends the
+        while not said and time.monotonic() < deadline:  # call: it may end after wait()
+            time.sleep(0.005)  # returns, on a loaded machine)
         assert said == [mpicoll.ConcurrentCallError]
         with pytest.raises(mpicoll.InvalidArgumentError if comm.rank == 1 else
                            mpicoll.RemoteError, match="shape|rank.s. 1"):
